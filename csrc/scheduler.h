@@ -1,0 +1,264 @@
+// The sequence / stateless scheduler of one model: slot table, per-slot queues, backlog,
+// idle reaper, batch assembly into reused buffers, state stores and one executor thread per
+// model instance. It knows nothing about Python objects except through the Runner hooks,
+// which are only ever called without the scheduler lock held.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <queue>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "common.h"
+
+namespace seqserve {
+
+constexpr int kMaxRank = 16;
+
+enum Strategy : int { kStateless = 0, kDirect = 1 };
+enum ControlKind : int { kCtlStart = 0, kCtlReady = 1, kCtlEnd = 2, kCtlCorrid = 3 };
+
+struct InputSpec {
+  std::string name;
+  int dtype = kInvalid;
+  bool must_match = false;  // variable dims without ragged batching: shapes must be equal
+};
+
+struct ControlSpec {
+  std::string name;
+  int kind = kCtlStart;
+  int dtype = kInt32;
+  double false_value = 0, true_value = 1;
+};
+
+struct StateSpec {
+  std::string input_name, output_name;
+  int dtype = kFp32;
+  std::vector<int64_t> dims;  // without the batch dim; -1 allowed
+  bool variable = false;
+  std::string initial;  // initial bytes (zeros when the config has no initial_state)
+  std::vector<int64_t> initial_dims;
+};
+
+struct ModelSpec {
+  std::string name;
+  int strategy = kStateless;
+  int max_batch_size = 0;
+  int instance_count = 1;
+  int slots_per_instance = 1;
+  int64_t idle_ns = 1000000000;
+  int64_t max_queue_delay_ns = 0;
+  double min_slot_utilization = 0;
+  std::vector<InputSpec> inputs;
+  std::vector<ControlSpec> controls;
+  std::vector<StateSpec> states;
+  int64_t delay_requests = 0;          // TRITONSERVER_DELAY_SCHEDULER
+  int64_t delay_backlog_requests = 0;  // TRITONSERVER_BACKLOG_DELAY_SCHEDULER
+};
+
+struct TensorRef {
+  const uint8_t* data = nullptr;
+  size_t nbytes = 0;
+  int ndim = 0;
+  int64_t shape[kMaxRank] = {};
+  int64_t elements() const {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= shape[i];
+    return n;
+  }
+};
+
+enum ReqKind : uint8_t { kNormal = 0, kForceEnd = 1 };
+
+struct Request {
+  uint64_t handle = 0;
+  CorrId id;
+  bool start = false, end = false;
+  uint8_t kind = kNormal;
+  int64_t arrival_ns = 0;
+  int64_t timeout_ns = 0;
+  int64_t rows = 1;
+  std::vector<TensorRef> inputs;
+};
+
+struct DurationStat {
+  uint64_t count = 0, ns = 0;
+  void add(uint64_t n, uint64_t d) { count += n; ns += d; }
+};
+struct BatchStat {
+  DurationStat compute_input, compute_infer, compute_output;
+};
+struct Stats {
+  uint64_t inference_count = 0, execution_count = 0, last_inference_ms = 0;
+  DurationStat success, fail, queue, compute_input, compute_infer, compute_output;
+  std::map<int64_t, BatchStat> batches;
+};
+
+// A backlogged sequence: its requests move into a slot as a whole, FIFO across sequences.
+struct BacklogQueue {
+  uint64_t serial = 0;
+  CorrId id;
+  Ring<Request*> reqs;
+  int64_t expiry_ns = INT64_MAX;  // earliest request timeout among its requests
+};
+
+struct SeqEntry {
+  int gslot = -1;  // global slot index, -1 while in the backlog
+  std::list<BacklogQueue>::iterator bq;
+  int64_t last_arrival_ns = 0;
+  uint64_t serial = 0;
+};
+
+struct Slot {
+  int instance = 0, index = 0;
+  Ring<Request*> queue;
+  bool occupied = false;
+  bool state_ready = false;  // the slot has had a state created at least once
+  // Variable-shape state lives per slot; fixed-shape state lives in the instance's store.
+  std::vector<std::vector<int64_t>> var_shape;
+  std::vector<Buffer> var_data;
+  std::vector<size_t> var_bytes;
+};
+
+struct Row {
+  Request* req = nullptr;  // nullptr: padding
+  int slot = 0;
+};
+
+struct Instance {
+  int index = 0;
+  std::thread thread;
+  std::condition_variable cv;
+  std::vector<Slot> slots;
+  int max_active = -1;  // highest slot index that may hold work
+  // Reused batch assembly area.
+  int64_t batch_size = 0;
+  std::vector<Row> rows;
+  std::vector<Buffer> input_bufs;
+  std::vector<size_t> input_nbytes;
+  std::vector<std::vector<int64_t>> input_shapes;
+  std::vector<Buffer> control_bufs;
+  std::vector<size_t> control_bytes;
+  std::vector<Buffer> state_store;  // fixed states: [slots, row bytes]
+  std::vector<Buffer> state_gather;  // variable states: [B, ...] gathered per batch
+  std::vector<std::vector<int64_t>> state_shapes;  // per state, batch shape presented
+  std::vector<size_t> state_nbytes;
+  std::vector<uint8_t> flag_start, flag_end, flag_ready;
+  std::vector<uint64_t> corrid_num;
+  std::vector<std::string> corrid_str;
+  int64_t t_form = 0, t_gathered = 0, t_executed = 0;
+  bool executing = false;
+};
+
+// Hooks into the Python layer. Both are called without the scheduler lock and must take the
+// GIL themselves.
+struct Hooks {
+  std::function<bool(Instance&)> run;  // returns success
+  std::function<void(const std::vector<uint64_t>&, int, const std::string&)> fail;
+  std::function<void(const std::string&)> log_warning;
+};
+
+struct SubmitResult {
+  int code = -1;  // -1: accepted
+  std::string message;
+};
+
+class Scheduler {
+ public:
+  Scheduler(ModelSpec spec, Hooks hooks);
+  ~Scheduler();
+
+  const ModelSpec& spec() const { return spec_; }
+  void start();
+  // Enqueue a request; on failure nothing is queued and the caller answers the client.
+  SubmitResult submit(Request* r);
+  Request* new_request();  // from the pool; caller fills it, then submit() or recycle()
+  void recycle(Request* r);
+
+  void stop_accepting();
+  int64_t inflight_sequences();
+  // Stops the executors once every queue has drained (force: at once); whatever is left is
+  // failed with UNAVAILABLE.
+  void close(bool force);
+  Stats stats();
+  int64_t pending_requests();
+  int64_t free_slots();
+  int64_t backlog_sequences();
+  void describe_slots(std::vector<std::pair<std::string, int>>& out);
+
+  // Used by the Python batch view while the runner executes (executor thread, GIL held).
+  void set_output_state(Instance& inst, size_t state_index, const uint8_t* data, size_t nbytes,
+                        const int64_t* shape, int ndim);
+  std::vector<std::unique_ptr<Instance>>& instances() { return instances_; }
+
+ private:
+  void direct_loop(Instance& inst);
+  void stateless_loop(Instance& inst);
+  void reaper_loop();
+  void execute(Instance& inst);  // no lock held
+  void gather(Instance& inst);
+  void reset_state_rows(Instance& inst);
+  void release_slot(Instance& inst, int s);
+  bool shapes_match(const Request* a, const Request* b) const;
+  bool hooks_released_locked();
+  void notify_slot(int gslot);
+  Slot& gslot_ref(int g) { return instances_[g / spec_.slots_per_instance]->slots[g % spec_.slots_per_instance]; }
+  void push_idle(const CorrId& id, const SeqEntry& e);
+  using Fails = std::vector<std::pair<std::vector<uint64_t>, std::string>>;
+  void report(Fails& fails, int code);
+  void recycle_locked(Request* r);
+  void finish_batch_locked(Instance& inst, bool ok);
+  bool state_shape_matches(Instance& inst, int slot, const Request* r, const std::vector<std::vector<int64_t>>& rep) ;
+  void effective_state_shapes(Slot& sl, const Request* r, std::vector<std::vector<int64_t>>& out);
+  std::vector<std::vector<int64_t>> rep_state_shapes_;
+
+  ModelSpec spec_;
+  Hooks hooks_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Instance>> instances_;
+  std::vector<Request*> pool_;
+  std::vector<std::unique_ptr<Request>> owned_;
+
+  // Sequence state.
+  std::set<std::pair<int, int>> free_slots_;  // (slot index, instance): lowest slot first
+  std::unordered_map<CorrId, SeqEntry, CorrIdHash> seqs_;
+  std::list<BacklogQueue> backlog_;
+  std::unordered_map<uint64_t, std::list<BacklogQueue>::iterator> backlog_index_;
+  uint64_t next_serial_ = 1;
+  int64_t slot_queued_ = 0, backlog_queued_ = 0;
+  bool delay_released_ = false;
+
+  // Stateless FIFO.
+  Ring<Request*> fifo_;
+
+  // Idle reaper: lazy timer heap, at most one live entry per sequence.
+  struct IdleTimer {
+    int64_t deadline;
+    uint64_t serial;
+    CorrId id;
+    bool operator>(const IdleTimer& o) const { return deadline > o.deadline; }
+  };
+  struct BacklogTimer {
+    int64_t deadline;
+    uint64_t serial;
+    bool operator>(const BacklogTimer& o) const { return deadline > o.deadline; }
+  };
+  std::priority_queue<IdleTimer, std::vector<IdleTimer>, std::greater<IdleTimer>> idle_heap_;
+  std::priority_queue<BacklogTimer, std::vector<BacklogTimer>, std::greater<BacklogTimer>> backlog_heap_;
+  std::thread reaper_;
+  std::condition_variable reaper_cv_;
+  int64_t reaper_target_ = INT64_MAX;
+
+  bool reaper_stop_ = false;
+  bool accepting_ = true;
+  bool closing_ = false, force_ = false, started_ = false, closed_ = false;
+  Stats stats_;
+};
+
+}  // namespace seqserve

@@ -1,0 +1,91 @@
+"""The `python` backend: batch-level Python models.
+
+`<version>/model.py` defines a class `Model`:
+
+    class Model:
+        def initialize(self, ctx: InstanceContext) -> None: ...      # optional
+        def execute(self, batch: ExecuteBatch) -> dict[str, np.ndarray]: ...
+        def finalize(self) -> None: ...                                # optional
+
+`execute` is called once per batch with batched inputs, control tensors and implicit state,
+and returns every output and every output state batched. One object is created per model
+instance; the engine never calls one object from two threads at once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from seqserve.engine.backends.base import Backend, BackendInstance, InstanceContext, ModelContext
+from seqserve.engine.batch import ExecuteBatch
+from seqserve.engine.errors import Code, InferenceError
+
+
+def _load_module(ctx: ModelContext) -> ModuleType:
+    filename = ctx.config.default_model_filename or "model.py"
+    path = ctx.version_dir / filename
+    if not path.is_file():
+        raise InferenceError(Code.INVALID_ARG, f"python model file not found: {path}")
+    mod_name = f"seqserve_models.{ctx.name}.v{ctx.version}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise InferenceError(Code.INVALID_ARG, f"cannot import python model {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        sys.modules.pop(mod_name, None)
+        raise InferenceError(Code.INVALID_ARG, f"failed to import {path}: {type(e).__name__}: {e}") from e
+    return module
+
+
+class _Instance(BackendInstance):
+    __slots__ = ("_execute", "_obj")
+
+    def __init__(self, obj: Any) -> None:
+        self._obj = obj
+        self._execute = obj.execute
+
+    def execute(self, batch: ExecuteBatch) -> Mapping[str, np.ndarray]:
+        return self._execute(batch)  # type: ignore[no-any-return]
+
+    def finalize(self) -> None:
+        fin = getattr(self._obj, "finalize", None)
+        if fin is not None:
+            fin()
+
+
+class PythonBackend(Backend):
+    names = ("python",)
+    supports_implicit_state = True
+
+    def __init__(self, ctx: ModelContext) -> None:
+        super().__init__(ctx)
+        self._module = _load_module(ctx)
+        cls = getattr(self._module, "Model", None)
+        if cls is None:
+            hint = (
+                " (it defines TritonPythonModel: Triton-style request-level models are not supported yet)"
+                if hasattr(self._module, "TritonPythonModel")
+                else ""
+            )
+            raise InferenceError(
+                Code.INVALID_ARG, f"python model '{ctx.name}' must define a class named 'Model'{hint}"
+            )
+        if not callable(getattr(cls, "execute", None)):
+            raise InferenceError(Code.INVALID_ARG, f"python model '{ctx.name}': Model has no execute method")
+        self._cls = cls
+
+    def create_instance(self, ictx: InstanceContext) -> BackendInstance:
+        obj = self._cls()
+        init = getattr(obj, "initialize", None)
+        if init is not None:
+            init(ictx)
+        return _Instance(obj)

@@ -1,0 +1,30 @@
+"""What a batch-level model sees: one object per executed batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class ExecuteBatch:
+    """One batch formed by the scheduler.
+
+    Arrays are read-only views onto the engine's reused buffers and are only valid during
+    ``execute``: copy what must outlive the call. Row ``i`` of every array belongs to the same
+    request; rows whose ``ready`` is false are padding (Direct strategy) and their data is
+    meaningless.
+    """
+
+    size: int
+    instance: int
+    inputs: dict[str, np.ndarray]
+    #: implicit state, keyed by the state's input name; [B, ...]
+    states: dict[str, np.ndarray]
+    #: the configured control tensors (START/END/READY/CORRID), keyed by their names; [B, 1]
+    controls: dict[str, np.ndarray]
+    start: np.ndarray  # bool [B]
+    end: np.ndarray  # bool [B]
+    ready: np.ndarray  # bool [B]; false on padding rows
+    corrid: np.ndarray  # uint64 [B], or object [B] of str when string ids are in the batch

@@ -1,0 +1,48 @@
+"""Error types shared by the engine and mapped to wire status codes by the API."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Code(enum.IntEnum):
+    """Failure category; the front-ends map it to an HTTP / gRPC status."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+
+class InferenceError(Exception):
+    """An error with a status code. ``str()`` is the message alone, because
+    clients match on the exact text."""
+
+    code: Code
+    message: str
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = Code(code)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.code.name}, {self.message!r})"
+
+
+class ModelConfigError(InferenceError):
+    """A model's configuration cannot be loaded (bad file or invalid settings).
+
+    INVALID_ARG by default; parse failures of config.pbtxt use INTERNAL, as
+    Triton does.
+    """
+
+    def __init__(self, message: str, code: Code = Code.INVALID_ARG) -> None:
+        super().__init__(code, message)

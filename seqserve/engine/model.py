@@ -1,0 +1,506 @@
+"""One loaded model version: its config, backend instances and core scheduler.
+
+The request path here is: validate against the config (Triton's messages), hand raw buffers
+to the core, and await a future that the runner resolves on the event loop, once per batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seqserve._proto import model_config_pb2 as mc
+from seqserve.engine import _core
+from seqserve.engine.backends import BackendInstance, InstanceContext, ModelContext, find_backend
+from seqserve.engine.batch import ExecuteBatch
+from seqserve.engine.config import read_initial_state, to_numpy_dtype, wire_dtype_name
+from seqserve.engine.errors import Code, InferenceError
+
+log = logging.getLogger("seqserve.model")
+
+SequenceId = int | str
+_MAX_STRING_ID = 128
+_handles = itertools.count(1)
+
+_CONTROL_KIND = {
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START: 0,
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_READY: 1,
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END: 2,
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID: 3,
+}
+_INTEGER_CORRID = {mc.TYPE_UINT64, mc.TYPE_INT64, mc.TYPE_UINT32, mc.TYPE_INT32}
+
+
+@dataclass(slots=True)
+class InferResult:
+    model_name: str
+    model_version: str
+    id: str
+    outputs: dict[str, np.ndarray]
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Input:
+    index: int
+    name: str
+    datatype: str  # protocol name, e.g. "FP32"
+    dtype: np.dtype[Any]
+    dims: tuple[int, ...]
+    is_bytes: bool
+
+
+@dataclass(slots=True)
+class _Pending:
+    future: asyncio.Future[InferResult]
+    request_id: str
+    outputs: tuple[str, ...]
+    keep: tuple[Any, ...]  # keeps the input buffers alive until the batch is gathered
+    parameters: dict[str, Any] | None
+
+
+def _shape_str(shape: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _dims_match(shape: Sequence[int], dims: Sequence[int]) -> bool:
+    return len(shape) == len(dims) and all(d == -1 or d == s for s, d in zip(shape, dims, strict=True))
+
+
+def _env_int(name: str) -> int:
+    raw = os.environ.get(name, "")
+    try:
+        return max(0, int(raw)) if raw else 0
+    except ValueError:
+        log.warning("ignoring %s=%r: not an integer", name, raw)
+        return 0
+
+
+class LoadedModel:
+    """A model version ready to serve: scheduler started, instances initialized."""
+
+    def __init__(
+        self,
+        cfg: mc.ModelConfig,
+        *,
+        version: int,
+        model_dir: Path,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.config = cfg
+        self.name = cfg.name
+        self.version = version
+        self.version_str = str(version)
+        self.model_dir = model_dir
+        self._loop = loop
+        self._pending: dict[int, _Pending] = {}
+        self._sync_fail = 0
+        self.max_batch_size = cfg.max_batch_size
+        self.is_sequence = cfg.HasField("sequence_batching")
+
+        self._inputs = {
+            t.name: _Input(
+                i,
+                t.name,
+                wire_dtype_name(t.data_type),
+                np.dtype(to_numpy_dtype(t.data_type) or np.uint16),
+                tuple(t.dims),
+                t.data_type == mc.TYPE_STRING,
+            )
+            for i, t in enumerate(cfg.input)
+        }
+        self._outputs = {t.name: t for t in cfg.output}
+        self._output_names = tuple(self._outputs)
+        self._output_dtypes = {
+            t.name: np.dtype(to_numpy_dtype(t.data_type) or np.uint16) for t in cfg.output
+        }
+        self._corrid_dtype: int | None = None
+        self._corrid_name = ""
+        controls: list[tuple[str, int, int, float, float]] = []
+        states: list[tuple[str, str, int, list[int], bool, bytes, list[int]]] = []
+        self._state_outputs: list[tuple[int, str]] = []
+        self._ignored_inputs: set[str] = set()
+        if self.is_sequence:
+            sb = cfg.sequence_batching
+            controls = self._control_specs(sb)
+            states = self._state_specs(sb)
+            self._ignored_inputs = {c[0] for c in controls} | {s[0] for s in states}
+
+        backend_cls = find_backend(cfg)
+        if states and not backend_cls.supports_implicit_state:
+            raise InferenceError(
+                Code.INVALID_ARG, f"backend '{cfg.backend or cfg.platform}' does not support implicit state"
+            )
+        ctx = ModelContext(
+            name=self.name,
+            version=version,
+            config=cfg,
+            model_dir=model_dir,
+            version_dir=model_dir / str(version),
+            parameters={k: v.string_value for k, v in cfg.parameters.items()},
+        )
+        self.backend = backend_cls(ctx)
+        self._instances: list[BackendInstance] = []
+        self.instance_names: list[str] = []
+        for group in cfg.instance_group:
+            if group.passive:
+                continue
+            if group.kind == mc.ModelInstanceGroup.KIND_GPU:
+                log.warning("model '%s': no GPU available, instance group '%s' runs on CPU", self.name, group.name)
+            for j in range(max(1, group.count)):
+                iname = f"{group.name}_{j}"
+                self.instance_names.append(iname)
+                ictx = InstanceContext(ctx, len(self._instances), iname, "cpu")
+                self._instances.append(self.backend.create_instance(ictx))
+        if not self._instances:
+            raise InferenceError(Code.INVALID_ARG, f"model '{self.name}' has no (non-passive) instances")
+
+        strategy = _core.DIRECT if self.is_sequence else _core.STATELESS
+        sb = cfg.sequence_batching
+        self._core = _core.Scheduler(
+            name=self.name,
+            strategy=strategy,
+            max_batch_size=cfg.max_batch_size,
+            instance_count=len(self._instances),
+            slots_per_instance=max(1, cfg.max_batch_size),
+            idle_us=sb.max_sequence_idle_microseconds or 1_000_000,
+            max_queue_delay_us=sb.direct.max_queue_delay_microseconds,
+            min_slot_utilization=sb.direct.minimum_slot_utilization,
+            inputs=[(t.name, t.data_type, any(d < 0 for d in t.dims) and not t.allow_ragged_batch) for t in cfg.input],
+            controls=controls,
+            states=states,
+            delay_requests=_env_int("TRITONSERVER_DELAY_SCHEDULER"),
+            delay_backlog_requests=_env_int("TRITONSERVER_BACKLOG_DELAY_SCHEDULER"),
+            runner=self._run,
+            on_fail=self._on_fail,
+            on_warning=lambda msg: log.warning("%s", msg),
+        )
+        self._core.start()
+
+    # ----------------------------------------------------------------- load-time helpers
+
+    def _control_specs(self, sb: mc.ModelSequenceBatching) -> list[tuple[str, int, int, float, float]]:
+        out = []
+        for ci in sb.control_input:
+            spec: tuple[str, int, int, float, float] | None = None
+            for c in ci.control:  # several kinds on one tensor: the later one wins, as in Triton
+                kind = _CONTROL_KIND[c.kind]
+                if kind == 3:
+                    spec = (ci.name, 3, c.data_type, 0.0, 0.0)
+                    self._corrid_dtype = c.data_type
+                    self._corrid_name = ci.name
+                elif len(c.int32_false_true) == 2:
+                    spec = (ci.name, kind, mc.TYPE_INT32, *map(float, c.int32_false_true))  # type: ignore[assignment]
+                elif len(c.fp32_false_true) == 2:
+                    spec = (ci.name, kind, mc.TYPE_FP32, *map(float, c.fp32_false_true))  # type: ignore[assignment]
+                else:
+                    spec = (ci.name, kind, mc.TYPE_BOOL, *map(float, c.bool_false_true))  # type: ignore[assignment]
+            if spec is not None:
+                out.append(spec)
+        return out
+
+    def _state_specs(
+        self, sb: mc.ModelSequenceBatching
+    ) -> list[tuple[str, str, int, list[int], bool, bytes, list[int]]]:
+        out = []
+        seen: set[str] = set()
+        for st in sb.state:
+            in_name = st.input_name or st.name
+            out_name = st.output_name or st.name
+            if in_name in seen:
+                log.warning("model '%s': state input '%s' is given twice; the later one is ignored", self.name, in_name)
+                continue
+            seen.add(in_name)
+            data, dims = read_initial_state(self.model_dir, st, self.max_batch_size)
+            variable = any(d < 0 for d in st.dims)
+            self._state_outputs.append((len(out), out_name))
+            out.append((in_name, out_name, st.data_type, list(st.dims), variable, data, list(dims)))
+        return out
+
+    # ------------------------------------------------------------------------ metadata
+
+    def metadata(self) -> dict[str, Any]:
+        batch = [-1] if self.max_batch_size > 0 else []
+        return {
+            "name": self.name,
+            "versions": [self.version_str],
+            "platform": self.config.platform or self.config.backend,
+            "inputs": [
+                {"name": t.name, "datatype": wire_dtype_name(t.data_type), "shape": [*batch, *t.dims]}
+                for t in self.config.input
+            ],
+            "outputs": [
+                {"name": t.name, "datatype": wire_dtype_name(t.data_type), "shape": [*batch, *t.dims]}
+                for t in self.config.output
+            ],
+        }
+
+    def statistics(self) -> dict[str, Any]:
+        s = self._core.stats()
+        if self._sync_fail:
+            s["fail"]["count"] += self._sync_fail
+        return s
+
+    @property
+    def inflight_sequences(self) -> int:
+        return self._core.inflight_sequences()
+
+    @property
+    def pending_requests(self) -> int:
+        return self._core.pending_requests()
+
+    def scheduler_state(self) -> dict[str, Any]:
+        """Live view of the slot table, for diagnostics."""
+        return {
+            "free_slots": self._core.free_slots(),
+            "backlog_sequences": self._core.backlog_sequences(),
+            "pending_requests": self._core.pending_requests(),
+            "sequences": dict(self._core.sequences()),
+        }
+
+    # ------------------------------------------------------------------------- request
+
+    def _bad(self, request_id: str, msg: str, code: Code = Code.INVALID_ARG) -> InferenceError:
+        self._sync_fail += 1
+        return InferenceError(code, f"[request id: {request_id or '<id_unknown>'}] {msg}")
+
+    def submit(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        sequence_id: SequenceId = 0,
+        start: bool = False,
+        end: bool = False,
+        outputs: Sequence[str] | None = None,
+        request_id: str = "",
+        timeout_us: int = 0,
+        parameters: dict[str, Any] | None = None,
+    ) -> asyncio.Future[InferResult]:
+        """Validate and queue one request; the future resolves on this model's event loop."""
+        name = self.name
+        mbs = self.max_batch_size
+        ordered: list[Any] = [None] * len(self._inputs)
+        batch = -1
+        for key, arr in inputs.items():
+            spec = self._inputs.get(key)
+            if spec is None:
+                if key in self._ignored_inputs:  # control/state tensors are supplied by the server
+                    continue
+                raise self._bad(request_id, f"unexpected inference input '{key}' for model '{name}'")
+            if not isinstance(arr, np.ndarray):
+                arr = np.asarray(arr, dtype=spec.dtype)
+            if spec.is_bytes:
+                if arr.dtype != object and arr.dtype.kind not in "SU":
+                    raise self._bad(
+                        request_id,
+                        f"inference input '{key}' data-type is '{_wire_of(arr.dtype)}', but model '{name}' "
+                        f"expects 'BYTES'",
+                    )
+            elif arr.dtype != spec.dtype:
+                raise self._bad(
+                    request_id,
+                    f"inference input '{key}' data-type is '{_wire_of(arr.dtype)}', but model '{name}' "
+                    f"expects '{spec.datatype}'",
+                )
+            shape = arr.shape
+            item = shape[1:] if mbs > 0 else shape
+            if mbs > 0:
+                if len(shape) == 0:
+                    raise self._bad(
+                        request_id,
+                        f"unexpected shape for input '{key}' for model '{name}'. "
+                        f"Expected {_shape_str((-1, *spec.dims))}, got {_shape_str(shape)}",
+                    )
+                if batch < 0:
+                    batch = shape[0]
+                elif shape[0] != batch:
+                    raise self._bad(
+                        request_id, f"input '{key}' batch size {shape[0]} does not match other inputs ({batch})"
+                    )
+            if not _dims_match(item, spec.dims):
+                want = (-1, *spec.dims) if mbs > 0 else spec.dims
+                raise self._bad(
+                    request_id,
+                    f"unexpected shape for input '{key}' for model '{name}'. "
+                    f"Expected {_shape_str(want)}, got {_shape_str(shape)}",
+                )
+            if spec.is_bytes:
+                ordered[spec.index] = (_core.serialize_bytes(arr), shape)
+            else:
+                ordered[spec.index] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+        if any(o is None for o in ordered):
+            missing = [n for n, s in self._inputs.items() if ordered[s.index] is None]
+            got = [n for n in inputs if n in self._inputs]
+            raise self._bad(
+                request_id,
+                f"expected {len(self._inputs)} inputs but got {len(got)} inputs for model '{name}'. "
+                f"Got input(s) {got}, but missing required input(s) {missing}. "
+                "Please provide all required input(s).",
+            )
+        if mbs > 0 and batch > mbs:
+            raise self._bad(request_id, f"inference request batch-size must be <= {mbs} for '{name}'")
+        if outputs:
+            for o in outputs:
+                if o not in self._outputs:
+                    raise self._bad(request_id, f"unexpected inference output '{o}' for model '{name}'")
+            out_names = tuple(outputs)
+        else:
+            out_names = self._output_names
+
+        corrid: SequenceId = 0
+        if self.is_sequence:
+            corrid = sequence_id
+            is_str = isinstance(corrid, str)
+            if is_str and len(corrid) > _MAX_STRING_ID:  # type: ignore[arg-type]
+                raise self._bad(
+                    request_id, "string correlation ID cannot be longer than 128 characters", Code.UNSUPPORTED
+                )
+            cd = self._corrid_dtype
+            if cd is not None and ((is_str and cd != mc.TYPE_STRING) or (not is_str and cd not in _INTEGER_CORRID)):
+                raise self._bad(
+                    request_id,
+                    f"sequence batching control '{self._corrid_name}' data-type is "
+                    f"'{'BYTES' if is_str else 'UINT64'}', but model '{name}' expects '{wire_dtype_name(cd)}'",
+                )
+            if mbs > 0 and batch != 1:
+                self._sync_fail += 1
+                raise InferenceError(
+                    Code.INVALID_ARG,
+                    f"inference request to model '{name}' must specify batch-size 1 due to requirements "
+                    "of sequence batcher",
+                )
+        handle = next(_handles)
+        fut: asyncio.Future[InferResult] = self._loop.create_future()
+        self._pending[handle] = _Pending(fut, request_id, out_names, tuple(ordered), parameters)
+        err = self._core.submit(
+            handle,
+            tuple(ordered),
+            corrid,
+            start,
+            end,
+            timeout_us,
+            batch if batch > 0 else 1,
+        )
+        if err is not None:
+            del self._pending[handle]
+            self._sync_fail += 1
+            raise InferenceError(Code(err[0]), err[1])
+        return fut
+
+    # ------------------------------------------------------------------ executor side
+
+    def _run(self, cb: _core.Batch) -> bool:
+        """Executor thread, GIL held: run the model on one batch and schedule the replies."""
+        pending = self._pending
+        recs = [pending.pop(h, None) if h else None for h in cb.handles]
+        try:
+            batch = ExecuteBatch(
+                size=cb.size,
+                instance=cb.instance,
+                inputs=cb.inputs(),
+                states=cb.states(),
+                controls=cb.controls(),
+                start=cb.start,
+                end=cb.end,
+                ready=cb.ready,
+                corrid=cb.corrid,
+            )
+            produced = self._instances[cb.instance].execute(batch)
+            cb.mark_executed()
+            for index, out_name in self._state_outputs:
+                value = produced.get(out_name)
+                if value is not None:
+                    cb.set_state(index, np.asarray(value))
+            replies = self._split(cb.size, recs, produced)
+        except Exception as e:  # the model's failure fails this batch only
+            err = e if isinstance(e, InferenceError) else InferenceError(
+                Code.INTERNAL, f"model '{self.name}' failed: {type(e).__name__}: {e}"
+            )
+            self._loop.call_soon_threadsafe(_fail_all, [r for r in recs if r is not None], err)
+            return False
+        self._loop.call_soon_threadsafe(_deliver, self.name, self.version_str, replies)
+        return True
+
+    def _split(
+        self, size: int, recs: list[_Pending | None], produced: Mapping[str, np.ndarray]
+    ) -> list[tuple[_Pending, dict[str, np.ndarray]]]:
+        arrays: dict[str, np.ndarray] = {}
+        needed = {o for r in recs if r is not None for o in r.outputs}
+        for o in needed:
+            value = produced.get(o)
+            if value is None:
+                raise InferenceError(Code.INTERNAL, f"model '{self.name}' did not produce output '{o}'")
+            arr = np.asarray(value)
+            want = self._output_dtypes[o]
+            if arr.dtype != want and not (want == object and arr.dtype.kind in "OSU"):
+                raise InferenceError(
+                    Code.INTERNAL,
+                    f"model '{self.name}' produced output '{o}' as {arr.dtype}, but its config says "
+                    f"{wire_dtype_name(self._outputs[o].data_type)}",
+                )
+            if self.max_batch_size > 0 and (arr.ndim == 0 or arr.shape[0] != size):
+                raise InferenceError(
+                    Code.INTERNAL,
+                    f"model '{self.name}' produced output '{o}' with shape {list(arr.shape)}; "
+                    f"expected batch dimension {size}",
+                )
+            # A view may alias an engine buffer that the next batch overwrites: own the data.
+            arrays[o] = arr if arr.base is None else arr.copy()
+        replies = []
+        whole = self.max_batch_size == 0 or not self.is_sequence
+        for i, rec in enumerate(recs):
+            if rec is None:
+                continue
+            outs = {o: (arrays[o] if whole else arrays[o][i : i + 1]) for o in rec.outputs}
+            replies.append((rec, outs))
+        return replies
+
+    def _on_fail(self, handles: list[int], code: int, message: str) -> None:
+        recs = [r for r in (self._pending.pop(h, None) for h in handles) if r is not None]
+        if recs:
+            self._loop.call_soon_threadsafe(_fail_all, recs, InferenceError(Code(code), message))
+
+    # -------------------------------------------------------------------------- shutdown
+
+    def stop_accepting(self) -> None:
+        self._core.stop_accepting()
+
+    def close(self, *, force: bool = False) -> None:
+        """Stop the executors (after queues drain unless force) and finalize the instances."""
+        self._core.close(force)
+        for inst in self._instances:
+            try:
+                inst.finalize()
+            except Exception:
+                log.exception("model '%s': finalize failed", self.name)
+
+
+def _wire_of(dtype: np.dtype[Any]) -> str:
+    table = {
+        "b": "BOOL", "u1": "UINT8", "u2": "UINT16", "u4": "UINT32", "u8": "UINT64", "i1": "INT8", "i2": "INT16",
+        "i4": "INT32", "i8": "INT64", "f2": "FP16", "f4": "FP32", "f8": "FP64",
+    }
+    if dtype.kind in "OSU":
+        return "BYTES"
+    key = "b" if dtype.kind == "b" else f"{dtype.kind}{dtype.itemsize}"
+    return table.get(key, str(dtype))
+
+
+def _deliver(model: str, version: str, replies: list[tuple[_Pending, dict[str, np.ndarray]]]) -> None:
+    for rec, outs in replies:
+        if not rec.future.done():
+            rec.future.set_result(InferResult(model, version, rec.request_id, outs, rec.parameters or {}))
+
+
+def _fail_all(recs: list[_Pending], err: InferenceError) -> None:
+    for rec in recs:
+        if not rec.future.done():
+            rec.future.set_exception(InferenceError(err.code, err.message))

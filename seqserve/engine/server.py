@@ -1,0 +1,257 @@
+"""The in-process API: what the HTTP/gRPC front-ends and embedding applications call.
+
+    server = Server("models/")
+    await server.start()
+    result = await server.infer("accumulator", {"INPUT": x}, sequence_id=7, sequence_start=True)
+    await server.shutdown()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seqserve import __version__
+from seqserve._proto import model_config_pb2 as mc
+from seqserve.engine.config import config_to_json, load_model_config
+from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.model import InferResult, LoadedModel, SequenceId
+from seqserve.engine.repository import discover_models, select_versions
+
+log = logging.getLogger("seqserve.server")
+
+@dataclass(slots=True)
+class ModelState:
+    """Repository view of one model: its loaded versions, or why it failed to load."""
+
+    name: str
+    path: Path
+    versions: dict[int, LoadedModel]
+    state: str  # READY, UNAVAILABLE, UNLOADING
+    reason: str = ""
+
+
+class Server:
+    """Serves a model repository in this process. All methods run on one asyncio loop."""
+
+    #: the extensions the front-ends implement; they may narrow it to what they serve
+    extensions: tuple[str, ...] = ("sequence", "sequence(string_id)", "model_configuration", "statistics",
+                                   "model_repository", "parameters")
+
+    def __init__(self, model_repository: str | Path, *, exit_timeout_s: float = 30.0) -> None:
+        self.repository = Path(model_repository)
+        self.exit_timeout_s = exit_timeout_s
+        self._models: dict[str, ModelState] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._live = False
+        self._exiting = False
+
+    # ------------------------------------------------------------------------ lifecycle
+
+    async def start(self, models: Sequence[str] | None = None) -> None:
+        """Load every model of the repository (or only `models`). A model that fails to
+        load is reported with its reason and does not stop the others."""
+        self._loop = asyncio.get_running_loop()
+        if not self.repository.is_dir():
+            raise InferenceError(Code.INVALID_ARG, f"model repository '{self.repository}' is not a directory")
+        names = models if models is not None else [p.name for p in discover_models(self.repository)]
+        for name in names:
+            await self.load_model(name)
+        self._live = True
+
+    def _load_sync(self, name: str, loop: asyncio.AbstractEventLoop) -> ModelState:
+        path = self.repository / name
+        versions: dict[int, LoadedModel] = {}
+        try:
+            if not path.is_dir():
+                raise InferenceError(Code.NOT_FOUND, f"failed to load '{name}', no version is available")
+            cfg = load_model_config(path, name=name)
+            for v in select_versions(path, cfg):
+                versions[v] = LoadedModel(cfg, version=v, model_dir=path, loop=loop)
+        except Exception as e:
+            for m in versions.values():
+                m.close(force=True)
+            reason = str(e) if isinstance(e, InferenceError) else f"{type(e).__name__}: {e}"
+            log.error("failed to load model '%s': %s", name, reason)
+            return ModelState(name, path, {}, "UNAVAILABLE", reason)
+        log.info("loaded model '%s' versions %s", name, sorted(versions))
+        return ModelState(name, path, versions, "READY")
+
+    async def load_model(self, name: str) -> None:
+        """Load (or reload) a model; raises InferenceError with the reason when it fails."""
+        loop = self._loop or asyncio.get_running_loop()
+        self._loop = loop
+        old = self._models.get(name)
+        state = self._load_sync(name, loop)
+        self._models[name] = state
+        if old is not None:
+            await self._retire(old)
+        if state.state != "READY":
+            raise InferenceError(Code.INVALID_ARG, f"load failed for model '{name}': {state.reason}")
+
+    async def unload_model(self, name: str) -> None:
+        state = self._models.get(name)
+        if state is None:
+            raise InferenceError(Code.INVALID_ARG, f"failed to unload '{name}', model is not loaded")
+        state.state = "UNLOADING"
+        await self._retire(state)
+        state.versions = {}
+        state.state = "UNAVAILABLE"
+        state.reason = "unloaded"
+
+    async def _retire(self, state: ModelState, timeout_s: float | None = None) -> None:
+        """Let running sequences finish (bounded), then stop the model."""
+        models = list(state.versions.values())
+        for m in models:
+            m.stop_accepting()
+        deadline = time.monotonic() + (self.exit_timeout_s if timeout_s is None else timeout_s)
+        while any(m.inflight_sequences for m in models) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        forced = any(m.inflight_sequences for m in models)
+        for m in models:
+            await asyncio.to_thread(m.close, force=forced)
+
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        """Orderly stop: new STARTs get UNAVAILABLE, running sequences finish within the bound."""
+        self._exiting = True
+        self._live = False
+        timeout = self.exit_timeout_s if timeout_s is None else timeout_s
+        states = [s for s in self._models.values() if s.versions]
+        for s in states:
+            for m in s.versions.values():
+                m.stop_accepting()
+        await asyncio.gather(*(self._retire(s, timeout) for s in states))
+        if any(m.pending_requests for s in states for m in s.versions.values()):
+            log.warning("Exit timeout expired. Exiting immediately.")
+        for s in states:
+            s.versions = {}
+            s.state = "UNAVAILABLE"
+            s.reason = "server is shut down"
+
+    # --------------------------------------------------------------------------- health
+
+    def is_live(self) -> bool:
+        return self._live and not self._exiting
+
+    def is_ready(self) -> bool:
+        return self.is_live() and all(s.state == "READY" for s in self._models.values() if s.versions)
+
+    def model(self, name: str, version: str | int = "") -> LoadedModel:
+        """The loaded model version (the highest when version is empty)."""
+        state = self._models.get(name)
+        if state is None or not state.versions:
+            raise InferenceError(Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
+        if version in ("", None, -1, "-1"):
+            return state.versions[max(state.versions)]
+        try:
+            v = int(version)
+        except (TypeError, ValueError):
+            raise InferenceError(
+                Code.INVALID_ARG, f"failed to parse version '{version}' for model '{name}'"
+            ) from None
+        m = state.versions.get(v)
+        if m is None:
+            raise InferenceError(
+                Code.NOT_FOUND, f"Request for unknown model: '{name}' version {v} is not found"
+            )
+        return m
+
+    def is_model_ready(self, name: str, version: str | int = "") -> bool:
+        try:
+            self.model(name, version)
+        except InferenceError:
+            return False
+        return not self._exiting
+
+    # ------------------------------------------------------------------------- metadata
+
+    def metadata(self) -> dict[str, Any]:
+        return {"name": "seqserve", "version": __version__, "extensions": list(self.extensions)}
+
+    def model_metadata(self, name: str, version: str | int = "") -> dict[str, Any]:
+        m = self.model(name, version)
+        meta = m.metadata()
+        if version in ("", None):
+            meta["versions"] = [str(v) for v in sorted(self._models[name].versions)]
+        return meta
+
+    def model_config(self, name: str, version: str | int = "") -> mc.ModelConfig:
+        return self.model(name, version).config
+
+    def model_config_json(self, name: str, version: str | int = "") -> dict[str, Any]:
+        return config_to_json(self.model_config(name, version))
+
+    def repository_index(self) -> list[dict[str, str]]:
+        out: list[dict[str, str]] = []
+        known = {p.name for p in discover_models(self.repository)} | set(self._models)
+        for name in sorted(known):
+            state = self._models.get(name)
+            if state is None:
+                out.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": "unloaded"})
+            elif state.versions:
+                for v in sorted(state.versions):
+                    out.append({"name": name, "version": str(v), "state": state.state, "reason": ""})
+            else:
+                out.append({"name": name, "version": "", "state": state.state, "reason": state.reason})
+        return out
+
+    def statistics(self, name: str = "", version: str | int = "") -> list[dict[str, Any]]:
+        """Triton-shaped model statistics (durations in ns)."""
+        if name:
+            targets = [self.model(name, version)]
+        else:
+            targets = [m for s in self._models.values() for m in s.versions.values()]
+        out = []
+        for m in targets:
+            s = m.statistics()
+            out.append({
+                "name": m.name,
+                "version": m.version_str,
+                "last_inference": s["last_inference"],
+                "inference_count": s["inference_count"],
+                "execution_count": s["execution_count"],
+                "inference_stats": {
+                    k: s[k]
+                    for k in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+                } | {"cache_hit": {"count": 0, "ns": 0}, "cache_miss": {"count": 0, "ns": 0}},
+                "batch_stats": s["batch_stats"],
+            })
+        return out
+
+    # ---------------------------------------------------------------------------- infer
+
+    async def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        version: str | int = "",
+        sequence_id: SequenceId = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
+        outputs: Sequence[str] | None = None,
+        request_id: str = "",
+        timeout_us: int = 0,
+        parameters: dict[str, Any] | None = None,
+    ) -> InferResult:
+        """Run one request. Sequence models need `sequence_id` (uint64 or str; 5 and "5" are
+        different sequences) and START on the first request. Raises InferenceError."""
+        m = self.model(model, version)
+        fut = m.submit(
+            inputs,
+            sequence_id=sequence_id,
+            start=sequence_start,
+            end=sequence_end,
+            outputs=outputs,
+            request_id=request_id,
+            timeout_us=timeout_us,
+            parameters=parameters,
+        )
+        return await fut

@@ -1,0 +1,37 @@
+"""Build of the compiled core, seqserve.engine._core (C++17, pybind11).
+
+Environment switches:
+  SEQSERVE_DEBUG=1                  assertions on, -O0 -g
+  SEQSERVE_SANITIZE=address|thread  build with that sanitizer (run with LD_PRELOAD of its runtime)
+"""
+
+from __future__ import annotations
+
+import os
+
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import setup
+
+debug = os.environ.get("SEQSERVE_DEBUG") == "1"
+sanitize = os.environ.get("SEQSERVE_SANITIZE", "")
+if sanitize not in ("", "address", "thread"):
+    raise SystemExit(f"SEQSERVE_SANITIZE must be 'address' or 'thread', not {sanitize!r}")
+
+compile_args = ["-O0", "-g"] if debug else ["-O3"]
+link_args: list[str] = []
+macros = [] if debug or sanitize else [("NDEBUG", "1")]
+if sanitize:
+    compile_args += [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-g"]
+    link_args += [f"-fsanitize={sanitize}"]
+
+ext = Pybind11Extension(
+    "seqserve.engine._core",
+    sources=["csrc/scheduler.cc", "csrc/module.cc"],
+    depends=["csrc/common.h", "csrc/scheduler.h"],
+    cxx_std=17,
+    extra_compile_args=compile_args + ["-Wall", "-Wno-sign-compare"],
+    extra_link_args=link_args + ["-pthread"],
+    define_macros=macros,
+)
+
+setup(ext_modules=[ext], cmdclass={"build_ext": build_ext})
