@@ -104,7 +104,7 @@ class ModelInstanceGroup(_message.Message):
     profile: _containers.RepeatedScalarFieldContainer[str]
     passive: bool
     host_policy: str
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[ModelInstanceGroup.Kind, str]] = ..., count: _Optional[int] = ..., rate_limiter: _Optional[_Union[ModelRateLimiter, _Mapping]] = ..., gpus: _Optional[_Iterable[int]] = ..., secondary_devices: _Optional[_Iterable[_Union[ModelInstanceGroup.SecondaryDevice, _Mapping]]] = ..., profile: _Optional[_Iterable[str]] = ..., passive: _Optional[bool] = ..., host_policy: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[ModelInstanceGroup.Kind, str]] = ..., count: _Optional[int] = ..., rate_limiter: _Optional[_Union[ModelRateLimiter, _Mapping]] = ..., gpus: _Optional[_Iterable[int]] = ..., secondary_devices: _Optional[_Iterable[_Union[ModelInstanceGroup.SecondaryDevice, _Mapping]]] = ..., profile: _Optional[_Iterable[str]] = ..., passive: bool = ..., host_policy: _Optional[str] = ...) -> None: ...
 
 class ModelTensorReshape(_message.Message):
     __slots__ = ("shape",)
@@ -140,7 +140,7 @@ class ModelInput(_message.Message):
     allow_ragged_batch: bool
     optional: bool
     is_non_linear_format_io: bool
-    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., format: _Optional[_Union[ModelInput.Format, str]] = ..., dims: _Optional[_Iterable[int]] = ..., reshape: _Optional[_Union[ModelTensorReshape, _Mapping]] = ..., is_shape_tensor: _Optional[bool] = ..., allow_ragged_batch: _Optional[bool] = ..., optional: _Optional[bool] = ..., is_non_linear_format_io: _Optional[bool] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., format: _Optional[_Union[ModelInput.Format, str]] = ..., dims: _Optional[_Iterable[int]] = ..., reshape: _Optional[_Union[ModelTensorReshape, _Mapping]] = ..., is_shape_tensor: bool = ..., allow_ragged_batch: bool = ..., optional: bool = ..., is_non_linear_format_io: bool = ...) -> None: ...
 
 class ModelOutput(_message.Message):
     __slots__ = ("name", "data_type", "dims", "reshape", "label_filename", "is_shape_tensor", "is_non_linear_format_io")
@@ -158,7 +158,7 @@ class ModelOutput(_message.Message):
     label_filename: str
     is_shape_tensor: bool
     is_non_linear_format_io: bool
-    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ..., reshape: _Optional[_Union[ModelTensorReshape, _Mapping]] = ..., label_filename: _Optional[str] = ..., is_shape_tensor: _Optional[bool] = ..., is_non_linear_format_io: _Optional[bool] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ..., reshape: _Optional[_Union[ModelTensorReshape, _Mapping]] = ..., label_filename: _Optional[str] = ..., is_shape_tensor: bool = ..., is_non_linear_format_io: bool = ...) -> None: ...
 
 class BatchInput(_message.Message):
     __slots__ = ("kind", "target_name", "data_type", "source_input")
@@ -283,7 +283,7 @@ class ModelOptimizationPolicy(_message.Message):
         busy_wait_events: bool
         graph_spec: _containers.RepeatedCompositeFieldContainer[ModelOptimizationPolicy.Cuda.GraphSpec]
         output_copy_stream: bool
-        def __init__(self, graphs: _Optional[bool] = ..., busy_wait_events: _Optional[bool] = ..., graph_spec: _Optional[_Iterable[_Union[ModelOptimizationPolicy.Cuda.GraphSpec, _Mapping]]] = ..., output_copy_stream: _Optional[bool] = ...) -> None: ...
+        def __init__(self, graphs: bool = ..., busy_wait_events: bool = ..., graph_spec: _Optional[_Iterable[_Union[ModelOptimizationPolicy.Cuda.GraphSpec, _Mapping]]] = ..., output_copy_stream: bool = ...) -> None: ...
     class ExecutionAccelerators(_message.Message):
         __slots__ = ("gpu_execution_accelerator", "cpu_execution_accelerator")
         class Accelerator(_message.Message):
@@ -309,7 +309,7 @@ class ModelOptimizationPolicy(_message.Message):
         __slots__ = ("enable",)
         ENABLE_FIELD_NUMBER: _ClassVar[int]
         enable: bool
-        def __init__(self, enable: _Optional[bool] = ...) -> None: ...
+        def __init__(self, enable: bool = ...) -> None: ...
     GRAPH_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     CUDA_FIELD_NUMBER: _ClassVar[int]
@@ -326,7 +326,7 @@ class ModelOptimizationPolicy(_message.Message):
     output_pinned_memory: ModelOptimizationPolicy.PinnedMemoryBuffer
     gather_kernel_buffer_threshold: int
     eager_batching: bool
-    def __init__(self, graph: _Optional[_Union[ModelOptimizationPolicy.Graph, _Mapping]] = ..., priority: _Optional[_Union[ModelOptimizationPolicy.ModelPriority, str]] = ..., cuda: _Optional[_Union[ModelOptimizationPolicy.Cuda, _Mapping]] = ..., execution_accelerators: _Optional[_Union[ModelOptimizationPolicy.ExecutionAccelerators, _Mapping]] = ..., input_pinned_memory: _Optional[_Union[ModelOptimizationPolicy.PinnedMemoryBuffer, _Mapping]] = ..., output_pinned_memory: _Optional[_Union[ModelOptimizationPolicy.PinnedMemoryBuffer, _Mapping]] = ..., gather_kernel_buffer_threshold: _Optional[int] = ..., eager_batching: _Optional[bool] = ...) -> None: ...
+    def __init__(self, graph: _Optional[_Union[ModelOptimizationPolicy.Graph, _Mapping]] = ..., priority: _Optional[_Union[ModelOptimizationPolicy.ModelPriority, str]] = ..., cuda: _Optional[_Union[ModelOptimizationPolicy.Cuda, _Mapping]] = ..., execution_accelerators: _Optional[_Union[ModelOptimizationPolicy.ExecutionAccelerators, _Mapping]] = ..., input_pinned_memory: _Optional[_Union[ModelOptimizationPolicy.PinnedMemoryBuffer, _Mapping]] = ..., output_pinned_memory: _Optional[_Union[ModelOptimizationPolicy.PinnedMemoryBuffer, _Mapping]] = ..., gather_kernel_buffer_threshold: _Optional[int] = ..., eager_batching: bool = ...) -> None: ...
 
 class ModelQueuePolicy(_message.Message):
     __slots__ = ("timeout_action", "default_timeout_microseconds", "allow_timeout_override", "max_queue_size")
@@ -344,7 +344,7 @@ class ModelQueuePolicy(_message.Message):
     default_timeout_microseconds: int
     allow_timeout_override: bool
     max_queue_size: int
-    def __init__(self, timeout_action: _Optional[_Union[ModelQueuePolicy.TimeoutAction, str]] = ..., default_timeout_microseconds: _Optional[int] = ..., allow_timeout_override: _Optional[bool] = ..., max_queue_size: _Optional[int] = ...) -> None: ...
+    def __init__(self, timeout_action: _Optional[_Union[ModelQueuePolicy.TimeoutAction, str]] = ..., default_timeout_microseconds: _Optional[int] = ..., allow_timeout_override: bool = ..., max_queue_size: _Optional[int] = ...) -> None: ...
 
 class ModelDynamicBatching(_message.Message):
     __slots__ = ("preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering", "priority_levels", "default_priority_level", "default_queue_policy", "priority_queue_policy", "default_batch_size", "timeout_action")
@@ -373,7 +373,7 @@ class ModelDynamicBatching(_message.Message):
     priority_queue_policy: _containers.MessageMap[int, ModelQueuePolicy]
     default_batch_size: int
     timeout_action: SeqserveTimeoutAction
-    def __init__(self, preferred_batch_size: _Optional[_Iterable[int]] = ..., max_queue_delay_microseconds: _Optional[int] = ..., preserve_ordering: _Optional[bool] = ..., priority_levels: _Optional[int] = ..., default_priority_level: _Optional[int] = ..., default_queue_policy: _Optional[_Union[ModelQueuePolicy, _Mapping]] = ..., priority_queue_policy: _Optional[_Mapping[int, ModelQueuePolicy]] = ..., default_batch_size: _Optional[int] = ..., timeout_action: _Optional[_Union[SeqserveTimeoutAction, str]] = ...) -> None: ...
+    def __init__(self, preferred_batch_size: _Optional[_Iterable[int]] = ..., max_queue_delay_microseconds: _Optional[int] = ..., preserve_ordering: bool = ..., priority_levels: _Optional[int] = ..., default_priority_level: _Optional[int] = ..., default_queue_policy: _Optional[_Union[ModelQueuePolicy, _Mapping]] = ..., priority_queue_policy: _Optional[_Mapping[int, ModelQueuePolicy]] = ..., default_batch_size: _Optional[int] = ..., timeout_action: _Optional[_Union[SeqserveTimeoutAction, str]] = ...) -> None: ...
 
 class ModelSequenceBatching(_message.Message):
     __slots__ = ("direct", "oldest", "reusable_batch", "max_sequence_idle_microseconds", "control_input", "state", "iterative_sequence", "timeout_action")
@@ -419,7 +419,7 @@ class ModelSequenceBatching(_message.Message):
         zero_data: bool
         data_file: str
         name: str
-        def __init__(self, data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ..., zero_data: _Optional[bool] = ..., data_file: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+        def __init__(self, data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ..., zero_data: bool = ..., data_file: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
     class State(_message.Message):
         __slots__ = ("input_name", "output_name", "data_type", "dims", "initial_state", "use_same_buffer_for_input_output", "use_growable_memory", "name")
         INPUT_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -438,7 +438,7 @@ class ModelSequenceBatching(_message.Message):
         use_same_buffer_for_input_output: bool
         use_growable_memory: bool
         name: str
-        def __init__(self, input_name: _Optional[str] = ..., output_name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ..., initial_state: _Optional[_Iterable[_Union[ModelSequenceBatching.InitialState, _Mapping]]] = ..., use_same_buffer_for_input_output: _Optional[bool] = ..., use_growable_memory: _Optional[bool] = ..., name: _Optional[str] = ...) -> None: ...
+        def __init__(self, input_name: _Optional[str] = ..., output_name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ..., initial_state: _Optional[_Iterable[_Union[ModelSequenceBatching.InitialState, _Mapping]]] = ..., use_same_buffer_for_input_output: bool = ..., use_growable_memory: bool = ..., name: _Optional[str] = ...) -> None: ...
     class StrategyDirect(_message.Message):
         __slots__ = ("max_queue_delay_microseconds", "minimum_slot_utilization")
         MAX_QUEUE_DELAY_MICROSECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -456,7 +456,7 @@ class ModelSequenceBatching(_message.Message):
         preferred_batch_size: _containers.RepeatedScalarFieldContainer[int]
         max_queue_delay_microseconds: int
         preserve_ordering: bool
-        def __init__(self, max_candidate_sequences: _Optional[int] = ..., preferred_batch_size: _Optional[_Iterable[int]] = ..., max_queue_delay_microseconds: _Optional[int] = ..., preserve_ordering: _Optional[bool] = ...) -> None: ...
+        def __init__(self, max_candidate_sequences: _Optional[int] = ..., preferred_batch_size: _Optional[_Iterable[int]] = ..., max_queue_delay_microseconds: _Optional[int] = ..., preserve_ordering: bool = ...) -> None: ...
     class ReusableBatch(_message.Message):
         __slots__ = ("max_size", "candidate_batch_size")
         MAX_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -480,7 +480,7 @@ class ModelSequenceBatching(_message.Message):
     state: _containers.RepeatedCompositeFieldContainer[ModelSequenceBatching.State]
     iterative_sequence: bool
     timeout_action: SeqserveTimeoutAction
-    def __init__(self, direct: _Optional[_Union[ModelSequenceBatching.StrategyDirect, _Mapping]] = ..., oldest: _Optional[_Union[ModelSequenceBatching.StrategyOldest, _Mapping]] = ..., reusable_batch: _Optional[_Union[ModelSequenceBatching.ReusableBatch, _Mapping]] = ..., max_sequence_idle_microseconds: _Optional[int] = ..., control_input: _Optional[_Iterable[_Union[ModelSequenceBatching.ControlInput, _Mapping]]] = ..., state: _Optional[_Iterable[_Union[ModelSequenceBatching.State, _Mapping]]] = ..., iterative_sequence: _Optional[bool] = ..., timeout_action: _Optional[_Union[SeqserveTimeoutAction, str]] = ...) -> None: ...
+    def __init__(self, direct: _Optional[_Union[ModelSequenceBatching.StrategyDirect, _Mapping]] = ..., oldest: _Optional[_Union[ModelSequenceBatching.StrategyOldest, _Mapping]] = ..., reusable_batch: _Optional[_Union[ModelSequenceBatching.ReusableBatch, _Mapping]] = ..., max_sequence_idle_microseconds: _Optional[int] = ..., control_input: _Optional[_Iterable[_Union[ModelSequenceBatching.ControlInput, _Mapping]]] = ..., state: _Optional[_Iterable[_Union[ModelSequenceBatching.State, _Mapping]]] = ..., iterative_sequence: bool = ..., timeout_action: _Optional[_Union[SeqserveTimeoutAction, str]] = ...) -> None: ...
 
 class ModelEnsembling(_message.Message):
     __slots__ = ("step", "max_inflight_requests")
@@ -537,7 +537,7 @@ class ModelWarmup(_message.Message):
         zero_data: bool
         random_data: bool
         input_data_file: str
-        def __init__(self, data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ..., zero_data: _Optional[bool] = ..., random_data: _Optional[bool] = ..., input_data_file: _Optional[str] = ...) -> None: ...
+        def __init__(self, data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ..., zero_data: bool = ..., random_data: bool = ..., input_data_file: _Optional[str] = ...) -> None: ...
     class InputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -578,7 +578,7 @@ class ModelTransactionPolicy(_message.Message):
     STATEFUL_MODEL_POLICY_FIELD_NUMBER: _ClassVar[int]
     decoupled: bool
     stateful_model_policy: ModelTransactionPolicy.StatefulModelPolicy
-    def __init__(self, decoupled: _Optional[bool] = ..., stateful_model_policy: _Optional[_Union[ModelTransactionPolicy.StatefulModelPolicy, _Mapping]] = ...) -> None: ...
+    def __init__(self, decoupled: bool = ..., stateful_model_policy: _Optional[_Union[ModelTransactionPolicy.StatefulModelPolicy, _Mapping]] = ...) -> None: ...
 
 class ModelRepositoryAgents(_message.Message):
     __slots__ = ("agents",)
@@ -604,7 +604,7 @@ class ModelResponseCache(_message.Message):
     __slots__ = ("enable",)
     ENABLE_FIELD_NUMBER: _ClassVar[int]
     enable: bool
-    def __init__(self, enable: _Optional[bool] = ...) -> None: ...
+    def __init__(self, enable: bool = ...) -> None: ...
 
 class ModelMetrics(_message.Message):
     __slots__ = ("metric_control",)

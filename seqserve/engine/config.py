@@ -7,11 +7,10 @@ messages follow Triton's, because users and tools compare against them.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterable, Sequence
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePath
+from typing import Any, cast
 
 import numpy as np
 from google.protobuf import json_format, text_format
@@ -43,8 +42,6 @@ __all__ = [
     "validate_config",
     "wire_dtype_name",
 ]
-
-log = logging.getLogger(__name__)
 
 CONFIG_FILENAME = "config.pbtxt"
 INITIAL_STATE_DIR = "initial_state"
@@ -444,28 +441,18 @@ def _validate_strategy(seq: ModelSequenceBatching, max_batch_size: int, m: str) 
 
 
 def _validate_states(seq: ModelSequenceBatching, m: str) -> None:
-    inputs: set[str] = set()
-    outputs: set[str] = set()
+    # Duplicate state names are not an error: Triton warns and ignores the
+    # later one, which the model runtime does.
     for state in seq.state:
         _validate_state_names(state, m)
-        in_name, out_name = state_input_name(state), state_output_name(state)
+        name = state_input_name(state)
         if state.data_type == DataType.TYPE_INVALID:
-            raise ModelConfigError(f"sequence batching state '{in_name}' must specify 'data_type' for {m}")
+            raise ModelConfigError(f"sequence batching state '{name}' must specify 'data_type' for {m}")
         if _has_bad_dim(state.dims):
             raise ModelConfigError(
-                f"sequence batching state '{in_name}' dimension must be integer >= 1, or -1 "
+                f"sequence batching state '{name}' dimension must be integer >= 1, or -1 "
                 f"to indicate a variable-size dimension for {m}"
             )
-        # Triton only warns and ignores the later duplicate.
-        if in_name in inputs or out_name in outputs:
-            log.warning(
-                "model %s: duplicate state input '%s' or output '%s'; the later one is ignored",
-                m,
-                in_name,
-                out_name,
-            )
-        inputs.add(in_name)
-        outputs.add(out_name)
 
 
 def _validate_state_names(state: State, m: str) -> None:
@@ -590,7 +577,14 @@ def read_initial_state(model_dir: Path, state: State, max_batch_size: int) -> tu
 
 
 def _initial_state_path(model_dir: Path, data_file: str) -> Path:
-    return model_dir / INITIAL_STATE_DIR / data_file
+    # A config can arrive over the load API, so the name must not lead out of
+    # the folder. Symlinks the repository owner placed there are fine.
+    rel = PurePath(data_file)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise ModelConfigError(
+            f"initial_state data_file '{data_file}' must be a file inside {model_dir / INITIAL_STATE_DIR}"
+        )
+    return model_dir / INITIAL_STATE_DIR / rel
 
 
 def _file_size(path: Path) -> int:
@@ -628,7 +622,7 @@ def config_to_json(cfg: ModelConfig) -> dict[str, Any]:
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
     )
-    _unquote_int64(out, cfg.DESCRIPTOR)
+    _unquote_int64(out, cast(Descriptor, cfg.DESCRIPTOR))
     return out
 
 

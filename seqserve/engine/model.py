@@ -210,7 +210,7 @@ class LoadedModel:
     def _state_specs(
         self, sb: mc.ModelSequenceBatching
     ) -> list[tuple[str, str, int, list[int], bool, bytes, list[int]]]:
-        out = []
+        out: list[tuple[str, str, int, list[int], bool, bytes, list[int]]] = []
         seen: set[str] = set()
         for st in sb.state:
             in_name = st.input_name or st.name
