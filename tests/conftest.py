@@ -12,7 +12,7 @@ from seqserve.engine import Server
 
 # A batch-level Python model that records what it saw, for scheduler tests. Each execute
 # call appends one dict per batch to the module-level list RECORD, keyed by model name.
-RECORDING_MODEL = '''
+RECORDING_MODEL = """
 import numpy as np
 RECORD = []
 
@@ -34,10 +34,12 @@ class Model:
         for name, value in batch.inputs.items():
             out["OUT_" + name[3:] if name.startswith("IN_") else "OUTPUT"] = value.copy()
         return out
-'''
+"""
 
 
-def write_model(repo: Path, name: str, config: str, model_py: str = RECORDING_MODEL, version: int = 1) -> Path:
+def write_model(
+    repo: Path, name: str, config: str, model_py: str = RECORDING_MODEL, version: int = 1
+) -> Path:
     """Write <repo>/<name>/config.pbtxt and <repo>/<name>/<version>/model.py."""
     d = repo / name
     (d / str(version)).mkdir(parents=True, exist_ok=True)

@@ -147,6 +147,22 @@ def load_model_config(model_dir: Path, *, name: str | None = None) -> ModelConfi
     return cfg
 
 
+def config_from_json(text: str, model_dir: Path, *, name: str) -> ModelConfig:
+    """A config given as JSON (the repository load API's 'config' parameter), checked like a
+    config.pbtxt."""
+    try:
+        cfg = json_format.Parse(text, ModelConfig())
+    except json_format.ParseError as e:
+        raise ModelConfigError(f"failed to parse the 'config' parameter for model '{name}': {e}") from e
+    if not cfg.name:
+        cfg.name = name
+    elif cfg.name != name:
+        raise ModelConfigError(f"model name '{cfg.name}' in the 'config' parameter does not match '{name}'")
+    normalize_config(cfg)
+    validate_config(cfg, Path(model_dir))
+    return cfg
+
+
 def _parse_config_file(path: Path) -> ModelConfig:
     # INTERNAL, as Triton reports unreadable config files; protobuf's own
     # message carries the line:column and the offending field.

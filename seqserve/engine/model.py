@@ -10,6 +10,8 @@ import asyncio
 import itertools
 import logging
 import os
+import secrets
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,9 +121,7 @@ class LoadedModel:
         }
         self._outputs = {t.name: t for t in cfg.output}
         self._output_names = tuple(self._outputs)
-        self._output_dtypes = {
-            t.name: np.dtype(to_numpy_dtype(t.data_type) or np.uint16) for t in cfg.output
-        }
+        self._output_dtypes = {t.name: np.dtype(to_numpy_dtype(t.data_type) or np.uint16) for t in cfg.output}
         self._corrid_dtype: int | None = None
         self._corrid_name = ""
         controls: list[tuple[str, int, int, float, float]] = []
@@ -154,7 +154,9 @@ class LoadedModel:
             if group.passive:
                 continue
             if group.kind == mc.ModelInstanceGroup.KIND_GPU:
-                log.warning("model '%s': no GPU available, instance group '%s' runs on CPU", self.name, group.name)
+                log.warning(
+                    "model '%s': no GPU available, instance group '%s' runs on CPU", self.name, group.name
+                )
             for j in range(max(1, group.count)):
                 iname = f"{group.name}_{j}"
                 self.instance_names.append(iname)
@@ -174,7 +176,10 @@ class LoadedModel:
             idle_us=sb.max_sequence_idle_microseconds or 1_000_000,
             max_queue_delay_us=sb.direct.max_queue_delay_microseconds,
             min_slot_utilization=sb.direct.minimum_slot_utilization,
-            inputs=[(t.name, t.data_type, any(d < 0 for d in t.dims) and not t.allow_ragged_batch) for t in cfg.input],
+            inputs=[
+                (t.name, t.data_type, any(d < 0 for d in t.dims) and not t.allow_ragged_batch)
+                for t in cfg.input
+            ],
             controls=controls,
             states=states,
             delay_requests=_env_int("TRITONSERVER_DELAY_SCHEDULER"),
@@ -216,7 +221,11 @@ class LoadedModel:
             in_name = st.input_name or st.name
             out_name = st.output_name or st.name
             if in_name in seen:
-                log.warning("model '%s': state input '%s' is given twice; the later one is ignored", self.name, in_name)
+                log.warning(
+                    "model '%s': state input '%s' is given twice; the later one is ignored",
+                    self.name,
+                    in_name,
+                )
                 continue
             seen.add(in_name)
             data, dims = read_initial_state(self.model_dir, st, self.max_batch_size)
@@ -282,7 +291,7 @@ class LoadedModel:
         outputs: Sequence[str] | None = None,
         request_id: str = "",
         timeout_us: int = 0,
-        parameters: dict[str, Any] | None = None,
+        response_parameters: dict[str, Any] | None = None,
     ) -> asyncio.Future[InferResult]:
         """Validate and queue one request; the future resolves on this model's event loop."""
         name = self.name
@@ -323,7 +332,8 @@ class LoadedModel:
                     batch = shape[0]
                 elif shape[0] != batch:
                     raise self._bad(
-                        request_id, f"input '{key}' batch size {shape[0]} does not match other inputs ({batch})"
+                        request_id,
+                        f"input '{key}' batch size {shape[0]} does not match other inputs ({batch})",
                     )
             if not _dims_match(item, spec.dims):
                 want = (-1, *spec.dims) if mbs > 0 else spec.dims
@@ -364,7 +374,9 @@ class LoadedModel:
                     request_id, "string correlation ID cannot be longer than 128 characters", Code.UNSUPPORTED
                 )
             cd = self._corrid_dtype
-            if cd is not None and ((is_str and cd != mc.TYPE_STRING) or (not is_str and cd not in _INTEGER_CORRID)):
+            if cd is not None and (
+                (is_str and cd != mc.TYPE_STRING) or (not is_str and cd not in _INTEGER_CORRID)
+            ):
                 raise self._bad(
                     request_id,
                     f"sequence batching control '{self._corrid_name}' data-type is "
@@ -379,7 +391,7 @@ class LoadedModel:
                 )
         handle = next(_handles)
         fut: asyncio.Future[InferResult] = self._loop.create_future()
-        self._pending[handle] = _Pending(fut, request_id, out_names, tuple(ordered), parameters)
+        self._pending[handle] = _Pending(fut, request_id, out_names, tuple(ordered), response_parameters)
         err = self._core.submit(
             handle,
             tuple(ordered),
@@ -421,8 +433,10 @@ class LoadedModel:
                     cb.set_state(index, np.asarray(value))
             replies = self._split(cb.size, recs, produced)
         except Exception as e:  # the model's failure fails this batch only
-            err = e if isinstance(e, InferenceError) else InferenceError(
-                Code.INTERNAL, f"model '{self.name}' failed: {type(e).__name__}: {e}"
+            err = (
+                e
+                if isinstance(e, InferenceError)
+                else InferenceError(Code.INTERNAL, f"model '{self.name}' failed: {type(e).__name__}: {e}")
             )
             self._loop.call_soon_threadsafe(_fail_all, [r for r in recs if r is not None], err)
             return False
@@ -440,7 +454,7 @@ class LoadedModel:
                 raise InferenceError(Code.INTERNAL, f"model '{self.name}' did not produce output '{o}'")
             arr = np.asarray(value)
             want = self._output_dtypes[o]
-            if arr.dtype != want and not (want == object and arr.dtype.kind in "OSU"):
+            if arr.dtype != want and not (want.kind == "O" and arr.dtype.kind in "OSU"):
                 raise InferenceError(
                     Code.INTERNAL,
                     f"model '{self.name}' produced output '{o}' as {arr.dtype}, but its config says "
@@ -470,6 +484,14 @@ class LoadedModel:
 
     # -------------------------------------------------------------------------- shutdown
 
+    def new_sequence_id(self) -> SequenceId:
+        """A fresh id for a sequence the client did not name, typed to suit the CORRID control."""
+        if self._corrid_dtype in (mc.TYPE_UINT32, mc.TYPE_INT32):
+            return secrets.randbelow(2**31 - 1) + 1
+        if self._corrid_dtype in _INTEGER_CORRID:
+            return secrets.randbelow(2**63 - 1) + 1
+        return uuid.uuid4().hex
+
     def stop_accepting(self) -> None:
         self._core.stop_accepting()
 
@@ -485,8 +507,18 @@ class LoadedModel:
 
 def _wire_of(dtype: np.dtype[Any]) -> str:
     table = {
-        "b": "BOOL", "u1": "UINT8", "u2": "UINT16", "u4": "UINT32", "u8": "UINT64", "i1": "INT8", "i2": "INT16",
-        "i4": "INT32", "i8": "INT64", "f2": "FP16", "f4": "FP32", "f8": "FP64",
+        "b": "BOOL",
+        "u1": "UINT8",
+        "u2": "UINT16",
+        "u4": "UINT32",
+        "u8": "UINT64",
+        "i1": "INT8",
+        "i2": "INT16",
+        "i4": "INT32",
+        "i8": "INT64",
+        "f2": "FP16",
+        "f4": "FP32",
+        "f8": "FP64",
     }
     if dtype.kind in "OSU":
         return "BYTES"

@@ -1,9 +1,9 @@
 """The in-process API: what the HTTP/gRPC front-ends and embedding applications call.
 
-    server = Server("models/")
-    await server.start()
-    result = await server.infer("accumulator", {"INPUT": x}, sequence_id=7, sequence_start=True)
-    await server.shutdown()
+server = Server("models/")
+await server.start()
+result = await server.infer("accumulator", {"INPUT": x}, sequence_id=7, sequence_start=True)
+await server.shutdown()
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ import numpy as np
 
 from seqserve import __version__
 from seqserve._proto import model_config_pb2 as mc
-from seqserve.engine.config import config_to_json, load_model_config
+from seqserve.engine.config import config_from_json, config_to_json, load_model_config
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.model import InferResult, LoadedModel, SequenceId
-from seqserve.engine.repository import discover_models, select_versions
+from seqserve.engine.repository import discover_models, select_versions, write_override_files
 
 log = logging.getLogger("seqserve.server")
+
 
 @dataclass(slots=True)
 class ModelState:
@@ -42,12 +43,24 @@ class Server:
     """Serves a model repository in this process. All methods run on one asyncio loop."""
 
     #: the extensions the front-ends implement; they may narrow it to what they serve
-    extensions: tuple[str, ...] = ("sequence", "sequence(string_id)", "model_configuration", "statistics",
-                                   "model_repository", "parameters")
+    extensions: tuple[str, ...] = (
+        "sequence",
+        "sequence(string_id)",
+        "model_configuration",
+        "statistics",
+        "model_repository",
+        "parameters",
+    )
 
-    def __init__(self, model_repository: str | Path, *, exit_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, model_repository: str | Path, *, exit_timeout_s: float = 30.0, auto_sequence_ids: bool = True
+    ) -> None:
+        """auto_sequence_ids: a request to a sequence model that names no sequence starts a new
+        one with a server-generated id (returned as the `sequence_id` response parameter).
+        False gives Triton's strict behaviour: such a request is an error."""
         self.repository = Path(model_repository)
         self.exit_timeout_s = exit_timeout_s
+        self.auto_sequence_ids = auto_sequence_ids
         self._models: dict[str, ModelState] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._live = False
@@ -66,13 +79,17 @@ class Server:
             await self.load_model(name)
         self._live = True
 
-    def _load_sync(self, name: str, loop: asyncio.AbstractEventLoop) -> ModelState:
-        path = self.repository / name
+    def _load_sync(
+        self, name: str, loop: asyncio.AbstractEventLoop, path: Path, config_json: str | None
+    ) -> ModelState:
         versions: dict[int, LoadedModel] = {}
         try:
             if not path.is_dir():
                 raise InferenceError(Code.NOT_FOUND, f"failed to load '{name}', no version is available")
-            cfg = load_model_config(path, name=name)
+            if config_json is not None:
+                cfg = config_from_json(config_json, path, name=name)
+            else:
+                cfg = load_model_config(path, name=name)
             for v in select_versions(path, cfg):
                 versions[v] = LoadedModel(cfg, version=v, model_dir=path, loop=loop)
         except Exception as e:
@@ -84,12 +101,27 @@ class Server:
         log.info("loaded model '%s' versions %s", name, sorted(versions))
         return ModelState(name, path, versions, "READY")
 
-    async def load_model(self, name: str) -> None:
-        """Load (or reload) a model; raises InferenceError with the reason when it fails."""
+    async def load_model(
+        self, name: str, *, config_json: str | None = None, files: dict[str, bytes] | None = None
+    ) -> None:
+        """Load (or reload) a model; raises InferenceError with the reason when it fails.
+
+        config_json overrides the repository's config.pbtxt (a ModelConfig in JSON);
+        files ({"<version>/<file>": content}) replaces the model's directory, as in
+        Triton's load API, and then needs config_json."""
+        if "/" in name or name in ("", ".", ".."):
+            raise InferenceError(Code.INVALID_ARG, f"invalid model name '{name}'")
         loop = self._loop or asyncio.get_running_loop()
         self._loop = loop
+        path = self.repository / name
+        if files:
+            if config_json is None:
+                raise InferenceError(
+                    Code.INVALID_ARG, f"failed to load '{name}': model files were given without a 'config'"
+                )
+            path = write_override_files(name, files)
         old = self._models.get(name)
-        state = self._load_sync(name, loop)
+        state = self._load_sync(name, loop, path, config_json)
         self._models[name] = state
         if old is not None:
             await self._retire(old)
@@ -211,21 +243,67 @@ class Server:
         out = []
         for m in targets:
             s = m.statistics()
-            out.append({
-                "name": m.name,
-                "version": m.version_str,
-                "last_inference": s["last_inference"],
-                "inference_count": s["inference_count"],
-                "execution_count": s["execution_count"],
-                "inference_stats": {
-                    k: s[k]
-                    for k in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
-                } | {"cache_hit": {"count": 0, "ns": 0}, "cache_miss": {"count": 0, "ns": 0}},
-                "batch_stats": s["batch_stats"],
-            })
+            out.append(
+                {
+                    "name": m.name,
+                    "version": m.version_str,
+                    "last_inference": s["last_inference"],
+                    "inference_count": s["inference_count"],
+                    "execution_count": s["execution_count"],
+                    "inference_stats": {
+                        k: s[k]
+                        for k in (
+                            "success",
+                            "fail",
+                            "queue",
+                            "compute_input",
+                            "compute_infer",
+                            "compute_output",
+                        )
+                    }
+                    | {"cache_hit": {"count": 0, "ns": 0}, "cache_miss": {"count": 0, "ns": 0}},
+                    "batch_stats": s["batch_stats"],
+                }
+            )
         return out
 
     # ---------------------------------------------------------------------------- infer
+
+    def submit(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        version: str | int = "",
+        sequence_id: SequenceId = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
+        outputs: Sequence[str] | None = None,
+        request_id: str = "",
+        timeout_us: int = 0,
+    ) -> asyncio.Future[InferResult]:
+        """Queue one request now and return its future (so callers keep arrival order).
+        Raises InferenceError at once for requests the scheduler refuses.
+
+        Run one request. Sequence models need `sequence_id` (uint64 or str; 5 and "5" are
+        different sequences) and START on the first request; without an id a new sequence
+        starts under a generated id (see `auto_sequence_ids`). Raises InferenceError."""
+        m = self.model(model, version)
+        response_parameters = None
+        if m.is_sequence and not sequence_id and self.auto_sequence_ids:
+            sequence_id = m.new_sequence_id()
+            sequence_start = True
+            response_parameters = {"sequence_id": sequence_id}
+        return m.submit(
+            inputs,
+            sequence_id=sequence_id,
+            start=sequence_start,
+            end=sequence_end,
+            outputs=outputs,
+            request_id=request_id,
+            timeout_us=timeout_us,
+            response_parameters=response_parameters,
+        )
 
     async def infer(
         self,
@@ -239,19 +317,16 @@ class Server:
         outputs: Sequence[str] | None = None,
         request_id: str = "",
         timeout_us: int = 0,
-        parameters: dict[str, Any] | None = None,
     ) -> InferResult:
-        """Run one request. Sequence models need `sequence_id` (uint64 or str; 5 and "5" are
-        different sequences) and START on the first request. Raises InferenceError."""
-        m = self.model(model, version)
-        fut = m.submit(
+        """Run one request and wait for its result; see `submit`."""
+        return await self.submit(
+            model,
             inputs,
+            version=version,
             sequence_id=sequence_id,
-            start=sequence_start,
-            end=sequence_end,
+            sequence_start=sequence_start,
+            sequence_end=sequence_end,
             outputs=outputs,
             request_id=request_id,
             timeout_us=timeout_us,
-            parameters=parameters,
         )
-        return await fut

@@ -1,0 +1,1 @@
+"""seqserve benchmarks: engine micro-benchmarks (``python -m bench.engine_bench``) and load tools."""

@@ -1,0 +1,814 @@
+"""In-process engine benchmark: per-step overhead of the sequence (Direct) path.
+
+    python -m bench.engine_bench                 # default run, well under a minute
+    python -m bench.engine_bench --json out.json --steps 400 --reps 5
+
+Workload (every path): ``--sequences`` (64) sequences of ``--steps`` steps each, FP32 [1] input, a
+no-op model, Direct strategy, one instance, slots = max_batch_size, so with 64 sequences all but
+``max_batch_size`` of them wait in the backlog and take over a slot when one ends. ``--depth`` is
+how many steps each sequence keeps in flight: 1 is a closed loop (a client that awaits every
+step), 4 keeps the executor supplied with full batches (throughput / per-step overhead).
+
+Paths:
+  (a) api   ``await Server.infer(...)`` on one event loop, a python-backend model that returns
+            INPUT as OUTPUT. Everything a caller pays: validation, futures, the loop wake-up.
+  (b) core  ``_core.Scheduler`` driven directly: submit from Python, a runner that reads the batch
+            (handles + inputs()) and returns True; completions are recorded in the runner and
+            handed to the submitting thread through a SimpleQueue. Core cost + one Python call
+            per batch + the GIL hand-off between the submitting thread and the executor thread.
+  (c) floor the same driver loop with the core removed: the batches (b) formed are replayed in
+            one thread, one Python call per batch that np.copyto's the batch's bytes into a
+            preallocated buffer. (b) - (c) is the core's overhead per step.
+
+Numbers: ns/step is taken over windows of ``--window`` (64) consecutive completions
+(window duration / window steps): median and p99 over windows. Latency is per request
+(submit -> completion seen by the caller). Completion timestamps are per request (a) or per
+batch, given to each of its rows (b, c). The first ``--warmup-frac`` and last ``--tail-frac`` of
+completions of each repetition are excluded, one whole warm-up repetition is discarded, inputs
+come from a fixed seed, gc stays enabled (collected before each repetition).
+
+A breakdown section explains (b): submit() alone, and the executor draining pre-queued work
+with the GIL uncontended, with runners that read less or more of the batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import queue
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seqserve.engine import Server, _core
+
+TYPE_FP32 = 11  # model_config.proto DataType
+TARGET_NS = 2000.0
+perf = time.perf_counter_ns
+
+MODEL_CONFIG = """\
+name: "{name}"
+backend: "python"
+max_batch_size: {mbs}
+input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+sequence_batching {{
+  max_sequence_idle_microseconds: 600000000
+  direct {{ }}
+}}
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+MODEL_PY = """\
+class Model:
+    def execute(self, batch):
+        return {"OUTPUT": batch.inputs["INPUT"]}
+"""
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------- workload
+
+
+@dataclass
+class Workload:
+    mbs: int
+    depth: int
+    nseq: int
+    steps: int
+    seed: int
+    arrs: list[np.ndarray] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        rng = np.random.default_rng(self.seed)
+        base = rng.standard_normal((self.n, 1), dtype=np.float32)
+        self.arrs = [base[i : i + 1] for i in range(self.n)]  # [1, 1] C-contiguous views
+
+    @property
+    def n(self) -> int:
+        return self.nseq * self.steps
+
+    # handle h = s * steps + k + 1 (never 0: 0 marks a padding row)
+
+
+@dataclass
+class Rep:
+    t_sub: np.ndarray
+    t_done: np.ndarray
+    wall_ns: int
+    batches: list[list[int]] | None = None  # handles per batch (b)
+    stats: dict[str, Any] | None = None
+
+
+@dataclass
+class Summary:
+    path: str
+    mbs: int
+    depth: int
+    step_p50: float
+    step_p99: float
+    steps_per_s: float
+    steps_per_s_reps: list[float]
+    lat_p50: float
+    lat_p99: float
+    avg_batch: float
+    windows: int
+    stats: dict[str, Any] | None = None
+
+
+def summarize(path: str, wl: Workload, reps: list[Rep], args: argparse.Namespace) -> Summary:
+    per_step: list[np.ndarray] = []
+    lats: list[np.ndarray] = []
+    rates: list[float] = []
+    k = args.window
+    sizes: list[float] = []
+    for r in reps:
+        order = np.argsort(r.t_done, kind="stable")
+        td = r.t_done[order]
+        lo, hi = int(wl.n * args.warmup_frac), int(wl.n * (1.0 - args.tail_frac))
+        td = td[lo:hi]
+        idx = np.arange(0, len(td) - k, k)
+        per_step.append((td[idx + k] - td[idx]) / k)
+        lats.append((r.t_done - r.t_sub)[order][lo:hi])
+        rates.append((len(td) - 1) / (td[-1] - td[0]) * 1e9)
+        if r.stats is not None and r.stats["executions"]:
+            sizes.append(r.stats["inference_count"] / r.stats["executions"])
+    ps = np.concatenate(per_step)
+    lat = np.concatenate(lats)
+    stats = merge_stats([r.stats for r in reps if r.stats is not None])
+    return Summary(
+        path=path,
+        mbs=wl.mbs,
+        depth=wl.depth,
+        step_p50=float(np.median(ps)),
+        step_p99=float(np.percentile(ps, 99)),
+        steps_per_s=float(np.median(rates)),
+        steps_per_s_reps=[round(x, 1) for x in rates],
+        lat_p50=float(np.median(lat)),
+        lat_p99=float(np.percentile(lat, 99)),
+        avg_batch=float(np.mean(sizes)) if sizes else float("nan"),
+        windows=len(ps),
+        stats=stats,
+    )
+
+
+# ------------------------------------------------------------------------------- core stats
+
+
+def core_stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Per-batch averages from two raw ``_core.Scheduler.stats()`` snapshots."""
+
+    def tot(s: dict[str, Any], key: str) -> tuple[int, int]:
+        c = sum(b[key]["count"] for b in s["batch_stats"])
+        ns = sum(b[key]["ns"] for b in s["batch_stats"])
+        return c, ns
+
+    out: dict[str, Any] = {
+        "executions": after["execution_count"] - before["execution_count"],
+        "inference_count": after["inference_count"] - before["inference_count"],
+        "queue_count": after["queue"]["count"] - before["queue"]["count"],
+        "queue_ns": after["queue"]["ns"] - before["queue"]["ns"],
+    }
+    for key in ("compute_input", "compute_infer", "compute_output"):
+        c1, n1 = tot(after, key)
+        c0, n0 = tot(before, key)
+        out[key + "_count"], out[key + "_ns"] = c1 - c0, n1 - n0
+    return out
+
+
+def api_stats(server: Server, model: str) -> dict[str, Any]:
+    """Server.statistics() in the raw core shape used by core_stats_delta."""
+    s = server.statistics(model)[0]
+    return {
+        "execution_count": s["execution_count"],
+        "inference_count": s["inference_count"],
+        "queue": s["inference_stats"]["queue"],
+        "batch_stats": s["batch_stats"],
+    }
+
+
+def merge_stats(items: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not items:
+        return None
+    tot = {k: sum(d[k] for d in items) for k in items[0]}
+    ex = max(1, tot["executions"])
+    return {
+        "executions": tot["executions"],
+        "avg_batch_real_rows": tot["inference_count"] / ex,
+        "compute_input_us": tot["compute_input_ns"] / max(1, tot["compute_input_count"]) / 1e3,
+        "compute_infer_us": tot["compute_infer_ns"] / max(1, tot["compute_infer_count"]) / 1e3,
+        "compute_output_us": tot["compute_output_ns"] / max(1, tot["compute_output_count"]) / 1e3,
+        "queue_us_per_request": tot["queue_ns"] / max(1, tot["queue_count"]) / 1e3,
+    }
+
+
+# ---------------------------------------------------------------------------- (a) Server.infer
+
+
+def write_repo(root: Path, mbs_list: list[int]) -> dict[int, str]:
+    names = {}
+    for mbs in mbs_list:
+        name = f"bench_noop_b{mbs}"
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(MODEL_CONFIG.format(name=name, mbs=mbs))
+        (root / name / "1" / "model.py").write_text(MODEL_PY)
+        names[mbs] = name
+    return names
+
+
+async def api_rep(server: Server, model: str, wl: Workload) -> Rep:
+    n, steps, depth = wl.n, wl.steps, wl.depth
+    t_sub = [0] * n
+    t_done = [0] * n
+    arrs = wl.arrs
+    infer = server.infer
+    bad: list[int] = []
+
+    async def closed(s: int) -> None:
+        base = s * steps
+        last = steps - 1
+        for k in range(steps):
+            i = base + k
+            t_sub[i] = perf()
+            r = await infer(
+                model, {"INPUT": arrs[i]}, sequence_id=s + 1, sequence_start=k == 0, sequence_end=k == last
+            )
+            t_done[i] = perf()
+            if k == last and r.outputs["OUTPUT"][0, 0] != arrs[i][0, 0]:
+                bad.append(i)
+
+    async def one(i: int, s: int, k: int) -> None:
+        t_sub[i] = perf()
+        r = await infer(
+            model, {"INPUT": arrs[i]}, sequence_id=s + 1, sequence_start=k == 0, sequence_end=k == steps - 1
+        )
+        t_done[i] = perf()
+        if k == steps - 1 and r.outputs["OUTPUT"][0, 0] != arrs[i][0, 0]:
+            bad.append(i)
+
+    async def pipelined(s: int) -> None:
+        inflight: deque[asyncio.Task[None]] = deque()
+        create = asyncio.get_running_loop().create_task
+        for k in range(steps):
+            if len(inflight) >= depth:
+                await inflight.popleft()
+            inflight.append(create(one(s * steps + k, s, k)))
+        while inflight:
+            await inflight.popleft()
+
+    body = closed if depth == 1 else pipelined
+    t0 = perf()
+    await asyncio.gather(*(body(s) for s in range(wl.nseq)))
+    wall = perf() - t0
+    if bad:
+        raise RuntimeError(f"(a) wrong OUTPUT for requests {bad[:5]}")
+    return Rep(np.array(t_sub, np.int64), np.array(t_done, np.int64), wall)
+
+
+async def run_api(wls: list[Workload], args: argparse.Namespace) -> list[Summary]:
+    out = []
+    with tempfile.TemporaryDirectory(prefix="seqserve-bench-") as tmp:
+        names = write_repo(Path(tmp), sorted({w.mbs for w in wls}))
+        server = Server(tmp)
+        await server.start()
+        try:
+            for wl in wls:
+                model = names[wl.mbs]
+                reps = []
+                for rep in range(args.reps + 1):
+                    gc.collect()
+                    before = api_stats(server, model)
+                    r = await api_rep(server, model, wl)
+                    r.stats = core_stats_delta(before, api_stats(server, model))
+                    progress("a", wl, rep, args.reps, r)
+                    if rep:  # rep 0 is the warm-up
+                        reps.append(r)
+                out.append(summarize("(a) Server.infer", wl, reps, args))
+        finally:
+            await server.shutdown(timeout_s=5)
+    return out
+
+
+def progress(tag: str, wl: Workload, rep: int, reps: int, r: Rep) -> None:
+    what = "warm-up" if rep == 0 else f"rep {rep}/{reps}"
+    log(
+        f"  ({tag}) mbs={wl.mbs} depth={wl.depth} {what}: {wl.n} steps in {r.wall_ns / 1e9:.3f} s "
+        f"({wl.n / r.wall_ns * 1e9:,.0f} steps/s)"
+    )
+
+
+# --------------------------------------------------------------------------- (b) _core direct
+
+
+def make_scheduler(name: str, mbs: int, runner: Callable[[Any], bool]) -> Any:
+    def on_fail(handles: list[int], code: int, msg: str) -> None:
+        log(f"  on_fail: {len(handles)} requests: {code} {msg}")
+
+    return _core.Scheduler(
+        name=name,
+        strategy=_core.DIRECT,
+        max_batch_size=mbs,
+        instance_count=1,
+        slots_per_instance=max(1, mbs),
+        idle_us=600_000_000,
+        max_queue_delay_us=0,
+        min_slot_utilization=0.0,
+        inputs=[("INPUT", TYPE_FP32, False)],
+        controls=[],
+        states=[],
+        delay_requests=0,
+        delay_backlog_requests=0,
+        runner=runner,
+        on_fail=on_fail,
+        on_warning=log,
+    )
+
+
+def make_runner(reads: str, rec: list[Any], q: queue.SimpleQueue[Any] | None) -> Callable[[Any], bool]:
+    """A trivial runner: one timestamp, read part of the batch, record it, return True."""
+    rec_append = rec.append
+    put = q.put if q is not None else (lambda _x: None)
+
+    if reads == "none":  # touches nothing on the batch: pure dispatch cost
+
+        def runner(cb: Any) -> bool:
+            rec_append(perf())
+            return True
+    elif reads == "handles":
+
+        def runner(cb: Any) -> bool:
+            t = perf()
+            hs = cb.handles
+            rec_append((t, hs))
+            put(hs)
+            return True
+    elif reads == "inputs":
+
+        def runner(cb: Any) -> bool:
+            t = perf()
+            hs = cb.handles
+            cb.inputs()
+            rec_append((t, hs))
+            put(hs)
+            return True
+    elif reads == "full":  # what LoadedModel._run reads before calling the model
+
+        def runner(cb: Any) -> bool:
+            t = perf()
+            hs = cb.handles
+            cb.inputs(), cb.states(), cb.controls(), cb.start, cb.end, cb.ready, cb.corrid, cb.size
+            rec_append((t, hs))
+            put(hs)
+            return True
+    else:
+        raise ValueError(reads)
+    return runner
+
+
+def core_rep(sched: Any, wl: Workload, rec: list[Any], q: queue.SimpleQueue[Any]) -> Rep:
+    rec.clear()
+    n, steps, nseq = wl.n, wl.steps, wl.nseq
+    first = min(wl.depth, steps)
+    last = steps - 1
+    arrs = wl.arrs
+    submit = sched.submit
+    q_get = q.get
+    t_sub = [0] * n
+    t0 = perf()
+    for s in range(nseq):
+        for k in range(first):
+            h = s * steps + k + 1
+            t_sub[h - 1] = perf()
+            if submit(h, (arrs[h - 1],), s + 1, k == 0, k == last, 0, 1) is not None:
+                raise RuntimeError("submit refused")
+    next_step = [first] * nseq
+    done = 0
+    while done < n:
+        hs = q_get(timeout=30)
+        for h in hs:
+            if h:
+                done += 1
+                s = (h - 1) // steps
+                k = next_step[s]
+                if k < steps:
+                    h2 = s * steps + k + 1
+                    t_sub[h2 - 1] = perf()
+                    if submit(h2, (arrs[h2 - 1],), s + 1, k == 0, k == last, 0, 1) is not None:
+                        raise RuntimeError("submit refused")
+                    next_step[s] = k + 1
+    wall = perf() - t0
+    t_done = np.zeros(n, np.int64)
+    batches = []
+    for t, hs in rec:
+        batches.append(hs)
+        for h in hs:
+            if h:
+                t_done[h - 1] = t
+    if np.count_nonzero(t_done) != n:
+        raise RuntimeError("(b) lost completions")
+    return Rep(np.array(t_sub, np.int64), t_done, wall, batches)
+
+
+def run_core(wl: Workload, args: argparse.Namespace) -> tuple[Summary, list[Rep]]:
+    rec: list[Any] = []
+    q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    sched = make_scheduler(f"bench_core_b{wl.mbs}", wl.mbs, make_runner(args.core_reads, rec, q))
+    sched.start()
+    reps = []
+    try:
+        for rep in range(args.reps + 1):
+            gc.collect()
+            before = sched.stats()
+            r = core_rep(sched, wl, rec, q)
+            r.stats = core_stats_delta(before, sched.stats())
+            progress("b", wl, rep, args.reps, r)
+            if rep:
+                reps.append(r)
+    finally:
+        sched.close(False)
+    return summarize("(b) _core.Scheduler", wl, reps, args), reps
+
+
+# ------------------------------------------------------------------------------- (c) floor
+
+
+class FakeBatch:
+    __slots__ = ("dst", "handles", "src")
+
+    def __init__(self, handles: list[int], src: np.ndarray, dst: np.ndarray) -> None:
+        self.handles, self.src, self.dst = handles, src, dst
+
+
+def floor_rep(wl: Workload, batches: list[list[int]]) -> Rep:
+    """Replays (b)'s batches in one thread: the same driver bookkeeping, no core, and per batch
+    one Python call that copies the batch's input bytes into a preallocated buffer."""
+    n, steps, nseq = wl.n, wl.steps, wl.nseq
+    width = max(len(b) for b in batches)
+    src_all = np.random.default_rng(wl.seed).standard_normal((width, 1), dtype=np.float32)
+    dst_all = np.empty((width, 1), np.float32)
+    views = {b: (src_all[:b], dst_all[:b]) for b in range(1, width + 1)}
+    fakes = [FakeBatch(hs, *views[len(hs)]) for hs in batches]
+    rec: list[Any] = []
+    rec_append = rec.append
+    q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    put, q_get = q.put, q.get
+    copyto = np.copyto
+
+    def runner(cb: FakeBatch) -> bool:
+        t = perf()
+        hs = cb.handles
+        copyto(cb.dst, cb.src)
+        rec_append((t, hs))
+        put(hs)
+        return True
+
+    first = min(wl.depth, steps)
+    t_sub = [0] * n
+    t0 = perf()
+    for s in range(nseq):
+        for k in range(first):
+            t_sub[s * steps + k] = perf()
+    next_step = [first] * nseq
+    done = 0
+    for fb in fakes:
+        runner(fb)
+        hs = q_get()
+        for h in hs:
+            if h:
+                done += 1
+                s = (h - 1) // steps
+                k = next_step[s]
+                if k < steps:
+                    h2 = s * steps + k + 1
+                    t_sub[h2 - 1] = perf()
+                    next_step[s] = k + 1
+    wall = perf() - t0
+    t_done = np.zeros(n, np.int64)
+    for t, hs in rec:
+        for h in hs:
+            if h:
+                t_done[h - 1] = t
+    return Rep(np.array(t_sub, np.int64), t_done, wall)
+
+
+def run_floor(wl: Workload, core_reps: list[Rep], args: argparse.Namespace) -> Summary:
+    floor_rep(wl, core_reps[0].batches or [])  # warm-up
+    reps = []
+    for i, cr in enumerate(core_reps):
+        gc.collect()
+        r = floor_rep(wl, cr.batches or [])
+        progress("c", wl, i + 1, len(core_reps), r)
+        reps.append(r)
+    return summarize("(c) floor", wl, reps, args)
+
+
+# ----------------------------------------------------------------------------- breakdown
+
+
+def drain_once(
+    mbs: int, reads: str, calls: list[Any], batches: int, args: argparse.Namespace
+) -> tuple[float, float]:
+    """submit() every request with the executor stopped, then start it and let it drain the queues
+    while this thread waits (GIL free). Returns (ns per submit, median ns per batch)."""
+    rec: list[Any] = []
+    done = threading.Event()
+    inner = make_runner(reads, rec, None)
+    count = [0]
+
+    def runner(cb: Any) -> bool:
+        inner(cb)
+        count[0] += 1
+        if count[0] == batches:
+            done.set()
+        return True
+
+    sched = make_scheduler(f"bench_drain_b{mbs}", mbs, runner)
+    submit = sched.submit
+    gc.collect()
+    t0 = perf()
+    for h, tup, cid, st, en in calls:
+        submit(h, tup, cid, st, en, 0, 1)
+    submit_ns = (perf() - t0) / len(calls)
+    sched.start()
+    if not done.wait(60):
+        raise RuntimeError("drain did not finish")
+    sched.close(False)
+    ts = np.array([x if isinstance(x, int) else x[0] for x in rec], np.int64)
+    lo, hi = int(len(ts) * args.warmup_frac), int(len(ts) * (1 - args.tail_frac))
+    return submit_ns, float(np.median(np.diff(ts[lo:hi])))
+
+
+def breakdown(mbs: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Where (b)'s time goes, each part measured alone."""
+    wl = Workload(mbs, args.steps, args.sequences, args.steps, args.seed)
+    n, steps = wl.n, wl.steps
+    calls = [
+        (s * steps + k + 1, (wl.arrs[s * steps + k],), s + 1, k == 0, k == steps - 1)
+        for s in range(wl.nseq)
+        for k in range(steps)
+    ]
+    # All queued up front: mbs sequences fill the slots, the rest take them over as they end,
+    # so every batch is full and there are steps * ceil(nseq / slots) of them.
+    slots = max(1, mbs)
+    batches = steps * -(-wl.nseq // slots)
+    out: dict[str, Any] = {"mbs": mbs, "requests": n, "batches": batches}
+
+    def nop(*_a: Any) -> None:
+        return None
+
+    best = float("inf")
+    for _ in range(args.reps + 1):
+        t0 = perf()
+        for h, tup, cid, st, en in calls:
+            nop(h, tup, cid, st, en, 0, 1)
+        best = min(best, (perf() - t0) / n)
+    out["py_call_loop_ns"] = best
+    submit_all = []
+    for reads in ("none", "handles", "inputs", "full"):
+        drain_once(mbs, reads, calls, batches, args)  # warm-up
+        res = [drain_once(mbs, reads, calls, batches, args) for _ in range(args.reps)]
+        submit_all += [r[0] for r in res]
+        out[f"batch_ns_{reads}"] = min(r[1] for r in res)
+    out["submit_ns"] = min(submit_all)
+    # The same runner bodies called from Python on a fake batch, no core: the per-batch floor.
+    fb = FakeBatch([1] * slots, np.zeros((slots, 1), np.float32), np.zeros((slots, 1), np.float32))
+    for reads in ("none", "handles"):
+        fn = make_runner(reads, [], None)
+        best = float("inf")
+        for _ in range(3):
+            t0 = perf()
+            for _i in range(20000):
+                fn(fb)
+            best = min(best, (perf() - t0) / 20000)
+        out[f"py_runner_ns_{reads}"] = best
+    return out
+
+
+# ---------------------------------------------------------------------------------- report
+
+
+def fmt_row(s: Summary) -> str:
+    return (
+        f"{s.path:<22}{s.mbs:>4}{s.depth:>6}{s.step_p50:>12,.0f}{s.step_p99:>12,.0f}"
+        f"{s.steps_per_s:>12,.0f}{s.lat_p50 / 1e3:>11,.1f}{s.lat_p99 / 1e3:>11,.1f}"
+        f"{s.avg_batch:>8.2f}"
+    )
+
+
+def report(
+    results: list[Summary],
+    overhead: list[dict[str, Any]],
+    bds: list[dict[str, Any]],
+    env: dict[str, Any],
+    args: argparse.Namespace,
+) -> str:
+    lines = []
+    lines.append(
+        f"seqserve engine bench: {args.sequences} sequences x {args.steps} steps, Direct, no-op model, "
+        f"1 instance; {args.reps} reps (+1 warm-up), window {args.window} steps, excluded first "
+        f"{args.warmup_frac:.0%}/last {args.tail_frac:.0%} of completions; seed {args.seed}"
+    )
+    lines.append(
+        f"python {env['python']}, numpy {env['numpy']}, loop {env['loop']}, {env['cpus']} CPUs, "
+        f"{env['cpu']}; (b) runner reads: {args.core_reads}"
+    )
+    lines.append("")
+    hdr = (
+        f"{'path':<22}{'mbs':>4}{'depth':>6}{'ns/step p50':>12}{'ns/step p99':>12}{'steps/s':>12}"
+        f"{'lat p50 us':>11}{'lat p99 us':>11}{'batch':>8}"
+    )
+    lines.append(hdr)
+    lines.append("-" * len(hdr))
+    key = {(s.mbs, s.depth) for s in results}
+    for mbs, depth in sorted(key):
+        for s in results:
+            if (s.mbs, s.depth) == (mbs, depth):
+                lines.append(fmt_row(s))
+        lines.append("")
+    lines.append(
+        "core overhead per step, excluding the Python call = (b) - (c), medians "
+        f"(target < {TARGET_NS / 1e3:.0f} us):"
+    )
+    for o in overhead:
+        verdict = "MET" if o["core_overhead_ns"] < TARGET_NS else "NOT MET"
+        lines.append(
+            f"  mbs {o['mbs']} depth {o['depth']}: {o['core_overhead_ns']:>8,.0f} ns/step "
+            f"(p99 {o['core_overhead_p99_ns']:,.0f}) -> {verdict}"
+        )
+    lines.append("")
+    lines.append(
+        "stats() per-batch split (averages; queue is per request; compute_infer includes the "
+        "executor's wait for the GIL):"
+    )
+    lines.append(
+        f"  {'path':<22}{'mbs':>4}{'depth':>6}{'batches':>9}{'rows':>6}{'input us':>10}"
+        f"{'infer us':>10}{'output us':>10}{'queue us':>10}"
+    )
+    for s in results:
+        st = s.stats
+        if not st:
+            continue
+        lines.append(
+            f"  {s.path:<22}{s.mbs:>4}{s.depth:>6}{st['executions']:>9}{st['avg_batch_real_rows']:>6.2f}"
+            f"{st['compute_input_us']:>10.2f}{st['compute_infer_us']:>10.2f}"
+            f"{st['compute_output_us']:>10.2f}{st['queue_us_per_request']:>10.1f}"
+        )
+    if bds:
+        lines.append("")
+        lines.append(
+            "breakdown of (b): submit() alone (executor not started), then the executor draining "
+            "the queued work, main thread idle (GIL uncontended). ns, best of reps:"
+        )
+        lines.append(
+            f"  {'mbs':>4}{'py call':>9}{'submit':>9}  {'per batch, runner reads:':<26}"
+            f"{'none':>8}{'handles':>9}{'inputs':>9}{'full':>9}{'py runner':>11}"
+        )
+        for b in bds:
+            lines.append(
+                f"  {b['mbs']:>4}{b['py_call_loop_ns']:>9,.0f}{b['submit_ns']:>9,.0f}  {'':<26}"
+                f"{b['batch_ns_none']:>8,.0f}{b['batch_ns_handles']:>9,.0f}{b['batch_ns_inputs']:>9,.0f}"
+                f"{b['batch_ns_full']:>9,.0f}{b['py_runner_ns_handles']:>11,.0f}"
+            )
+        lines.append(
+            "  py call: the same loop calling a Python no-op instead of submit(); py runner: the "
+            "'handles' runner body called from Python on a fake batch."
+        )
+    return "\n".join(lines)
+
+
+def environment(loop_name: str) -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "loop": loop_name,
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "platform": platform.platform(),
+        "switch_interval_s": sys.getswitchinterval(),
+    }
+
+
+def parse_ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.engine_bench", description=__doc__.split("\n")[0])
+    p.add_argument("--mbs", type=parse_ints, default=[1, 8], help="max_batch_size values (default 1,8)")
+    p.add_argument(
+        "--depth",
+        type=parse_ints,
+        default=[1, 4],
+        help="steps in flight per sequence: 1 = closed loop (default 1,4)",
+    )
+    p.add_argument("--sequences", type=int, default=64)
+    p.add_argument("--steps", type=int, default=100, help="steps per sequence (default 100)")
+    p.add_argument("--reps", type=int, default=3, help="measured repetitions (+1 warm-up)")
+    p.add_argument("--window", type=int, default=64, help="completions per ns/step window")
+    p.add_argument("--warmup-frac", type=float, default=0.10)
+    p.add_argument("--tail-frac", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--paths", default="a,b,c", help="which of a,b,c to run (c needs b)")
+    p.add_argument(
+        "--core-reads",
+        choices=("handles", "inputs", "full"),
+        default="inputs",
+        help="what the (b) runner reads from the batch (default: handles + inputs())",
+    )
+    p.add_argument("--no-breakdown", action="store_true", help="skip the breakdown section")
+    p.add_argument(
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="event loop for (a); auto = uvloop when installed, as the server uses",
+    )
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = p.parse_args(argv)
+    paths = set(args.paths.split(","))
+    if "c" in paths:
+        paths.add("b")
+
+    loop_name = "asyncio"
+    runner_factory: Any = None
+    if args.loop in ("auto", "uvloop"):
+        try:
+            import uvloop
+
+            runner_factory = uvloop.new_event_loop
+            loop_name = "uvloop"
+        except ImportError:
+            if args.loop == "uvloop":
+                raise
+    env = environment(loop_name)
+    wls = [Workload(m, d, args.sequences, args.steps, args.seed) for m in args.mbs for d in args.depth]
+    t_start = time.monotonic()
+    results: list[Summary] = []
+    if "a" in paths:
+        log("(a) Server.infer ...")
+        with asyncio.Runner(loop_factory=runner_factory) as r:
+            results += r.run(run_api(wls, args))
+    overhead = []
+    if "b" in paths:
+        log("(b) _core.Scheduler / (c) floor ...")
+        for wl in wls:
+            sb, core_reps = run_core(wl, args)
+            results.append(sb)
+            if "c" in paths:
+                sc = run_floor(wl, core_reps, args)
+                results.append(sc)
+                overhead.append(
+                    {
+                        "mbs": wl.mbs,
+                        "depth": wl.depth,
+                        "core_overhead_ns": sb.step_p50 - sc.step_p50,
+                        "core_overhead_p99_ns": sb.step_p99 - sc.step_p99,
+                        "target_ns": TARGET_NS,
+                        "met": sb.step_p50 - sc.step_p50 < TARGET_NS,
+                    }
+                )
+    bds = []
+    if "b" in paths and not args.no_breakdown:
+        log("breakdown ...")
+        bds = [breakdown(m, args) for m in args.mbs]
+    text = report(results, overhead, bds, env, args)
+    print(text)
+    log(f"total {time.monotonic() - t_start:.1f} s")
+    if args.json:
+        doc = {
+            "args": {k: v for k, v in vars(args).items() if k != "json"},
+            "env": env,
+            "results": [{k: v for k, v in vars(s).items()} for s in results],
+            "core_overhead": overhead,
+            "breakdown": bds,
+            "table": text,
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=2))
+        log(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

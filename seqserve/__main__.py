@@ -1,0 +1,5 @@
+import sys
+
+from seqserve.api.cli import main
+
+sys.exit(main())

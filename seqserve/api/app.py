@@ -1,0 +1,100 @@
+"""Runs the engine with both front-ends in one process and one asyncio loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from seqserve import __version__
+from seqserve.api.http import DEFAULT_MAX_BODY_BYTES, HttpFrontend
+from seqserve.engine import Server
+
+log = logging.getLogger("seqserve")
+
+
+@dataclass(slots=True)
+class ServeOptions:
+    model_repository: Path
+    host: str = "0.0.0.0"
+    http_port: int | None = 8000  # None: HTTP off
+    grpc_port: int | None = 8001  # None: gRPC off
+    exit_timeout_s: float = 30.0
+    strict_sequence_ids: bool = False
+    http_max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    http_tls_cert: str | None = None
+    http_tls_key: str | None = None
+    grpc_tls_cert: str | None = None
+    grpc_tls_key: str | None = None
+
+
+async def serve(opts: ServeOptions) -> int:
+    """Serve until SIGINT/SIGTERM, then drain: new sequences are refused, running ones get up to
+    exit_timeout_s to finish, then both front-ends stop. Returns the process exit code."""
+    server = Server(
+        opts.model_repository,
+        exit_timeout_s=opts.exit_timeout_s,
+        auto_sequence_ids=not opts.strict_sequence_ids,
+    )
+    await server.start()
+    for entry in server.repository_index():
+        state = entry["state"] + (f" ({entry['reason']})" if entry["reason"] else "")
+        log.info("model %-24s version %-4s %s", entry["name"], entry["version"] or "-", state)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+            loop.add_signal_handler(sig, stop.set)
+
+    tasks: list[asyncio.Task[None]] = []
+    grpc_server = None
+    if opts.grpc_port is not None:
+        from seqserve.api.grpc import start_grpc
+
+        grpc_server = await start_grpc(
+            server, opts.host, opts.grpc_port, cert=opts.grpc_tls_cert, key=opts.grpc_tls_key
+        )
+        log.info("gRPC listening on %s:%d", opts.host, opts.grpc_port)
+    http_done = asyncio.Event()
+    if opts.http_port is not None:
+        from hypercorn.asyncio import serve as hypercorn_serve
+        from hypercorn.config import Config
+
+        cfg = Config()
+        cfg.bind = [f"{opts.host}:{opts.http_port}"]
+        cfg.accesslog = None
+        cfg.errorlog = logging.getLogger("hypercorn.error")
+        cfg.keep_alive_timeout = 75
+        cfg.graceful_timeout = 1.0
+        if opts.http_tls_cert:
+            cfg.certfile = opts.http_tls_cert
+            cfg.keyfile = opts.http_tls_key
+        app = HttpFrontend(server, max_body_bytes=opts.http_max_body_bytes).app()
+        tasks.append(asyncio.create_task(hypercorn_serve(app, cfg, shutdown_trigger=http_done.wait)))  # type: ignore[arg-type]
+        scheme = "https" if opts.http_tls_cert else "http"
+        log.info("HTTP listening on %s://%s:%d", scheme, opts.host, opts.http_port)
+    log.info("seqserve %s ready", __version__)
+
+    await stop.wait()
+    log.info("shutting down: draining sequences (up to %.0f s)", opts.exit_timeout_s)
+    await server.shutdown()
+    http_done.set()
+    if grpc_server is not None:
+        await grpc_server.stop(grace=1.0)
+    for t in tasks:
+        await t
+    log.info("stopped")
+    return 0
+
+
+def run(opts: ServeOptions) -> int:
+    """Run `serve` on uvloop when it is installed, else on the default asyncio loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(serve(opts))
+    return uvloop.run(serve(opts))

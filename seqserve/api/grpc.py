@@ -1,0 +1,382 @@
+"""KServe v2 / Triton gRPC front-end (grpc.aio), on the same loop as the HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+
+from seqserve import __version__
+from seqserve._proto import grpc_service_pb2 as pb
+from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
+from seqserve._proto import health_pb2, health_pb2_grpc
+from seqserve.api import codec
+from seqserve.api.http import EXTENSIONS
+from seqserve.engine import Code, InferenceError, InferResult, Server
+
+log = logging.getLogger("seqserve.grpc")
+
+GRPC_STATUS = {
+    Code.UNKNOWN: grpc.StatusCode.UNKNOWN,
+    Code.INTERNAL: grpc.StatusCode.INTERNAL,
+    Code.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Code.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
+    Code.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Code.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    Code.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    Code.CANCELLED: grpc.StatusCode.CANCELLED,
+}
+
+_NO_SHM = (
+    "seqserve does not implement shared memory: send tensor data in the request (raw_input_contents) instead"
+)
+
+# Typed InferTensorContents field per datatype, for KServe clients that do not send raw bytes.
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def _param_value(p: pb.InferParameter) -> Any:
+    kind = p.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(p, kind)
+
+
+def decode_request(req: pb.ModelInferRequest) -> codec.Request:
+    out = codec.Request(id=req.id)
+    params = req.parameters
+    for key in params:
+        p = params[key]
+        kind = p.WhichOneof("parameter_choice")
+        if key == "sequence_id":
+            if kind == "int64_param":
+                out.sequence_id = p.int64_param & 0xFFFFFFFFFFFFFFFF  # the int64 carries a uint64's bits
+            elif kind == "string_param":
+                out.sequence_id = p.string_param
+            elif kind == "uint64_param":
+                out.sequence_id = p.uint64_param
+            else:
+                raise codec.bad(
+                    "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."
+                )
+        elif key in ("sequence_start", "sequence_end"):
+            if kind != "bool_param":
+                raise codec.bad(f"invalid value type for '{key}' parameter, expected bool_param.")
+            setattr(out, key, p.bool_param)
+        elif key == "priority":
+            if kind not in ("uint64_param", "int64_param") or _param_value(p) < 0:
+                raise codec.bad("invalid value type for 'priority' parameter, expected uint64_param.")
+            out.priority = _param_value(p)
+        elif key == "timeout":
+            if kind not in ("int64_param", "uint64_param") or _param_value(p) < 0:
+                raise codec.bad("invalid value type for 'timeout' parameter, expected int64_param.")
+            out.timeout_us = _param_value(p)
+        else:
+            out.parameters[key] = _param_value(p)
+
+    raw = req.raw_input_contents
+    if raw and any(t.HasField("contents") for t in req.inputs):
+        raise codec.bad("contents field must not be specified when using raw_input_contents")
+    k = 0
+    for t in req.inputs:
+        if "shared_memory_region" in t.parameters:
+            raise InferenceError(Code.UNSUPPORTED, _NO_SHM)
+        shape = list(t.shape)
+        if any(d < 0 for d in shape):
+            raise codec.bad(f"input '{t.name}' has a negative dimension in shape {shape}")
+        if t.datatype not in codec.NP_DTYPE:
+            if t.datatype == "BF16":
+                raise InferenceError(Code.UNSUPPORTED, f"input '{t.name}': BF16 tensors are not supported")
+            raise codec.bad(f"input '{t.name}' has unknown datatype '{t.datatype}'")
+        if raw:
+            if k >= len(raw):
+                raise codec.bad(f"expected raw_input_contents for input '{t.name}'")
+            out.inputs[t.name] = codec.binary_tensor(t.name, t.datatype, shape, memoryview(raw[k]))
+            k += 1
+        else:
+            out.inputs[t.name] = _typed_contents(t, shape)
+    if raw and k != len(raw):
+        raise codec.bad(f"unexpected additional input data for model '{req.model_name}'")
+    for o in req.outputs:
+        if "shared_memory_region" in o.parameters:
+            raise InferenceError(Code.UNSUPPORTED, _NO_SHM)
+        out.outputs[o.name] = True
+    return out
+
+
+def _typed_contents(t: pb.ModelInferRequest.InferInputTensor, shape: list[int]) -> np.ndarray:
+    field = _CONTENTS_FIELD.get(t.datatype)
+    if field is None:
+        raise codec.bad(f"input '{t.name}': datatype {t.datatype} must be sent in raw_input_contents")
+    values = getattr(t.contents, field)
+    if t.datatype == "BYTES":
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = list(values)
+    else:
+        arr = np.array(values, dtype=codec.NP_DTYPE[t.datatype])
+    if arr.size != codec.element_count(shape):
+        raise codec.bad(f"unexpected number of elements in the contents of input '{t.name}'")
+    return arr.reshape(shape)
+
+
+def _set_param(p: pb.InferParameter, value: Any) -> None:
+    if isinstance(value, bool):
+        p.bool_param = value
+    elif isinstance(value, int):
+        p.int64_param = value if value < 2**63 else value - 2**64
+    elif isinstance(value, float):
+        p.double_param = value
+    else:
+        p.string_param = str(value)
+
+
+def encode_response(result: InferResult) -> pb.ModelInferResponse:
+    resp = pb.ModelInferResponse(
+        model_name=result.model_name, model_version=result.model_version, id=result.id
+    )
+    raw = resp.raw_output_contents
+    for name, arr in result.outputs.items():
+        resp.outputs.add(name=name, datatype=codec.wire_datatype(arr), shape=arr.shape)
+        raw.append(codec.raw_bytes(arr))
+    for key, value in result.parameters.items():
+        _set_param(resp.parameters[key], value)
+    return resp
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    async def _fail(self, context: grpc.aio.ServicerContext, e: InferenceError) -> None:
+        await context.abort(GRPC_STATUS.get(e.code, grpc.StatusCode.UNKNOWN), e.message)
+
+    # ------------------------------------------------------------------------- health
+
+    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.server.is_live())
+
+    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.server.is_ready())
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        # An unknown model is "not ready", not an error: is_model_ready() must not raise.
+        return pb.ModelReadyResponse(ready=self.server.is_model_ready(request.name, request.version))
+
+    # ----------------------------------------------------------------------- metadata
+
+    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name="seqserve", version=__version__, extensions=EXTENSIONS)
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        try:
+            meta = self.server.model_metadata(request.name, request.version)
+        except InferenceError as e:
+            await self._fail(context, e)
+            raise
+        resp = pb.ModelMetadataResponse(
+            name=meta["name"], versions=meta["versions"], platform=meta["platform"]
+        )
+        for t in meta["inputs"]:
+            resp.inputs.add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+        for t in meta["outputs"]:
+            resp.outputs.add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+        return resp
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        try:
+            cfg = self.server.model_config(request.name, request.version)
+        except InferenceError as e:
+            await self._fail(context, e)
+            raise
+        resp = pb.ModelConfigResponse()
+        resp.config.CopyFrom(cfg)
+        return resp
+
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Any
+    ) -> pb.ModelStatisticsResponse:
+        try:
+            stats = self.server.statistics(request.name, request.version)
+        except InferenceError:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"requested model '{request.name}' is not available"
+            )
+            raise
+        return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
+
+    # --------------------------------------------------------------------- repository
+
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Any
+    ) -> pb.RepositoryIndexResponse:
+        resp = pb.RepositoryIndexResponse()
+        for e in self.server.repository_index():
+            if request.ready and e["state"] != "READY":
+                continue
+            resp.models.add(name=e["name"], version=e["version"], state=e["state"], reason=e["reason"])
+        return resp
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        config = None
+        files: dict[str, bytes] = {}
+        for key in request.parameters:
+            p = request.parameters[key]
+            if key == "config":
+                config = p.string_param
+            elif key.startswith("file:"):
+                files[key[len("file:") :]] = p.bytes_param
+        try:
+            await self.server.load_model(request.model_name, config_json=config, files=files or None)
+        except InferenceError as e:
+            await self._fail(context, e)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        try:
+            await self.server.unload_model(request.model_name)
+        except InferenceError as e:
+            await self._fail(context, e)
+        return pb.RepositoryModelUnloadResponse()
+
+    # -------------------------------------------------------------------------- infer
+
+    def _submit(self, req: pb.ModelInferRequest) -> asyncio.Future[InferResult]:
+        r = decode_request(req)
+        return self.server.submit(
+            req.model_name,
+            r.inputs,
+            version=req.model_version,
+            sequence_id=r.sequence_id,
+            sequence_start=r.sequence_start,
+            sequence_end=r.sequence_end,
+            outputs=list(r.outputs) or None,
+            request_id=r.id,
+            timeout_us=r.timeout_us,
+        )
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        try:
+            result = await self._submit(request)
+        except InferenceError as e:
+            await self._fail(context, e)
+            raise
+        return encode_response(result)
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Requests are submitted in arrival order (so each sequence keeps its order) and
+        answered as they complete; a failing request gets an error_message response and the
+        stream stays open."""
+        # (reply, answers_a_submitted_request); None marks the end of the request stream.
+        replies: asyncio.Queue[tuple[pb.ModelStreamInferResponse, bool] | None] = asyncio.Queue()
+        outstanding = 0
+
+        def on_done(req: pb.ModelInferRequest, fut: asyncio.Future[InferResult]) -> None:
+            if fut.cancelled():
+                replies.put_nowait(
+                    (_stream_error(req, InferenceError(Code.CANCELLED, "request cancelled")), True)
+                )
+                return
+            err = fut.exception()
+            if err is not None:
+                replies.put_nowait((_stream_error(req, err), True))
+                return
+            resp = encode_response(fut.result())
+            resp.parameters["triton_final_response"].bool_param = True
+            replies.put_nowait((pb.ModelStreamInferResponse(infer_response=resp), True))
+
+        async def read() -> None:
+            nonlocal outstanding
+            async for req in request_iterator:
+                try:
+                    fut = self._submit(req)
+                except InferenceError as e:
+                    replies.put_nowait((_stream_error(req, e), False))
+                    continue
+                outstanding += 1
+                fut.add_done_callback(functools.partial(on_done, req))
+            replies.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        reading = True
+        try:
+            while reading or outstanding:
+                item = await replies.get()
+                if item is None:
+                    reading = False
+                    continue
+                reply, submitted = item
+                if submitted:
+                    outstanding -= 1
+                yield reply
+        finally:
+            reader.cancel()
+
+
+def _stream_error(req: pb.ModelInferRequest, err: BaseException) -> pb.ModelStreamInferResponse:
+    msg = err.message if isinstance(err, InferenceError) else f"{type(err).__name__}: {err}"
+    return pb.ModelStreamInferResponse(
+        error_message=msg,
+        infer_response=pb.ModelInferResponse(
+            id=req.id, model_name=req.model_name, model_version=req.model_version
+        ),
+    )
+
+
+class HealthServicer(health_pb2_grpc.HealthServicer):
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    async def Check(self, request: Any, context: Any) -> health_pb2.HealthCheckResponse:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if self.server.is_live()
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        return health_pb2.HealthCheckResponse(status=status)
+
+
+async def start_grpc(
+    server: Server, host: str, port: int, *, cert: str | None = None, key: str | None = None
+) -> grpc.aio.Server:
+    options = [
+        ("grpc.max_receive_message_length", -1),
+        ("grpc.max_send_message_length", -1),
+        ("grpc.so_reuseport", 0),
+    ]
+    g = grpc.aio.server(options=options)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(server), g)
+    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(server), g)
+    address = f"{host}:{port}"
+    if cert:
+        with open(cert, "rb") as f_cert, open(key or "", "rb") as f_key:
+            creds = grpc.ssl_server_credentials([(f_key.read(), f_cert.read())])
+        bound = g.add_secure_port(address, creds)
+    else:
+        bound = g.add_insecure_port(address)
+    if bound == 0:
+        raise OSError(f"gRPC: cannot bind {address}")
+    await g.start()
+    return g

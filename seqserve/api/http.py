@@ -1,0 +1,300 @@
+"""KServe v2 HTTP/REST front-end (starlette), a thin adapter from the wire to engine.Server."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from seqserve.api import codec
+from seqserve.engine import Code, InferenceError, Server
+
+log = logging.getLogger("seqserve.http")
+
+SESSION_HEADER = "inference-session-id"
+DEFAULT_MAX_BODY_BYTES = 1 << 30
+
+HTTP_STATUS = {
+    Code.UNKNOWN: 400,
+    Code.INTERNAL: 500,
+    Code.NOT_FOUND: 404,
+    Code.INVALID_ARG: 400,
+    Code.UNAVAILABLE: 503,
+    Code.UNSUPPORTED: 501,
+    Code.ALREADY_EXISTS: 400,
+    Code.CANCELLED: 400,
+}
+
+EXTENSIONS = [
+    "sequence",
+    "sequence(string_id)",
+    "binary_tensor_data",
+    "model_configuration",
+    "statistics",
+    "model_repository",
+    "parameters",
+]
+
+_JSON = "application/json"
+
+
+def _json(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(doc), status_code=status, media_type=_JSON, headers=headers)
+
+
+def error_response(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    return _json({"error": message}, status, headers)
+
+
+def _from_error(e: InferenceError) -> Response:
+    headers = {"Accept-Encoding": "gzip, deflate"} if e.message == "Unsupported compression type" else None
+    return error_response(e.message, HTTP_STATUS.get(e.code, 400), headers)
+
+
+def _empty(status: int = 200) -> Response:
+    return Response(b"", status_code=status, media_type="text/plain")
+
+
+Handler = Callable[["HttpFrontend", Request], Awaitable[Response]]
+
+
+def _errors(fn: Handler) -> Handler:
+    """Turn engine errors raised by a route method into Triton-style JSON error replies."""
+
+    async def wrapped(self: HttpFrontend, request: Request) -> Response:
+        try:
+            return await fn(self, request)
+        except InferenceError as e:
+            return _from_error(e)
+        except _TooLarge as e:
+            return error_response(str(e), 413)
+
+    wrapped.__name__ = fn.__name__
+    return wrapped
+
+
+class HttpFrontend:
+    """Routes of the KServe v2 REST protocol and Triton's extensions over one Server."""
+
+    def __init__(self, server: Server, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        self.server = server
+        self.max_body_bytes = max_body_bytes
+
+    async def _body(self, request: Request) -> bytes:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            raise _TooLarge(int(length), self.max_body_bytes)
+        chunks = []
+        total = 0
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > self.max_body_bytes:
+                raise _TooLarge(total, self.max_body_bytes)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # ------------------------------------------------------------------------- health
+
+    async def live(self, request: Request) -> Response:
+        return _empty(200 if self.server.is_live() else 400)
+
+    async def ready(self, request: Request) -> Response:
+        return _empty(200 if self.server.is_ready() else 400)
+
+    async def model_ready(self, request: Request) -> Response:
+        p = request.path_params
+        if self.server.is_model_ready(p["model"], p.get("version", "")):
+            return _empty()
+        return error_response("Model version not ready", 400)
+
+    # ----------------------------------------------------------------------- metadata
+
+    async def metadata(self, request: Request) -> Response:
+        meta = self.server.metadata()
+        meta["extensions"] = EXTENSIONS
+        return _json(meta)
+
+    @_errors
+    async def model_metadata(self, request: Request) -> Response:
+        p = request.path_params
+        return _json(self.server.model_metadata(p["model"], p.get("version", "")))
+
+    @_errors
+    async def model_config(self, request: Request) -> Response:
+        p = request.path_params
+        return _json(self.server.model_config_json(p["model"], p.get("version", "")))
+
+    async def stats(self, request: Request) -> Response:
+        p = request.path_params
+        try:
+            return _json(
+                {"model_stats": _stats_json(self.server.statistics(p.get("model", ""), p.get("version", "")))}
+            )
+        except InferenceError:
+            return error_response(f"requested model '{p.get('model', '')}' is not available", 400)
+
+    # ---------------------------------------------------------------------- repository
+
+    @_errors
+    async def repository_index(self, request: Request) -> Response:
+        body = await self._body(request)
+        ready_only = False
+        if body.strip():
+            doc = orjson.loads(body)
+            ready_only = bool(doc.get("ready", False)) if isinstance(doc, dict) else False
+        index = self.server.repository_index()
+        if ready_only:
+            index = [e for e in index if e["state"] == "READY"]
+        return _json([{k: v for k, v in e.items() if v} for e in index])
+
+    @_errors
+    async def load(self, request: Request) -> Response:
+        body = await self._body(request)
+        params: dict[str, Any] = {}
+        if body.strip():
+            try:
+                doc = orjson.loads(body)
+            except orjson.JSONDecodeError as e:
+                raise InferenceError(Code.INVALID_ARG, f"failed to parse the request JSON: {e}") from None
+            params = (doc.get("parameters") if isinstance(doc, dict) else None) or {}
+        config = params.get("config")
+        files = {}
+        for key, value in params.items():
+            if key.startswith("file:"):
+                try:
+                    files[key[len("file:") :]] = base64.b64decode(value, validate=True)
+                except (binascii.Error, ValueError, TypeError) as e:
+                    raise InferenceError(Code.INVALID_ARG, f"'{key}' is not valid base64: {e}") from None
+        if config is not None and not isinstance(config, str):
+            raise InferenceError(Code.INVALID_ARG, "the 'config' load parameter must be a string of JSON")
+        await self.server.load_model(request.path_params["model"], config_json=config, files=files or None)
+        return _empty()
+
+    @_errors
+    async def unload(self, request: Request) -> Response:
+        await self._body(request)
+        await self.server.unload_model(request.path_params["model"])
+        return _empty()
+
+    # -------------------------------------------------------------------------- infer
+
+    async def infer(self, request: Request) -> Response:
+        p = request.path_params
+        model = p["model"]
+        headers = request.headers
+        try:
+            body = await self._body(request)
+            encoding = headers.get("content-encoding")
+            if encoding:
+                body = codec.decompress(body, encoding)
+            ihcl_raw = headers.get("inference-header-content-length")
+            ihcl = None
+            if ihcl_raw is not None:
+                if not ihcl_raw.strip().isdigit():
+                    raise InferenceError(
+                        Code.INVALID_ARG,
+                        f"Inference-Header-Content-Length '{ihcl_raw}' is not a non-negative integer",
+                    )
+                ihcl = int(ihcl_raw)
+            req = codec.parse_http_request(body, ihcl, model)
+            session = headers.get(SESSION_HEADER)
+            if session and not req.sequence_id:
+                req.sequence_id = session
+            result = await self.server.infer(
+                model,
+                req.inputs,
+                version=p.get("version", ""),
+                sequence_id=req.sequence_id,
+                sequence_start=req.sequence_start,
+                sequence_end=req.sequence_end,
+                outputs=list(req.outputs) or None,
+                request_id=req.id,
+                timeout_us=req.timeout_us,
+            )
+            out, json_len = codec.encode_http_response(
+                result.model_name,
+                result.model_version,
+                result.id,
+                result.outputs,
+                req.outputs,
+                req.binary_output,
+                result.parameters,
+            )
+        except InferenceError as e:
+            return _from_error(e)
+        except _TooLarge as e:
+            return error_response(str(e), 413)
+        reply_headers: dict[str, str] = {}
+        if json_len is not None:
+            reply_headers["Inference-Header-Content-Length"] = str(json_len)
+        generated = result.parameters.get("sequence_id")
+        if generated is not None or session:
+            reply_headers["Inference-Session-Id"] = str(generated if generated is not None else session)
+        accept = headers.get("accept-encoding")
+        if accept:
+            enc = codec.choose_encoding(accept)
+            if enc:
+                out = codec.compress(out, enc)
+                reply_headers["Content-Encoding"] = enc
+        media = "application/octet-stream" if json_len is not None else _JSON
+        return Response(out, media_type=media, headers=reply_headers)
+
+    # -------------------------------------------------------------------------- app
+
+    def app(self) -> Starlette:
+        s = self
+        v = "/versions/{version:int}"
+        routes = [
+            Route("/v2/health/live", s.live, methods=["GET"]),
+            Route("/v2/health/ready", s.ready, methods=["GET"]),
+            Route("/v2", s.metadata, methods=["GET"]),
+            # stats before /v2/models/{model}: "stats" is not a model name
+            Route("/v2/models/stats", s.stats, methods=["GET"]),
+            Route("/v2/models/{model}/stats", s.stats, methods=["GET"]),
+            Route("/v2/models/{model}" + v + "/stats", s.stats, methods=["GET"]),
+            Route("/v2/models/{model}/ready", s.model_ready, methods=["GET"]),
+            Route("/v2/models/{model}" + v + "/ready", s.model_ready, methods=["GET"]),
+            Route("/v2/models/{model}/config", s.model_config, methods=["GET"]),
+            Route("/v2/models/{model}" + v + "/config", s.model_config, methods=["GET"]),
+            Route("/v2/models/{model}/infer", s.infer, methods=["POST"]),
+            Route("/v2/models/{model}" + v + "/infer", s.infer, methods=["POST"]),
+            Route("/v2/models/{model}", s.model_metadata, methods=["GET"]),
+            Route("/v2/models/{model}" + v, s.model_metadata, methods=["GET"]),
+            Route("/v2/repository/index", s.repository_index, methods=["POST"]),
+            Route("/v2/repository/models/{model}/load", s.load, methods=["POST"]),
+            Route("/v2/repository/models/{model}/unload", s.unload, methods=["POST"]),
+        ]
+
+        async def http_error(request: Request, exc: Exception) -> Response:
+            assert isinstance(exc, HTTPException)
+            return error_response(exc.detail, exc.status_code)
+
+        async def server_error(request: Request, exc: Exception) -> Response:
+            log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+            return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+        return Starlette(
+            routes=routes,
+            exception_handlers={HTTPException: http_error, Exception: server_error},
+        )
+
+
+class _TooLarge(Exception):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"request body of {size} bytes exceeds the server's limit of {limit} bytes")
+
+
+def _stats_json(stats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for s in stats:
+        s.setdefault("response_stats", {})
+        s.setdefault("memory_usage", [])
+    return stats
