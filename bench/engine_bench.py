@@ -20,15 +20,20 @@ Paths:
             one thread, one Python call per batch that np.copyto's the batch's bytes into a
             preallocated buffer. (b) - (c) is the core's overhead per step.
 
-Numbers: ns/step is taken over windows of ``--window`` (64) consecutive completions
-(window duration / window steps): median and p99 over windows. Latency is per request
-(submit -> completion seen by the caller). Completion timestamps are per request (a) or per
-batch, given to each of its rows (b, c). The first ``--warmup-frac`` and last ``--tail-frac`` of
+Numbers: ns/step comes from per-request completion timestamps, over windows of ``--window``
+consecutive completions (default 64: one step of every sequence, several batches, so that the
+bursty per-request completions of (a) do not split a batch): window duration / window steps,
+median and p99 over all windows of all repetitions; steps/s is the median over repetitions.
+Latency is per request (submit -> completion seen by the caller) for steps submitted while
+their sequence held a slot (step >= depth), so it excludes the backlog wait.
+Completion timestamps are per request (a: after the await returns) or per batch, given to each
+of its rows (b, c: at runner entry). The first ``--warmup-frac`` and last ``--tail-frac`` of
 completions of each repetition are excluded, one whole warm-up repetition is discarded, inputs
 come from a fixed seed, gc stays enabled (collected before each repetition).
 
-A breakdown section explains (b): submit() alone, and the executor draining pre-queued work
-with the GIL uncontended, with runners that read less or more of the batch.
+The breakdown section explains (b): submit() alone with the executor stopped, then the executor
+draining that pre-queued work while the main thread sleeps (GIL uncontended, every batch full),
+with runners that read nothing / handles / handles+inputs() / everything LoadedModel._run reads.
 """
 
 from __future__ import annotations
@@ -135,8 +140,11 @@ def summarize(path: str, wl: Workload, reps: list[Rep], args: argparse.Namespace
     per_step: list[np.ndarray] = []
     lats: list[np.ndarray] = []
     rates: list[float] = []
-    k = args.window
+    k = args.window or max(1, wl.mbs)
     sizes: list[float] = []
+    # Latency only for steps submitted while their sequence held a slot: step k >= depth was
+    # submitted after step k - depth completed. Earlier steps include the backlog wait.
+    in_slot = (np.arange(wl.n) % wl.steps) >= wl.depth
     for r in reps:
         order = np.argsort(r.t_done, kind="stable")
         td = r.t_done[order]
@@ -144,7 +152,9 @@ def summarize(path: str, wl: Workload, reps: list[Rep], args: argparse.Namespace
         td = td[lo:hi]
         idx = np.arange(0, len(td) - k, k)
         per_step.append((td[idx + k] - td[idx]) / k)
-        lats.append((r.t_done - r.t_sub)[order][lo:hi])
+        sel = order[lo:hi]
+        sel = sel[in_slot[sel]]
+        lats.append(r.t_done[sel] - r.t_sub[sel])
         rates.append((len(td) - 1) / (td[-1] - td[0]) * 1e9)
         if r.stats is not None and r.stats["executions"]:
             sizes.append(r.stats["inference_count"] / r.stats["executions"])
@@ -529,11 +539,15 @@ def drain_once(
     done = threading.Event()
     inner = make_runner(reads, rec, None)
     count = [0]
+    cpu: list[int] = []  # executor thread CPU time at the first and the last batch
 
     def runner(cb: Any) -> bool:
         inner(cb)
         count[0] += 1
-        if count[0] == batches:
+        if count[0] == 1:
+            cpu.append(time.thread_time_ns())
+        elif count[0] == batches:
+            cpu.append(time.thread_time_ns())
             done.set()
         return True
 
@@ -550,7 +564,8 @@ def drain_once(
     sched.close(False)
     ts = np.array([x if isinstance(x, int) else x[0] for x in rec], np.int64)
     lo, hi = int(len(ts) * args.warmup_frac), int(len(ts) * (1 - args.tail_frac))
-    return submit_ns, float(np.median(np.diff(ts[lo:hi])))
+    cpu_share = (cpu[1] - cpu[0]) / max(1, ts[-1] - ts[0])
+    return submit_ns, float(np.median(np.diff(ts[lo:hi]))), cpu_share
 
 
 def breakdown(mbs: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -584,6 +599,7 @@ def breakdown(mbs: int, args: argparse.Namespace) -> dict[str, Any]:
         res = [drain_once(mbs, reads, calls, batches, args) for _ in range(args.reps)]
         submit_all += [r[0] for r in res]
         out[f"batch_ns_{reads}"] = min(r[1] for r in res)
+        out[f"executor_cpu_share_{reads}"] = float(np.median([r[2] for r in res]))
     out["submit_ns"] = min(submit_all)
     # The same runner bodies called from Python on a fake batch, no core: the per-batch floor.
     fb = FakeBatch([1] * slots, np.zeros((slots, 1), np.float32), np.zeros((slots, 1), np.float32))
@@ -617,78 +633,97 @@ def report(
     env: dict[str, Any],
     args: argparse.Namespace,
 ) -> str:
-    lines = []
-    lines.append(
+    window = f"{args.window} steps" if args.window else "max_batch_size steps"
+    load = env.get("loadavg_start"), env.get("loadavg_end")
+    lines = [
         f"seqserve engine bench: {args.sequences} sequences x {args.steps} steps, Direct, no-op model, "
-        f"1 instance; {args.reps} reps (+1 warm-up), window {args.window} steps, excluded first "
-        f"{args.warmup_frac:.0%}/last {args.tail_frac:.0%} of completions; seed {args.seed}"
-    )
-    lines.append(
+        f"1 instance; {args.reps} reps (+1 warm-up); ns/step over windows of {window}; excluded first "
+        f"{args.warmup_frac:.0%}/last {args.tail_frac:.0%} of completions; seed {args.seed}",
         f"python {env['python']}, numpy {env['numpy']}, loop {env['loop']}, {env['cpus']} CPUs, "
-        f"{env['cpu']}; (b) runner reads: {args.core_reads}"
-    )
-    lines.append("")
+        f"{env['cpu']}; (b) runner reads: {args.core_reads}",
+        "depth = steps in flight per sequence (1: closed loop); lat = submit -> completion, steps "
+        "that already hold a slot; batch = real rows per batch",
+        f"1-min load average at start {load[0]}, at end {load[1]} (anything else running on "
+        f"{env['cpus']} CPUs shows up in these numbers)",
+        "",
+    ]
     hdr = (
         f"{'path':<22}{'mbs':>4}{'depth':>6}{'ns/step p50':>12}{'ns/step p99':>12}{'steps/s':>12}"
         f"{'lat p50 us':>11}{'lat p99 us':>11}{'batch':>8}"
     )
-    lines.append(hdr)
-    lines.append("-" * len(hdr))
-    key = {(s.mbs, s.depth) for s in results}
-    for mbs, depth in sorted(key):
-        for s in results:
-            if (s.mbs, s.depth) == (mbs, depth):
-                lines.append(fmt_row(s))
+    lines += [hdr, "-" * len(hdr)]
+    for mbs, depth in sorted({(s.mbs, s.depth) for s in results}):
+        lines += [fmt_row(s) for s in results if (s.mbs, s.depth) == (mbs, depth)]
+        lines.append("")
+    if overhead:
+        lines.append(
+            "core overhead per step, excluding the Python call = (b) - (c), medians "
+            f"(target < {TARGET_NS / 1e3:.0f} us):"
+        )
+        for o in overhead:
+            verdict = "MET" if o["met"] else "NOT MET"
+            lines.append(
+                f"  mbs {o['mbs']} depth {o['depth']}: {o['core_overhead_ns']:>8,.0f} ns/step "
+                f"(p99 {o['core_overhead_p99_ns']:,.0f}) -> {verdict}"
+            )
+            if "explained" in o:
+                e = o["explained"]
+                lines.append(
+                    f"      ~ submit {e['submit_ns']:,.0f} + executor dispatch {e['dispatch_ns']:,.0f} "
+                    f"+ batch reads {e['reads_ns']:,.0f} + cross-thread wake-ups/GIL hand-off "
+                    f"{e['handoff_ns']:,.0f} (per step, {e['rows']:.2f} rows/batch)"
+                )
         lines.append("")
     lines.append(
-        "core overhead per step, excluding the Python call = (b) - (c), medians "
-        f"(target < {TARGET_NS / 1e3:.0f} us):"
-    )
-    for o in overhead:
-        verdict = "MET" if o["core_overhead_ns"] < TARGET_NS else "NOT MET"
-        lines.append(
-            f"  mbs {o['mbs']} depth {o['depth']}: {o['core_overhead_ns']:>8,.0f} ns/step "
-            f"(p99 {o['core_overhead_p99_ns']:,.0f}) -> {verdict}"
-        )
-    lines.append("")
-    lines.append(
-        "stats() per-batch split (averages; queue is per request; compute_infer includes the "
-        "executor's wait for the GIL):"
+        "stats() per-batch split (averages, us; queue is per request and includes the backlog "
+        "wait; compute_infer includes the executor's wait for the GIL):"
     )
     lines.append(
-        f"  {'path':<22}{'mbs':>4}{'depth':>6}{'batches':>9}{'rows':>6}{'input us':>10}"
-        f"{'infer us':>10}{'output us':>10}{'queue us':>10}"
+        f"  {'path':<22}{'mbs':>4}{'depth':>6}{'batches':>9}{'rows':>6}{'input':>9}"
+        f"{'infer':>9}{'output':>9}{'queue':>11}"
     )
     for s in results:
         st = s.stats
-        if not st:
-            continue
-        lines.append(
-            f"  {s.path:<22}{s.mbs:>4}{s.depth:>6}{st['executions']:>9}{st['avg_batch_real_rows']:>6.2f}"
-            f"{st['compute_input_us']:>10.2f}{st['compute_infer_us']:>10.2f}"
-            f"{st['compute_output_us']:>10.2f}{st['queue_us_per_request']:>10.1f}"
-        )
+        if st:
+            lines.append(
+                f"  {s.path:<22}{s.mbs:>4}{s.depth:>6}{st['executions']:>9}{st['avg_batch_real_rows']:>6.2f}"
+                f"{st['compute_input_us']:>9.2f}{st['compute_infer_us']:>9.2f}"
+                f"{st['compute_output_us']:>9.2f}{st['queue_us_per_request']:>11,.1f}"
+            )
     if bds:
-        lines.append("")
-        lines.append(
-            "breakdown of (b): submit() alone (executor not started), then the executor draining "
-            "the queued work, main thread idle (GIL uncontended). ns, best of reps:"
-        )
-        lines.append(
-            f"  {'mbs':>4}{'py call':>9}{'submit':>9}  {'per batch, runner reads:':<26}"
-            f"{'none':>8}{'handles':>9}{'inputs':>9}{'full':>9}{'py runner':>11}"
-        )
+        lines += [
+            "",
+            "breakdown of (b), ns, best of reps: submit() alone (executor stopped) vs the same loop "
+            "calling a Python no-op;",
+            "then the executor draining that queued work (full batches, main thread asleep, GIL "
+            "uncontended), per batch, by what the runner reads; py runner = the runner body called "
+            "from Python; cpu = executor on-CPU share of the drain",
+            f"  {'mbs':>4}{'py call':>9}{'submit':>9}{'none':>9}{'handles':>9}{'inputs':>9}{'full':>9}"
+            f"{'py runner':>11}{'cpu':>6}",
+        ]
         for b in bds:
             lines.append(
-                f"  {b['mbs']:>4}{b['py_call_loop_ns']:>9,.0f}{b['submit_ns']:>9,.0f}  {'':<26}"
-                f"{b['batch_ns_none']:>8,.0f}{b['batch_ns_handles']:>9,.0f}{b['batch_ns_inputs']:>9,.0f}"
-                f"{b['batch_ns_full']:>9,.0f}{b['py_runner_ns_handles']:>11,.0f}"
+                f"  {b['mbs']:>4}{b['py_call_loop_ns']:>9,.0f}{b['submit_ns']:>9,.0f}"
+                f"{b['batch_ns_none']:>9,.0f}{b['batch_ns_handles']:>9,.0f}{b['batch_ns_inputs']:>9,.0f}"
+                f"{b['batch_ns_full']:>9,.0f}{b['py_runner_ns_none']:>11,.0f}"
+                f"{b['executor_cpu_share_none']:>6.0%}"
             )
-        lines.append(
-            "  py call: the same loop calling a Python no-op instead of submit(); py runner: the "
-            "'handles' runner body called from Python on a fake batch."
-        )
     return "\n".join(lines)
+
+
+def explain(o: dict[str, Any], sb: Summary, bd: dict[str, Any], reads: str) -> None:
+    """Splits (b) - (c) per step into the parts the breakdown measured alone (approximate)."""
+    rows = sb.stats["avg_batch_real_rows"] if sb.stats else float(max(1, sb.mbs))
+    submit = bd["submit_ns"] - bd["py_call_loop_ns"]
+    dispatch = (bd["batch_ns_none"] - bd["py_runner_ns_none"]) / rows
+    reads_ns = (bd[f"batch_ns_{reads}"] - bd["batch_ns_none"]) / rows
+    o["explained"] = {
+        "rows": rows,
+        "submit_ns": submit,
+        "dispatch_ns": dispatch,
+        "reads_ns": reads_ns,
+        "handoff_ns": o["core_overhead_ns"] - submit - dispatch - reads_ns,
+    }
 
 
 def environment(loop_name: str) -> dict[str, Any]:
@@ -725,9 +760,10 @@ def main(argv: list[str] | None = None) -> int:
         help="steps in flight per sequence: 1 = closed loop (default 1,4)",
     )
     p.add_argument("--sequences", type=int, default=64)
-    p.add_argument("--steps", type=int, default=100, help="steps per sequence (default 100)")
-    p.add_argument("--reps", type=int, default=3, help="measured repetitions (+1 warm-up)")
-    p.add_argument("--window", type=int, default=64, help="completions per ns/step window")
+    p.add_argument("--steps", type=int, default=200, help="steps per sequence (default 200)")
+    p.add_argument("--reps", type=int, default=5, help="measured repetitions (+1 warm-up)")
+    p.add_argument("--window", type=int, default=64,
+                   help="consecutive completions per ns/step window (default 64; 0 = max_batch_size)")
     p.add_argument("--warmup-frac", type=float, default=0.10)
     p.add_argument("--tail-frac", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=1234)
@@ -763,6 +799,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.loop == "uvloop":
                 raise
     env = environment(loop_name)
+    env["loadavg_start"] = round(os.getloadavg()[0], 2)
     wls = [Workload(m, d, args.sequences, args.steps, args.seed) for m in args.mbs for d in args.depth]
     t_start = time.monotonic()
     results: list[Summary] = []
@@ -793,6 +830,11 @@ def main(argv: list[str] | None = None) -> int:
     if "b" in paths and not args.no_breakdown:
         log("breakdown ...")
         bds = [breakdown(m, args) for m in args.mbs]
+        by_mbs = {b["mbs"]: b for b in bds}
+        core = {(s.mbs, s.depth): s for s in results if s.path.startswith("(b)")}
+        for o in overhead:
+            explain(o, core[(o["mbs"], o["depth"])], by_mbs[o["mbs"]], args.core_reads)
+    env["loadavg_end"] = round(os.getloadavg()[0], 2)
     text = report(results, overhead, bds, env, args)
     print(text)
     log(f"total {time.monotonic() - t_start:.1f} s")

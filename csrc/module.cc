@@ -339,12 +339,18 @@ PYBIND11_MODULE(_core, m) {
                                if (!any_str)
                                  return view_array(self, kUint64, {static_cast<int64_t>(n)},
                                                    reinterpret_cast<uint8_t*>(inst.corrid_num.data()), n * 8, false);
+                               // Mixed batch: str for string ids, int for numeric ids and padding.
                                py::array out(py::dtype("O"), std::vector<int64_t>{static_cast<int64_t>(n)});
                                auto** slots = static_cast<PyObject**>(out.mutable_data());
                                for (size_t i = 0; i < n; ++i) {
                                  Py_XDECREF(slots[i]);
-                                 const std::string& s = inst.corrid_str[i];
-                                 slots[i] = PyUnicode_DecodeUTF8(s.data(), s.size(), "surrogateescape");
+                                 const Request* r = inst.rows[i].req;
+                                 if (r && r->id.is_str) {
+                                   const std::string& s = inst.corrid_str[i];
+                                   slots[i] = PyUnicode_DecodeUTF8(s.data(), s.size(), "surrogateescape");
+                                 } else {
+                                   slots[i] = PyLong_FromUnsignedLongLong(inst.corrid_num[i]);
+                                 }
                                  if (!slots[i]) throw py::error_already_set();
                                }
                                return out;
@@ -372,7 +378,15 @@ PYBIND11_MODULE(_core, m) {
           py::arg("index"), py::arg("value"), "Store the output state for every real row of the batch.")
       .def(
           "mark_executed", [](BatchView& v) { v.get().t_executed = now_ns(); },
-          "Record the end of the model call (splits compute_infer from compute_output).");
+          "Record the end of the model call (splits compute_infer from compute_output).")
+      .def(
+          "finish",
+          [](BatchView& v, bool ok) {
+            Instance& inst = v.get();
+            py::gil_scoped_release r;
+            v.owner->sched().record_batch(inst, ok);
+          },
+          py::arg("ok"), "Record this batch's statistics now, before its replies are sent.");
 
   py::class_<PyScheduler>(m, "Scheduler", "Scheduler and executors of one model.")
       .def(py::init([](std::string name, int strategy, int max_batch_size, int instance_count,

@@ -392,7 +392,7 @@ void Scheduler::direct_loop(Instance& inst) {
     lk.unlock();
     execute(inst);
     lk.lock();
-    finish_batch_locked(inst, true);
+    finish_batch_locked(inst);
   }
 }
 
@@ -419,33 +419,39 @@ void Scheduler::stateless_loop(Instance& inst) {
     lk.unlock();
     execute(inst);
     lk.lock();
-    finish_batch_locked(inst, true);
+    finish_batch_locked(inst);
   }
 }
 
-void Scheduler::finish_batch_locked(Instance& inst, bool) {
-  // Stats follow Triton's accounting: padding counts in the batch size, not in inference_count.
+void Scheduler::record_batch(Instance& inst, bool ok) {
+  std::lock_guard<std::mutex> lk(mu_);
+  record_batch_locked(inst, ok);
+}
+
+void Scheduler::record_batch_locked(Instance& inst, bool ok) {
+  // Triton's accounting: padding counts in the batch size, not in inference_count.
+  if (inst.recorded) return;
+  inst.recorded = true;
   const int64_t t_end = now_ns();
+  if (ok && !inst.t_executed) inst.t_executed = t_end;
   const int64_t t_exec = inst.t_executed ? inst.t_executed : t_end;
   const uint64_t in_ns = inst.t_gathered - inst.t_form;
   const uint64_t infer_ns = t_exec - inst.t_gathered;
   const uint64_t out_ns = t_end - t_exec;
-  const bool ok = inst.t_executed != 0;
   uint64_t real = 0;
   for (Row& row : inst.rows) {
     Request* r = row.req;
     if (!r) continue;
     ++real;
-    if (ok) stats_.success.add(1, t_end - r->arrival_ns);
-    else stats_.fail.add(1, t_end - r->arrival_ns);
-    if (ok) {
-      stats_.queue.add(1, inst.t_form - r->arrival_ns);
-      stats_.compute_input.add(1, in_ns);
-      stats_.compute_infer.add(1, infer_ns);
-      stats_.compute_output.add(1, out_ns);
+    if (!ok) {
+      stats_.fail.add(1, t_end - r->arrival_ns);
+      continue;
     }
-    recycle_locked(r);
-    row.req = nullptr;
+    stats_.success.add(1, t_end - r->arrival_ns);
+    stats_.queue.add(1, inst.t_form - r->arrival_ns);
+    stats_.compute_input.add(1, in_ns);
+    stats_.compute_infer.add(1, infer_ns);
+    stats_.compute_output.add(1, out_ns);
   }
   if (ok) {
     stats_.inference_count += spec_.strategy == kStateless ? inst.batch_size : real;
@@ -458,6 +464,14 @@ void Scheduler::finish_batch_locked(Instance& inst, bool) {
   stats_.last_inference_ms = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count());
+}
+
+void Scheduler::finish_batch_locked(Instance& inst) {
+  record_batch_locked(inst, inst.t_executed != 0);
+  for (Row& row : inst.rows) {
+    if (row.req) recycle_locked(row.req);
+    row.req = nullptr;
+  }
   inst.executing = false;
   inst.t_executed = 0;
 }
@@ -467,6 +481,7 @@ void Scheduler::execute(Instance& inst) {
   gather(inst);
   inst.t_gathered = now_ns();
   inst.t_executed = 0;
+  inst.recorded = false;
   bool ok = hooks_.run(inst);
   if (ok && !inst.t_executed) inst.t_executed = now_ns();
   if (!ok) inst.t_executed = 0;

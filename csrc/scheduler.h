@@ -154,6 +154,7 @@ struct Instance {
   std::vector<std::string> corrid_str;
   int64_t t_form = 0, t_gathered = 0, t_executed = 0;
   bool executing = false;
+  bool recorded = false;  // stats of the current batch already recorded
 };
 
 // Hooks into the Python layer. Both are called without the scheduler lock and must take the
@@ -196,6 +197,9 @@ class Scheduler {
   void set_output_state(Instance& inst, size_t state_index, const uint8_t* data, size_t nbytes,
                         const int64_t* shape, int ndim);
   std::vector<std::unique_ptr<Instance>>& instances() { return instances_; }
+  // Records the current batch's statistics (once); the runner calls it before replying so a
+  // client that reads statistics after its reply sees its request counted.
+  void record_batch(Instance& inst, bool ok);
 
  private:
   void direct_loop(Instance& inst);
@@ -213,7 +217,8 @@ class Scheduler {
   using Fails = std::vector<std::pair<std::vector<uint64_t>, std::string>>;
   void report(Fails& fails, int code);
   void recycle_locked(Request* r);
-  void finish_batch_locked(Instance& inst, bool ok);
+  void finish_batch_locked(Instance& inst);
+  void record_batch_locked(Instance& inst, bool ok);
   bool state_shape_matches(Instance& inst, int slot, const Request* r, const std::vector<std::vector<int64_t>>& rep) ;
   void effective_state_shapes(Slot& sl, const Request* r, std::vector<std::vector<int64_t>>& out);
   std::vector<std::vector<int64_t>> rep_state_shapes_;

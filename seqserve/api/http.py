@@ -149,7 +149,10 @@ class HttpFrontend:
         body = await self._body(request)
         ready_only = False
         if body.strip():
-            doc = orjson.loads(body)
+            try:
+                doc = orjson.loads(body)
+            except orjson.JSONDecodeError as e:
+                raise InferenceError(Code.INVALID_ARG, f"failed to parse the request JSON: {e}") from None
             ready_only = bool(doc.get("ready", False)) if isinstance(doc, dict) else False
         index = self.server.repository_index()
         if ready_only:

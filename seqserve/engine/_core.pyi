@@ -39,6 +39,8 @@ class Batch:
     def set_state(self, index: int, value: np.ndarray) -> None:
         """Store output state `index` for every real row of the batch."""
     def mark_executed(self) -> None: ...
+    def finish(self, ok: bool) -> None:
+        """Record this batch's statistics now, before its replies are sent."""
 
 InputArg = np.ndarray | tuple[bytes | np.ndarray, tuple[int, ...] | list[int]]
 StateArg = tuple[str, str, int, list[int], bool, bytes, list[int]]

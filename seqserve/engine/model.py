@@ -370,9 +370,8 @@ class LoadedModel:
             corrid = sequence_id
             is_str = isinstance(corrid, str)
             if is_str and len(corrid) > _MAX_STRING_ID:  # type: ignore[arg-type]
-                raise self._bad(
-                    request_id, "string correlation ID cannot be longer than 128 characters", Code.UNSUPPORTED
-                )
+                self._sync_fail += 1  # refused when the id is set, before any request id applies
+                raise InferenceError(Code.UNSUPPORTED, "string correlation ID cannot be longer than 128 characters")
             cd = self._corrid_dtype
             if cd is not None and (
                 (is_str and cd != mc.TYPE_STRING) or (not is_str and cd not in _INTEGER_CORRID)
@@ -438,8 +437,10 @@ class LoadedModel:
                 if isinstance(e, InferenceError)
                 else InferenceError(Code.INTERNAL, f"model '{self.name}' failed: {type(e).__name__}: {e}")
             )
+            cb.finish(False)
             self._loop.call_soon_threadsafe(_fail_all, [r for r in recs if r is not None], err)
             return False
+        cb.finish(True)
         self._loop.call_soon_threadsafe(_deliver, self.name, self.version_str, replies)
         return True
 

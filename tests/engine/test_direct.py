@@ -8,6 +8,7 @@ every request of a scenario is queued first, then the batches form one after ano
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 
 import numpy as np
@@ -123,8 +124,7 @@ async def settled_stats(s, model: str = "m", *, requests: int) -> dict:
 
 
 def recorded_module(s, model: str = "m"):
-    import sys
-
+    """The module of a loaded python model (version 1), for models that keep their own record."""
     return sys.modules[f"seqserve_models.{model}.v1"]
 
 
@@ -354,7 +354,7 @@ async def test_backlog_moves_whole_sequences_fifo(repo, serve, monkeypatch):
     assert st["sequences"] == {str(A): 0, str(B): 1}  # the ENDs of C and D dropped their mappings
     assert not any(t.done() for t in tasks)
     tasks.append(await send(s, B, 8, end=True))  # releases the hold
-    assert await results(tasks[:2] + tasks[2:]) == [[v] for v in (1, 2, 3, 4, 5, 6, 7, 8)]
+    assert await results(tasks) == [[v] for v in (1, 2, 3, 4, 5, 6, 7, 8)]
     assert await call(s, A, 9, end=True) == [[9]]
     rec = recorded(s, "m")
     assert rows(rec, "corrid") == [[A, B], [0, B], [0, C], [0, C], [0, C], [0, D], [0, D], [A]]
@@ -365,7 +365,7 @@ async def test_backlog_moves_whole_sequences_fifo(repo, serve, monkeypatch):
     assert [b["inputs"]["IN_X"][-1, 0] for b in rec] == [2, 8, 3, 4, 6, 5, 7, 9]
 
 
-async def test_backlog_sequence_continues_after_handoff(repo, serve, monkeypatch):
+async def test_backlog_sequence_continues_after_handoff(repo, serve):
     write_model(repo, "m", config(mbs=1, seq=ACC_STATE), ACCUM_MODEL)
     s = await serve()
     assert await call(s, 1, 5, start=True) == [[5]]
@@ -376,6 +376,60 @@ async def test_backlog_sequence_continues_after_handoff(repo, serve, monkeypatch
     assert s.model("m").scheduler_state()["sequences"] == {"2": 0}
     assert await call(s, 2, 1) == [[101]]  # later requests go straight to the slot
     assert await call(s, 2, 1, end=True) == [[102]]
+
+
+async def test_second_start_while_in_backlog(repo, serve):
+    write_model(repo, "m", config(mbs=1, seq=ACC_STATE), ACCUM_MODEL)
+    s = await serve()
+    assert await call(s, 1, 0, start=True) == [[0]]
+    tasks = [
+        await send(s, 2, 1, start=True),
+        await send(s, 2, 2),
+        await send(s, 2, 10, start=True),  # same backlog queue, behind the first START
+        await send(s, 2, 5, end=True),
+    ]
+    assert s.model("m").scheduler_state()["backlog_sequences"] == 1
+    await call(s, 1, 0, end=True)
+    assert await results(tasks) == [[1], [3], [10], [15]]
+    rec = recorded(s, "m")[2:]
+    assert rows(rec, "corrid") == [[2]] * 4
+    assert rows(rec, "start") == [[True], [False], [True], [False]]
+
+
+async def test_backlog_request_timeout_expires_whole_sequence(repo, serve):
+    write_model(repo, "m", config(mbs=1))
+    s = await serve()
+    await call(s, 1, 1, start=True)
+    t0 = time.monotonic()
+    first = asyncio.ensure_future(s.infer("m", x_in(2), sequence_id=2, sequence_start=True, timeout_us=100_000))
+    await asyncio.sleep(0)
+    second = await send(s, 2, 3)  # no timeout of its own: expires with its sequence
+    done = await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), 3)
+    assert time.monotonic() - t0 >= 0.09
+    for e in done:
+        assert isinstance(e, InferenceError), e
+        assert e.code == Code.UNAVAILABLE
+        assert str(e) == "timeout of the corresponding sequence has been expired"
+    await expect_error(call(s, 2, 4), Code.INVALID_ARG, start_error(2))
+    assert await call(s, 1, 5, end=True) == [[5]]  # the slot holder is unaffected
+    assert rows(recorded(s, "m"), "corrid") == [[1], [1]]
+
+
+async def test_ragged_inputs_run_in_separate_batches(repo, serve, monkeypatch):
+    write_model(repo, "m", config(dims="[ -1 ]"))
+    monkeypatch.setenv("TRITONSERVER_DELAY_SCHEDULER", "3")
+    s = await serve()
+    tasks = [
+        await send(s, 1, [1, 2], start=True, end=True),
+        await send(s, 2, [3, 4, 5], start=True, end=True),
+        await send(s, 3, [6, 7], start=True, end=True),
+    ]
+    assert await results(tasks) == [[1, 2], [3, 4, 5], [6, 7]]
+    rec = recorded(s, "m")
+    # The mismatching slot gets a padding row and runs in a later batch.
+    assert rows(rec, "ready") == [[True, False, True], [False, True]]
+    assert [b["inputs"]["IN_X"].shape for b in rec] == [(3, 2), (2, 3)]
+    assert rows(rec, "corrid") == [[1, 0, 3], [0, 2]]
 
 
 # ------------------------------------------------------------------- idle reaper (§4)
@@ -414,6 +468,40 @@ async def test_string_id_reaped_message(repo, serve):
     await call(s, "user-7", 1, start=True)
     await asyncio.sleep(0.4)
     await expect_error(call(s, "user-7", 1), Code.INVALID_ARG, start_error("user-7"))
+
+
+async def test_backlogged_sequence_reaped_soon_after_getting_slot(repo, serve):
+    # The idle clock is the last arrival; waiting in the backlog does not refresh it (§4.4).
+    write_model(repo, "m", config(mbs=1, seq="max_sequence_idle_microseconds: 200000"))
+    s = await serve()
+    await call(s, 1, 1, start=True)
+    waiting = await send(s, 2, 2, start=True)
+    for _ in range(2):
+        await asyncio.sleep(0.12)
+        await call(s, 1, 1)  # keeps 1 alive; 2 stays in the backlog beyond its idle limit
+    await asyncio.sleep(0.12)
+    await call(s, 1, 1, end=True)
+    assert await results([waiting]) == [[2]]  # requests moved with it still run
+    await asyncio.sleep(0.1)
+    await expect_error(call(s, 2, 3), Code.INVALID_ARG, start_error(2))
+
+
+async def test_idle_clock_counts_from_last_arrival_not_execution(repo, serve):
+    # §4.2: a sequence whose requests wait behind a slow model is reaped anyway; the queued
+    # requests still run (they are ahead of the force-end marker), later ones need START.
+    model = """
+    import time
+
+    class Model:
+        def execute(self, batch):
+            time.sleep(0.25)
+            return {"OUT_X": batch.inputs["IN_X"].copy()}
+    """
+    write_model(repo, "m", config(seq="max_sequence_idle_microseconds: 150000"), model)
+    s = await serve()
+    tasks = [await send(s, 1, 1, start=True), await send(s, 1, 2)]
+    assert await results(tasks) == [[1], [2]]  # 0.5 s of execution, last arrival at ~0 s
+    await expect_error(call(s, 1, 3, end=True), Code.INVALID_ARG, start_error(1))
 
 
 # ------------------------------------------------------------- START / END (§1.4, §1.5)
@@ -475,6 +563,20 @@ async def test_numeric_and_string_ids_are_different_sequences(repo, serve):
     await expect_error(call(s, "5", 1), Code.INVALID_ARG, start_error("5"))
     assert await call(s, 5, 4, end=True) == [[7]]
     await expect_error(call(s, 5, 1), Code.INVALID_ARG, start_error(5))
+
+
+async def test_mixed_id_batch_keeps_numeric_corrid(repo, serve, monkeypatch):
+    # ExecuteBatch.corrid becomes an object array when a string id is in the batch; a numeric
+    # id in that batch must still be identifiable (not "", the padding value).
+    write_model(repo, "m", config())
+    monkeypatch.setenv("TRITONSERVER_DELAY_SCHEDULER", "2")
+    s = await serve()
+    tasks = [await send(s, 5, 1, start=True, end=True), await send(s, "five", 2, start=True, end=True)]
+    assert await results(tasks) == [[1], [2]]
+    (b,) = recorded(s, "m")
+    assert b["ready"].tolist() == [True, True]
+    assert b["corrid"][1] == "five"
+    assert b["corrid"][0] in (5, "5"), b["corrid"].tolist()
 
 
 async def test_string_id_longer_than_128_characters(repo, serve):
@@ -763,7 +865,7 @@ async def test_variable_dims_state_sequences_of_different_lengths(repo, serve):
 # --------------------------------------------------- several instances, mbs 0 (§8)
 
 
-async def test_multiple_instances_spread_sequences(repo, serve, monkeypatch):
+async def test_multiple_instances_spread_sequences(repo, serve):
     extra = 'instance_group [ { count: 2 kind: KIND_CPU } ]'
     write_model(repo, "m", config(mbs=2, seq=ACC_STATE, extra=extra), ACCUM_MODEL)
     s = await serve()
@@ -899,6 +1001,15 @@ async def test_shutdown_refuses_new_starts_and_finishes_running_sequences(repo, 
     assert await call(s, 1, 3, end=True) == [[6]]
     await asyncio.wait_for(stopping, 3)
     assert recorded(s, "m")[-1]["end"].tolist() == [True]
+
+
+async def test_shutdown_waits_for_idle_reaper(repo, serve):
+    write_model(repo, "m", config(seq=IDLE))
+    s = await serve()
+    await call(s, 1, 1, start=True)  # never ended
+    t0 = time.monotonic()
+    await asyncio.wait_for(s.shutdown(timeout_s=10), 3)
+    assert 0.1 <= time.monotonic() - t0 < 2
 
 
 # ------------------------------------------------------------------ model errors

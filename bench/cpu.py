@@ -1,0 +1,117 @@
+"""CPU accounting: a server's whole process tree (from /proc) and this client process.
+
+Server CPU is the sum of user+sys time of the root process and every live descendant, as read
+from ``/proc/<pid>/stat`` (utime, stime: all threads of a process are included there), plus the
+root's and descendants' cutime/cstime, so the time of a child that exits and is reaped during
+the window still counts (it moves from the child's utime to its parent's cutime). Resolution is
+one clock tick (usually 10 ms), fine over windows of seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from dataclasses import dataclass
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    cpu_s: float  # user + sys seconds
+    wall_s: float  # time.perf_counter() when taken
+    nprocs: int = 1
+
+
+def _read_stat(pid: int) -> tuple[int, int] | None:
+    """(ppid, utime+stime+cutime+cstime in ticks) of one process, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
+    fields = data[data.rindex(b")") + 2 :].split()
+    # fields[0] is field 3 (state): ppid is field 4, utime..cstime are fields 14..17.
+    return int(fields[1]), int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+
+
+def process_tree(root: int) -> dict[int, int]:
+    """{pid: cpu ticks} of ``root`` and all its live descendants (walks every /proc/<pid>)."""
+    stats: dict[int, tuple[int, int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _read_stat(int(name))
+            if st is not None:
+                stats[int(name)] = st
+    if root not in stats:
+        raise ProcessLookupError(f"no process {root}")
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    tree: dict[int, int] = {}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        tree[pid] = stats[pid][1]
+        todo.extend(children.get(pid, ()))
+    return tree
+
+
+class ProcessTreeCpu:
+    """Samples the CPU time of a process tree (a server and everything it started)."""
+
+    def __init__(self, root_pid: int) -> None:
+        self.root_pid = root_pid
+        process_tree(root_pid)  # fail early when the pid does not exist
+
+    def sample(self) -> CpuSample:
+        tree = process_tree(self.root_pid)
+        return CpuSample(sum(tree.values()) / CLK_TCK, time.perf_counter(), len(tree))
+
+
+class ClientCpu:
+    """This process (all its threads: the event loop, gRPC's poller threads); children excluded."""
+
+    def sample(self) -> CpuSample:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return CpuSample(ru.ru_utime + ru.ru_stime, time.perf_counter())
+
+
+def find_listener_pid(port: int) -> int | None:
+    """The pid of the process holding a listening TCP socket on ``port`` (any address), if we can see it.
+
+    Matches the socket's inode from /proc/net/tcp{,6} against /proc/<pid>/fd links; processes of
+    other users are invisible without privileges. Returns the lowest such pid (the parent, usually).
+    """
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    local, state, inode = parts[1], parts[3], parts[9]
+                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A = LISTEN
+                        inodes.add(f"socket:[{inode}]")
+        except FileNotFoundError:
+            continue
+    if not inodes:
+        return None
+    found: list[int] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except (PermissionError, FileNotFoundError):
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{name}/fd/{fd}") in inodes:
+                    found.append(int(name))
+                    break
+            except OSError:
+                continue
+    return min(found) if found else None

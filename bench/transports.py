@@ -1,0 +1,289 @@
+"""Transports: one sequence step = one inference request, through a tritonclient asyncio client.
+
+Every transport has the same small interface (:class:`Transport`): ``open()``, ``step()`` (send
+one step of one sequence, return the model's OUTPUT as a float), ``close()``. The load generator
+knows nothing else about them, so a new transport (e.g. a raw-socket "ceiling" client) only has
+to implement these three methods and register itself in :data:`TRANSPORTS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+SeqId = int | str
+
+
+class Transport(Protocol):
+    name: str
+
+    async def open(self) -> None: ...
+
+    async def step(self, seq_id: SeqId, value: float, start: bool, end: bool) -> float: ...
+
+    async def close(self) -> None: ...
+
+
+class TransportSpec:
+    """What every transport is given: where the server is and what to call."""
+
+    def __init__(
+        self,
+        *,
+        http_url: str | None,
+        grpc_url: str | None,
+        model: str,
+        input_name: str = "INPUT",
+        output_name: str = "OUTPUT",
+        concurrency: int = 1,
+        request_timeout_s: float = 30.0,
+    ) -> None:
+        self.http_url = http_url
+        self.grpc_url = grpc_url
+        self.model = model
+        self.input_name = input_name
+        self.output_name = output_name
+        self.concurrency = concurrency
+        self.request_timeout_s = request_timeout_s
+
+
+def _value_array(value: float) -> np.ndarray:
+    return np.array([[value]], dtype=np.float32)
+
+
+def _first(result: Any, name: str) -> float:
+    out = result.as_numpy(name)
+    if out is None:
+        raise RuntimeError(f"response has no output {name!r}")
+    return float(out.reshape(-1)[0])
+
+
+class HttpTransport:
+    """KServe v2 HTTP through tritonclient.http.aio (aiohttp): binary tensor data or JSON."""
+
+    def __init__(self, spec: TransportSpec, *, binary: bool) -> None:
+        if not spec.http_url:
+            raise ValueError("this transport needs --http-url")
+        import tritonclient.http as httpclient
+
+        self.name = "http-binary" if binary else "http-json"
+        self.spec = spec
+        self.binary = binary
+        self._mod = httpclient
+        self._outputs = [httpclient.InferRequestedOutput(spec.output_name, binary_data=binary)]
+        self.client: Any = None
+
+    async def open(self) -> None:
+        import tritonclient.http.aio as httpaio
+
+        # one keep-alive connection per concurrent sequence
+        self.client = httpaio.InferenceServerClient(
+            self.spec.http_url, conn_limit=max(self.spec.concurrency, 1), conn_timeout=self.spec.request_timeout_s
+        )
+
+    async def step(self, seq_id: SeqId, value: float, start: bool, end: bool) -> float:
+        inp = self._mod.InferInput(self.spec.input_name, [1, 1], "FP32")
+        inp.set_data_from_numpy(_value_array(value), binary_data=self.binary)
+        res = await self.client.infer(
+            self.spec.model,
+            [inp],
+            outputs=self._outputs,
+            sequence_id=seq_id,
+            sequence_start=start,
+            sequence_end=end,
+        )
+        return _first(res, self.spec.output_name)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
+
+
+class GrpcUnaryTransport:
+    """One ModelInfer RPC per step (tritonclient.grpc.aio), all sequences on one channel."""
+
+    name = "grpc-unary"
+
+    def __init__(self, spec: TransportSpec) -> None:
+        if not spec.grpc_url:
+            raise ValueError("this transport needs --grpc-url")
+        import tritonclient.grpc as grpcclient
+
+        self.spec = spec
+        self._mod = grpcclient
+        self._outputs = [grpcclient.InferRequestedOutput(spec.output_name)]
+        self.client: Any = None
+
+    async def open(self) -> None:
+        import tritonclient.grpc.aio as grpcaio
+
+        self.client = grpcaio.InferenceServerClient(self.spec.grpc_url)
+
+    async def step(self, seq_id: SeqId, value: float, start: bool, end: bool) -> float:
+        inp = self._mod.InferInput(self.spec.input_name, [1, 1], "FP32")
+        inp.set_data_from_numpy(_value_array(value))
+        res = await self.client.infer(
+            self.spec.model,
+            [inp],
+            outputs=self._outputs,
+            sequence_id=seq_id,
+            sequence_start=start,
+            sequence_end=end,
+            client_timeout=self.spec.request_timeout_s,
+        )
+        return _first(res, self.spec.output_name)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
+
+
+class StreamError(RuntimeError):
+    pass
+
+
+class GrpcStreamTransport:
+    """All sequences multiplexed on one ModelStreamInfer bidi stream (tritonclient.grpc.aio
+    ``stream_infer`` fed by an async request iterator); responses are matched to requests by
+    request id.
+
+    tritonclient's response iterator turns an error response into a bare exception and drops its
+    id, so the reader takes the raw responses from the call underneath it when it can (the server
+    puts the request id in error responses too) and otherwise falls back to FIFO attribution.
+    """
+
+    name = "grpc-stream"
+
+    def __init__(self, spec: TransportSpec) -> None:
+        if not spec.grpc_url:
+            raise ValueError("this transport needs --grpc-url")
+        import tritonclient.grpc as grpcclient
+
+        self.spec = spec
+        self._mod = grpcclient
+        self._outputs = [grpcclient.InferRequestedOutput(spec.output_name)]
+        self._ids = itertools.count(1)
+        self._pending: dict[str, asyncio.Future[Any]] = {}
+        self._queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._reader: asyncio.Task[None] | None = None
+        self._responses: Any = None
+        self._dead: BaseException | None = None
+        self.client: Any = None
+        self.orphans = 0  # responses that matched no pending request
+
+    async def _requests(self) -> AsyncIterator[dict[str, Any]]:
+        while True:
+            item = await self._queue.get()
+            if item is None:
+                return
+            yield item
+
+    async def open(self) -> None:
+        import tritonclient.grpc.aio as grpcaio
+
+        self.client = grpcaio.InferenceServerClient(self.spec.grpc_url)
+        self._responses = self.client.stream_infer(self._requests())
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    def _resolve(self, rid: str | None, result: Any, error: str | None) -> None:
+        fut = self._pending.pop(rid, None) if rid else None
+        if fut is None and error is not None and not rid and self._pending:
+            fut = self._pending.pop(next(iter(self._pending)))  # unattributable error: oldest pending
+        if fut is None:
+            self.orphans += 1
+            return
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(StreamError(error))
+        else:
+            fut.set_result(result)
+
+    async def _read(self) -> None:
+        try:
+            call = getattr(self._responses, "_grpc_call", None)
+            if call is not None:
+                from tritonclient.grpc import InferResult
+
+                async for msg in call:
+                    if msg.error_message:
+                        self._resolve(msg.infer_response.id, None, msg.error_message)
+                    else:
+                        self._resolve(msg.infer_response.id, InferResult(msg.infer_response), None)
+            else:
+                async for result, error in self._responses:
+                    if error is not None:
+                        self._resolve(None, None, str(error))
+                    else:
+                        self._resolve(result.get_response().id, result, None)
+            raise StreamError("stream closed by the server")
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # the stream is gone: fail everything pending and every later step
+            self._dead = e
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(StreamError(f"stream failed: {e!r}"))
+            self._pending.clear()
+
+    async def step(self, seq_id: SeqId, value: float, start: bool, end: bool) -> float:
+        if self._dead is not None:
+            raise StreamError(f"stream failed: {self._dead!r}")
+        rid = str(next(self._ids))
+        inp = self._mod.InferInput(self.spec.input_name, [1, 1], "FP32")
+        inp.set_data_from_numpy(_value_array(value))
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        self._queue.put_nowait(
+            {
+                "model_name": self.spec.model,
+                "inputs": [inp],
+                "outputs": self._outputs,
+                "request_id": rid,
+                "sequence_id": seq_id,
+                "sequence_start": start,
+                "sequence_end": end,
+            }
+        )
+        try:
+            res = await fut
+        finally:
+            self._pending.pop(rid, None)
+        return _first(res, self.spec.output_name)
+
+    async def close(self) -> None:
+        self._queue.put_nowait(None)  # half-close: the server ends the stream after its last response
+        if self._reader is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._reader), timeout=5.0)
+            except (asyncio.TimeoutError, Exception):
+                self._reader.cancel()
+            self._reader = None
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
+
+
+TRANSPORTS: dict[str, Callable[[TransportSpec], Transport]] = {
+    "http-binary": lambda spec: HttpTransport(spec, binary=True),
+    "http-json": lambda spec: HttpTransport(spec, binary=False),
+    "grpc-unary": GrpcUnaryTransport,
+    "grpc-stream": GrpcStreamTransport,
+}
+ALIASES = {"http": "http-binary", "json": "http-json", "grpc": "grpc-unary", "stream": "grpc-stream"}
+
+
+def resolve_transport(name: str) -> str:
+    name = ALIASES.get(name.strip().lower(), name.strip().lower())
+    if name not in TRANSPORTS:
+        raise ValueError(f"unknown transport {name!r} (choose from {', '.join(TRANSPORTS)})")
+    return name
+
+
+__all__ = ["TRANSPORTS", "Transport", "TransportSpec", "resolve_transport"]
