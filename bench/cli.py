@@ -134,6 +134,8 @@ def _resolve_target(args: argparse.Namespace) -> Target:
         pid = find_listener_pid(port)
         if pid is None:
             print(f"bench: no visible process listens on port {port}; server CPU not measured", file=sys.stderr)
+        else:
+            print(f"bench: server pid {pid} (listening on port {port})", file=sys.stderr)
     elif args.server_pid:
         pid = int(args.server_pid)
     return Target(args.http_url, args.grpc_url, args.model, pid)

@@ -568,6 +568,28 @@ def drain_once(
     return submit_ns, float(np.median(np.diff(ts[lo:hi]))), cpu_share
 
 
+def thread_ping_pong(n: int = 5000) -> float:
+    """ns per round trip between two Python threads through SimpleQueues: two wake-ups and two
+    GIL hand-offs, the cross-thread cost any Python submitter + executor pair pays."""
+    q1: queue.SimpleQueue[None] = queue.SimpleQueue()
+    q2: queue.SimpleQueue[None] = queue.SimpleQueue()
+
+    def other() -> None:
+        for _ in range(n):
+            q1.get()
+            q2.put(None)
+
+    th = threading.Thread(target=other)
+    th.start()
+    t0 = perf()
+    for _ in range(n):
+        q1.put(None)
+        q2.get()
+    dt = perf() - t0
+    th.join()
+    return dt / n
+
+
 def breakdown(mbs: int, args: argparse.Namespace) -> dict[str, Any]:
     """Where (b)'s time goes, each part measured alone."""
     wl = Workload(mbs, args.steps, args.sequences, args.steps, args.seed)
@@ -612,6 +634,7 @@ def breakdown(mbs: int, args: argparse.Namespace) -> dict[str, Any]:
                 fn(fb)
             best = min(best, (perf() - t0) / 20000)
         out[f"py_runner_ns_{reads}"] = best
+    out["thread_ping_pong_ns"] = min(thread_ping_pong() for _ in range(3))
     return out
 
 
@@ -697,16 +720,17 @@ def report(
             "calling a Python no-op;",
             "then the executor draining that queued work (full batches, main thread asleep, GIL "
             "uncontended), per batch, by what the runner reads; py runner = the runner body called "
-            "from Python; cpu = executor on-CPU share of the drain",
+            "from Python; cpu = executor on-CPU share of the drain; ping-pong = one round trip "
+            "between two Python threads (2 wake-ups + 2 GIL hand-offs)",
             f"  {'mbs':>4}{'py call':>9}{'submit':>9}{'none':>9}{'handles':>9}{'inputs':>9}{'full':>9}"
-            f"{'py runner':>11}{'cpu':>6}",
+            f"{'py runner':>11}{'cpu':>6}{'ping-pong':>11}",
         ]
         for b in bds:
             lines.append(
                 f"  {b['mbs']:>4}{b['py_call_loop_ns']:>9,.0f}{b['submit_ns']:>9,.0f}"
                 f"{b['batch_ns_none']:>9,.0f}{b['batch_ns_handles']:>9,.0f}{b['batch_ns_inputs']:>9,.0f}"
                 f"{b['batch_ns_full']:>9,.0f}{b['py_runner_ns_none']:>11,.0f}"
-                f"{b['executor_cpu_share_none']:>6.0%}"
+                f"{b['executor_cpu_share_none']:>6.0%}{b['thread_ping_pong_ns']:>11,.0f}"
             )
     return "\n".join(lines)
 

@@ -55,6 +55,9 @@ class RunResult:
     seq_len: int
     window_s: float = 0.0
     latencies_ns: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    # the measured START steps again (also in latencies_ns): with more sequences than the model has
+    # slots, a new sequence waits in the server's backlog until one ends, and that shows up here
+    start_latencies_ns: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     steps_total: int = 0  # every reply received (all phases), each one verified
     sequences_done: int = 0
     errors: int = 0  # failed requests (all phases), timeouts included
@@ -78,6 +81,7 @@ class RunResult:
             seq_len=self.seq_len,
             window_s=max(self.window_s, other.window_s),
             latencies_ns=np.concatenate([self.latencies_ns, other.latencies_ns]),
+            start_latencies_ns=np.concatenate([self.start_latencies_ns, other.start_latencies_ns]),
             steps_total=self.steps_total + other.steps_total,
             sequences_done=self.sequences_done + other.sequences_done,
             errors=self.errors + other.errors,
@@ -126,6 +130,7 @@ class _Run:
         self.measuring = False
         self.t0 = 0
         self.lat: list[int] = []
+        self.lat_start: list[int] = []
         self.steps_total = 0
         self.sequences_done = 0
         self.errors = 0
@@ -171,6 +176,8 @@ class _Run:
                         self.samples.append(f"wrong answer: seq {sid} step {k}: got {out}, expected {expected}")
                 if self.measuring and ts >= self.t0:
                     lat.append(te - ts)
+                    if k == 0:
+                        self.lat_start.append(te - ts)
                     if self.target and len(lat) >= self.target:
                         self.enough.set()
                 if end:
@@ -244,6 +251,7 @@ async def run_closed_loop(
         seq_len=cfg.seq_len,
         window_s=(t1 - run.t0) / 1e9,
         latencies_ns=np.asarray(run.lat, dtype=np.int64),
+        start_latencies_ns=np.asarray(run.lat_start, dtype=np.int64),
         steps_total=run.steps_total,
         sequences_done=run.sequences_done,
         errors=run.errors,

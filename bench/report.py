@@ -16,6 +16,7 @@ def summarize(r: RunResult) -> dict[str, Any]:
     """The per-run metrics (latencies in ms, CPU in microseconds per measured step)."""
     n = r.steps
     lat_ms = r.latencies_ns / 1e6
+    start_ms = r.start_latencies_ns / 1e6
     pct = np.percentile(lat_ms, [50, 90, 99]) if n else [float("nan")] * 3
     row: dict[str, Any] = {
         "transport": r.transport,
@@ -29,6 +30,9 @@ def summarize(r: RunResult) -> dict[str, Any]:
         "p99_ms": float(pct[2]),
         "max_ms": float(lat_ms.max()) if n else float("nan"),
         "mean_ms": float(lat_ms.mean()) if n else float("nan"),
+        "start_steps": int(start_ms.size),
+        "start_p50_ms": float(np.percentile(start_ms, 50)) if start_ms.size else float("nan"),
+        "start_max_ms": float(start_ms.max()) if start_ms.size else float("nan"),
         "steps_total": r.steps_total,
         "sequences_done": r.sequences_done,
         "errors": r.errors,
@@ -67,6 +71,7 @@ _COLUMNS = [
     ("p90 ms", "p90_ms", "{:.2f}"),
     ("p99 ms", "p99_ms", "{:.2f}"),
     ("max ms", "max_ms", "{:.1f}"),
+    ("START p50", "start_p50_ms", "{:.2f}"),
     ("srv us/step", "server_cpu_us_per_step", "{:.0f}"),
     ("srv cpu%", "server_cpu_util", "{:.0%}"),
     ("cli us/step", "client_cpu_us_per_step", "{:.0f}"),

@@ -211,7 +211,7 @@ class HttpFrontend:
             req = codec.parse_http_request(body, ihcl, model)
             session = headers.get(SESSION_HEADER)
             if session and not req.sequence_id:
-                req.sequence_id = session
+                req.sequence_id = _session_sequence_id(session)
             result = await self.server.infer(
                 model,
                 req.inputs,
@@ -294,6 +294,15 @@ class HttpFrontend:
 class _TooLarge(Exception):
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(f"request body of {size} bytes exceeds the server's limit of {limit} bytes")
+
+
+def _session_sequence_id(value: str) -> int | str:
+    """An Inference-Session-Id header names a uint64 sequence when it is a decimal number that
+    fits (as Triton parses `sequence_id`: unsigned integer first, else string). This is what lets
+    a server-generated integer id (models with an integer CORRID) round-trip through the header."""
+    if value.isascii() and value.isdigit() and not value.startswith("0") and int(value) < 2**64:
+        return int(value)
+    return value
 
 
 def _stats_json(stats: list[dict[str, Any]]) -> list[dict[str, Any]]:
