@@ -79,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--steps", type=int, help="measure this many steps per run instead of --duration")
     w.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each run (default: 2)")
     w.add_argument("--pause", type=float, default=0.5, help="seconds between runs (default: 0.5)")
+    w.add_argument(
+        "--streams",
+        type=int,
+        default=1,
+        help="grpc-stream: number of bidi streams the sequences are spread over, 0 = one per sequence "
+        "(default: 1). Triton answers a stream's requests in order, so with more sequences than the "
+        "model has slots one shared stream stalls there (until the sequence idle timeout): use 0",
+    )
     w.add_argument("--string-ids", action="store_true", help="string sequence ids instead of uint64")
     w.add_argument(
         "--no-verify",
@@ -157,6 +165,7 @@ async def _run_all(args: argparse.Namespace, target: Target) -> list[dict[str, A
             output_name=args.output_name,
             concurrency=conc,
             request_timeout_s=args.request_timeout,
+            streams=args.streams,
         )
         cfg = RunConfig(
             transport=tr,
@@ -211,7 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         if target.spawned is not None:
             print(f"bench: spawned seqserve pid {target.server_pid} (http {target.http_url}, grpc {target.grpc_url}, "
                   f"log {target.spawned.log_path})", file=sys.stderr)  # fmt: skip
-        wait_ready(target)
+        try:
+            wait_ready(target)
+        except (RuntimeError, TimeoutError) as e:
+            print(f"bench: {e}", file=sys.stderr)
+            return 2
         rows, loop_name = _run_loop(_run_all(args, target), args.loop)
     finally:
         if target.spawned is not None:
@@ -237,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             "spawned": target.spawned is not None,
             "seq_len": args.seq_len,
             "warmup_s": args.warmup,
+            "streams": args.streams,
             "client_loop": loop_name,
             "cpu_count": os.cpu_count(),
             "platform": platform.platform(),

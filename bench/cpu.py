@@ -66,8 +66,12 @@ class ProcessTreeCpu:
         self.root_pid = root_pid
         process_tree(root_pid)  # fail early when the pid does not exist
 
-    def sample(self) -> CpuSample:
-        tree = process_tree(self.root_pid)
+    def sample(self) -> CpuSample | None:
+        """None when the server process is gone."""
+        try:
+            tree = process_tree(self.root_pid)
+        except ProcessLookupError:
+            return None
         return CpuSample(sum(tree.values()) / CLK_TCK, time.perf_counter(), len(tree))
 
 
@@ -77,6 +81,21 @@ class ClientCpu:
     def sample(self) -> CpuSample:
         ru = resource.getrusage(resource.RUSAGE_SELF)
         return CpuSample(ru.ru_utime + ru.ru_stime, time.perf_counter())
+
+
+class SystemCpu:
+    """Busy CPU seconds of the whole machine (all CPUs, from /proc/stat): what is left after the server
+    and the client is other load, which makes a run's numbers suspect on a shared machine."""
+
+    def sample(self) -> CpuSample | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = f.readline().split()
+        except OSError:
+            return None
+        # cpu user nice system idle iowait irq softirq steal (guest time is already in user)
+        busy = sum(int(fields[i]) for i in (1, 2, 3, 6, 7, 8))
+        return CpuSample(busy / CLK_TCK, time.perf_counter())
 
 
 def find_listener_pid(port: int) -> int | None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.cpu import ClientCpu, CpuSample, ProcessTreeCpu
+from bench.cpu import ClientCpu, CpuSample, ProcessTreeCpu, SystemCpu
 from bench.transports import SeqId, Transport
 
 perf_ns = time.perf_counter_ns
@@ -68,6 +68,7 @@ class RunResult:
     server_cpu_s: float | None = None
     server_nprocs: int | None = None
     client_cpu_s: float = 0.0
+    system_cpu_s: float | None = None  # busy CPU of the whole machine over the window
 
     @property
     def steps(self) -> int:
@@ -92,6 +93,7 @@ class RunResult:
             server_cpu_s=self.server_cpu_s if self.server_cpu_s is not None else other.server_cpu_s,  # measured once
             server_nprocs=self.server_nprocs or other.server_nprocs,
             client_cpu_s=self.client_cpu_s + other.client_cpu_s,
+            system_cpu_s=self.system_cpu_s if self.system_cpu_s is not None else other.system_cpu_s,
         )
 
 
@@ -160,7 +162,7 @@ class _Run:
                 value = VALUES[(k + idx) % nvals]
                 ts = perf_ns()
                 try:
-                    out = await _with_timeout(step(sid, value, k == 0, end), cfg.request_timeout_s)
+                    out = await _with_timeout(step(sid, value, k == 0, end, idx), cfg.request_timeout_s)
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # abandon this sequence (the server times it out), start another
@@ -195,6 +197,7 @@ async def run_closed_loop(
     """One closed-loop run at ``cfg.concurrency`` on an opened transport."""
     run = _Run(transport, cfg, ids)
     client_cpu = ClientCpu()
+    system_cpu = SystemCpu()
     workers = [asyncio.create_task(run.worker(i)) for i in range(cfg.concurrency)]
 
     def tick(phase: str, elapsed: float, total: float | None) -> None:
@@ -207,6 +210,7 @@ async def run_closed_loop(
         tick("warm-up", el, cfg.warmup_s)
         await asyncio.sleep(min(0.5, cfg.warmup_s - el))
 
+    sys0 = system_cpu.sample()
     srv0: CpuSample | None = server_cpu.sample() if server_cpu else None
     cli0 = client_cpu.sample()
     run.t0 = perf_ns()
@@ -232,6 +236,7 @@ async def run_closed_loop(
     t1 = perf_ns()
     cli1 = client_cpu.sample()
     srv1: CpuSample | None = server_cpu.sample() if server_cpu else None
+    sys1 = system_cpu.sample()
 
     run.stop = True
     if progress is not None:
@@ -262,4 +267,5 @@ async def run_closed_loop(
         server_cpu_s=(srv1.cpu_s - srv0.cpu_s) if srv0 and srv1 else None,
         server_nprocs=srv1.nprocs if srv1 else None,
         client_cpu_s=cli1.cpu_s - cli0.cpu_s,
+        system_cpu_s=(sys1.cpu_s - sys0.cpu_s) if sys0 and sys1 else None,
     )

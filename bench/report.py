@@ -48,6 +48,12 @@ def summarize(r: RunResult) -> dict[str, Any]:
         "client_cpu_us_per_step": (r.client_cpu_s / n * 1e6) if n else None,
         "client_cpu_util": r.client_cpu_s / r.window_s if r.window_s else None,
     }
+    other = None
+    if r.system_cpu_s is not None and r.window_s:
+        # everything else on the machine (other processes; if the server was not measured, it is in here)
+        other = max(0.0, (r.system_cpu_s - (r.server_cpu_s or 0.0) - r.client_cpu_s) / r.window_s)
+    row["system_cpu_s"] = r.system_cpu_s
+    row["other_cpu_util"] = other
     return row
 
 
@@ -76,6 +82,7 @@ _COLUMNS = [
     ("srv cpu%", "server_cpu_util", "{:.0%}"),
     ("cli us/step", "client_cpu_us_per_step", "{:.0f}"),
     ("cli cpu%", "client_cpu_util", "{:.0%}"),
+    ("other cpu%", "other_cpu_util", "{:.0%}"),
     ("errors", "errors", "{}"),
     ("wrong", "wrong", "{}"),
 ]
@@ -108,6 +115,11 @@ def ceiling_note(rows: list[dict[str, Any]]) -> str:
         "(one loop thread), machine-bound when srv cpu% + cli cpu% nears " + f"{ncpu * 100}%.",
     ]
     for r in rows:
+        if (r.get("other_cpu_util") or 0) > 0.1:
+            lines.append(
+                f"  ! {r['transport']} c={r['concurrency']}: other processes used {r['other_cpu_util']:.0%} of a CPU "
+                "during the window - numbers are noisy"
+            )
         if (r["client_cpu_util"] or 0) > 0.9:
             util = r["client_cpu_util"]
             lines.append(f"  ! {r['transport']} c={r['concurrency']}: client CPU {util:.0%}, likely generator-bound")

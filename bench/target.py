@@ -83,26 +83,43 @@ class SpawnedServer:
             return self.proc.wait()
 
 
-def wait_ready(target: Target, timeout_s: float = 60.0) -> None:
-    """Until the model answers ready on HTTP (or on gRPC when there is no HTTP URL)."""
+def _ready(target: Target, model: str | None) -> bool:
+    if target.http_url:
+        path = f"/v2/models/{model}/ready" if model else "/v2/health/ready"
+        try:
+            with urllib.request.urlopen(f"http://{target.http_url}{path}", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except urllib.error.HTTPError:
+            return False  # answered, but not ready (or no such model)
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(target.grpc_url) as c:
+        return bool(c.is_model_ready(model) if model else c.is_server_ready())
+
+
+def wait_ready(target: Target, timeout_s: float = 60.0, model_timeout_s: float = 10.0) -> None:
+    """Until the server answers ready, then until the model does (on HTTP; on gRPC without an HTTP URL)."""
     deadline = time.monotonic() + timeout_s
     last: object = None
-    while time.monotonic() < deadline:
+    model_deadline: float | None = None
+    while True:
         if target.spawned is not None:
             target.spawned.check_alive()
         try:
-            if target.http_url:
-                url = f"http://{target.http_url}/v2/models/{target.model}/ready"
-                with urllib.request.urlopen(url, timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            else:
-                import tritonclient.grpc as grpcclient
-
-                with grpcclient.InferenceServerClient(target.grpc_url) as c:
-                    if c.is_model_ready(target.model):
-                        return
-        except (urllib.error.URLError, ConnectionError, OSError, Exception) as e:  # not up yet
+            if model_deadline is None:
+                if _ready(target, None):
+                    model_deadline = time.monotonic() + model_timeout_s
+                    continue
+            elif _ready(target, target.model):
+                return
+            elif time.monotonic() > model_deadline:
+                raise RuntimeError(f"the server is up, but model {target.model!r} is not ready (or does not exist)")
+        except (OSError, ConnectionError) as e:  # not listening yet
             last = e
+        except RuntimeError:
+            raise
+        except Exception as e:  # e.g. gRPC UNAVAILABLE while starting
+            last = e
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"server not ready after {timeout_s:.0f}s (last: {last!r})")
         time.sleep(0.2)
-    raise TimeoutError(f"model {target.model!r} not ready after {timeout_s:.0f}s (last: {last!r})")

@@ -23,7 +23,10 @@ class Transport(Protocol):
 
     async def open(self) -> None: ...
 
-    async def step(self, seq_id: SeqId, value: float, start: bool, end: bool) -> float: ...
+    async def step(self, seq_id: SeqId, value: float, start: bool, end: bool, lane: int = 0) -> float:
+        """One step of sequence ``seq_id``; ``lane`` is the index of the concurrent sequence slot
+        (0..concurrency-1) of the caller, for transports that spread lanes over connections."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -41,6 +44,7 @@ class TransportSpec:
         output_name: str = "OUTPUT",
         concurrency: int = 1,
         request_timeout_s: float = 30.0,
+        streams: int = 1,
     ) -> None:
         self.http_url = http_url
         self.grpc_url = grpc_url
@@ -49,6 +53,7 @@ class TransportSpec:
         self.output_name = output_name
         self.concurrency = concurrency
         self.request_timeout_s = request_timeout_s
+        self.streams = streams  # grpc-stream: number of streams, 0 = one per concurrent sequence
 
 
 def _value_array(value: float) -> np.ndarray:
@@ -85,7 +90,7 @@ class HttpTransport:
             self.spec.http_url, conn_limit=max(self.spec.concurrency, 1), conn_timeout=self.spec.request_timeout_s
         )
 
-    async def step(self, seq_id: SeqId, value: float, start: bool, end: bool) -> float:
+    async def step(self, seq_id: SeqId, value: float, start: bool, end: bool, lane: int = 0) -> float:
         inp = self._mod.InferInput(self.spec.input_name, [1, 1], "FP32")
         inp.set_data_from_numpy(_value_array(value), binary_data=self.binary)
         res = await self.client.infer(
@@ -124,7 +129,7 @@ class GrpcUnaryTransport:
 
         self.client = grpcaio.InferenceServerClient(self.spec.grpc_url)
 
-    async def step(self, seq_id: SeqId, value: float, start: bool, end: bool) -> float:
+    async def step(self, seq_id: SeqId, value: float, start: bool, end: bool, lane: int = 0) -> float:
         inp = self._mod.InferInput(self.spec.input_name, [1, 1], "FP32")
         inp.set_data_from_numpy(_value_array(value))
         res = await self.client.infer(
@@ -148,14 +153,83 @@ class StreamError(RuntimeError):
     pass
 
 
+class _Stream:
+    """One ModelStreamInfer call: a request queue feeding tritonclient's ``stream_infer`` and a reader
+    task that resolves the pending futures by request id."""
+
+    def __init__(self, client: Any) -> None:
+        self.pending: dict[str, asyncio.Future[Any]] = {}
+        self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.dead: BaseException | None = None
+        self.orphans = 0  # responses that matched no pending request
+        self.responses = client.stream_infer(self._requests())
+        self.reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _requests(self) -> AsyncIterator[dict[str, Any]]:
+        while True:
+            item = await self.queue.get()
+            if item is None:
+                return
+            yield item
+
+    def _resolve(self, rid: str | None, result: Any, error: str | None) -> None:
+        fut = self.pending.pop(rid, None) if rid else None
+        if fut is None and error is not None and not rid and self.pending:
+            fut = self.pending.pop(next(iter(self.pending)))  # unattributable error: oldest pending
+        if fut is None:
+            self.orphans += 1
+            return
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(StreamError(error))
+        else:
+            fut.set_result(result)
+
+    async def _read(self) -> None:
+        try:
+            call = getattr(self.responses, "_grpc_call", None)
+            if call is not None:
+                from tritonclient.grpc import InferResult
+
+                async for msg in call:
+                    if msg.error_message:
+                        self._resolve(msg.infer_response.id, None, msg.error_message)
+                    else:
+                        self._resolve(msg.infer_response.id, InferResult(msg.infer_response), None)
+            else:
+                async for result, error in self.responses:
+                    if error is not None:
+                        self._resolve(None, None, str(error))
+                    else:
+                        self._resolve(result.get_response().id, result, None)
+            raise StreamError("stream closed by the server")
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # the stream is gone: fail everything pending and every later step
+            self.dead = e
+            for fut in self.pending.values():
+                if not fut.done():
+                    fut.set_exception(StreamError(f"stream failed: {e!r}"))
+            self.pending.clear()
+
+    async def close(self) -> None:
+        self.queue.put_nowait(None)  # half-close: the server ends the stream after its last response
+        try:
+            await asyncio.wait_for(asyncio.shield(self.reader), timeout=5.0)
+        except (asyncio.TimeoutError, Exception):
+            self.reader.cancel()
+
+
 class GrpcStreamTransport:
-    """All sequences multiplexed on one ModelStreamInfer bidi stream (tritonclient.grpc.aio
-    ``stream_infer`` fed by an async request iterator); responses are matched to requests by
-    request id.
+    """Sequences multiplexed on ModelStreamInfer bidi streams (tritonclient.grpc.aio ``stream_infer``
+    fed by an async request iterator), all on one channel; responses are matched to requests by
+    request id. ``spec.streams`` streams (0: one per concurrent sequence); lane ``i`` (the i-th
+    concurrent sequence) always uses stream ``i % streams``.
 
     tritonclient's response iterator turns an error response into a bare exception and drops its
-    id, so the reader takes the raw responses from the call underneath it when it can (the server
-    puts the request id in error responses too) and otherwise falls back to FIFO attribution.
+    id, so the reader takes the raw responses from the call underneath it when it can (servers put
+    the request id in error responses too) and otherwise falls back to FIFO attribution.
     """
 
     name = "grpc-stream"
@@ -169,78 +243,30 @@ class GrpcStreamTransport:
         self._mod = grpcclient
         self._outputs = [grpcclient.InferRequestedOutput(spec.output_name)]
         self._ids = itertools.count(1)
-        self._pending: dict[str, asyncio.Future[Any]] = {}
-        self._queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        self._reader: asyncio.Task[None] | None = None
-        self._responses: Any = None
-        self._dead: BaseException | None = None
+        self._streams: list[_Stream] = []
         self.client: Any = None
-        self.orphans = 0  # responses that matched no pending request
-
-    async def _requests(self) -> AsyncIterator[dict[str, Any]]:
-        while True:
-            item = await self._queue.get()
-            if item is None:
-                return
-            yield item
 
     async def open(self) -> None:
         import tritonclient.grpc.aio as grpcaio
 
         self.client = grpcaio.InferenceServerClient(self.spec.grpc_url)
-        self._responses = self.client.stream_infer(self._requests())
-        self._reader = asyncio.get_running_loop().create_task(self._read())
+        n = self.spec.streams if self.spec.streams > 0 else self.spec.concurrency
+        self._streams = [_Stream(self.client) for _ in range(max(1, n))]
 
-    def _resolve(self, rid: str | None, result: Any, error: str | None) -> None:
-        fut = self._pending.pop(rid, None) if rid else None
-        if fut is None and error is not None and not rid and self._pending:
-            fut = self._pending.pop(next(iter(self._pending)))  # unattributable error: oldest pending
-        if fut is None:
-            self.orphans += 1
-            return
-        if fut.done():
-            return
-        if error is not None:
-            fut.set_exception(StreamError(error))
-        else:
-            fut.set_result(result)
+    @property
+    def orphans(self) -> int:
+        return sum(s.orphans for s in self._streams)
 
-    async def _read(self) -> None:
-        try:
-            call = getattr(self._responses, "_grpc_call", None)
-            if call is not None:
-                from tritonclient.grpc import InferResult
-
-                async for msg in call:
-                    if msg.error_message:
-                        self._resolve(msg.infer_response.id, None, msg.error_message)
-                    else:
-                        self._resolve(msg.infer_response.id, InferResult(msg.infer_response), None)
-            else:
-                async for result, error in self._responses:
-                    if error is not None:
-                        self._resolve(None, None, str(error))
-                    else:
-                        self._resolve(result.get_response().id, result, None)
-            raise StreamError("stream closed by the server")
-        except asyncio.CancelledError:
-            raise
-        except BaseException as e:  # the stream is gone: fail everything pending and every later step
-            self._dead = e
-            for fut in self._pending.values():
-                if not fut.done():
-                    fut.set_exception(StreamError(f"stream failed: {e!r}"))
-            self._pending.clear()
-
-    async def step(self, seq_id: SeqId, value: float, start: bool, end: bool) -> float:
-        if self._dead is not None:
-            raise StreamError(f"stream failed: {self._dead!r}")
+    async def step(self, seq_id: SeqId, value: float, start: bool, end: bool, lane: int = 0) -> float:
+        stream = self._streams[lane % len(self._streams)]
+        if stream.dead is not None:
+            raise StreamError(f"stream failed: {stream.dead!r}")
         rid = str(next(self._ids))
         inp = self._mod.InferInput(self.spec.input_name, [1, 1], "FP32")
         inp.set_data_from_numpy(_value_array(value))
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = fut
-        self._queue.put_nowait(
+        stream.pending[rid] = fut
+        stream.queue.put_nowait(
             {
                 "model_name": self.spec.model,
                 "inputs": [inp],
@@ -254,17 +280,12 @@ class GrpcStreamTransport:
         try:
             res = await fut
         finally:
-            self._pending.pop(rid, None)
+            stream.pending.pop(rid, None)
         return _first(res, self.spec.output_name)
 
     async def close(self) -> None:
-        self._queue.put_nowait(None)  # half-close: the server ends the stream after its last response
-        if self._reader is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._reader), timeout=5.0)
-            except (asyncio.TimeoutError, Exception):
-                self._reader.cancel()
-            self._reader = None
+        await asyncio.gather(*(s.close() for s in self._streams))
+        self._streams = []
         if self.client is not None:
             await self.client.close()
             self.client = None

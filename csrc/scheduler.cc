@@ -47,9 +47,17 @@ void write_value(uint8_t* dst, int dtype, double v, uint64_t corrid, bool is_cor
 
 Scheduler::Scheduler(ModelSpec spec, Hooks hooks) : spec_(std::move(spec)), hooks_(std::move(hooks)) {
   if (spec_.instance_count < 1) throw std::invalid_argument("instance_count must be >= 1");
-  if (spec_.strategy == kDirect && spec_.slots_per_instance < 1)
-    throw std::invalid_argument("slots_per_instance must be >= 1");
-  const int slots = spec_.strategy == kStateless ? 0 : spec_.slots_per_instance;
+  const bool seq = spec_.strategy == kDirect || spec_.strategy == kOldest;
+  if (seq && spec_.slots_per_instance < 1) throw std::invalid_argument("slots_per_instance must be >= 1");
+  if (spec_.priority_levels < 1) spec_.priority_levels = 1;
+  if (spec_.default_priority < 1 || spec_.default_priority > spec_.priority_levels) spec_.default_priority = 1;
+  spec_.policies.resize(spec_.priority_levels);
+  std::sort(spec_.preferred_batch_sizes.begin(), spec_.preferred_batch_sizes.end());
+  if (spec_.strategy == kDynamic) {
+    levels_.resize(spec_.priority_levels);
+    delayed_.resize(spec_.priority_levels);
+  }
+  const int slots = seq ? spec_.slots_per_instance : 0;
   const size_t nstate = spec_.states.size();
   for (int i = 0; i < spec_.instance_count; ++i) {
     auto inst = std::make_unique<Instance>();
@@ -76,8 +84,11 @@ Scheduler::Scheduler(ModelSpec spec, Hooks hooks) : spec_(std::move(spec)), hook
     inst->state_gather.resize(nstate);
     inst->state_shapes.resize(nstate);
     inst->state_nbytes.resize(nstate);
+    inst->state_gathered.resize(nstate);
     for (size_t k = 0; k < nstate; ++k) {
       const StateSpec& st = spec_.states[k];
+      // Direct reads fixed-shape state in place (batch row == slot); Oldest gathers by slot.
+      inst->state_gathered[k] = is_var_state(st) || spec_.strategy == kOldest;
       if (!is_var_state(st)) inst->state_store[k].reserve(std::max(1, slots) * product(st.dims) * dtype_size(st.dtype));
     }
     inst->flag_start.resize(rows);
@@ -99,14 +110,23 @@ void Scheduler::start() {
   std::lock_guard<std::mutex> lk(mu_);
   if (started_) return;
   started_ = true;
+  auto wrap = [this](auto body) {
+    return std::thread([this, body] {
+      if (hooks_.thread_start) hooks_.thread_start();
+      body();
+      if (hooks_.thread_stop) hooks_.thread_stop();
+    });
+  };
   for (auto& inst : instances_) {
     Instance* ip = inst.get();
-    if (spec_.strategy == kStateless)
-      inst->thread = std::thread([this, ip] { stateless_loop(*ip); });
-    else
-      inst->thread = std::thread([this, ip] { direct_loop(*ip); });
+    switch (spec_.strategy) {
+      case kStateless: inst->thread = wrap([this, ip] { stateless_loop(*ip); }); break;
+      case kDynamic: inst->thread = wrap([this, ip] { dynamic_loop(*ip); }); break;
+      case kOldest: inst->thread = wrap([this, ip] { oldest_loop(*ip); }); break;
+      default: inst->thread = wrap([this, ip] { direct_loop(*ip); }); break;
+    }
   }
-  if (spec_.strategy != kStateless) reaper_ = std::thread([this] { reaper_loop(); });
+  if (spec_.strategy == kDirect || spec_.strategy == kOldest) reaper_ = wrap([this] { reaper_loop(); });
 }
 
 Request* Scheduler::new_request() {
@@ -125,6 +145,10 @@ void Scheduler::recycle_locked(Request* r) {
   r->start = r->end = false;
   r->timeout_ns = 0;
   r->rows = 1;
+  r->level = 0;
+  r->deadline_ns = 0;
+  r->expired = false;
+  r->slot = -1;
   r->inputs.clear();
   pool_.push_back(r);
 }
@@ -150,7 +174,7 @@ void Scheduler::push_idle(const CorrId& id, const SeqEntry& e) {
   if (deadline < reaper_target_) reaper_cv_.notify_one();
 }
 
-SubmitResult Scheduler::submit(Request* r) {
+SubmitResult Scheduler::submit(Request* r, int priority) {
   std::string warning;
   SubmitResult res;
   {
@@ -167,10 +191,26 @@ SubmitResult Scheduler::submit(Request* r) {
     r->kind = kNormal;
     r->arrival_ns = now_ns();
 
-    if (spec_.strategy == kStateless) {
+    if (spec_.strategy == kStateless || spec_.strategy == kDynamic) {
       if (!accepting_)
         return fail(kUnavailable, "Server is stopping, scheduler for model has stopped accepting new inference requests");
-      fifo_.push(r);
+      if (spec_.strategy == kDynamic) {
+        const int level = (priority >= 1 && priority <= spec_.priority_levels) ? priority : spec_.default_priority;
+        const int L = level - 1;
+        const QueuePolicy& qp = spec_.policies[L];
+        if (qp.max_queue_size && levels_[L].size() + delayed_[L].size() >= qp.max_queue_size)
+          return fail(kUnavailable, "Exceeds maximum queue size");
+        // A request's own timeout applies only when allowed and shorter than the default.
+        int64_t t = qp.default_timeout_ns;
+        if (qp.allow_override && r->timeout_ns > 0 && r->timeout_ns < t) t = r->timeout_ns;
+        r->level = L;
+        r->expired = false;
+        r->deadline_ns = t ? r->arrival_ns + t : 0;
+        if (t) ++timed_requests_;
+        levels_[L].push(r);
+      } else {
+        fifo_.push(r);
+      }
       ++slot_queued_;
       if (hooks_released_locked())
         for (auto& inst : instances_)
@@ -206,6 +246,7 @@ SubmitResult Scheduler::submit(Request* r) {
         ++slot_queued_;
         inst.max_active = std::max(inst.max_active, s);
         notify_gslot = i * spec_.slots_per_instance + s;
+        if (spec_.strategy == kOldest) handoff_locked(inst, s);
         if (!end) {
           SeqEntry e;
           e.gslot = notify_gslot;
@@ -248,6 +289,7 @@ SubmitResult Scheduler::submit(Request* r) {
         Instance& inst = *instances_[sl.instance];
         inst.max_active = std::max(inst.max_active, sl.index);
         notify_gslot = e.gslot;
+        if (spec_.strategy == kOldest) handoff_locked(inst, sl.index);
       } else {
         e.bq->reqs.push(r);
         ++backlog_queued_;
@@ -349,7 +391,8 @@ void Scheduler::direct_loop(Instance& inst) {
       if (sl.queue.empty()) continue;
       ++ready;
       max_slot = s;
-      if (rep < 0) rep = s;
+      // The representative fixes shapes; a final END step (kNotify) adapts to it.
+      if (rep < 0 && sl.queue.front()->kind == kNormal) rep = s;
       earliest = std::min(earliest, sl.queue.front()->arrival_ns);
     }
     while (inst.max_active >= 0 && !inst.slots[inst.max_active].occupied &&
@@ -370,25 +413,247 @@ void Scheduler::direct_loop(Instance& inst) {
       }
     }
     // Batch position == slot index; holes and shape mismatches become padding rows.
-    const Request* rep_req = inst.slots[rep].queue.front();
-    if (has_var_state) effective_state_shapes(inst.slots[rep], rep_req, rep_state_shapes_);
+    const Request* rep_req = rep >= 0 ? inst.slots[rep].queue.front() : nullptr;
+    if (has_var_state && rep_req) effective_state_shapes(inst.slots[rep], rep_req, rep_state_shapes_);
     inst.rows.clear();
     for (int s = 0; s <= max_slot; ++s) {
       inst.rows.push_back(Row{nullptr, s});
       Slot& sl = inst.slots[s];
       if (sl.queue.empty()) continue;
       Request* front = sl.queue.front();
-      if (s != rep && (!shapes_match(front, rep_req) ||
-                       (has_var_state && !state_shape_matches(inst, s, front, rep_state_shapes_))))
+      if (rep_req && s != rep && front->kind == kNormal &&
+          (!shapes_match(front, rep_req) ||
+           (has_var_state && !state_shape_matches(inst, s, front, rep_state_shapes_))))
         continue;
       Request* r = sl.queue.pop();
-      --slot_queued_;
+      if (r->kind == kNormal) {
+        --slot_queued_;
+        if (r->start) {
+          sl.steps = 0;
+          sl.start_ns = r->arrival_ns;
+        }
+        ++sl.steps;
+      }
       inst.rows.back().req = r;
       if (r->end) release_slot(inst, s);  // the backlog gets the slot before END runs
     }
     inst.batch_size = max_slot + 1;
     inst.executing = true;
     inst.t_form = now_ns();
+    lk.unlock();
+    execute(inst);
+    lk.lock();
+    finish_batch_locked(inst);
+  }
+}
+
+void Scheduler::handoff_locked(Instance& inst, int s) {
+  // Oldest: a slot passes its next request to the instance's batcher only when nothing of it
+  // is in flight, so a batch never holds two requests of one sequence.
+  Slot& sl = inst.slots[s];
+  while (!sl.in_flight && !sl.queue.empty()) {
+    Request* r = sl.queue.pop();
+    if (r->kind == kForceEnd) {
+      recycle_locked(r);
+      release_slot(inst, s);  // a backlogged sequence may refill the queue
+      continue;
+    }
+    r->slot = s;
+    r->handoff_ns = now_ns();
+    sl.in_flight = true;
+    if (r->kind == kNormal) {
+      if (r->start) {
+        sl.steps = 0;
+        sl.start_ns = r->arrival_ns;
+      }
+      ++sl.steps;
+    }
+    inst.ready.push(r);
+    if (r->end) release_slot(inst, s);  // its successor waits for in_flight to clear
+    if (delay_released_ && !inst.executing) inst.cv.notify_one();
+  }
+}
+
+template <class RowsOf, class Matches>
+size_t Scheduler::pick_batch(size_t n, RowsOf rows_of, Matches matches, int64_t oldest_ns,
+                             int64_t* wake_ns) const {
+  // Triton's dynamic-batcher rule: grow in queue order up to max_batch_size, stopping at a
+  // shape mismatch, and remember the largest prefix that is a preferred size (or that stops
+  // just short of passing the largest preferred size). Before the delay has passed, send that
+  // prefix; send everything once the batch is full, cannot grow, or the delay has passed.
+  if (n == 0) return 0;
+  const int64_t cap = std::max(1, spec_.max_batch_size);
+  const auto& pref = spec_.preferred_batch_sizes;
+  const int64_t max_pref = pref.empty() ? cap : std::min(cap, pref.back());
+  int64_t total = 0;
+  size_t count = 0, best = 0;
+  bool cannot_grow = false;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t rows = rows_of(i);
+    if (count > 0 && total + rows > max_pref && best == 0) best = count;
+    if ((count > 0 && total + rows > cap) || (i > 0 && !matches(i))) {
+      cannot_grow = true;
+      break;
+    }
+    total += rows;
+    ++count;
+    if (std::binary_search(pref.begin(), pref.end(), total)) best = count;
+    if (total >= cap) break;
+  }
+  const int64_t now = now_ns();
+  const bool waited = spec_.batch_delay_ns == 0 || now - oldest_ns >= spec_.batch_delay_ns || closing_;
+  if (best > 0 && !waited) return best;
+  if (waited || cannot_grow || total >= max_pref) return count;
+  *wake_ns = oldest_ns + spec_.batch_delay_ns;
+  return 0;
+}
+
+void Scheduler::oldest_loop(Instance& inst) {
+  std::unique_lock<std::mutex> lk(mu_);
+  const bool has_var_state =
+      std::any_of(spec_.states.begin(), spec_.states.end(), [](const StateSpec& s) { return is_var_state(s); });
+  std::vector<int> done;
+  for (;;) {
+    if (force_) break;
+    if (!hooks_released_locked() || inst.ready.empty()) {
+      if (closing_ && (inst.ready.empty() || !delay_released_)) break;
+      inst.cv.wait(lk);
+      continue;
+    }
+    const Request* rep = nullptr;
+    for (size_t i = 0; i < inst.ready.size() && !rep; ++i)
+      if (inst.ready.at(i)->kind == kNormal) rep = inst.ready.at(i);
+    if (has_var_state && rep) effective_state_shapes(inst.slots[rep->slot], rep, rep_state_shapes_);
+    int64_t wake = 0;
+    const size_t n = pick_batch(
+        inst.ready.size(), [](size_t) { return int64_t{1}; },
+        [&](size_t i) {
+          const Request* r = inst.ready.at(i);
+          if (!rep || r->kind != kNormal || r == rep) return true;
+          return shapes_match(r, rep) &&
+                 (!has_var_state || state_shape_matches(inst, r->slot, r, rep_state_shapes_));
+        },
+        inst.ready.front()->handoff_ns, &wake);
+    if (n == 0) {
+      inst.cv.wait_for(lk, std::chrono::nanoseconds(wake - now_ns() + 1));
+      continue;
+    }
+    inst.rows.clear();
+    for (size_t i = 0; i < n; ++i) {
+      Request* r = inst.ready.pop();
+      if (r->kind == kNormal) --slot_queued_;
+      inst.rows.push_back(Row{r, r->slot});
+    }
+    inst.batch_size = spec_.max_batch_size > 0 ? static_cast<int64_t>(n) : 1;
+    inst.executing = true;
+    inst.t_form = now_ns();
+    lk.unlock();
+    execute(inst);
+    lk.lock();
+    done.clear();
+    for (const Row& row : inst.rows) done.push_back(row.slot);
+    finish_batch_locked(inst);
+    for (int s : done) {
+      inst.slots[s].in_flight = false;
+      handoff_locked(inst, s);
+    }
+  }
+}
+
+bool Scheduler::expire_queued_locked(int64_t now, Fails& fails, int64_t* next_deadline) {
+  // Queue-policy timeouts: REJECT answers the request, DELAY moves it behind its level.
+  std::vector<uint64_t> rejected;
+  for (size_t L = 0; L < levels_.size(); ++L) {
+    Ring<Request*>& q = levels_[L];
+    const size_t n = q.size();
+    for (size_t i = 0; i < n; ++i) {
+      Request* r = q.pop();
+      if (r->deadline_ns && r->deadline_ns <= now) {
+        --timed_requests_;
+        if (spec_.policies[L].delay_on_timeout) {
+          r->deadline_ns = 0;
+          r->expired = true;
+          delayed_[L].push(r);
+        } else {
+          --slot_queued_;
+          rejected.push_back(r->handle);
+          recycle_locked(r);
+        }
+        continue;
+      }
+      if (r->deadline_ns) *next_deadline = std::min(*next_deadline, r->deadline_ns);
+      q.push(r);
+    }
+  }
+  if (rejected.empty()) return false;
+  fails.emplace_back(std::move(rejected), "Request timeout expired");
+  return true;
+}
+
+void Scheduler::dynamic_loop(Instance& inst) {
+  std::unique_lock<std::mutex> lk(mu_);
+  Fails fails;
+  std::vector<Request*> cand;
+  const size_t cap = static_cast<size_t>(std::max(1, spec_.max_batch_size));
+  for (;;) {
+    if (force_) break;
+    if (!hooks_released_locked()) {
+      if (closing_) break;
+      inst.cv.wait(lk);
+      continue;
+    }
+    const int64_t now = now_ns();
+    int64_t next_deadline = INT64_MAX;
+    if (timed_requests_ > 0 && expire_queued_locked(now, fails, &next_deadline)) {
+      lk.unlock();
+      report(fails, kUnavailable);
+      lk.lock();
+      continue;
+    }
+    // Candidates in priority order, FIFO within a level (delayed requests last); a batch never
+    // needs more than max_batch_size + 1 of them to decide.
+    cand.clear();
+    for (size_t L = 0; L < levels_.size() && cand.size() <= cap; ++L) {
+      for (size_t i = 0; i < levels_[L].size() && cand.size() <= cap; ++i) cand.push_back(levels_[L].at(i));
+      for (size_t i = 0; i < delayed_[L].size() && cand.size() <= cap; ++i) cand.push_back(delayed_[L].at(i));
+    }
+    if (cand.empty()) {
+      if (closing_) break;
+      if (next_deadline == INT64_MAX) inst.cv.wait(lk);
+      else inst.cv.wait_for(lk, std::chrono::nanoseconds(next_deadline - now + 1));
+      continue;
+    }
+    int64_t oldest = INT64_MAX;
+    for (const Request* r : cand) oldest = std::min(oldest, r->arrival_ns);
+    int64_t wake = 0;
+    const size_t n = pick_batch(
+        cand.size(), [&](size_t i) { return std::max<int64_t>(1, cand[i]->rows); },
+        [&](size_t i) { return shapes_match(cand[i], cand[0]); }, oldest, &wake);
+    if (n == 0) {
+      inst.cv.wait_for(lk, std::chrono::nanoseconds(std::min(wake, next_deadline) - now + 1));
+      continue;
+    }
+    inst.rows.clear();
+    int64_t rows = 0;
+    size_t left = n;
+    for (size_t L = 0; L < levels_.size() && left; ++L) {
+      for (Ring<Request*>* q : {&levels_[L], &delayed_[L]}) {
+        while (left && !q->empty()) {
+          Request* r = q->pop();
+          if (r->deadline_ns) --timed_requests_;
+          --slot_queued_;
+          rows += r->rows;
+          inst.rows.push_back(Row{r, 0});
+          --left;
+        }
+      }
+    }
+    inst.batch_size = spec_.max_batch_size > 0 ? rows : 1;
+    inst.executing = true;
+    inst.t_form = now_ns();
+    if (slot_queued_ > 0)
+      for (auto& other : instances_)
+        if (!other->executing) { other->cv.notify_one(); break; }
     lk.unlock();
     execute(inst);
     lk.lock();
@@ -441,7 +706,7 @@ void Scheduler::record_batch_locked(Instance& inst, bool ok) {
   uint64_t real = 0;
   for (Row& row : inst.rows) {
     Request* r = row.req;
-    if (!r) continue;
+    if (!r || r->kind != kNormal) continue;
     ++real;
     if (!ok) {
       stats_.fail.add(1, t_end - r->arrival_ns);
@@ -454,7 +719,8 @@ void Scheduler::record_batch_locked(Instance& inst, bool ok) {
     stats_.compute_output.add(1, out_ns);
   }
   if (ok) {
-    stats_.inference_count += spec_.strategy == kStateless ? inst.batch_size : real;
+    const bool stateless = spec_.strategy == kStateless || spec_.strategy == kDynamic;
+    stats_.inference_count += stateless ? inst.batch_size : real;
     stats_.execution_count += 1;
     BatchStat& b = stats_.batches[inst.batch_size];
     b.compute_input.add(1, in_ns);
@@ -499,7 +765,7 @@ void Scheduler::reset_state_rows(Instance& inst) {
         sl.var_shape[k] = st.initial_dims;
         sl.var_data[k].reserve(st.initial.size());
         std::memcpy(sl.var_data[k].data(), st.initial.data(), st.initial.size());
-        sl.var_bytes[k] = st.initial.size();
+        __atomic_store_n(&sl.var_bytes[k], st.initial.size(), __ATOMIC_RELAXED);
       } else {
         const size_t rb = st.initial.size();
         std::memcpy(inst.state_store[k].data() + row.slot * rb, st.initial.data(), rb);
@@ -511,45 +777,45 @@ void Scheduler::reset_state_rows(Instance& inst) {
 
 void Scheduler::gather(Instance& inst) {
   const bool batched = spec_.max_batch_size > 0;
+  // The first real request fixes item shapes; a final END step (kNotify) gets zeros of that
+  // shape, or of the configured dims when the batch holds no real request.
   const Request* rep = nullptr;
   for (const Row& row : inst.rows)
-    if (row.req) { rep = row.req; break; }
+    if (row.req && row.req->kind == kNormal) { rep = row.req; break; }
   const int64_t B = inst.batch_size;
-  // Inputs.
+  std::vector<int64_t>& item = inst.item_shape;
   for (size_t k = 0; k < spec_.inputs.size(); ++k) {
-    const TensorRef& rt = rep->inputs[k];
-    auto& shape = inst.input_shapes[k];
-    shape.assign(rt.shape, rt.shape + rt.ndim);
-    if (batched && spec_.strategy != kStateless) shape[0] = B;
-    Buffer& buf = inst.input_bufs[k];
-    if (spec_.inputs[k].dtype == kString) {
-      // Serialized elements (4-byte length + bytes); padding rows get empty strings.
-      const int64_t per_row = rt.elements() / std::max<int64_t>(1, batched ? rt.shape[0] : 1);
-      size_t total = 0;
-      for (const Row& row : inst.rows) total += row.req ? row.req->inputs[k].nbytes : per_row * 4;
-      buf.reserve(total);
-      size_t off = 0;
-      for (const Row& row : inst.rows) {
-        if (row.req) {
-          std::memcpy(buf.data() + off, row.req->inputs[k].data, row.req->inputs[k].nbytes);
-          off += row.req->inputs[k].nbytes;
-        } else {
-          std::memset(buf.data() + off, 0, per_row * 4);
-          off += per_row * 4;
-        }
-      }
-      inst.input_nbytes[k] = total;
-      continue;
+    if (rep) {
+      const TensorRef& rt = rep->inputs[k];
+      item.assign(rt.shape + (batched ? 1 : 0), rt.shape + rt.ndim);
+    } else {
+      item = spec_.inputs[k].default_shape;
     }
-    const size_t row_bytes = rt.nbytes / std::max<int64_t>(1, rep->rows);
+    auto& shape = inst.input_shapes[k];
+    shape.clear();
+    if (batched) shape.push_back(B);
+    shape.insert(shape.end(), item.begin(), item.end());
+    const int64_t per_row = product(item);
+    Buffer& buf = inst.input_bufs[k];
+    const bool is_str = spec_.inputs[k].dtype == kString;
+    const size_t row_bytes = is_str ? per_row * 4 : per_row * dtype_size(spec_.inputs[k].dtype);
     size_t total = 0;
-    for (const Row& row : inst.rows) total += row.req ? row.req->inputs[k].nbytes : row_bytes;
+    for (const Row& row : inst.rows) {
+      const Request* r = row.req;
+      total += (r && r->kind == kNormal) ? r->inputs[k].nbytes : row_bytes;
+    }
     buf.reserve(total);
     size_t off = 0;
     for (const Row& row : inst.rows) {
-      // Padding rows keep whatever the buffer held: their data is not meaningful.
-      if (row.req) std::memcpy(buf.data() + off, row.req->inputs[k].data, row.req->inputs[k].nbytes);
-      off += row.req ? row.req->inputs[k].nbytes : row_bytes;
+      const Request* r = row.req;
+      if (r && r->kind == kNormal) {
+        std::memcpy(buf.data() + off, r->inputs[k].data, r->inputs[k].nbytes);
+        off += r->inputs[k].nbytes;
+        continue;
+      }
+      // Padding data is not meaningful (strings are empty); a final END step gets zeros.
+      if (r || is_str) std::memset(buf.data() + off, 0, row_bytes);
+      off += row_bytes;
     }
     inst.input_nbytes[k] = total;
   }
@@ -610,10 +876,17 @@ void Scheduler::gather(Instance& inst) {
       shape.clear();
       if (batched) shape.push_back(B);
       shape.insert(shape.end(), st.dims.begin(), st.dims.end());
-      inst.state_nbytes[k] = B * st.initial.size();
+      const size_t rb = st.initial.size();
+      inst.state_nbytes[k] = B * rb;
+      if (inst.state_gathered[k]) {  // Oldest: rows come from arbitrary slots
+        Buffer& buf = inst.state_gather[k];
+        buf.reserve(B * rb);
+        for (size_t i = 0; i < inst.rows.size(); ++i)
+          std::memcpy(buf.data() + i * rb, inst.state_store[k].data() + inst.rows[i].slot * rb, rb);
+      }
       continue;
     }
-    const Slot* rep_slot = nullptr;
+    const Slot* rep_slot = &inst.slots[inst.rows[0].slot];
     for (const Row& row : inst.rows)
       if (row.req) { rep_slot = &inst.slots[row.slot]; break; }
     const auto& item = rep_slot->var_shape[k];
@@ -672,7 +945,7 @@ void Scheduler::set_output_state(Instance& inst, size_t k, const uint8_t* data, 
       sl.var_shape[k] = item;
       sl.var_data[k].reserve(off - start);
       std::memcpy(sl.var_data[k].data(), data + start, off - start);
-      sl.var_bytes[k] = off - start;
+      __atomic_store_n(&sl.var_bytes[k], off - start, __ATOMIC_RELAXED);
     }
     return;
   }
@@ -695,7 +968,7 @@ void Scheduler::set_output_state(Instance& inst, size_t k, const uint8_t* data, 
     sl.var_shape[k] = item;
     sl.var_data[k].reserve(rb);
     std::memmove(sl.var_data[k].data(), data + i * rb, rb);
-    sl.var_bytes[k] = rb;
+    __atomic_store_n(&sl.var_bytes[k], rb, __ATOMIC_RELAXED);
   }
 }
 
@@ -705,9 +978,28 @@ void Scheduler::report(Fails& fails, int code) {
   fails.clear();
 }
 
+Request* Scheduler::take_marker_locked(uint8_t kind, const CorrId& id, int64_t now) {
+  Request* m;
+  if (pool_.empty()) {
+    owned_.push_back(std::make_unique<Request>());
+    m = owned_.back().get();
+  } else {
+    m = pool_.back();
+    pool_.pop_back();
+  }
+  m->kind = kind;
+  m->handle = 0;
+  m->start = false;
+  m->end = kind == kNotify;
+  m->arrival_ns = now;
+  m->id = id;
+  return m;
+}
+
 void Scheduler::reaper_loop() {
   std::unique_lock<std::mutex> lk(mu_);
   Fails fails;
+  std::vector<ExpiredSequence> expired;
   while (!reaper_stop_) {
     const int64_t now = now_ns();
     while (!idle_heap_.empty() && idle_heap_.top().deadline <= now) {
@@ -725,24 +1017,29 @@ void Scheduler::reaper_loop() {
         idle_heap_.push({due, t.serial, t.id});
         continue;
       }
-      // Expired: forget the id now; the slot frees when the marker reaches the queue front.
+      // Expired: forget the id now; the slot frees when the marker reaches the queue front
+      // (after the requests queued before it). TIMEOUT_COMPLETE makes the marker one final
+      // END step for the model; otherwise the model is not told.
       Slot& sl = gslot_ref(e.gslot);
-      seqs_.erase(it);
-      Request* m;
-      if (pool_.empty()) {
-        owned_.push_back(std::make_unique<Request>());
-        m = owned_.back().get();
-      } else {
-        m = pool_.back();
-        pool_.pop_back();
+      if (spec_.describe_on_expiry) {
+        ExpiredSequence x;
+        x.id = t.id;
+        x.age_s = (now - (sl.start_ns ? sl.start_ns : e.last_arrival_ns)) / 1e9;
+        x.idle_s = (now - e.last_arrival_ns) / 1e9;
+        x.steps = sl.steps;
+        for (size_t k = 0; k < spec_.states.size(); ++k)
+          x.state_bytes += is_var_state(spec_.states[k]) ? __atomic_load_n(&sl.var_bytes[k], __ATOMIC_RELAXED)
+                                                         : spec_.states[k].initial.size();
+        x.instance = sl.instance;
+        x.slot = sl.index;
+        expired.push_back(std::move(x));
       }
-      m->kind = kForceEnd;
-      m->arrival_ns = now;
-      m->id = t.id;
-      sl.queue.push(m);
+      seqs_.erase(it);
+      sl.queue.push(take_marker_locked(spec_.timeout_complete ? kNotify : kForceEnd, t.id, now));
       Instance& inst = *instances_[sl.instance];
       inst.max_active = std::max(inst.max_active, sl.index);
-      if (!inst.executing) inst.cv.notify_one();
+      if (spec_.strategy == kOldest) handoff_locked(inst, sl.index);
+      else if (!inst.executing) inst.cv.notify_one();
     }
     while (!backlog_heap_.empty() && backlog_heap_.top().deadline <= now) {
       BacklogTimer t = backlog_heap_.top();
@@ -765,9 +1062,12 @@ void Scheduler::reaper_loop() {
       backlog_.erase(bit);
       fails.emplace_back(std::move(handles), "timeout of the corresponding sequence has been expired");
     }
-    if (!fails.empty()) {
+    if (!fails.empty() || !expired.empty()) {
       lk.unlock();
       report(fails, kUnavailable);
+      if (hooks_.describe)
+        for (const ExpiredSequence& x : expired) hooks_.describe(x);
+      expired.clear();
       lk.lock();
       continue;
     }
@@ -788,10 +1088,10 @@ void Scheduler::stop_accepting() {
 
 int64_t Scheduler::inflight_sequences() {
   std::lock_guard<std::mutex> lk(mu_);
-  if (spec_.strategy == kStateless) {
+  if (spec_.strategy == kStateless || spec_.strategy == kDynamic) {
     int64_t busy = 0;
     for (auto& inst : instances_) busy += inst->executing;
-    return static_cast<int64_t>(fifo_.size()) + busy;
+    return slot_queued_ + busy;
   }
   int64_t n = 0;
   for (auto& kv : seqs_) n += kv.second.gslot >= 0;
@@ -851,9 +1151,15 @@ void Scheduler::close(bool force) {
       if (r->kind == kNormal) handles.push_back(r->handle);
       recycle_locked(r);
     };
-    for (auto& inst : instances_)
+    for (auto& inst : instances_) {
       for (Slot& sl : inst->slots)
         while (!sl.queue.empty()) take(sl.queue.pop());
+      while (!inst->ready.empty()) take(inst->ready.pop());
+    }
+    for (auto& q : levels_)
+      while (!q.empty()) take(q.pop());
+    for (auto& q : delayed_)
+      while (!q.empty()) take(q.pop());
     for (auto& bq : backlog_)
       while (!bq.reqs.empty()) take(bq.reqs.pop());
     backlog_.clear();

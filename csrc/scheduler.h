@@ -21,13 +21,22 @@ namespace seqserve {
 
 constexpr int kMaxRank = 16;
 
-enum Strategy : int { kStateless = 0, kDirect = 1 };
+// kStateless: one request per batch; kDynamic: dynamic batcher; kDirect / kOldest: sequences.
+enum Strategy : int { kStateless = 0, kDirect = 1, kOldest = 2, kDynamic = 3 };
 enum ControlKind : int { kCtlStart = 0, kCtlReady = 1, kCtlEnd = 2, kCtlCorrid = 3 };
 
 struct InputSpec {
   std::string name;
   int dtype = kInvalid;
   bool must_match = false;  // variable dims without ragged batching: shapes must be equal
+  std::vector<int64_t> default_shape;  // item dims with -1 -> 1: the shape of zero-filled rows
+};
+
+struct QueuePolicy {
+  bool delay_on_timeout = false;  // DELAY (else REJECT)
+  int64_t default_timeout_ns = 0;
+  bool allow_override = false;
+  uint32_t max_queue_size = 0;  // 0: unlimited
 };
 
 struct ControlSpec {
@@ -60,6 +69,25 @@ struct ModelSpec {
   std::vector<StateSpec> states;
   int64_t delay_requests = 0;          // TRITONSERVER_DELAY_SCHEDULER
   int64_t delay_backlog_requests = 0;  // TRITONSERVER_BACKLOG_DELAY_SCHEDULER
+  // Batch forming for kOldest (per instance) and kDynamic (per model).
+  std::vector<int64_t> preferred_batch_sizes;  // ascending; empty: max(1, max_batch_size)
+  int64_t batch_delay_ns = 0;
+  // kDynamic queues: one per priority level (level 1 is the highest).
+  int priority_levels = 1;
+  int default_priority = 1;
+  std::vector<QueuePolicy> policies;  // one per level
+  // Idle expiry: give the model a final END step (TIMEOUT_COMPLETE) / describe the sequence.
+  bool timeout_complete = false;
+  bool describe_on_expiry = false;
+};
+
+// What DESCRIBE reports about a sequence that expired.
+struct ExpiredSequence {
+  CorrId id;
+  double age_s = 0, idle_s = 0;
+  uint64_t steps = 0;
+  uint64_t state_bytes = 0;
+  int instance = 0, slot = 0;
 };
 
 struct TensorRef {
@@ -74,7 +102,8 @@ struct TensorRef {
   }
 };
 
-enum ReqKind : uint8_t { kNormal = 0, kForceEnd = 1 };
+// kForceEnd: idle expiry frees the slot silently; kNotify: idle expiry runs one final END step.
+enum ReqKind : uint8_t { kNormal = 0, kForceEnd = 1, kNotify = 2 };
 
 struct Request {
   uint64_t handle = 0;
@@ -84,6 +113,11 @@ struct Request {
   int64_t arrival_ns = 0;
   int64_t timeout_ns = 0;
   int64_t rows = 1;
+  int level = 0;             // kDynamic: priority queue index
+  int64_t deadline_ns = 0;   // kDynamic: queue timeout (0: none)
+  bool expired = false;      // kDynamic: moved behind its level after a DELAY timeout
+  int slot = -1;             // kOldest: the instance-local slot it came from
+  int64_t handoff_ns = 0;    // kOldest: when it reached the instance's batcher
   std::vector<TensorRef> inputs;
 };
 
@@ -119,7 +153,10 @@ struct Slot {
   int instance = 0, index = 0;
   Ring<Request*> queue;
   bool occupied = false;
+  bool in_flight = false;    // kOldest: a request of this slot is being batched or executed
   bool state_ready = false;  // the slot has had a state created at least once
+  uint64_t steps = 0;        // steps of the current sequence handed to the model
+  int64_t start_ns = 0;      // when the current sequence started
   // Variable-shape state lives per slot; fixed-shape state lives in the instance's store.
   std::vector<std::vector<int64_t>> var_shape;
   std::vector<Buffer> var_data;
@@ -146,7 +183,10 @@ struct Instance {
   std::vector<Buffer> control_bufs;
   std::vector<size_t> control_bytes;
   std::vector<Buffer> state_store;  // fixed states: [slots, row bytes]
-  std::vector<Buffer> state_gather;  // variable states: [B, ...] gathered per batch
+  std::vector<Buffer> state_gather;  // states gathered per batch ([B, ...])
+  std::vector<uint8_t> state_gathered;  // per state: the batch reads state_gather, not the store
+  Ring<Request*> ready;  // kOldest: requests handed to this instance's batcher
+  std::vector<int64_t> item_shape;  // gather's scratch (executor thread only)
   std::vector<std::vector<int64_t>> state_shapes;  // per state, batch shape presented
   std::vector<size_t> state_nbytes;
   std::vector<uint8_t> flag_start, flag_end, flag_ready;
@@ -163,6 +203,10 @@ struct Hooks {
   std::function<bool(Instance&)> run;  // returns success
   std::function<void(const std::vector<uint64_t>&, int, const std::string&)> fail;
   std::function<void(const std::string&)> log_warning;
+  std::function<void(const ExpiredSequence&)> describe;
+  // Called on each core thread when it starts and before it exits (the binding attaches one
+  // Python thread state for the thread's lifetime instead of one per GIL acquisition).
+  std::function<void()> thread_start, thread_stop;
 };
 
 struct SubmitResult {
@@ -178,7 +222,7 @@ class Scheduler {
   const ModelSpec& spec() const { return spec_; }
   void start();
   // Enqueue a request; on failure nothing is queued and the caller answers the client.
-  SubmitResult submit(Request* r);
+  SubmitResult submit(Request* r, int priority = 0);
   Request* new_request();  // from the pool; caller fills it, then submit() or recycle()
   void recycle(Request* r);
 
@@ -202,8 +246,18 @@ class Scheduler {
   void record_batch(Instance& inst, bool ok);
 
  private:
+  using Fails = std::vector<std::pair<std::vector<uint64_t>, std::string>>;
   void direct_loop(Instance& inst);
+  void oldest_loop(Instance& inst);
   void stateless_loop(Instance& inst);
+  void dynamic_loop(Instance& inst);
+  void handoff_locked(Instance& inst, int s);
+  // Size of the batch to form from `n` candidates (rows given by `rows_of`), or 0 to wait
+  // until `*wake_ns`. Implements preferred sizes, max batch size and the queue delay.
+  template <class RowsOf, class Matches>
+  size_t pick_batch(size_t n, RowsOf rows_of, Matches matches, int64_t oldest_ns, int64_t* wake_ns) const;
+  bool expire_queued_locked(int64_t now, Fails& fails, int64_t* next_deadline);
+  Request* take_marker_locked(uint8_t kind, const CorrId& id, int64_t now);
   void reaper_loop();
   void execute(Instance& inst);  // no lock held
   void gather(Instance& inst);
@@ -214,7 +268,6 @@ class Scheduler {
   void notify_slot(int gslot);
   Slot& gslot_ref(int g) { return instances_[g / spec_.slots_per_instance]->slots[g % spec_.slots_per_instance]; }
   void push_idle(const CorrId& id, const SeqEntry& e);
-  using Fails = std::vector<std::pair<std::vector<uint64_t>, std::string>>;
   void report(Fails& fails, int code);
   void recycle_locked(Request* r);
   void finish_batch_locked(Instance& inst);
@@ -239,8 +292,11 @@ class Scheduler {
   int64_t slot_queued_ = 0, backlog_queued_ = 0;
   bool delay_released_ = false;
 
-  // Stateless FIFO.
+  // Stateless FIFO (kStateless), or per-priority queues (kDynamic; `delayed_` holds requests
+  // whose DELAY timeout expired, served after their level's other requests).
   Ring<Request*> fifo_;
+  std::vector<Ring<Request*>> levels_, delayed_;
+  int64_t timed_requests_ = 0;
 
   // Idle reaper: lazy timer heap, at most one live entry per sequence.
   struct IdleTimer {

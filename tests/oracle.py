@@ -129,7 +129,7 @@ class DirectOracle:
         bq = self.backlog.popleft()
         self.queue[(i, s)].extend(bq.reqs)
         key = (type(bq.id), bq.id)
-        if True:
+        if self.where.get(key) is bq:
             self.where[key] = (i, s)
 
     def _form(self, i: int) -> Batch | None:

@@ -144,9 +144,7 @@ def apply_parameters(req: Request, params: dict[str, Any]) -> None:
 
 def _json_tensor(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
     if datatype == "BF16":
-        raise bad(
-            f"receiving BF16 data via JSON is not supported. Please use the binary data format for input {name}"
-        )
+        raise bad(f"receiving BF16 data via JSON is not supported. Please use the binary data format for input {name}")
     dtype = NP_DTYPE[datatype]
     try:
         if datatype == "BYTES":
@@ -166,9 +164,7 @@ def _json_tensor(name: str, datatype: str, shape: list[int], data: Any) -> np.nd
     except (TypeError, ValueError, OverflowError) as e:
         raise bad(f"Unable to parse 'data' of input '{name}': {e}") from None
     if arr.size != element_count(shape):
-        raise bad(
-            f"Unable to parse 'data': Shape does not match true shape of 'data' field for input '{name}'"
-        )
+        raise bad(f"Unable to parse 'data': Shape does not match true shape of 'data' field for input '{name}'")
     return arr.reshape(shape)
 
 
@@ -253,9 +249,7 @@ def parse_http_request(body: bytes, header_length: int | None, model: str) -> Re
             if not isinstance(size, int) or size < 0:
                 raise bad(f"input '{name}': 'binary_data_size' must be a non-negative integer")
             if offset + size > len(tail):
-                raise bad(
-                    f"unexpected size for input '{name}', expecting {size} additional bytes for model '{model}'"
-                )
+                raise bad(f"unexpected size for input '{name}', expecting {size} additional bytes for model '{model}'")
             req.inputs[name] = binary_tensor(name, datatype, shape, tail[offset : offset + size])
             offset += size
         elif "data" in spec:
@@ -274,9 +268,7 @@ def parse_http_request(body: bytes, header_length: int | None, model: str) -> Re
                 raise bad("each requested output needs a string 'name'")
             oparams = o.get("parameters") or {}
             if "shared_memory_region" in oparams:
-                raise InferenceError(
-                    Code.UNSUPPORTED, f"output '{o['name']}': shared memory outputs are not supported"
-                )
+                raise InferenceError(Code.UNSUPPORTED, f"output '{o['name']}': shared memory outputs are not supported")
             binary = oparams.get("binary_data")
             req.outputs[o["name"]] = binary if isinstance(binary, bool) else None
     return req

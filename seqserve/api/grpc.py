@@ -33,9 +33,7 @@ GRPC_STATUS = {
     Code.CANCELLED: grpc.StatusCode.CANCELLED,
 }
 
-_NO_SHM = (
-    "seqserve does not implement shared memory: send tensor data in the request (raw_input_contents) instead"
-)
+_NO_SHM = "seqserve does not implement shared memory: send tensor data in the request (raw_input_contents) instead"
 
 # Typed InferTensorContents field per datatype, for KServe clients that do not send raw bytes.
 _CONTENTS_FIELD = {
@@ -73,9 +71,7 @@ def decode_request(req: pb.ModelInferRequest) -> codec.Request:
             elif kind == "uint64_param":
                 out.sequence_id = p.uint64_param
             else:
-                raise codec.bad(
-                    "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."
-                )
+                raise codec.bad("invalid value type for 'sequence_id' parameter, expected int64_param or string_param.")
         elif key in ("sequence_start", "sequence_end"):
             if kind != "bool_param":
                 raise codec.bad(f"invalid value type for '{key}' parameter, expected bool_param.")
@@ -148,9 +144,7 @@ def _set_param(p: pb.InferParameter, value: Any) -> None:
 
 
 def encode_response(result: InferResult) -> pb.ModelInferResponse:
-    resp = pb.ModelInferResponse(
-        model_name=result.model_name, model_version=result.model_version, id=result.id
-    )
+    resp = pb.ModelInferResponse(model_name=result.model_name, model_version=result.model_version, id=result.id)
     raw = resp.raw_output_contents
     for name, arr in result.outputs.items():
         resp.outputs.add(name=name, datatype=codec.wire_datatype(arr), shape=arr.shape)
@@ -190,9 +184,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         except InferenceError as e:
             await self._fail(context, e)
             raise
-        resp = pb.ModelMetadataResponse(
-            name=meta["name"], versions=meta["versions"], platform=meta["platform"]
-        )
+        resp = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"])
         for t in meta["inputs"]:
             resp.inputs.add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
         for t in meta["outputs"]:
@@ -209,23 +201,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         resp.config.CopyFrom(cfg)
         return resp
 
-    async def ModelStatistics(
-        self, request: pb.ModelStatisticsRequest, context: Any
-    ) -> pb.ModelStatisticsResponse:
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
         try:
             stats = self.server.statistics(request.name, request.version)
         except InferenceError:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"requested model '{request.name}' is not available"
-            )
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"requested model '{request.name}' is not available")
             raise
         return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
 
     # --------------------------------------------------------------------- repository
 
-    async def RepositoryIndex(
-        self, request: pb.RepositoryIndexRequest, context: Any
-    ) -> pb.RepositoryIndexResponse:
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
         resp = pb.RepositoryIndexResponse()
         for e in self.server.repository_index():
             if request.ready and e["state"] != "READY":
@@ -273,6 +259,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             outputs=list(r.outputs) or None,
             request_id=r.id,
             timeout_us=r.timeout_us,
+            priority=r.priority,
         )
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
@@ -295,9 +282,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         def on_done(req: pb.ModelInferRequest, fut: asyncio.Future[InferResult]) -> None:
             if fut.cancelled():
-                replies.put_nowait(
-                    (_stream_error(req, InferenceError(Code.CANCELLED, "request cancelled")), True)
-                )
+                replies.put_nowait((_stream_error(req, InferenceError(Code.CANCELLED, "request cancelled")), True))
                 return
             err = fut.exception()
             if err is not None:
@@ -339,9 +324,7 @@ def _stream_error(req: pb.ModelInferRequest, err: BaseException) -> pb.ModelStre
     msg = err.message if isinstance(err, InferenceError) else f"{type(err).__name__}: {err}"
     return pb.ModelStreamInferResponse(
         error_message=msg,
-        infer_response=pb.ModelInferResponse(
-            id=req.id, model_name=req.model_name, model_version=req.model_version
-        ),
+        infer_response=pb.ModelInferResponse(id=req.id, model_name=req.model_name, model_version=req.model_version),
     )
 
 

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from seqserve._proto import model_config_pb2 as mc
 from seqserve.api import codec
 from seqserve.engine import Code, InferenceError, Server
 
@@ -136,9 +137,7 @@ class HttpFrontend:
     async def stats(self, request: Request) -> Response:
         p = request.path_params
         try:
-            return _json(
-                {"model_stats": _stats_json(self.server.statistics(p.get("model", ""), p.get("version", "")))}
-            )
+            return _json({"model_stats": _stats_json(self.server.statistics(p.get("model", ""), p.get("version", "")))})
         except InferenceError:
             return error_response(f"requested model '{p.get('model', '')}' is not available", 400)
 
@@ -211,7 +210,7 @@ class HttpFrontend:
             req = codec.parse_http_request(body, ihcl, model)
             session = headers.get(SESSION_HEADER)
             if session and not req.sequence_id:
-                req.sequence_id = _session_sequence_id(session)
+                req.sequence_id = self._session_sequence_id(session, model, p.get("version", ""))
             result = await self.server.infer(
                 model,
                 req.inputs,
@@ -222,6 +221,7 @@ class HttpFrontend:
                 outputs=list(req.outputs) or None,
                 request_id=req.id,
                 timeout_us=req.timeout_us,
+                priority=req.priority,
             )
             out, json_len = codec.encode_http_response(
                 result.model_name,
@@ -250,6 +250,22 @@ class HttpFrontend:
                 reply_headers["Content-Encoding"] = enc
         media = "application/octet-stream" if json_len is not None else _JSON
         return Response(out, media_type=media, headers=reply_headers)
+
+    def _session_sequence_id(self, session: str, model: str, version: Any) -> int | str:
+        """The header names a string sequence, except for models whose CORRID control is an
+        integer type (they cannot take string ids): there a decimal header is the uint64 id, so
+        the integer ids the server generates for them round-trip through the header."""
+        if not (session.isascii() and session.isdigit() and int(session) < 2**64):
+            return session
+        try:
+            cfg = self.server.model_config(model, version)
+        except InferenceError:
+            return session
+        for ci in cfg.sequence_batching.control_input:
+            for c in ci.control:
+                if c.kind == mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:
+                    return session if c.data_type == mc.TYPE_STRING else int(session)
+        return session
 
     # -------------------------------------------------------------------------- app
 
@@ -294,15 +310,6 @@ class HttpFrontend:
 class _TooLarge(Exception):
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(f"request body of {size} bytes exceeds the server's limit of {limit} bytes")
-
-
-def _session_sequence_id(value: str) -> int | str:
-    """An Inference-Session-Id header names a uint64 sequence when it is a decimal number that
-    fits (as Triton parses `sequence_id`: unsigned integer first, else string). This is what lets
-    a server-generated integer id (models with an integer CORRID) round-trip through the header."""
-    if value.isascii() and value.isdigit() and not value.startswith("0") and int(value) < 2**64:
-        return int(value)
-    return value
 
 
 def _stats_json(stats: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,12 +1,14 @@
 """Typed surface of the compiled core (csrc/, built by setup.py). Checked by mypy.stubtest."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
 STATELESS: int
 DIRECT: int
+OLDEST: int
+DYNAMIC: int
 
 def serialize_bytes(array: np.ndarray) -> bytes:
     """Serialize a BYTES tensor (object array) to the 4-byte-length-prefixed wire format."""
@@ -42,8 +44,8 @@ class Batch:
     def finish(self, ok: bool) -> None:
         """Record this batch's statistics now, before its replies are sent."""
 
-InputArg = np.ndarray | tuple[bytes | np.ndarray, tuple[int, ...] | list[int]]
-StateArg = tuple[str, str, int, list[int], bool, bytes, list[int]]
+_InputArg: TypeAlias = np.ndarray | tuple[bytes | np.ndarray, tuple[int, ...] | list[int]]
+_StateArg: TypeAlias = tuple[str, str, int, list[int], bool, bytes, list[int]]
 
 class Scheduler:
     """Scheduler and executor threads of one model."""
@@ -59,25 +61,33 @@ class Scheduler:
         idle_us: int,
         max_queue_delay_us: int,
         min_slot_utilization: float,
-        inputs: list[tuple[str, int, bool]],
+        inputs: list[tuple[str, int, bool, list[int]]],
         controls: list[tuple[str, int, int, float, float]],
-        states: list[StateArg],
+        states: list[_StateArg],
         delay_requests: int,
         delay_backlog_requests: int,
         runner: Callable[[Batch], bool],
         on_fail: Callable[[list[int], int, str], None],
         on_warning: Callable[[str], None],
+        preferred_batch_sizes: list[int] = ...,
+        batch_delay_us: int = 0,
+        priority_levels: int = 1,
+        default_priority: int = 1,
+        queue_policies: list[tuple[bool, int, bool, int]] = ...,
+        timeout_complete: bool = False,
+        on_expire: Callable[[dict[str, Any]], None] | None = None,
     ) -> None: ...
     def start(self) -> None: ...
     def submit(
         self,
         handle: int,
-        inputs: tuple[InputArg, ...],
+        inputs: tuple[_InputArg, ...],
         corrid: int | str = 0,
         start: bool = False,
         end: bool = False,
         timeout_us: int = 0,
         rows: int = 1,
+        priority: int = 0,
     ) -> tuple[int, str] | None:
         """Queue a request. Returns None when accepted, else (code, message)."""
     def stop_accepting(self) -> None: ...

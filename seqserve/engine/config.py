@@ -23,6 +23,7 @@ from seqserve._proto.model_config_pb2 import (
     ModelOutput,
     ModelQueuePolicy,
     ModelSequenceBatching,
+    SeqserveTimeoutAction,
 )
 from seqserve.engine.errors import Code, ModelConfigError
 
@@ -187,6 +188,7 @@ def normalize_config(cfg: ModelConfig) -> None:
     KIND_AUTO instance groups are left for the server, which knows the
     devices. seqserve extension fields are left as parsed.
     """
+    _normalize_extensions(cfg)
     if not cfg.HasField("version_policy"):
         cfg.version_policy.latest.num_versions = 1
     _normalize_instance_groups(cfg)
@@ -197,6 +199,52 @@ def normalize_config(cfg: ModelConfig) -> None:
             dyn.preferred_batch_size.append(cfg.max_batch_size)
     if cfg.HasField("sequence_batching"):
         _normalize_sequence_batching(cfg.sequence_batching, cfg.max_batch_size)
+
+
+#: Idle timeout of a model made stateful by `stateful_model_policy` alone: sessions are
+#: conversational, so minutes rather than Triton's 1 s default.
+STATEFUL_POLICY_IDLE_US = 300_000_000
+
+
+def _normalize_extensions(cfg: ModelConfig) -> None:
+    """Give seqserve's config extensions their meaning in terms of standard fields, before
+    Triton's defaults are applied (so unset fields can still be told apart)."""
+    dyn = cfg.dynamic_batching if cfg.HasField("dynamic_batching") else None
+    if dyn is not None:
+        # default_batch_size adds a preferred size (next to max_batch_size when none is given).
+        if dyn.default_batch_size > 0 and dyn.default_batch_size not in dyn.preferred_batch_size:
+            sizes = set(dyn.preferred_batch_size) or ({cfg.max_batch_size} if cfg.max_batch_size > 0 else set())
+            sizes.add(dyn.default_batch_size)
+            del dyn.preferred_batch_size[:]
+            dyn.preferred_batch_size.extend(sorted(sizes))
+        if dyn.timeout_action == SeqserveTimeoutAction.TIMEOUT_COMPLETE:
+            dyn.default_queue_policy.timeout_action = ModelQueuePolicy.DELAY
+    policy = cfg.model_transaction_policy
+    if policy.HasField("stateful_model_policy") and not cfg.HasField("sequence_batching"):
+        cfg.sequence_batching.max_sequence_idle_microseconds = STATEFUL_POLICY_IDLE_US
+    if not cfg.HasField("sequence_batching"):
+        return
+    seq = cfg.sequence_batching
+    for state in seq.state:  # `name` is both the input and the output state
+        if state.name:
+            state.input_name = state.input_name or state.name
+            state.output_name = state.output_name or state.name
+    strategy = seq.WhichOneof("strategy_choice")
+    if strategy == "reusable_batch":
+        rb = seq.reusable_batch
+        if rb.max_size == 0:
+            rb.max_size = max(1, cfg.max_batch_size)
+        if not rb.candidate_batch_size:
+            if dyn is not None and dyn.preferred_batch_size:
+                rb.candidate_batch_size.extend(dyn.preferred_batch_size)
+            elif cfg.max_batch_size > 0:
+                rb.candidate_batch_size.append(cfg.max_batch_size)
+    elif strategy == "oldest" and dyn is not None:
+        # Oldest batches honour dynamic_batching's delay and sizes unless they set their own.
+        if not seq.oldest.preferred_batch_size:
+            seq.oldest.preferred_batch_size.extend(dyn.preferred_batch_size)
+        if seq.oldest.max_queue_delay_microseconds == 0:
+            seq.oldest.max_queue_delay_microseconds = dyn.max_queue_delay_microseconds
 
 
 def _normalize_instance_groups(cfg: ModelConfig) -> None:
@@ -337,14 +385,10 @@ def _validate_dynamic_batching(cfg: ModelConfig) -> None:
             raise ModelConfigError(f"default priority level must be in range [1, {levels}] for {m}")
         for level in dyn.priority_queue_policy:
             if not 1 <= level <= levels:
-                raise ModelConfigError(
-                    f"priority queue policy must have priority level in range [1, {levels}] for {m}"
-                )
+                raise ModelConfigError(f"priority queue policy must have priority level in range [1, {levels}] for {m}")
     if dyn.preserve_ordering:
         if levels > 1:
-            raise ModelConfigError(
-                f"Only one priority level is allowed when 'preserve_ordering' is true for {m}"
-            )
+            raise ModelConfigError(f"Only one priority level is allowed when 'preserve_ordering' is true for {m}")
         policies = [dyn.default_queue_policy, *dyn.priority_queue_policy.values()]
         if any(_delays_on_timeout(p) for p in policies):
             raise ModelConfigError(
@@ -415,9 +459,7 @@ def _validate_bool_control(control: Control, kind: str, m: str) -> None:
             f"'fp32_false_true' and 'bool_false_true' for {kind} for {m}"
         )
     if len(getattr(control, given[0])) != 2:
-        raise ModelConfigError(
-            f"sequence batching control '{given[0]}' must have exactly 2 entries for {kind} for {m}"
-        )
+        raise ModelConfigError(f"sequence batching control '{given[0]}' must have exactly 2 entries for {kind} for {m}")
 
 
 def _validate_corrid_control(control: Control, m: str) -> None:
@@ -446,11 +488,18 @@ def _validate_strategy(seq: ModelSequenceBatching, max_batch_size: int, m: str) 
             "sequence batching preferred batch size",
             m,
         )
+    elif strategy == "reusable_batch":
+        if seq.reusable_batch.max_size < 1:
+            raise ModelConfigError(f"sequence batching reusable_batch max_size must be positive for {m}")
+        _check_preferred_sizes(
+            seq.reusable_batch.candidate_batch_size,
+            max_batch_size,
+            "sequence batching reusable_batch candidate batch size",
+            m,
+        )
     # Triton's text says (0.0, 1.0] but accepts 0.0 (meaning: no wait).
     elif strategy == "direct" and not 0.0 <= seq.direct.minimum_slot_utilization <= 1.0:
-        raise ModelConfigError(
-            f"sequence batching minimum slot utilization must be in range (0.0, 1.0] for {m}"
-        )
+        raise ModelConfigError(f"sequence batching minimum slot utilization must be in range (0.0, 1.0] for {m}")
 
 
 # ---- sequence batching: implicit state
@@ -504,13 +553,10 @@ def _validate_initial_states(seq: ModelSequenceBatching, model_dir: Path, m: str
         init = state.initial_state[0]
         if init.data_type != state.data_type:
             raise ModelConfigError(
-                f"The data type used for 'initial_state' field of state '{name}' does not "
-                "match the state data type."
+                f"The data type used for 'initial_state' field of state '{name}' does not match the state data type."
             )
         if not init.name:
-            raise ModelConfigError(
-                f"Field 'name' must be set when using initial_state for state input '{name}'."
-            )
+            raise ModelConfigError(f"Field 'name' must be set when using initial_state for state input '{name}'.")
         if name in with_initial:
             raise ModelConfigError(f"State input name '{name}' specified more than once.")
         with_initial.add(name)
@@ -527,9 +573,7 @@ def _validate_initial_dims(state: State, name: str) -> None:
         )
     for init_dim, state_dim in zip(init_dims, state.dims, strict=True):
         if init_dim == WILDCARD_DIM:
-            raise ModelConfigError(
-                f"'initial_state' field for state input name '{name}' contains variable dimensions."
-            )
+            raise ModelConfigError(f"'initial_state' field for state input name '{name}' contains variable dimensions.")
         if state_dim != WILDCARD_DIM and init_dim != state_dim:
             raise ModelConfigError(
                 f"'initial_state' dim for input name '{name}' doesn't match 'state' dim "

@@ -7,6 +7,7 @@ to the core, and await a future that the runner resolves on the event loop, once
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import os
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import _core
@@ -67,6 +69,8 @@ class _Pending:
     outputs: tuple[str, ...]
     keep: tuple[Any, ...]  # keeps the input buffers alive until the batch is gathered
     parameters: dict[str, Any] | None
+    rows: int  # rows this request occupies in a batch
+    outcome: Any = None  # preserve_ordering: the result or error, once known
 
 
 def _shape_str(shape: Sequence[int]) -> str:
@@ -150,34 +154,31 @@ class LoadedModel:
         self.backend = backend_cls(ctx)
         self._instances: list[BackendInstance] = []
         self.instance_names: list[str] = []
-        for group in cfg.instance_group:
-            if group.passive:
-                continue
-            if group.kind == mc.ModelInstanceGroup.KIND_GPU:
-                log.warning(
-                    "model '%s': no GPU available, instance group '%s' runs on CPU", self.name, group.name
-                )
-            for j in range(max(1, group.count)):
-                iname = f"{group.name}_{j}"
-                self.instance_names.append(iname)
-                ictx = InstanceContext(ctx, len(self._instances), iname, "cpu")
-                self._instances.append(self.backend.create_instance(ictx))
-        if not self._instances:
-            raise InferenceError(Code.INVALID_ARG, f"model '{self.name}' has no (non-passive) instances")
+        self._create_instances(ctx)
 
-        strategy = _core.DIRECT if self.is_sequence else _core.STATELESS
+        batching = self._batching_spec(cfg)
+        self.strategy_name = batching.pop("strategy_name")
+        self._preserve_ordering = bool(batching.pop("preserve_ordering"))
+        self._ordered: collections.deque[_Pending] = collections.deque()
         sb = cfg.sequence_batching
+        describe = (
+            cfg.model_transaction_policy.stateful_model_policy.timeout_action
+            == mc.ModelTransactionPolicy.StatefulModelPolicy.DESCRIBE
+        )
         self._core = _core.Scheduler(
             name=self.name,
-            strategy=strategy,
             max_batch_size=cfg.max_batch_size,
             instance_count=len(self._instances),
-            slots_per_instance=max(1, cfg.max_batch_size),
             idle_us=sb.max_sequence_idle_microseconds or 1_000_000,
             max_queue_delay_us=sb.direct.max_queue_delay_microseconds,
             min_slot_utilization=sb.direct.minimum_slot_utilization,
             inputs=[
-                (t.name, t.data_type, any(d < 0 for d in t.dims) and not t.allow_ragged_batch)
+                (
+                    t.name,
+                    t.data_type,
+                    any(d < 0 for d in t.dims) and not t.allow_ragged_batch,
+                    [1 if d < 0 else d for d in t.dims],
+                )
                 for t in cfg.input
             ],
             controls=controls,
@@ -187,10 +188,112 @@ class LoadedModel:
             runner=self._run,
             on_fail=self._on_fail,
             on_warning=lambda msg: log.warning("%s", msg),
+            timeout_complete=self.is_sequence and sb.timeout_action == mc.TIMEOUT_COMPLETE,
+            on_expire=self._describe_expired if describe else None,
+            **batching,
         )
         self._core.start()
 
     # ----------------------------------------------------------------- load-time helpers
+
+    def _create_instances(self, ctx: ModelContext) -> None:
+        """One backend instance per (non-passive) instance_group count; no GPUs here yet."""
+        warned_gpu = False
+        for group in self.config.instance_group:
+            if group.passive:
+                continue
+            kind = group.kind
+            if kind == mc.ModelInstanceGroup.KIND_GPU and not warned_gpu:
+                log.warning(
+                    "model '%s': instance group '%s' asks for KIND_GPU but no GPU is available; running on CPU",
+                    self.name,
+                    group.name,
+                )
+                warned_gpu = True
+            elif kind == mc.ModelInstanceGroup.KIND_CPU and group.gpus:
+                log.warning(
+                    "model '%s': instance group '%s' is KIND_CPU; its 'gpus' %s are ignored",
+                    self.name,
+                    group.name,
+                    list(group.gpus),
+                )
+            device = "model" if kind == mc.ModelInstanceGroup.KIND_MODEL else "cpu"
+            for j in range(max(1, group.count)):
+                iname = f"{group.name}_{j}"
+                self.instance_names.append(iname)
+                ictx = InstanceContext(ctx, len(self._instances), iname, device)
+                self._instances.append(self.backend.create_instance(ictx))
+        if not self._instances:
+            raise InferenceError(Code.INVALID_ARG, f"model '{self.name}' has no (non-passive) instances")
+
+    def _batching_spec(self, cfg: mc.ModelConfig) -> dict[str, Any]:
+        """The core's strategy and batch-forming settings for this config."""
+        mbs = cfg.max_batch_size
+        dyn = cfg.dynamic_batching
+        has_dyn = cfg.HasField("dynamic_batching")
+        spec: dict[str, Any] = {"preserve_ordering": False}
+        if self.is_sequence:
+            sb = cfg.sequence_batching
+            which = sb.WhichOneof("strategy_choice")
+            if which == "oldest":
+                spec.update(
+                    strategy=_core.OLDEST,
+                    strategy_name="oldest",
+                    slots_per_instance=sb.oldest.max_candidate_sequences or max(1, mbs),
+                    preferred_batch_sizes=list(sb.oldest.preferred_batch_size),
+                    batch_delay_us=sb.oldest.max_queue_delay_microseconds,
+                )
+            elif which == "reusable_batch":
+                # Oldest-like batches across sequences; the delay comes from dynamic_batching.
+                spec.update(
+                    strategy=_core.OLDEST,
+                    strategy_name="reusable_batch",
+                    slots_per_instance=sb.reusable_batch.max_size,
+                    preferred_batch_sizes=list(sb.reusable_batch.candidate_batch_size),
+                    batch_delay_us=dyn.max_queue_delay_microseconds if has_dyn else 0,
+                )
+            else:
+                if has_dyn:
+                    log.info(
+                        "model '%s': Direct strategy; dynamic_batching settings do not apply to sequences",
+                        self.name,
+                    )
+                spec.update(strategy=_core.DIRECT, strategy_name="direct", slots_per_instance=max(1, mbs))
+            return spec
+        slots = {"slots_per_instance": 1}
+        if not has_dyn:
+            return spec | slots | {"strategy": _core.STATELESS, "strategy_name": "default"}
+        levels = max(1, dyn.priority_levels)
+        policies = []
+        for level in range(1, levels + 1):
+            qp = dyn.priority_queue_policy.get(level, dyn.default_queue_policy)
+            policies.append(
+                (
+                    qp.timeout_action == mc.ModelQueuePolicy.DELAY,
+                    qp.default_timeout_microseconds,
+                    qp.allow_timeout_override,
+                    qp.max_queue_size,
+                )
+            )
+        return (
+            spec
+            | slots
+            | {
+                "strategy": _core.DYNAMIC,
+                "strategy_name": "dynamic",
+                "preferred_batch_sizes": list(dyn.preferred_batch_size),
+                "batch_delay_us": dyn.max_queue_delay_microseconds,
+                "priority_levels": levels,
+                "default_priority": dyn.default_priority_level or 1,
+                "queue_policies": policies,
+                "preserve_ordering": dyn.preserve_ordering and len(self._instances) > 1,
+            }
+        )
+
+    def _describe_expired(self, info: dict[str, Any]) -> None:
+        """stateful_model_policy DESCRIBE: one structured line per expired sequence."""
+        info = {"model": self.name, "version": self.version} | info
+        log.info("sequence expired %s", orjson.dumps(info).decode())
 
     def _control_specs(self, sb: mc.ModelSequenceBatching) -> list[tuple[str, int, int, float, float]]:
         out = []
@@ -291,6 +394,7 @@ class LoadedModel:
         outputs: Sequence[str] | None = None,
         request_id: str = "",
         timeout_us: int = 0,
+        priority: int = 0,
         response_parameters: dict[str, Any] | None = None,
     ) -> asyncio.Future[InferResult]:
         """Validate and queue one request; the future resolves on this model's event loop."""
@@ -303,7 +407,8 @@ class LoadedModel:
             if spec is None:
                 if key in self._ignored_inputs:  # control/state tensors are supplied by the server
                     continue
-                raise self._bad(request_id, f"unexpected inference input '{key}' for model '{name}'")
+                self._sync_fail += 1
+                raise InferenceError(Code.INVALID_ARG, f"unexpected inference input '{key}' for model '{name}'")
             if not isinstance(arr, np.ndarray):
                 arr = np.asarray(arr, dtype=spec.dtype)
             if spec.is_bytes:
@@ -326,7 +431,7 @@ class LoadedModel:
                     raise self._bad(
                         request_id,
                         f"unexpected shape for input '{key}' for model '{name}'. "
-                        f"Expected {_shape_str((-1, *spec.dims))}, got {_shape_str(shape)}",
+                        f"Expected {_shape_str((-1, *spec.dims))}, got {_shape_str(shape)}{_BATCH_DIM_NOTE}",
                     )
                 if batch < 0:
                     batch = shape[0]
@@ -340,7 +445,7 @@ class LoadedModel:
                 raise self._bad(
                     request_id,
                     f"unexpected shape for input '{key}' for model '{name}'. "
-                    f"Expected {_shape_str(want)}, got {_shape_str(shape)}",
+                    f"Expected {_shape_str(want)}, got {_shape_str(shape)}{_BATCH_DIM_NOTE if mbs > 0 else ''}",
                 )
             if spec.is_bytes:
                 ordered[spec.index] = (_core.serialize_bytes(arr), shape)
@@ -352,7 +457,7 @@ class LoadedModel:
             raise self._bad(
                 request_id,
                 f"expected {len(self._inputs)} inputs but got {len(got)} inputs for model '{name}'. "
-                f"Got input(s) {got}, but missing required input(s) {missing}. "
+                f"Got input(s) {_name_list(got)}, but missing required input(s) {_name_list(missing)}. "
                 "Please provide all required input(s).",
             )
         if mbs > 0 and batch > mbs:
@@ -360,7 +465,8 @@ class LoadedModel:
         if outputs:
             for o in outputs:
                 if o not in self._outputs:
-                    raise self._bad(request_id, f"unexpected inference output '{o}' for model '{name}'")
+                    self._sync_fail += 1
+                    raise InferenceError(Code.INVALID_ARG, f"unexpected inference output '{o}' for model '{name}'")
             out_names = tuple(outputs)
         else:
             out_names = self._output_names
@@ -373,9 +479,7 @@ class LoadedModel:
                 self._sync_fail += 1  # refused when the id is set, before any request id applies
                 raise InferenceError(Code.UNSUPPORTED, "string correlation ID cannot be longer than 128 characters")
             cd = self._corrid_dtype
-            if cd is not None and (
-                (is_str and cd != mc.TYPE_STRING) or (not is_str and cd not in _INTEGER_CORRID)
-            ):
+            if cd is not None and ((is_str and cd != mc.TYPE_STRING) or (not is_str and cd not in _INTEGER_CORRID)):
                 raise self._bad(
                     request_id,
                     f"sequence batching control '{self._corrid_name}' data-type is "
@@ -389,21 +493,19 @@ class LoadedModel:
                     "of sequence batcher",
                 )
         handle = next(_handles)
+        rows = batch if batch > 0 else 1
         fut: asyncio.Future[InferResult] = self._loop.create_future()
-        self._pending[handle] = _Pending(fut, request_id, out_names, tuple(ordered), response_parameters)
-        err = self._core.submit(
-            handle,
-            tuple(ordered),
-            corrid,
-            start,
-            end,
-            timeout_us,
-            batch if batch > 0 else 1,
-        )
+        rec = _Pending(fut, request_id, out_names, tuple(ordered), response_parameters, rows)
+        self._pending[handle] = rec
+        err = self._core.submit(handle, rec.keep, corrid, start, end, timeout_us, rows, priority)
         if err is not None:
             del self._pending[handle]
             self._sync_fail += 1
-            raise InferenceError(Code(err[0]), err[1])
+            # Sequence-batcher errors carry no request id in Triton; the others do.
+            msg = err[1] if self.is_sequence else f"[request id: {request_id or '<id_unknown>'}] {err[1]}"
+            raise InferenceError(Code(err[0]), msg)
+        if self._preserve_ordering:
+            self._ordered.append(rec)
         return fut
 
     # ------------------------------------------------------------------ executor side
@@ -438,10 +540,10 @@ class LoadedModel:
                 else InferenceError(Code.INTERNAL, f"model '{self.name}' failed: {type(e).__name__}: {e}")
             )
             cb.finish(False)
-            self._loop.call_soon_threadsafe(_fail_all, [r for r in recs if r is not None], err)
+            self._loop.call_soon_threadsafe(self._fail_all, [r for r in recs if r is not None], err)
             return False
         cb.finish(True)
-        self._loop.call_soon_threadsafe(_deliver, self.name, self.version_str, replies)
+        self._loop.call_soon_threadsafe(self._deliver, replies)
         return True
 
     def _split(
@@ -470,18 +572,57 @@ class LoadedModel:
             # A view may alias an engine buffer that the next batch overwrites: own the data.
             arrays[o] = arr if arr.base is None else arr.copy()
         replies = []
-        whole = self.max_batch_size == 0 or not self.is_sequence
-        for i, rec in enumerate(recs):
-            if rec is None:
+        if self.max_batch_size == 0:  # one request, no batch dimension
+            return [(rec, {o: arrays[o] for o in rec.outputs}) for rec in recs if rec is not None]
+        row = 0
+        for rec in recs:
+            if rec is None:  # padding or a final END step: one row, no reply
+                row += 1
                 continue
-            outs = {o: (arrays[o] if whole else arrays[o][i : i + 1]) for o in rec.outputs}
-            replies.append((rec, outs))
+            end = row + rec.rows
+            replies.append((rec, {o: arrays[o][row:end] for o in rec.outputs}))
+            row = end
         return replies
 
     def _on_fail(self, handles: list[int], code: int, message: str) -> None:
         recs = [r for r in (self._pending.pop(h, None) for h in handles) if r is not None]
         if recs:
-            self._loop.call_soon_threadsafe(_fail_all, recs, InferenceError(Code(code), message))
+            self._loop.call_soon_threadsafe(self._fail_all, recs, InferenceError(Code(code), message))
+
+    # Event-loop side: resolve futures (in enqueue order when preserve_ordering is on).
+
+    def _deliver(self, replies: list[tuple[_Pending, dict[str, np.ndarray]]]) -> None:
+        for rec, outs in replies:
+            result = InferResult(self.name, self.version_str, rec.request_id, outs, rec.parameters or {})
+            self._settle(rec, result)
+        if self._preserve_ordering:
+            self._flush_ordered()
+
+    def _fail_all(self, recs: list[_Pending], err: InferenceError) -> None:
+        for rec in recs:
+            self._settle(rec, InferenceError(err.code, err.message))
+        if self._preserve_ordering:
+            self._flush_ordered()
+
+    def _settle(self, rec: _Pending, outcome: InferResult | InferenceError) -> None:
+        if self._preserve_ordering:
+            rec.outcome = outcome
+        elif not rec.future.done():
+            if isinstance(outcome, InferenceError):
+                rec.future.set_exception(outcome)
+            else:
+                rec.future.set_result(outcome)
+
+    def _flush_ordered(self) -> None:
+        q = self._ordered
+        while q and q[0].outcome is not None:
+            rec = q.popleft()
+            if rec.future.done():
+                continue
+            if isinstance(rec.outcome, InferenceError):
+                rec.future.set_exception(rec.outcome)
+            else:
+                rec.future.set_result(rec.outcome)
 
     # -------------------------------------------------------------------------- shutdown
 
@@ -506,6 +647,18 @@ class LoadedModel:
                 log.exception("model '%s': finalize failed", self.name)
 
 
+def _name_list(names: list[str]) -> str:
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"  # Triton's formatting, no spaces
+
+
+_BATCH_DIM_NOTE = (
+    ". NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be "
+    "prepended to each input shape. If you want to specify the full shape including the batch dim in "
+    "your input dims config, try setting max_batch_size to zero. See the model configuration docs for "
+    "more info on max_batch_size."
+)
+
+
 def _wire_of(dtype: np.dtype[Any]) -> str:
     table = {
         "b": "BOOL",
@@ -525,15 +678,3 @@ def _wire_of(dtype: np.dtype[Any]) -> str:
         return "BYTES"
     key = "b" if dtype.kind == "b" else f"{dtype.kind}{dtype.itemsize}"
     return table.get(key, str(dtype))
-
-
-def _deliver(model: str, version: str, replies: list[tuple[_Pending, dict[str, np.ndarray]]]) -> None:
-    for rec, outs in replies:
-        if not rec.future.done():
-            rec.future.set_result(InferResult(model, version, rec.request_id, outs, rec.parameters or {}))
-
-
-def _fail_all(recs: list[_Pending], err: InferenceError) -> None:
-    for rec in recs:
-        if not rec.future.done():
-            rec.future.set_exception(InferenceError(err.code, err.message))

@@ -36,9 +36,7 @@ def available_versions(model_dir: Path) -> list[int]:
     """Version numbers of the numeric sub-directories, ascending (names with
     a leading zero are not versions)."""
     versions = [
-        int(entry.name)
-        for entry in Path(model_dir).iterdir()
-        if entry.is_dir() and _is_version_name(entry.name)
+        int(entry.name) for entry in Path(model_dir).iterdir() if entry.is_dir() and _is_version_name(entry.name)
     ]
     return sorted(versions)
 

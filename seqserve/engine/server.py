@@ -79,9 +79,7 @@ class Server:
             await self.load_model(name)
         self._live = True
 
-    def _load_sync(
-        self, name: str, loop: asyncio.AbstractEventLoop, path: Path, config_json: str | None
-    ) -> ModelState:
+    def _load_sync(self, name: str, loop: asyncio.AbstractEventLoop, path: Path, config_json: str | None) -> ModelState:
         versions: dict[int, LoadedModel] = {}
         try:
             if not path.is_dir():
@@ -185,14 +183,10 @@ class Server:
         try:
             v = int(version)
         except (TypeError, ValueError):
-            raise InferenceError(
-                Code.INVALID_ARG, f"failed to parse version '{version}' for model '{name}'"
-            ) from None
+            raise InferenceError(Code.INVALID_ARG, f"failed to parse version '{version}' for model '{name}'") from None
         m = state.versions.get(v)
         if m is None:
-            raise InferenceError(
-                Code.NOT_FOUND, f"Request for unknown model: '{name}' version {v} is not found"
-            )
+            raise InferenceError(Code.NOT_FOUND, f"Request for unknown model: '{name}' version {v} is not found")
         return m
 
     def is_model_ready(self, name: str, version: str | int = "") -> bool:
@@ -281,6 +275,7 @@ class Server:
         outputs: Sequence[str] | None = None,
         request_id: str = "",
         timeout_us: int = 0,
+        priority: int = 0,
     ) -> asyncio.Future[InferResult]:
         """Queue one request now and return its future (so callers keep arrival order).
         Raises InferenceError at once for requests the scheduler refuses.
@@ -302,6 +297,7 @@ class Server:
             outputs=outputs,
             request_id=request_id,
             timeout_us=timeout_us,
+            priority=priority,
             response_parameters=response_parameters,
         )
 
@@ -317,6 +313,7 @@ class Server:
         outputs: Sequence[str] | None = None,
         request_id: str = "",
         timeout_us: int = 0,
+        priority: int = 0,
     ) -> InferResult:
         """Run one request and wait for its result; see `submit`."""
         return await self.submit(
@@ -329,4 +326,5 @@ class Server:
             outputs=outputs,
             request_id=request_id,
             timeout_us=timeout_us,
+            priority=priority,
         )

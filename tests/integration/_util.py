@@ -202,8 +202,8 @@ class SyncStream:
     def _callback(q: queue.Queue[Any], result: Any, error: Any) -> None:
         q.put((result, error))
 
-    def send(self, model: str, inputs: list[Any], **kwargs: Any) -> None:
-        self.client.async_stream_infer(model, inputs, **kwargs)
+    def send(self, *args: Any, **kwargs: Any) -> None:
+        self.client.async_stream_infer(*args, **kwargs)
 
     def get(self, timeout: float = 10.0) -> tuple[Any, InferenceServerException | None]:
         return self.results.get(timeout=timeout)

@@ -202,16 +202,12 @@ def _config_type(dtype: str) -> str:
 
 def identity_config(name: str = "identity") -> str:
     """Stateless, max_batch_size 0: IN_<T> [-1] -> OUT_<T> for every datatype T."""
-    ins = ",\n".join(
-        f'  {{ name: "IN_{t}" data_type: {_config_type(t)} dims: [ -1 ] }}' for t in IDENTITY_DTYPES
-    )
-    outs = ",\n".join(
-        f'  {{ name: "OUT_{t}" data_type: {_config_type(t)} dims: [ -1 ] }}' for t in IDENTITY_DTYPES
-    )
+    ins = ",\n".join(f'  {{ name: "IN_{t}" data_type: {_config_type(t)} dims: [ -1 ] }}' for t in IDENTITY_DTYPES)
+    outs = ",\n".join(f'  {{ name: "OUT_{t}" data_type: {_config_type(t)} dims: [ -1 ] }}' for t in IDENTITY_DTYPES)
     return (
         f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
         f"input [\n{ins}\n]\noutput [\n{outs}\n]\n"
-        'instance_group [ { count: 1 kind: KIND_CPU } ]\n'
+        "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
     )
 
 

@@ -376,24 +376,24 @@ async def test_strict_sequence_ids(launch: Callable[..., ServerProcess]) -> None
 
 
 async def test_concurrent_sequences_all_clients(server: ServerProcess) -> None:
-    """Four clients, one sequence each, stepping at the same time."""
-    clients = [Client(f, server) for f in ("http", "http_aio", "grpc", "grpc_aio")]
+    """Four clients, one sequence each, stepping at the same time (the blocking clients in
+    their own threads, where they are also created: gevent sockets stay in their thread)."""
 
-    async def run(cl: Client) -> None:
-        sid = new_int_id() if cl.is_aio else new_str_id()
-        total = 0.0
-        for k in range(8):
-            total += k + 1
-            if cl.is_aio:
+    async def run(flavour: str) -> None:
+        cl = Client(flavour, server)
+        try:
+            sid = new_int_id() if cl.is_aio else new_str_id()
+            total = 0.0
+            for k in range(8):
+                total += k + 1
                 got = await cl.step("accumulator", sid, k + 1, sequence_start=k == 0, sequence_end=k == 7)
-            else:  # the blocking clients in threads, so the four really overlap
-                got = await asyncio.to_thread(
-                    asyncio.run, cl.step("accumulator", sid, k + 1, sequence_start=k == 0, sequence_end=k == 7)
-                )
-            assert got == total
+                assert got == total
+        finally:
+            await cl.close()
 
-    try:
-        await asyncio.gather(*(run(c) for c in clients))
-    finally:
-        for c in clients:
-            await c.close()
+    await asyncio.gather(
+        run("http_aio"),
+        run("grpc_aio"),
+        asyncio.to_thread(asyncio.run, run("http")),
+        asyncio.to_thread(asyncio.run, run("grpc")),
+    )

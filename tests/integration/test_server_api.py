@@ -44,9 +44,7 @@ async def test_model_metadata(client: Client) -> None:
         assert meta["versions"] == ["1"]
         assert meta["platform"] == "python"
         assert [(t["name"], t["datatype"], _ints(t["shape"])) for t in meta["inputs"]] == [("INPUT", "FP32", [-1, 1])]
-        assert [(t["name"], t["datatype"], _ints(t["shape"])) for t in meta["outputs"]] == [
-            ("OUTPUT", "FP32", [-1, 1])
-        ]
+        assert [(t["name"], t["datatype"], _ints(t["shape"])) for t in meta["outputs"]] == [("OUTPUT", "FP32", [-1, 1])]
     meta = await client("get_model_metadata", "add_sub")
     assert [t["name"] for t in meta["inputs"]] == ["INPUT0", "INPUT1"]
     assert [_ints(t["shape"]) for t in meta["outputs"]] == [[-1, 4], [-1, 4]]
@@ -107,9 +105,7 @@ async def test_statistics(client: Client) -> None:
             assert stat["response_stats"] == {}
             assert isinstance(stat["batch_stats"], list)
 
-    await expect_error(
-        client("get_inference_statistics", "no_such_model"), client.code("INVALID_ARG"), "no_such_model"
-    )
+    await expect_error(client("get_inference_statistics", "no_such_model"), client.code("INVALID_ARG"), "no_such_model")
 
 
 async def test_repository_index(client: Client) -> None:

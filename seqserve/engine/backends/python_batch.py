@@ -76,9 +76,7 @@ class PythonBackend(Backend):
                 if hasattr(self._module, "TritonPythonModel")
                 else ""
             )
-            raise InferenceError(
-                Code.INVALID_ARG, f"python model '{ctx.name}' must define a class named 'Model'{hint}"
-            )
+            raise InferenceError(Code.INVALID_ARG, f"python model '{ctx.name}' must define a class named 'Model'{hint}")
         if not callable(getattr(cls, "execute", None)):
             raise InferenceError(Code.INVALID_ARG, f"python model '{ctx.name}': Model has no execute method")
         self._cls = cls
