@@ -43,6 +43,7 @@ EXTENSIONS = [
     "statistics",
     "model_repository",
     "parameters",
+    "schedule_policy",
 ]
 
 _JSON = "application/json"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ def repo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
 
 
 @pytest.fixture(params=FLAVOURS)
-async def rclient(request: pytest.FixtureRequest, repo_server: ServerProcess) -> Iterator[Client]:
+async def rclient(request: pytest.FixtureRequest, repo_server: ServerProcess) -> AsyncIterator[Client]:
     cl = Client(request.param, repo_server)
     yield cl
     await cl.close()
