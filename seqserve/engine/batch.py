@@ -28,3 +28,8 @@ class ExecuteBatch:
     end: np.ndarray  # bool [B]
     ready: np.ndarray  # bool [B]; false on padding rows
     corrid: np.ndarray  # uint64 [B], or object [B] of str when string ids are in the batch
+    #: rows each request occupies, in order (padding and final-END rows count 1); their sum is
+    #: the batch's row count. Request-level APIs (Triton-style models) split the batch by it.
+    request_rows: list[int]
+    #: per request, the outputs it asked for; None for rows that get no reply
+    request_outputs: list[tuple[str, ...] | None]

@@ -525,6 +525,8 @@ class LoadedModel:
                 end=cb.end,
                 ready=cb.ready,
                 corrid=cb.corrid,
+                request_rows=[r.rows if r is not None else 1 for r in recs],
+                request_outputs=[r.outputs if r is not None else None for r in recs],
             )
             produced = self._instances[cb.instance].execute(batch)
             cb.mark_executed()

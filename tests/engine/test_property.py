@@ -235,6 +235,7 @@ async def run_scenario(repo: Path, instances: int, mbs: int, ids: str, waves: li
                                  sequence_start=req.start, sequence_end=req.end)
                 )
                 await asyncio.sleep(0)  # runs the task up to its submit
+                # expect() blocks this loop thread on purpose: nothing else may move meanwhile
                 if k in oracle.errors:
                     assert tasks[k].done(), f"request {k} {req} should fail at once"
                     err = tasks[k].exception()
@@ -324,9 +325,13 @@ def test_padding_and_slot_order_two_instances(model_repo: Path) -> None:
     asyncio.run(run_scenario(model_repo, 2, 4, "int", [reqs]))
 
 
-def test_mixed_id_batch_reports_numeric_corrid(model_repo: Path) -> None:
-    """A batch holding int id 5 and string id "a" tells the model that row 0 is sequence 5
-    (batch.corrid used to report it as "")."""
-    reqs = [Req(5, start=True, value=1), Req("a", start=True, value=2), Req(5, value=3), Req("a", value=4)]
+def test_int_and_string_ids_are_distinct_sequences(model_repo: Path) -> None:
+    """5 and "5" are two sequences with their own slots and state; a batch holding both tells
+    the model each row's id with its type (batch.corrid: int, str, and 0 on padding)."""
+    reqs = [Req(5, start=True, value=1), Req("5", start=True, value=2), Req(5, value=3), Req("5", value=4),
+            Req("5", end=True, value=5), Req(5, end=True, value=6)]
+    oracle = DirectOracle(1, 4, model=model_name(1, 4, "mixed"))
+    oracle.run_wave(reqs)
+    assert [[r.corrid for r in b.rows] for b in oracle.batches] == [[5], [5, "5"], [5, "5"], [None, "5"]]
+    assert oracle.replies == {0: 1, 1: 2, 2: 4, 3: 6, 4: 11, 5: 10}
     asyncio.run(run_scenario(model_repo, 1, 4, "mixed", [reqs]))
-
