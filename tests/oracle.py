@@ -70,8 +70,10 @@ class _Backlogged:
 
 
 def start_error(seq: SeqId, model: str) -> str:
-    return (f"inference request for sequence {seq} to model '{model}' must specify the START flag "
-            "on the first request of the sequence")
+    return (
+        f"inference request for sequence {seq} to model '{model}' must specify the START flag "
+        "on the first request of the sequence"
+    )
 
 
 class DirectOracle:

@@ -9,6 +9,7 @@ await server.shutdown()
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -76,7 +77,9 @@ class Server:
             raise InferenceError(Code.INVALID_ARG, f"model repository '{self.repository}' is not a directory")
         names = models if models is not None else [p.name for p in discover_models(self.repository)]
         for name in names:
-            await self.load_model(name)
+            # A model that fails is logged and listed UNAVAILABLE (with its reason) in the index.
+            with contextlib.suppress(InferenceError):
+                await self.load_model(name)
         self._live = True
 
     def _load_sync(self, name: str, loop: asyncio.AbstractEventLoop, path: Path, config_json: str | None) -> ModelState:
@@ -120,11 +123,17 @@ class Server:
             path = write_override_files(name, files)
         old = self._models.get(name)
         state = self._load_sync(name, loop, path, config_json)
+        if state.state != "READY":
+            # A failed reload keeps the previous versions serving (as Triton does); a name that
+            # is not in the repository leaves no trace.
+            if old is not None and old.versions:
+                old.reason = state.reason
+            elif path.is_dir() or old is not None:
+                self._models[name] = state
+            raise InferenceError(Code.INVALID_ARG, f"load failed for model '{name}': {state.reason}")
         self._models[name] = state
         if old is not None:
             await self._retire(old)
-        if state.state != "READY":
-            raise InferenceError(Code.INVALID_ARG, f"load failed for model '{name}': {state.reason}")
 
     async def unload_model(self, name: str) -> None:
         state = self._models.get(name)
@@ -230,8 +239,11 @@ class Server:
 
     def statistics(self, name: str = "", version: str | int = "") -> list[dict[str, Any]]:
         """Triton-shaped model statistics (durations in ns)."""
-        if name:
+        if name and version not in ("", None):
             targets = [self.model(name, version)]
+        elif name:
+            self.model(name)  # NOT_FOUND when the model is unknown
+            targets = [m for _, m in sorted(self._models[name].versions.items())]
         else:
             targets = [m for s in self._models.values() for m in s.versions.values()]
         out = []

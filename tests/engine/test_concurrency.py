@@ -112,11 +112,20 @@ def test_core_submit_from_many_threads(busy_switching: None) -> None:
         return True
 
     sched = _core.Scheduler(
-        name="core", strategy=_core.DIRECT, max_batch_size=4, instance_count=2, slots_per_instance=4,
-        idle_us=600_000_000, max_queue_delay_us=0, min_slot_utilization=0.0,
-        inputs=[("IN", mc.TYPE_INT64, False, [1])], controls=[],
+        name="core",
+        strategy=_core.DIRECT,
+        max_batch_size=4,
+        instance_count=2,
+        slots_per_instance=4,
+        idle_us=600_000_000,
+        max_queue_delay_us=0,
+        min_slot_utilization=0.0,
+        inputs=[("IN", mc.TYPE_INT64, False, [1])],
+        controls=[],
         states=[("S_IN", "S_OUT", mc.TYPE_INT64, [1], False, bytes(8), [1])],
-        delay_requests=0, delay_backlog_requests=0, runner=runner,
+        delay_requests=0,
+        delay_backlog_requests=0,
+        runner=runner,
         on_fail=lambda handles, code, msg: failures.append((handles, code, msg)),
         on_warning=lambda msg: failures.append(msg),
     )
@@ -220,17 +229,18 @@ def test_server_infer_from_many_threads(repo: Path, busy_switching: None, pipeli
 
     def infer(j: int, step: int) -> Future[Any]:
         coro = server.infer(
-            "acc", {"IN_X": np.array([[value(j, step)]], np.int64)}, sequence_id=seq_id(j),
-            sequence_start=step == 0, sequence_end=step == STEPS - 1,
+            "acc",
+            {"IN_X": np.array([[value(j, step)]], np.int64)},
+            sequence_id=seq_id(j),
+            sequence_start=step == 0,
+            sequence_end=step == STEPS - 1,
         )
         return asyncio.run_coroutine_threadsafe(coro, loop)
 
     def drive(t: int) -> None:
         if not pipelined:  # closed loop: one sequence at a time, each step waits for its reply
             for j in order[t]:
-                replies[j] = [
-                    int(infer(j, s).result(TIMEOUT_S).outputs["OUT_X"][0, 0]) for s in range(STEPS)
-                ]
+                replies[j] = [int(infer(j, s).result(TIMEOUT_S).outputs["OUT_X"][0, 0]) for s in range(STEPS)]
             return
         futs = {(j, s): infer(j, s) for s in range(STEPS) for j in order[t]}  # step-major
         for j in order[t]:

@@ -27,7 +27,7 @@ from tests.conftest import write_model
 from tests.oracle import Batch, DirectOracle, Req
 
 # Accumulator with implicit state. Padding rows write a sentinel state that must never leak.
-GATED_ACCUMULATOR = '''
+GATED_ACCUMULATOR = """
 import queue, threading
 import numpy as np
 
@@ -57,7 +57,7 @@ class Model:
         out = s + x
         state = np.where(batch.ready.reshape(s.shape[:1] + (1,) * (s.ndim - 1)), out, SENTINEL)
         return {"OUT_X": out, "S_OUT": state}
-'''
+"""
 
 CONFIG = """
 name: "{name}"
@@ -231,8 +231,13 @@ async def run_scenario(repo: Path, instances: int, mbs: int, ids: str, waves: li
                 k = len(oracle.reqs)
                 started = oracle.submit(req)
                 tasks[k] = asyncio.ensure_future(
-                    server.infer(name, _inputs(req.value, mbs), sequence_id=req.id,
-                                 sequence_start=req.start, sequence_end=req.end)
+                    server.infer(
+                        name,
+                        _inputs(req.value, mbs),
+                        sequence_id=req.id,
+                        sequence_start=req.start,
+                        sequence_end=req.end,
+                    )
                 )
                 await asyncio.sleep(0)  # runs the task up to its submit
                 # expect() blocks this loop thread on purpose: nothing else may move meanwhile
@@ -302,9 +307,18 @@ def test_engine_matches_oracle_mixed_ids(model_repo: Path, scenario: tuple[int, 
 def test_backlog_handoff_and_restart(model_repo: Path) -> None:
     """Hand-checked: 1 instance, 1 slot; B waits in the backlog until A's END is batched,
     then moves in as a whole; a second START on B continues in place and resets state."""
-    waves = [[Req(1, start=True, value=1), Req(2, start=True, value=10), Req(1, value=2),
-              Req(2, value=20), Req(1, end=True, value=3), Req(2, start=True, value=100),
-              Req(2, end=True, value=5), Req(2, value=7)]]
+    waves = [
+        [
+            Req(1, start=True, value=1),
+            Req(2, start=True, value=10),
+            Req(1, value=2),
+            Req(2, value=20),
+            Req(1, end=True, value=3),
+            Req(2, start=True, value=100),
+            Req(2, end=True, value=5),
+            Req(2, value=7),
+        ]
+    ]
     oracle = DirectOracle(1, 1, model=model_name(1, 1, "int"))
     batches = oracle.run_wave(waves[0])
     assert [[r.req for r in b.rows] for b in batches] == [[0], [2], [4], [1], [3], [5], [6]]
@@ -328,8 +342,14 @@ def test_padding_and_slot_order_two_instances(model_repo: Path) -> None:
 def test_int_and_string_ids_are_distinct_sequences(model_repo: Path) -> None:
     """5 and "5" are two sequences with their own slots and state; a batch holding both tells
     the model each row's id with its type (batch.corrid: int, str, and 0 on padding)."""
-    reqs = [Req(5, start=True, value=1), Req("5", start=True, value=2), Req(5, value=3), Req("5", value=4),
-            Req("5", end=True, value=5), Req(5, end=True, value=6)]
+    reqs = [
+        Req(5, start=True, value=1),
+        Req("5", start=True, value=2),
+        Req(5, value=3),
+        Req("5", value=4),
+        Req("5", end=True, value=5),
+        Req(5, end=True, value=6),
+    ]
     oracle = DirectOracle(1, 4, model=model_name(1, 4, "mixed"))
     oracle.run_wave(reqs)
     assert [[r.corrid for r in b.rows] for b in oracle.batches] == [[5], [5, "5"], [5, "5"], [None, "5"]]
