@@ -73,7 +73,7 @@ async def serve(opts: ServeOptions) -> int:
         if opts.http_tls_cert:
             cfg.certfile = opts.http_tls_cert
             cfg.keyfile = opts.http_tls_key
-        app = HttpFrontend(server, max_body_bytes=opts.http_max_body_bytes).app()
+        app = HttpFrontend(server, max_body_bytes=opts.http_max_body_bytes).asgi()
         tasks.append(asyncio.create_task(hypercorn_serve(app, cfg, shutdown_trigger=http_done.wait)))  # type: ignore[arg-type]
         scheme = "https" if opts.http_tls_cert else "http"
         log.info("HTTP listening on %s://%s:%d", scheme, opts.host, opts.http_port)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -14,6 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.api import codec
@@ -22,6 +24,8 @@ from seqserve.engine import Code, InferenceError, Server
 log = logging.getLogger("seqserve.http")
 
 SESSION_HEADER = "inference-session-id"
+# Model names cannot contain "/" (as in Triton); versions are decimal.
+_INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 DEFAULT_MAX_BODY_BYTES = 1 << 30
 
 HTTP_STATUS = {
@@ -191,11 +195,22 @@ class HttpFrontend:
     # -------------------------------------------------------------------------- infer
 
     async def infer(self, request: Request) -> Response:
+        """Starlette route for infer (the ASGI app from `asgi()` answers infer without it)."""
         p = request.path_params
-        model = p["model"]
-        headers = request.headers
         try:
             body = await self._body(request)
+        except _TooLarge as e:
+            return error_response(str(e), 413)
+        status, headers, out = await self.infer_reply(p["model"], p.get("version", ""), request.headers, body)
+        return Response(out, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
+
+    async def infer_reply(
+        self, model: str, version: Any, headers: Mapping[str, str], body: bytes
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """One infer request, transport-neutral: (status, response headers, body).
+        `headers` is looked up by lower-case name."""
+        session = None
+        try:
             encoding = headers.get("content-encoding")
             if encoding:
                 body = codec.decompress(body, encoding)
@@ -211,11 +226,11 @@ class HttpFrontend:
             req = codec.parse_http_request(body, ihcl, model)
             session = headers.get(SESSION_HEADER)
             if session and not req.sequence_id:
-                req.sequence_id = self._session_sequence_id(session, model, p.get("version", ""))
+                req.sequence_id = self._session_sequence_id(session, model, version)
             result = await self.server.infer(
                 model,
                 req.inputs,
-                version=p.get("version", ""),
+                version=version,
                 sequence_id=req.sequence_id,
                 sequence_start=req.sequence_start,
                 sequence_end=req.sequence_end,
@@ -234,23 +249,74 @@ class HttpFrontend:
                 result.parameters,
             )
         except InferenceError as e:
-            return _from_error(e)
-        except _TooLarge as e:
-            return error_response(str(e), 413)
-        reply_headers: dict[str, str] = {}
+            reply = [(b"content-type", b"application/json")]
+            if e.message == "Unsupported compression type":
+                reply.append((b"accept-encoding", b"gzip, deflate"))
+            return HTTP_STATUS.get(e.code, 400), reply, orjson.dumps({"error": e.message})
+        reply = []
         if json_len is not None:
-            reply_headers["Inference-Header-Content-Length"] = str(json_len)
+            reply.append((b"content-type", b"application/octet-stream"))
+            reply.append((b"inference-header-content-length", str(json_len).encode()))
+        else:
+            reply.append((b"content-type", b"application/json"))
         generated = result.parameters.get("sequence_id")
         if generated is not None or session:
-            reply_headers["Inference-Session-Id"] = str(generated if generated is not None else session)
+            reply.append((b"inference-session-id", str(generated if generated is not None else session).encode()))
         accept = headers.get("accept-encoding")
         if accept:
             enc = codec.choose_encoding(accept)
             if enc:
                 out = codec.compress(out, enc)
-                reply_headers["Content-Encoding"] = enc
-        media = "application/octet-stream" if json_len is not None else _JSON
-        return Response(out, media_type=media, headers=reply_headers)
+                reply.append((b"content-encoding", enc.encode()))
+        return 200, reply, out
+
+    async def _infer_asgi(self, scope: Scope, receive: Receive, send: Send, model: str, version: str) -> None:
+        """The infer hot path as a bare ASGI handler: no Request/Response objects."""
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        limit = self.max_body_bytes
+        length = headers.get("content-length")
+        status: int
+        if length is not None and length.isdigit() and int(length) > limit:
+            status, reply, out = 413, [(b"content-type", b"application/json")], b""
+            out = orjson.dumps({"error": str(_TooLarge(int(length), limit))})
+        else:
+            chunks: list[bytes] = []
+            total = 0
+            more = True
+            while more:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    return
+                chunk = msg.get("body", b"")
+                total += len(chunk)
+                if total > limit:
+                    break
+                chunks.append(chunk)
+                more = msg.get("more_body", False)
+            if total > limit:
+                status, reply = 413, [(b"content-type", b"application/json")]
+                out = orjson.dumps({"error": str(_TooLarge(total, limit))})
+            else:
+                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                status, reply, out = await self.infer_reply(model, version, headers, body)
+        reply.append((b"content-length", str(len(out)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": reply})
+        await send({"type": "http.response.body", "body": out})
+
+    def asgi(self) -> ASGIApp:
+        """The whole HTTP API as one ASGI app: infer on the bare fast path, the rest through
+        Starlette's routing."""
+        app = self.app()
+
+        async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http" and scope["method"] == "POST":
+                m = _INFER_PATH.match(scope["path"])
+                if m is not None:
+                    await self._infer_asgi(scope, receive, send, m.group(1), m.group(2) or "")
+                    return
+            await app(scope, receive, send)
+
+        return serve
 
     def _session_sequence_id(self, session: str, model: str, version: Any) -> int | str:
         """The header names a string sequence, except for models whose CORRID control is an
