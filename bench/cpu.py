@@ -22,6 +22,28 @@ class CpuSample:
     cpu_s: float  # user + sys seconds
     wall_s: float  # time.perf_counter() when taken
     nprocs: int = 1
+    # the root process's threads, user+sys seconds by label: "main" (the thread whose tid is the pid,
+    # e.g. the event loop) and the others by thread name (comm), summed over threads of that name
+    threads: dict[str, float] | None = None
+
+
+def root_threads(pid: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        comm = data[data.index(b"(") + 1 : data.rindex(b")")].decode(errors="replace")
+        fields = data[data.rindex(b")") + 2 :].split()
+        label = "main" if int(tid) == pid else comm
+        out[label] = out.get(label, 0.0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
 
 
 def _read_stat(pid: int) -> tuple[int, int] | None:
@@ -72,7 +94,7 @@ class ProcessTreeCpu:
             tree = process_tree(self.root_pid)
         except ProcessLookupError:
             return None
-        return CpuSample(sum(tree.values()) / CLK_TCK, time.perf_counter(), len(tree))
+        return CpuSample(sum(tree.values()) / CLK_TCK, time.perf_counter(), len(tree), root_threads(self.root_pid))
 
 
 class ClientCpu:

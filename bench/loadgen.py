@@ -67,6 +67,7 @@ class RunResult:
     error_samples: list[str] = field(default_factory=list)
     server_cpu_s: float | None = None
     server_nprocs: int | None = None
+    server_threads_cpu_s: dict[str, float] | None = None  # the root process's threads (see cpu.CpuSample)
     client_cpu_s: float = 0.0
     system_cpu_s: float | None = None  # busy CPU of the whole machine over the window
 
@@ -92,6 +93,7 @@ class RunResult:
             error_samples=(self.error_samples + other.error_samples)[:10],
             server_cpu_s=self.server_cpu_s if self.server_cpu_s is not None else other.server_cpu_s,  # measured once
             server_nprocs=self.server_nprocs or other.server_nprocs,
+            server_threads_cpu_s=self.server_threads_cpu_s or other.server_threads_cpu_s,
             client_cpu_s=self.client_cpu_s + other.client_cpu_s,
             system_cpu_s=self.system_cpu_s if self.system_cpu_s is not None else other.system_cpu_s,
         )
@@ -187,6 +189,13 @@ class _Run:
                     break
 
 
+def _thread_delta(a: CpuSample | None, b: CpuSample | None) -> dict[str, float] | None:
+    if not (a and b and a.threads is not None and b.threads is not None):
+        return None
+    delta = {k: v - a.threads.get(k, 0.0) for k, v in b.threads.items()}
+    return {k: round(v, 3) for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v > 0}
+
+
 async def run_closed_loop(
     transport: Transport,
     cfg: RunConfig,
@@ -266,6 +275,7 @@ async def run_closed_loop(
         error_samples=run.samples,
         server_cpu_s=(srv1.cpu_s - srv0.cpu_s) if srv0 and srv1 else None,
         server_nprocs=srv1.nprocs if srv1 else None,
+        server_threads_cpu_s=_thread_delta(srv0, srv1),
         client_cpu_s=cli1.cpu_s - cli0.cpu_s,
         system_cpu_s=(sys1.cpu_s - sys0.cpu_s) if sys0 and sys1 else None,
     )

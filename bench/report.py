@@ -17,6 +17,7 @@ def summarize(r: RunResult) -> dict[str, Any]:
     n = r.steps
     lat_ms = r.latencies_ns / 1e6
     start_ms = r.start_latencies_ns / 1e6
+    threads = r.server_threads_cpu_s
     pct = np.percentile(lat_ms, [50, 90, 99]) if n else [float("nan")] * 3
     row: dict[str, Any] = {
         "transport": r.transport,
@@ -42,6 +43,11 @@ def summarize(r: RunResult) -> dict[str, Any]:
         "error_samples": r.error_samples,
         "server_cpu_s": r.server_cpu_s,
         "server_nprocs": r.server_nprocs,
+        "server_threads_us_per_step": (
+            {k: round(v / n * 1e6, 1) for k, v in r.server_threads_cpu_s.items()}
+            if r.server_threads_cpu_s and n
+            else None
+        ),
         "server_cpu_us_per_step": (r.server_cpu_s / n * 1e6) if (r.server_cpu_s is not None and n) else None,
         "server_cpu_util": (r.server_cpu_s / r.window_s) if (r.server_cpu_s is not None and r.window_s) else None,
         "client_cpu_s": r.client_cpu_s,

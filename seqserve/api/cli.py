@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_BODY_BYTES,
         help=f"largest accepted HTTP request body (default: {DEFAULT_MAX_BODY_BYTES})",
     )
+    s.add_argument(
+        "--http-server",
+        choices=["auto", "hypercorn", "granian"],
+        default="auto",
+        help="HTTP server for the ASGI app (default: granian when installed, else hypercorn)",
+    )
     s.add_argument("--tls-cert", help="PEM certificate for both front-ends")
     s.add_argument("--tls-key", help="PEM private key for both front-ends")
     s.add_argument("--http-tls-cert", help="PEM certificate for HTTP (overrides --tls-cert)")
@@ -99,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         http_tls_key=http_key,
         grpc_tls_cert=grpc_cert,
         grpc_tls_key=grpc_key,
+        http_server=args.http_server,
     )
     try:
         return run(opts)
