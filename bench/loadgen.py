@@ -1,14 +1,22 @@
-"""Closed-loop sequence load: N concurrent sequences, each sends its next step when the reply
-to the previous one has arrived.
+"""Sequence load: closed loop or real-time paced, on one event loop of one generator process.
+
+closed: N concurrent sequences ("lanes"), each sends its next step when the reply to the previous
+        one has arrived.
+paced:  N streams, each sends one step every ``period_s`` on a fixed schedule (stream ``i`` offset
+        by ``i / N`` of a period, as independent audio streams would be), regardless of how fast
+        replies come, except that a stream never sends step k+1 of a sequence before step k's reply:
+        a late reply makes the next step late (it goes at once; the schedule does not move). A step
+        misses its deadline when its reply arrives after the stream's next scheduled send time.
 
 A run is: warm-up (``warmup_s``, not measured) -> measured window (``duration_s`` seconds, or
 until ``steps`` steps have been measured) -> drain (every open sequence sends one more step
-with END so the server is left with no live sequences; not measured). A step is measured when
-it was sent and answered inside the window. CPU (server tree and client) is sampled at the
-window's edges. Every reply of every phase is checked against the expected running sum.
+with END, at once, so the server is left with no live sequences; not measured). A step is
+measured when it was sent and answered inside the window. CPU (server tree and client) is sampled
+at the window's edges. Every reply of every phase is checked when the workload verifies.
 
-Everything a run produces is in :class:`RunResult`, which can be merged with results of the
-same run from other processes (for a later multi-process generator).
+Several generator processes (``bench.multiproc``) run the same run with a shared ``start_at``
+(CLOCK_MONOTONIC, the same in every process), each with a share of the lanes; their
+:class:`RunResult` objects merge.
 """
 
 from __future__ import annotations
@@ -21,31 +29,41 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from bench.cpu import ClientCpu, CpuSample, ProcessTreeCpu, SystemCpu
 from bench.transports import SeqId, Transport
+from bench.workload import Workload, check
 
 perf_ns = time.perf_counter_ns
 
-# Step inputs: small integers, so every running sum is exact in FP32 and replies compare with ==.
-VALUES = (3.0, -1.0, 4.0, 1.0, -5.0, 9.0, 2.0, -6.0, 5.0, 3.0, -5.0, 8.0, 9.0, -7.0, 9.0, 3.0)
+MODES = ("closed", "paced")
 
 
 @dataclass
 class RunConfig:
     transport: str
-    concurrency: int
+    concurrency: int  # lanes (sequences / streams) in this process
+    mode: str = "closed"
+    period_s: float = 0.02  # paced: one step per stream every period_s
+    total_lanes: int | None = None  # lanes over all generator processes (paced phase offsets)
+    lane_offset: int = 0  # this process's first lane, globally
     seq_len: int = 100
+    seq_len_jitter: float = 0.0  # sequence length uniform in seq_len * (1 +- jitter)
     warmup_s: float = 2.0
     duration_s: float | None = 10.0
     steps: int | None = None  # measure this many steps instead of duration_s
-    verify: bool = True
-    string_ids: bool = False
     request_timeout_s: float = 30.0
     drain_timeout_s: float = 30.0
     max_error_samples: int = 5
+    seed: int = 0
+    label: str = ""  # the target (e.g. "seqserve", "floor:grpc-stream")
+
+
+def _empty() -> np.ndarray:
+    return np.empty(0, dtype=np.int64)
 
 
 @dataclass
@@ -53,16 +71,25 @@ class RunResult:
     transport: str
     concurrency: int
     seq_len: int
+    mode: str = "closed"
+    period_s: float | None = None
+    label: str = ""
+    processes: int = 1
     window_s: float = 0.0
-    latencies_ns: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
-    # the measured START steps again (also in latencies_ns): with more sequences than the model has
-    # slots, a new sequence waits in the server's backlog until one ends, and that shows up here
-    start_latencies_ns: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    # measured latencies, the START steps apart: with more sequences than the model has slots, a new
+    # sequence waits in the server's backlog until one ends, and that shows up in the START steps
+    start_latencies_ns: np.ndarray = field(default_factory=_empty)
+    rest_latencies_ns: np.ndarray = field(default_factory=_empty)
+    # paced: per lane, measured steps and deadline misses; per measured step, send lag behind schedule
+    lane_steps: np.ndarray = field(default_factory=_empty)
+    lane_misses: np.ndarray = field(default_factory=_empty)
+    send_lag_ns: np.ndarray = field(default_factory=_empty)
     steps_total: int = 0  # every reply received (all phases), each one verified
     sequences_done: int = 0
     errors: int = 0  # failed requests (all phases), timeouts included
     timeouts: int = 0
     wrong: int = 0  # replies that differ from the expected running sum (all phases)
+    verified: bool = False
     stuck_workers: int = 0  # workers still waiting for a reply when the drain timed out
     error_samples: list[str] = field(default_factory=list)
     server_cpu_s: float | None = None
@@ -72,23 +99,37 @@ class RunResult:
     system_cpu_s: float | None = None  # busy CPU of the whole machine over the window
 
     @property
+    def latencies_ns(self) -> np.ndarray:
+        """Every measured step."""
+        return np.concatenate([self.start_latencies_ns, self.rest_latencies_ns])
+
+    @property
     def steps(self) -> int:
-        return int(self.latencies_ns.size)
+        return int(self.start_latencies_ns.size + self.rest_latencies_ns.size)
 
     def merge(self, other: RunResult) -> RunResult:
         """Combine the results of one run measured by several generator processes (same window)."""
+        cat = np.concatenate
         return RunResult(
             transport=self.transport,
             concurrency=self.concurrency + other.concurrency,
             seq_len=self.seq_len,
+            mode=self.mode,
+            period_s=self.period_s,
+            label=self.label,
+            processes=self.processes + other.processes,
             window_s=max(self.window_s, other.window_s),
-            latencies_ns=np.concatenate([self.latencies_ns, other.latencies_ns]),
-            start_latencies_ns=np.concatenate([self.start_latencies_ns, other.start_latencies_ns]),
+            start_latencies_ns=cat([self.start_latencies_ns, other.start_latencies_ns]),
+            rest_latencies_ns=cat([self.rest_latencies_ns, other.rest_latencies_ns]),
+            lane_steps=cat([self.lane_steps, other.lane_steps]),
+            lane_misses=cat([self.lane_misses, other.lane_misses]),
+            send_lag_ns=cat([self.send_lag_ns, other.send_lag_ns]),
             steps_total=self.steps_total + other.steps_total,
             sequences_done=self.sequences_done + other.sequences_done,
             errors=self.errors + other.errors,
             timeouts=self.timeouts + other.timeouts,
             wrong=self.wrong + other.wrong,
+            verified=self.verified and other.verified,
             stuck_workers=self.stuck_workers + other.stuck_workers,
             error_samples=(self.error_samples + other.error_samples)[:10],
             server_cpu_s=self.server_cpu_s if self.server_cpu_s is not None else other.server_cpu_s,  # measured once
@@ -100,17 +141,26 @@ class RunResult:
 
 
 class SequenceIds:
-    """Unique sequence ids for one generator invocation (numeric uint64, or strings)."""
+    """Unique sequence ids for one generator invocation (numeric, below 2**63, or strings).
+
+    ``id_base()`` leaves 2**32 ids per invocation: the parent process counts from the base, child
+    process ``i`` (``bench.multiproc``) from ``base + (i + 1) << 28``; all keep counting across runs.
+    """
 
     def __init__(self, string_ids: bool = False, base: int | None = None) -> None:
-        if base is None:  # distinct from other generators' and earlier invocations' ids
-            base = ((int(time.time()) & 0xFFFFFF) << 32) | ((os.getpid() & 0xFFF) << 20)
+        if base is None:
+            base = id_base()
         self._counter = itertools.count(base + 1)
         self.string_ids = string_ids
 
     def next(self) -> SeqId:
         n = next(self._counter)
         return f"bench-{n:x}" if self.string_ids else n
+
+
+def id_base() -> int:
+    """Distinct from other generators' and earlier invocations' ids (time and pid bits)."""
+    return ((int(time.time()) & 0xFFFFF) << 40) | ((os.getpid() & 0xFF) << 32)
 
 
 if sys.version_info >= (3, 11):
@@ -126,15 +176,21 @@ else:  # pragma: no cover
 
 
 class _Run:
-    def __init__(self, transport: Transport, cfg: RunConfig, ids: SequenceIds) -> None:
+    def __init__(self, transport: Transport, cfg: RunConfig, workload: Workload, ids: SequenceIds) -> None:
         self.t = transport
         self.cfg = cfg
+        self.wl = workload
         self.ids = ids
         self.stop = False
         self.measuring = False
+        self.t_start = 0  # perf_ns of the run's start (paced schedules count from it)
         self.t0 = 0
-        self.lat: list[int] = []
         self.lat_start: list[int] = []
+        self.lat_rest: list[int] = []
+        self.lag: list[int] = []
+        self.lane_steps = [0] * cfg.concurrency
+        self.lane_misses = [0] * cfg.concurrency
+        self.measured = 0
         self.steps_total = 0
         self.sequences_done = 0
         self.errors = 0
@@ -153,37 +209,60 @@ class _Run:
             if msg not in self.samples:
                 self.samples.append(msg)
 
-    async def worker(self, idx: int) -> None:
-        cfg, step, lat = self.cfg, self.t.step, self.lat
-        nvals = len(VALUES)
+    async def worker(self, lane: int) -> None:
+        cfg, wl, step = self.cfg, self.wl, self.t.step
+        glane = cfg.lane_offset + lane
+        rng = np.random.default_rng([cfg.seed, glane])
+        paced = cfg.mode == "paced"
+        period = int(cfg.period_s * 1e9)
+        nxt = self.t_start + (glane * period) // max(1, cfg.total_lanes or cfg.concurrency)
+        verify = wl.verify
+        seq_no = glane
+        sched = 0
         while not self.stop:
             sid = self.ids.next()
-            expected = 0.0
-            for k in range(cfg.seq_len):
-                end = self.stop or k == cfg.seq_len - 1
-                value = VALUES[(k + idx) % nvals]
+            steps = wl.sequence(rng, seq_no, cfg.seq_len, cfg.seq_len_jitter)
+            seq_no += cfg.total_lanes or cfg.concurrency
+            expected: np.ndarray | None = None
+            last = len(steps) - 1
+            for k, (payload, vin) in enumerate(steps):
+                if paced:
+                    sched = nxt
+                    while not self.stop and (wait := nxt - perf_ns()) > 0:
+                        await asyncio.sleep(wait / 1e9)
+                end = self.stop or k == last
                 ts = perf_ns()
                 try:
-                    out = await _with_timeout(step(sid, value, k == 0, end, idx), cfg.request_timeout_s)
+                    out = await _with_timeout(step(sid, payload, k == 0, end, lane), cfg.request_timeout_s)
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # abandon this sequence (the server times it out), start another
                     self._error(e)
                     await asyncio.sleep(0.05)
+                    nxt = perf_ns()
                     break
                 te = perf_ns()
                 self.steps_total += 1
-                expected += value
-                if cfg.verify and out != expected:
-                    self.wrong += 1
-                    if len(self.samples) < cfg.max_error_samples:
-                        self.samples.append(f"wrong answer: seq {sid} step {k}: got {out}, expected {expected}")
+                if verify:
+                    expected = vin if expected is None else expected + vin
+                    if not check(out, expected):  # type: ignore[arg-type]
+                        self.wrong += 1
+                        if len(self.samples) < cfg.max_error_samples:
+                            self.samples.append(
+                                f"wrong answer: seq {sid} step {k}: got {None if out is None else out.tolist()}, "
+                                f"expected {expected.tolist()}"  # type: ignore[union-attr]
+                            )
                 if self.measuring and ts >= self.t0:
-                    lat.append(te - ts)
-                    if k == 0:
-                        self.lat_start.append(te - ts)
-                    if self.target and len(lat) >= self.target:
+                    (self.lat_rest if k else self.lat_start).append(te - ts)
+                    self.measured += 1
+                    if paced:
+                        self.lane_steps[lane] += 1
+                        self.lag.append(ts - sched)
+                        if te > sched + period:
+                            self.lane_misses[lane] += 1
+                    if self.target and self.measured >= self.target:
                         self.enough.set()
+                nxt = sched + period
                 if end:
                     self.sequences_done += 1
                     break
@@ -196,60 +275,76 @@ def _thread_delta(a: CpuSample | None, b: CpuSample | None) -> dict[str, float] 
     return {k: round(v, 3) for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v > 0}
 
 
-async def run_closed_loop(
+# progress(fraction of this run done, text)
+ProgressFn = Callable[[float, str], None]
+
+
+async def run_load(
     transport: Transport,
     cfg: RunConfig,
+    workload: Workload,
     ids: SequenceIds,
     server_cpu: ProcessTreeCpu | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: ProgressFn | None = None,
+    start_at_ns: int | None = None,
+    sample_system: bool = True,
 ) -> RunResult:
-    """One closed-loop run at ``cfg.concurrency`` on an opened transport."""
-    run = _Run(transport, cfg, ids)
+    """One run (closed or paced, ``cfg.mode``) of ``cfg.concurrency`` lanes on an opened transport.
+    ``start_at_ns``: perf_counter_ns at which the warm-up begins (several processes share it)."""
+    if cfg.mode not in MODES:
+        raise ValueError(f"unknown mode {cfg.mode!r}")
+    run = _Run(transport, cfg, workload, ids)
     client_cpu = ClientCpu()
-    system_cpu = SystemCpu()
+    system_cpu = SystemCpu() if sample_system else None
+    if start_at_ns is not None and (wait := start_at_ns - perf_ns()) > 0:
+        await asyncio.sleep(wait / 1e9)
+    run.t_start = start_at_ns if start_at_ns is not None else perf_ns()
     workers = [asyncio.create_task(run.worker(i)) for i in range(cfg.concurrency)]
+    warm_ns = int(cfg.warmup_s * 1e9)
+    dur_ns = int((cfg.duration_s or 0) * 1e9)
+    total_s = cfg.warmup_s + (cfg.duration_s or 0)
 
-    def tick(phase: str, elapsed: float, total: float | None) -> None:
+    def tick(phase: str, elapsed_s: float, frac: float) -> None:
         if progress is not None:
-            of = f"/{total:.0f}s" if total else "s"
-            progress(f"{phase} {elapsed:4.1f}{of}  {len(run.lat)} steps  {run.errors} err  {run.wrong} wrong")
+            progress(
+                frac, f"{phase} {elapsed_s:4.1f}s  {run.measured} steps  {run.errors} err  {run.wrong} wrong"
+            )
 
-    start = time.perf_counter()
-    while (el := time.perf_counter() - start) < cfg.warmup_s:
-        tick("warm-up", el, cfg.warmup_s)
-        await asyncio.sleep(min(0.5, cfg.warmup_s - el))
+    while (el := perf_ns() - run.t_start) < warm_ns:
+        tick("warm-up", el / 1e9, el / 1e9 / total_s if total_s else 0.0)
+        await asyncio.sleep(min(0.25, (warm_ns - el) / 1e9))
 
-    sys0 = system_cpu.sample()
+    sys0 = system_cpu.sample() if system_cpu else None
     srv0: CpuSample | None = server_cpu.sample() if server_cpu else None
     cli0 = client_cpu.sample()
     run.t0 = perf_ns()
     run.measuring = True
-    wstart = time.perf_counter()
+    w_end = run.t_start + warm_ns + dur_ns  # shared by every process of the run
     while True:
-        el = time.perf_counter() - wstart
+        el_ns = perf_ns() - run.t0
         if cfg.steps:
             if run.enough.is_set():
                 break
-            tick("measuring", el, None)
+            tick("measuring", el_ns / 1e9, run.measured / cfg.steps)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(run.enough.wait(), 0.5)
+                await asyncio.wait_for(run.enough.wait(), 0.25)
             if all(w.done() for w in workers):
                 break
         else:
-            assert cfg.duration_s is not None
-            if el >= cfg.duration_s:
+            left = w_end - perf_ns()
+            if left <= 0:
                 break
-            tick("measuring", el, cfg.duration_s)
-            await asyncio.sleep(min(0.5, cfg.duration_s - el))
+            tick("measuring", el_ns / 1e9, (cfg.warmup_s + el_ns / 1e9) / total_s)
+            await asyncio.sleep(min(0.25, left / 1e9))
     run.measuring = False
     t1 = perf_ns()
     cli1 = client_cpu.sample()
     srv1: CpuSample | None = server_cpu.sample() if server_cpu else None
-    sys1 = system_cpu.sample()
+    sys1 = system_cpu.sample() if system_cpu else None
 
     run.stop = True
     if progress is not None:
-        progress("draining")
+        progress(1.0, "draining")
     _, pending = await asyncio.wait(workers, timeout=cfg.drain_timeout_s)
     for w in pending:
         w.cancel()
@@ -259,18 +354,26 @@ async def run_closed_loop(
         if not w.cancelled() and w.exception() is not None:
             run._error(w.exception())  # type: ignore[arg-type]
 
+    paced = cfg.mode == "paced"
     return RunResult(
         transport=cfg.transport,
         concurrency=cfg.concurrency,
         seq_len=cfg.seq_len,
+        mode=cfg.mode,
+        period_s=cfg.period_s if paced else None,
+        label=cfg.label,
         window_s=(t1 - run.t0) / 1e9,
-        latencies_ns=np.asarray(run.lat, dtype=np.int64),
         start_latencies_ns=np.asarray(run.lat_start, dtype=np.int64),
+        rest_latencies_ns=np.asarray(run.lat_rest, dtype=np.int64),
+        lane_steps=np.asarray(run.lane_steps if paced else [], dtype=np.int64),
+        lane_misses=np.asarray(run.lane_misses if paced else [], dtype=np.int64),
+        send_lag_ns=np.asarray(run.lag, dtype=np.int64),
         steps_total=run.steps_total,
         sequences_done=run.sequences_done,
         errors=run.errors,
         timeouts=run.timeouts,
         wrong=run.wrong,
+        verified=workload.verify,
         stuck_workers=len(pending),
         error_samples=run.samples,
         server_cpu_s=(srv1.cpu_s - srv0.cpu_s) if srv0 and srv1 else None,
@@ -279,3 +382,16 @@ async def run_closed_loop(
         client_cpu_s=cli1.cpu_s - cli0.cpu_s,
         system_cpu_s=(sys1.cpu_s - sys0.cpu_s) if sys0 and sys1 else None,
     )
+
+
+def run_coro(coro: Any, which: str = "auto") -> tuple[Any, str]:
+    """Run ``coro`` on uvloop (``auto``: when installed) or asyncio; returns (result, loop name)."""
+    if which in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if which == "uvloop":
+                raise
+        else:
+            return uvloop.run(coro), "uvloop"
+    return asyncio.run(coro), "asyncio"

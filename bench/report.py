@@ -1,4 +1,4 @@
-"""Turning :class:`~bench.loadgen.RunResult` objects into numbers, a table and JSON."""
+"""Turning :class:`~bench.loadgen.RunResult` objects into numbers, tables, JSON and a plot."""
 
 from __future__ import annotations
 
@@ -11,6 +11,12 @@ import numpy as np
 
 from bench.loadgen import RunResult
 
+NEAR = 0.8  # "near the generator's ceiling": at least this fraction of what it did against a floor
+
+
+def _pct(a: np.ndarray, q: float) -> float:
+    return float(np.percentile(a, q)) if a.size else float("nan")
+
 
 def summarize(r: RunResult) -> dict[str, Any]:
     """The per-run metrics (latencies in ms, CPU in microseconds per measured step)."""
@@ -18,10 +24,14 @@ def summarize(r: RunResult) -> dict[str, Any]:
     lat_ms = r.latencies_ns / 1e6
     start_ms = r.start_latencies_ns / 1e6
     threads = r.server_threads_cpu_s
-    pct = np.percentile(lat_ms, [50, 90, 99]) if n else [float("nan")] * 3
+    pct = np.percentile(lat_ms, [50, 90, 99, 99.9]) if n else [float("nan")] * 4
     row: dict[str, Any] = {
+        "target": r.label,
+        "mode": r.mode,
         "transport": r.transport,
         "concurrency": r.concurrency,
+        "period_ms": r.period_s * 1e3 if r.period_s else None,
+        "processes": r.processes,
         "seq_len": r.seq_len,
         "window_s": round(r.window_s, 3),
         "steps": n,
@@ -29,31 +39,40 @@ def summarize(r: RunResult) -> dict[str, Any]:
         "p50_ms": float(pct[0]),
         "p90_ms": float(pct[1]),
         "p99_ms": float(pct[2]),
+        "p99_9_ms": float(pct[3]),
         "max_ms": float(lat_ms.max()) if n else float("nan"),
         "mean_ms": float(lat_ms.mean()) if n else float("nan"),
         "start_steps": int(start_ms.size),
-        "start_p50_ms": float(np.percentile(start_ms, 50)) if start_ms.size else float("nan"),
+        "start_p50_ms": _pct(start_ms, 50),
         "start_max_ms": float(start_ms.max()) if start_ms.size else float("nan"),
+        "p99_non_start_ms": float(np.percentile(r.rest_latencies_ns, 99) / 1e6) if r.rest_latencies_ns.size else None,
         "steps_total": r.steps_total,
         "sequences_done": r.sequences_done,
         "errors": r.errors,
         "timeouts": r.timeouts,
         "wrong": r.wrong,
+        "verified": r.verified,
         "stuck_workers": r.stuck_workers,
         "error_samples": r.error_samples,
         "server_cpu_s": r.server_cpu_s,
         "server_nprocs": r.server_nprocs,
-        "server_threads_us_per_step": (
-            {k: round(v / n * 1e6, 1) for k, v in r.server_threads_cpu_s.items()}
-            if r.server_threads_cpu_s and n
-            else None
-        ),
+        "server_threads_us_per_step": {k: round(v / n * 1e6, 1) for k, v in threads.items()} if threads and n else None,
         "server_cpu_us_per_step": (r.server_cpu_s / n * 1e6) if (r.server_cpu_s is not None and n) else None,
         "server_cpu_util": (r.server_cpu_s / r.window_s) if (r.server_cpu_s is not None and r.window_s) else None,
         "client_cpu_s": r.client_cpu_s,
         "client_cpu_us_per_step": (r.client_cpu_s / n * 1e6) if n else None,
         "client_cpu_util": r.client_cpu_s / r.window_s if r.window_s else None,
     }
+    if r.mode == "paced":
+        misses = int(r.lane_misses.sum())
+        row.update(
+            deadline_misses=misses,
+            miss_pct=100.0 * misses / n if n else None,
+            streams=int(r.lane_steps.size),
+            streams_ok=int(((r.lane_misses == 0) & (r.lane_steps > 0)).sum()),
+            send_lag_p99_ms=_pct(r.send_lag_ns / 1e6, 99),
+            target_steps_per_s=r.concurrency / r.period_s if r.period_s else None,
+        )
     other = None
     if r.system_cpu_s is not None and r.window_s:
         # everything else on the machine (other processes; if the server was not measured, it is in here)
@@ -63,27 +82,36 @@ def summarize(r: RunResult) -> dict[str, Any]:
     return row
 
 
+def _load(row: dict[str, Any]) -> str:
+    return f"{'s' if row['mode'] == 'paced' else 'c'}={row['concurrency']}"
+
+
 def progress_line(row: dict[str, Any]) -> str:
     srv = row["server_cpu_us_per_step"]
+    paced = ""
+    if row["mode"] == "paced":
+        paced = f"  {row['streams_ok']}/{row['streams']} streams on time ({row['deadline_misses']} misses)"
     return (
-        f"{row['transport']:<12} c={row['concurrency']:<3} {row['steps']:>7} steps "
-        f"{row['steps_per_s']:>8.0f}/s  p50 {row['p50_ms']:.2f} p99 {row['p99_ms']:.2f} ms  "
+        f"{row['target'] + ' ' if row['target'] else ''}{row['transport']:<12} {_load(row):<5} {row['steps']:>7} steps "
+        f"{row['steps_per_s']:>8.0f}/s  p50 {row['p50_ms']:.2f} p99 {row['p99_ms']:.2f} p99.9 {row['p99_9_ms']:.2f} ms  "
         f"srv {'-' if srv is None else f'{srv:.0f}'} us/step  cli {row['client_cpu_us_per_step'] or 0:.0f} us/step  "
-        f"{row['errors']} err {row['wrong']} wrong"
+        f"{row['errors']} err {row['wrong']} wrong{paced}"
     )
 
 
 _COLUMNS = [
     # header, key, format
     ("transport", "transport", "{}"),
-    ("conc", "concurrency", "{}"),
+    ("load", "load", "{}"),
     ("steps", "steps", "{}"),
     ("steps/s", "steps_per_s", "{:.0f}"),
     ("p50 ms", "p50_ms", "{:.2f}"),
     ("p90 ms", "p90_ms", "{:.2f}"),
     ("p99 ms", "p99_ms", "{:.2f}"),
+    ("p99.9 ms", "p99_9_ms", "{:.2f}"),
     ("max ms", "max_ms", "{:.1f}"),
     ("START p50", "start_p50_ms", "{:.2f}"),
+    ("p99 non-START", "p99_non_start_ms", "{:.2f}"),
     ("srv us/step", "server_cpu_us_per_step", "{:.0f}"),
     ("srv cpu%", "server_cpu_util", "{:.0%}"),
     ("cli us/step", "client_cpu_us_per_step", "{:.0f}"),
@@ -92,15 +120,17 @@ _COLUMNS = [
     ("errors", "errors", "{}"),
     ("wrong", "wrong", "{}"),
 ]
+_PACED = [
+    ("miss%", "miss_pct", "{:.2f}"),
+    ("streams on time", "on_time", "{}"),
+    ("lag p99 ms", "send_lag_p99_ms", "{:.2f}"),
+]
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    cells = [[h for h, _, _ in _COLUMNS]]
-    for row in rows:
-        cells.append([("-" if row.get(k) is None else f.format(row[k])) for _, k, f in _COLUMNS])
-    widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
+def _cells(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
-    for j, r in enumerate(cells):
+    for j, r in enumerate(rows):
         padded = (c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
         lines.append("  ".join(padded))
         if j == 0:
@@ -108,28 +138,120 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_table(rows: list[dict[str, Any]]) -> str:
+    cols = list(_COLUMNS)
+    if any(r["mode"] == "paced" for r in rows):
+        cols += _PACED
+    if len({r["target"] for r in rows}) > 1:
+        cols.insert(0, ("target", "target", "{}"))
+    cells = [[h for h, _, _ in cols]]
+    for row in rows:
+        row = dict(row, load=_load(row))
+        if row["mode"] == "paced":
+            row["on_time"] = f"{row['streams_ok']}/{row['streams']}"
+        cells.append([("-" if row.get(k) is None else f.format(row[k])) for _, k, f in cols])
+    return _cells(cells)
+
+
 def ceiling_note(rows: list[dict[str, Any]]) -> str:
     """How close the generator itself came to being the bottleneck."""
     if not rows:
         return ""
     ncpu = os.cpu_count() or 1
-    worst = max(rows, key=lambda r: r["client_cpu_util"] or 0)
+
+    def per_proc(r: dict[str, Any]) -> float:
+        return (r["client_cpu_util"] or 0) / max(1, r.get("processes") or 1)
+
+    worst = max(rows, key=per_proc)
+    nproc = worst.get("processes") or 1
     lines = [
-        f"generator: one process, one event loop; busiest run {worst['transport']} c={worst['concurrency']} "
-        f"used {worst['client_cpu_util']:.0%} of a core ({worst['client_cpu_us_per_step']:.0f} us/step client CPU).",
-        f"machine: {ncpu} CPUs shared by client and server. A run is generator-bound when cli cpu% nears 100% "
-        "(one loop thread), machine-bound when srv cpu% + cli cpu% nears " + f"{ncpu * 100}%.",
+        f"generator: {nproc} process{'es' if nproc > 1 else ''}, one event loop each; busiest run "
+        f"{worst['transport']} {_load(worst)} used {per_proc(worst):.0%} of a core per process "
+        f"({worst['client_cpu_us_per_step'] or 0:.0f} us/step client CPU).",
+        f"machine: {ncpu} CPUs shared by client and server. A run is generator-bound when cli cpu% nears "
+        "100% per generator process, machine-bound when srv cpu% + cli cpu% nears " + f"{ncpu * 100}%.",
     ]
     for r in rows:
+        tag = f"{r['target'] + ' ' if r['target'] else ''}{r['transport']} {_load(r)}"
         if (r.get("other_cpu_util") or 0) > 0.1:
             lines.append(
-                f"  ! {r['transport']} c={r['concurrency']}: other processes used {r['other_cpu_util']:.0%} of a CPU "
-                "during the window - numbers are noisy"
+                f"  ! {tag}: other processes used {r['other_cpu_util']:.0%} of a CPU during the window - numbers are noisy"
             )
-        if (r["client_cpu_util"] or 0) > 0.9:
-            util = r["client_cpu_util"]
-            lines.append(f"  ! {r['transport']} c={r['concurrency']}: client CPU {util:.0%}, likely generator-bound")
+        if per_proc(r) > 0.9:
+            lines.append(f"  ! {tag}: client CPU {per_proc(r):.0%} per process, likely generator-bound")
     return "\n".join(lines)
+
+
+def compare_floors(rows: list[dict[str, Any]]) -> tuple[str, list[str], list[dict[str, Any]]]:
+    """Server rows against floor rows of the same transport, mode and load: server CPU per step as
+    a multiple of the floor's, and the generator's ceiling (what it did against the floor).
+    Returns (table, warnings, comparisons)."""
+    floors = {(r["transport"], r["mode"], r["concurrency"]): r for r in rows if r["target"].startswith("floor:")}
+    comps: list[dict[str, Any]] = []
+    warns: list[str] = []
+    for r in rows:
+        if r["target"].startswith("floor:"):
+            continue
+        f = floors.get((r["transport"], r["mode"], r["concurrency"]))
+        if f is None:
+            continue
+        srv, fsrv = r["server_cpu_us_per_step"], f["server_cpu_us_per_step"]
+        c: dict[str, Any] = {
+            "target": r["target"],
+            "transport": r["transport"],
+            "mode": r["mode"],
+            "concurrency": r["concurrency"],
+            "floor": f["target"],
+            "server_cpu_us_per_step": srv,
+            "floor_cpu_us_per_step": fsrv,
+            "server_cpu_x_floor": (srv / fsrv) if (srv is not None and fsrv) else None,
+            "steps_per_s": r["steps_per_s"],
+            "ceiling_steps_per_s": f["steps_per_s"],
+            "of_ceiling_steps": r["steps_per_s"] / f["steps_per_s"] if f["steps_per_s"] else None,
+            "client_cpu_util": r["client_cpu_util"],
+            "ceiling_client_cpu_util": f["client_cpu_util"],
+            "of_ceiling_cpu": (r["client_cpu_util"] or 0) / f["client_cpu_util"] if f["client_cpu_util"] else None,
+        }
+        comps.append(c)
+        tag = f"{r['target']} {r['transport']} {_load(r)}"
+        if r["mode"] == "closed" and (c["of_ceiling_steps"] or 0) >= NEAR:
+            warns.append(
+                f"  ! {tag}: {c['of_ceiling_steps']:.0%} of the generator's ceiling throughput "
+                f"({f['steps_per_s']:.0f}/s against {f['target']}): the generator may be what limits this run"
+            )
+        if (c["of_ceiling_cpu"] or 0) >= NEAR:
+            warns.append(
+                f"  ! {tag}: client CPU {r['client_cpu_util']:.0%} is {c['of_ceiling_cpu']:.0%} of the generator's "
+                f"CPU at its ceiling ({f['client_cpu_util']:.0%}): near the generator's limit, add --processes"
+            )
+        if r["mode"] == "paced" and f.get("deadline_misses"):
+            warns.append(
+                f"  ! {tag}: even against {f['target']} {f['deadline_misses']} steps missed their deadline: "
+                "the generator cannot keep this many streams on time"
+            )
+    if not comps:
+        return "", warns, comps
+    cells = [
+        [
+            "target", "transport", "load", "srv us/step", "floor", "floor us/step", "x floor",
+            "steps/s", "ceiling steps/s", "% ceiling", "cli cpu%", "ceiling cli cpu%",
+        ]
+    ]  # fmt: skip
+
+    def f_(v: Any, fmt: str) -> str:
+        return "-" if v is None else fmt.format(v)
+
+    for c in comps:
+        cells.append(
+            [
+                c["target"], c["transport"], _load(c), f_(c["server_cpu_us_per_step"], "{:.0f}"), c["floor"],
+                f_(c["floor_cpu_us_per_step"], "{:.0f}"), f_(c["server_cpu_x_floor"], "{:.1f}x"),
+                f_(c["steps_per_s"], "{:.0f}"), f_(c["ceiling_steps_per_s"], "{:.0f}"),
+                f_(c["of_ceiling_steps"], "{:.0%}"), f_(c["client_cpu_util"], "{:.0%}"),
+                f_(c["ceiling_client_cpu_util"], "{:.0%}"),
+            ]
+        )  # fmt: skip
+    return _cells(cells), warns, comps
 
 
 def problems(rows: list[dict[str, Any]]) -> list[str]:
@@ -137,12 +259,59 @@ def problems(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         if r["errors"] or r["wrong"] or r["stuck_workers"]:
             out.append(
-                f"{r['transport']} c={r['concurrency']}: {r['errors']} errors ({r['timeouts']} timeouts), "
-                f"{r['wrong']} wrong answers, {r['stuck_workers']} stuck"
+                f"{r['target'] + ' ' if r['target'] else ''}{r['transport']} {_load(r)}: {r['errors']} errors "
+                f"({r['timeouts']} timeouts), {r['wrong']} wrong answers, {r['stuck_workers']} stuck"
             )
             out.extend(f"    {s}" for s in r["error_samples"])
     return out
 
 
-def write_json(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    path.write_text(json.dumps({"meta": meta, "runs": rows}, indent=2, default=float) + "\n")
+def write_json(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]], **extra: Any) -> None:
+    doc = {"meta": meta, "runs": rows, **extra}
+    path.write_text(json.dumps(doc, indent=2, default=float) + "\n")
+
+
+def plot(path: Path, runs: list[tuple[dict[str, Any], RunResult]]) -> None:
+    """Latency (p50/p99/p99.9) against load per target and transport, and each run's latency CDF."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    series: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for row, _ in runs:
+        series.setdefault((row["target"], row["transport"], row["mode"]), []).append(row)
+    for (target, transport, mode), rs in series.items():
+        rs = sorted(rs, key=lambda r: r["concurrency"])
+        x = [r["concurrency"] for r in rs]
+        name = f"{target + ' ' if target else ''}{transport}"
+        line = ax1.plot(x, [r["p50_ms"] for r in rs], marker="o", label=f"{name} p50")[0]
+        ax1.plot(x, [r["p99_ms"] for r in rs], marker="s", ls="--", color=line.get_color(), label=f"{name} p99")
+        ax1.plot(x, [r["p99_9_ms"] for r in rs], marker="^", ls=":", color=line.get_color(), label=f"{name} p99.9")
+    modes = {row["mode"] for row, _ in runs}
+    ax1.set_xlabel("paced streams" if modes == {"paced"} else "concurrent sequences (paced: streams)")
+    ax1.set_ylabel("latency (ms)")
+    ax1.set_yscale("log")
+    ax1.set_xscale("log", base=2)
+    ax1.set_title("latency vs load")
+    ax1.grid(True, which="both", alpha=0.3)
+    ax1.legend(fontsize=7)
+    for row, res in runs:
+        lat = np.sort(res.latencies_ns) / 1e6
+        if not lat.size:
+            continue
+        y = np.arange(1, lat.size + 1) / lat.size
+        if lat.size > 5000:  # thin out, keeping the tail
+            idx = np.unique(np.concatenate([np.linspace(0, lat.size - 1, 4000).astype(int), np.arange(lat.size - 1000, lat.size)]))
+            lat, y = lat[idx], y[idx]
+        ax2.plot(lat, y, label=f"{row['target'] + ' ' if row['target'] else ''}{row['transport']} {_load(row)}")
+    ax2.set_xscale("log")
+    ax2.set_xlabel("latency (ms)")
+    ax2.set_ylabel("fraction of steps")
+    ax2.set_title("latency CDF")
+    ax2.grid(True, which="both", alpha=0.3)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

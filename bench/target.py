@@ -77,10 +77,13 @@ class SpawnedServer:
             return None if self.proc is None else self.proc.returncode
         self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout_s)
+            rc = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            return self.proc.wait()
+            return self.proc.wait()  # keep the log
+        if rc in (0, -signal.SIGTERM) and self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)  # a clean exit: nothing to look at
+        return rc
 
 
 def _ready(target: Target, model: str | None) -> bool:

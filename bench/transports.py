@@ -1,7 +1,8 @@
 """Transports: one sequence step = one inference request, through a tritonclient asyncio client.
 
 Every transport has the same small interface (:class:`Transport`): ``open()``, ``step()`` (send
-one step of one sequence, return the model's OUTPUT as a float), ``close()``. The load generator
+one step of one sequence: a payload of ``(name, datatype, array)`` input tensors, see
+:mod:`bench.workload`; return the requested output as an array), ``close()``. The load generator
 knows nothing else about them, so a new transport (e.g. a raw-socket "ceiling" client) only has
 to implement these three methods and register itself in :data:`TRANSPORTS`.
 """
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 SeqId = int | str
+Payload = tuple[tuple[str, str, np.ndarray], ...]
 
 
 class Transport(Protocol):
@@ -23,9 +25,10 @@ class Transport(Protocol):
 
     async def open(self) -> None: ...
 
-    async def step(self, seq_id: SeqId, value: float, start: bool, end: bool, lane: int = 0) -> float:
-        """One step of sequence ``seq_id``; ``lane`` is the index of the concurrent sequence slot
-        (0..concurrency-1) of the caller, for transports that spread lanes over connections."""
+    async def step(self, seq_id: SeqId, payload: Payload, start: bool, end: bool, lane: int = 0) -> np.ndarray | None:
+        """One step of sequence ``seq_id``; returns ``spec.output_name`` of the reply (None when the
+        reply lacks it). ``lane`` is the index of the concurrent sequence slot (0..concurrency-1)
+        of the caller, for transports that spread lanes over connections."""
         ...
 
     async def close(self) -> None: ...
@@ -40,8 +43,7 @@ class TransportSpec:
         http_url: str | None,
         grpc_url: str | None,
         model: str,
-        input_name: str = "INPUT",
-        output_name: str = "OUTPUT",
+        output_name: str | None = "OUTPUT",
         concurrency: int = 1,
         request_timeout_s: float = 30.0,
         streams: int = 1,
@@ -49,22 +51,23 @@ class TransportSpec:
         self.http_url = http_url
         self.grpc_url = grpc_url
         self.model = model
-        self.input_name = input_name
-        self.output_name = output_name
+        self.output_name = output_name  # the output to request and return; None: all, return none
         self.concurrency = concurrency
         self.request_timeout_s = request_timeout_s
         self.streams = streams  # grpc-stream: number of streams, 0 = one per concurrent sequence
 
 
-def _value_array(value: float) -> np.ndarray:
-    return np.array([[value]], dtype=np.float32)
+def _output(result: Any, name: str | None) -> np.ndarray | None:
+    return None if name is None else result.as_numpy(name)
 
 
-def _first(result: Any, name: str) -> float:
-    out = result.as_numpy(name)
-    if out is None:
-        raise RuntimeError(f"response has no output {name!r}")
-    return float(out.reshape(-1)[0])
+def _grpc_inputs(mod: Any, payload: Payload) -> list[Any]:
+    out = []
+    for name, datatype, arr in payload:
+        inp = mod.InferInput(name, arr.shape, datatype)
+        inp.set_data_from_numpy(arr)
+        out.append(inp)
+    return out
 
 
 class HttpTransport:
@@ -79,7 +82,9 @@ class HttpTransport:
         self.spec = spec
         self.binary = binary
         self._mod = httpclient
-        self._outputs = [httpclient.InferRequestedOutput(spec.output_name, binary_data=binary)]
+        self._outputs = (
+            [httpclient.InferRequestedOutput(spec.output_name, binary_data=binary)] if spec.output_name else None
+        )
         self.client: Any = None
 
     async def open(self) -> None:
@@ -90,18 +95,21 @@ class HttpTransport:
             self.spec.http_url, conn_limit=max(self.spec.concurrency, 1), conn_timeout=self.spec.request_timeout_s
         )
 
-    async def step(self, seq_id: SeqId, value: float, start: bool, end: bool, lane: int = 0) -> float:
-        inp = self._mod.InferInput(self.spec.input_name, [1, 1], "FP32")
-        inp.set_data_from_numpy(_value_array(value), binary_data=self.binary)
+    async def step(self, seq_id: SeqId, payload: Payload, start: bool, end: bool, lane: int = 0) -> np.ndarray | None:
+        inputs = []
+        for name, datatype, arr in payload:
+            inp = self._mod.InferInput(name, arr.shape, datatype)
+            inp.set_data_from_numpy(arr, binary_data=self.binary)
+            inputs.append(inp)
         res = await self.client.infer(
             self.spec.model,
-            [inp],
+            inputs,
             outputs=self._outputs,
             sequence_id=seq_id,
             sequence_start=start,
             sequence_end=end,
         )
-        return _first(res, self.spec.output_name)
+        return _output(res, self.spec.output_name)
 
     async def close(self) -> None:
         if self.client is not None:
@@ -121,7 +129,7 @@ class GrpcUnaryTransport:
 
         self.spec = spec
         self._mod = grpcclient
-        self._outputs = [grpcclient.InferRequestedOutput(spec.output_name)]
+        self._outputs = [grpcclient.InferRequestedOutput(spec.output_name)] if spec.output_name else None
         self.client: Any = None
 
     async def open(self) -> None:
@@ -129,19 +137,17 @@ class GrpcUnaryTransport:
 
         self.client = grpcaio.InferenceServerClient(self.spec.grpc_url)
 
-    async def step(self, seq_id: SeqId, value: float, start: bool, end: bool, lane: int = 0) -> float:
-        inp = self._mod.InferInput(self.spec.input_name, [1, 1], "FP32")
-        inp.set_data_from_numpy(_value_array(value))
+    async def step(self, seq_id: SeqId, payload: Payload, start: bool, end: bool, lane: int = 0) -> np.ndarray | None:
         res = await self.client.infer(
             self.spec.model,
-            [inp],
+            _grpc_inputs(self._mod, payload),
             outputs=self._outputs,
             sequence_id=seq_id,
             sequence_start=start,
             sequence_end=end,
             client_timeout=self.spec.request_timeout_s,
         )
-        return _first(res, self.spec.output_name)
+        return _output(res, self.spec.output_name)
 
     async def close(self) -> None:
         if self.client is not None:
@@ -241,7 +247,7 @@ class GrpcStreamTransport:
 
         self.spec = spec
         self._mod = grpcclient
-        self._outputs = [grpcclient.InferRequestedOutput(spec.output_name)]
+        self._outputs = [grpcclient.InferRequestedOutput(spec.output_name)] if spec.output_name else None
         self._ids = itertools.count(1)
         self._streams: list[_Stream] = []
         self.client: Any = None
@@ -257,19 +263,17 @@ class GrpcStreamTransport:
     def orphans(self) -> int:
         return sum(s.orphans for s in self._streams)
 
-    async def step(self, seq_id: SeqId, value: float, start: bool, end: bool, lane: int = 0) -> float:
+    async def step(self, seq_id: SeqId, payload: Payload, start: bool, end: bool, lane: int = 0) -> np.ndarray | None:
         stream = self._streams[lane % len(self._streams)]
         if stream.dead is not None:
             raise StreamError(f"stream failed: {stream.dead!r}")
         rid = str(next(self._ids))
-        inp = self._mod.InferInput(self.spec.input_name, [1, 1], "FP32")
-        inp.set_data_from_numpy(_value_array(value))
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         stream.pending[rid] = fut
         stream.queue.put_nowait(
             {
                 "model_name": self.spec.model,
-                "inputs": [inp],
+                "inputs": _grpc_inputs(self._mod, payload),
                 "outputs": self._outputs,
                 "request_id": rid,
                 "sequence_id": seq_id,
@@ -281,7 +285,7 @@ class GrpcStreamTransport:
             res = await fut
         finally:
             stream.pending.pop(rid, None)
-        return _first(res, self.spec.output_name)
+        return _output(res, self.spec.output_name)
 
     async def close(self) -> None:
         await asyncio.gather(*(s.close() for s in self._streams))

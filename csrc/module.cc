@@ -89,6 +89,10 @@ void attach_thread() {
   t_saved = PyEval_SaveThread();
 }
 
+void enter_runtime() { PyEval_RestoreThread(t_saved); }
+
+void leave_runtime() { t_saved = PyEval_SaveThread(); }
+
 void detach_thread() {
   PyEval_RestoreThread(t_saved);
   PyGILState_Release(t_gil_state);
@@ -118,6 +122,8 @@ class PyScheduler {
     Hooks h;
     h.thread_start = attach_thread;
     h.thread_stop = detach_thread;
+    h.enter = enter_runtime;
+    h.leave = leave_runtime;
     h.run = [this](Instance& inst) { return run(inst); };
     h.fail = [this](const std::vector<uint64_t>& handles, int code, const std::string& msg) {
       py::gil_scoped_acquire g;
@@ -357,27 +363,24 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("start",
                              [](py::object self) {
                                Instance& inst = self.cast<BatchView&>().get();
-                               return view_array(self, kBool, {static_cast<int64_t>(inst.rows.size())},
-                                                 inst.flag_start.data(), inst.rows.size(), false);
+                               return view_array(self, kBool, {inst.batch_size}, inst.flag_start.data(), inst.batch_size, false);
                              })
       .def_property_readonly("end",
                              [](py::object self) {
                                Instance& inst = self.cast<BatchView&>().get();
-                               return view_array(self, kBool, {static_cast<int64_t>(inst.rows.size())},
-                                                 inst.flag_end.data(), inst.rows.size(), false);
+                               return view_array(self, kBool, {inst.batch_size}, inst.flag_end.data(), inst.batch_size, false);
                              })
       .def_property_readonly("ready",
                              [](py::object self) {
                                Instance& inst = self.cast<BatchView&>().get();
-                               return view_array(self, kBool, {static_cast<int64_t>(inst.rows.size())},
-                                                 inst.flag_ready.data(), inst.rows.size(), false);
+                               return view_array(self, kBool, {inst.batch_size}, inst.flag_ready.data(), inst.batch_size, false);
                              })
       .def_property_readonly("corrid",
                              [](py::object self) -> py::array {
                                Instance& inst = self.cast<BatchView&>().get();
-                               const size_t n = inst.rows.size();
+                               const size_t n = static_cast<size_t>(inst.batch_size);
                                bool any_str = false;
-                               for (size_t i = 0; i < n; ++i)
+                               for (size_t i = 0; i < n && i < inst.rows.size(); ++i)
                                  any_str |= inst.rows[i].req && inst.rows[i].req->id.is_str;
                                if (!any_str)
                                  return view_array(self, kUint64, {static_cast<int64_t>(n)},

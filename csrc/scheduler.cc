@@ -43,6 +43,36 @@ void write_value(uint8_t* dst, int dtype, double v, uint64_t corrid, bool is_cor
   }
 }
 
+// Holds the Python runtime (via Hooks::enter/leave) around forming and running one batch.
+// Both transitions drop the scheduler lock first, so the lock order is always runtime -> lock.
+class RuntimeHold {
+ public:
+  RuntimeHold(const Hooks& h, std::unique_lock<std::mutex>& lk) : h_(h), lk_(lk) {}
+  ~RuntimeHold() { release(); }
+  bool held() const { return held_; }
+  // True when it had to wait for the runtime: the caller re-examines its queues.
+  bool acquire() {
+    if (held_ || !h_.enter) return false;
+    lk_.unlock();
+    h_.enter();
+    lk_.lock();
+    held_ = true;
+    return true;
+  }
+  void release() {
+    if (!held_) return;
+    lk_.unlock();
+    h_.leave();
+    lk_.lock();
+    held_ = false;
+  }
+
+ private:
+  const Hooks& h_;
+  std::unique_lock<std::mutex>& lk_;
+  bool held_ = false;
+};
+
 }  // namespace
 
 Scheduler::Scheduler(ModelSpec spec, Hooks hooks) : spec_(std::move(spec)), hooks_(std::move(hooks)) {
@@ -369,6 +399,7 @@ bool Scheduler::shapes_match(const Request* a, const Request* b) const {
 
 void Scheduler::direct_loop(Instance& inst) {
   std::unique_lock<std::mutex> lk(mu_);
+  RuntimeHold hold(hooks_, lk);
   const int mbs1 = std::max(1, spec_.max_batch_size);
   const bool has_var_state =
       std::any_of(spec_.states.begin(), spec_.states.end(), [](const StateSpec& s) { return is_var_state(s); });
@@ -376,6 +407,7 @@ void Scheduler::direct_loop(Instance& inst) {
     if (force_) break;
     if (!hooks_released_locked()) {
       if (closing_) break;
+      if (hold.held()) { hold.release(); continue; }
       inst.cv.wait(lk);
       continue;
     }
@@ -400,6 +432,7 @@ void Scheduler::direct_loop(Instance& inst) {
       --inst.max_active;
     if (ready == 0) {
       if (closing_) break;
+      if (hold.held()) { hold.release(); continue; }
       inst.cv.wait(lk);
       continue;
     }
@@ -408,10 +441,12 @@ void Scheduler::direct_loop(Instance& inst) {
       const bool waited = now - earliest > spec_.max_queue_delay_ns;
       const bool full = static_cast<double>(ready) / mbs1 >= spec_.min_slot_utilization;
       if (!waited && !full) {
+        if (hold.held()) { hold.release(); continue; }
         inst.cv.wait_for(lk, std::chrono::nanoseconds(earliest + spec_.max_queue_delay_ns - now + 1));
         continue;
       }
     }
+    if (hold.acquire()) continue;  // what arrived while we waited joins this batch
     // Batch position == slot index; holes and shape mismatches become padding rows.
     const Request* rep_req = rep >= 0 ? inst.slots[rep].queue.front() : nullptr;
     if (has_var_state && rep_req) effective_state_shapes(inst.slots[rep], rep_req, rep_state_shapes_);
@@ -444,6 +479,7 @@ void Scheduler::direct_loop(Instance& inst) {
     execute(inst);
     lk.lock();
     finish_batch_locked(inst);
+    hold.release();
   }
 }
 
@@ -500,16 +536,19 @@ size_t Scheduler::pick_batch(size_t n, RowsOf rows_of, Matches matches, int64_t 
     if (std::binary_search(pref.begin(), pref.end(), total)) best = count;
     if (total >= cap) break;
   }
+  // As in Triton, a zero delay never counts as "exceeded": a preferred prefix still goes first.
   const int64_t now = now_ns();
-  const bool waited = spec_.batch_delay_ns == 0 || now - oldest_ns >= spec_.batch_delay_ns || closing_;
-  if (best > 0 && !waited) return best;
-  if (waited || cannot_grow || total >= max_pref) return count;
+  const bool no_delay = spec_.batch_delay_ns == 0;
+  const bool exceeded = closing_ || (!no_delay && now - oldest_ns >= spec_.batch_delay_ns);
+  if (best > 0 && !exceeded) return best;
+  if (exceeded || no_delay || cannot_grow || total >= max_pref) return count;
   *wake_ns = oldest_ns + spec_.batch_delay_ns;
   return 0;
 }
 
 void Scheduler::oldest_loop(Instance& inst) {
   std::unique_lock<std::mutex> lk(mu_);
+  RuntimeHold hold(hooks_, lk);
   const bool has_var_state =
       std::any_of(spec_.states.begin(), spec_.states.end(), [](const StateSpec& s) { return is_var_state(s); });
   std::vector<int> done;
@@ -517,6 +556,7 @@ void Scheduler::oldest_loop(Instance& inst) {
     if (force_) break;
     if (!hooks_released_locked() || inst.ready.empty()) {
       if (closing_ && (inst.ready.empty() || !delay_released_)) break;
+      if (hold.held()) { hold.release(); continue; }
       inst.cv.wait(lk);
       continue;
     }
@@ -535,9 +575,11 @@ void Scheduler::oldest_loop(Instance& inst) {
         },
         inst.ready.front()->handoff_ns, &wake);
     if (n == 0) {
+      if (hold.held()) { hold.release(); continue; }
       inst.cv.wait_for(lk, std::chrono::nanoseconds(wake - now_ns() + 1));
       continue;
     }
+    if (hold.acquire()) continue;  // what arrived while we waited joins this batch
     inst.rows.clear();
     for (size_t i = 0; i < n; ++i) {
       Request* r = inst.ready.pop();
@@ -577,6 +619,7 @@ bool Scheduler::expire_queued_locked(int64_t now, Fails& fails, int64_t* next_de
         } else {
           --slot_queued_;
           rejected.push_back(r->handle);
+          stats_.fail.add(1, now - r->arrival_ns);
           recycle_locked(r);
         }
         continue;
@@ -592,6 +635,7 @@ bool Scheduler::expire_queued_locked(int64_t now, Fails& fails, int64_t* next_de
 
 void Scheduler::dynamic_loop(Instance& inst) {
   std::unique_lock<std::mutex> lk(mu_);
+  RuntimeHold hold(hooks_, lk);
   Fails fails;
   std::vector<Request*> cand;
   const size_t cap = static_cast<size_t>(std::max(1, spec_.max_batch_size));
@@ -599,6 +643,7 @@ void Scheduler::dynamic_loop(Instance& inst) {
     if (force_) break;
     if (!hooks_released_locked()) {
       if (closing_) break;
+      if (hold.held()) { hold.release(); continue; }
       inst.cv.wait(lk);
       continue;
     }
@@ -619,6 +664,10 @@ void Scheduler::dynamic_loop(Instance& inst) {
     }
     if (cand.empty()) {
       if (closing_) break;
+      if (hold.held()) {
+        hold.release();
+        continue;
+      }
       if (next_deadline == INT64_MAX) inst.cv.wait(lk);
       else inst.cv.wait_for(lk, std::chrono::nanoseconds(next_deadline - now + 1));
       continue;
@@ -630,9 +679,11 @@ void Scheduler::dynamic_loop(Instance& inst) {
         cand.size(), [&](size_t i) { return std::max<int64_t>(1, cand[i]->rows); },
         [&](size_t i) { return shapes_match(cand[i], cand[0]); }, oldest, &wake);
     if (n == 0) {
+      if (hold.held()) { hold.release(); continue; }
       inst.cv.wait_for(lk, std::chrono::nanoseconds(std::min(wake, next_deadline) - now + 1));
       continue;
     }
+    if (hold.acquire()) continue;  // what arrived while we waited joins this batch
     inst.rows.clear();
     int64_t rows = 0;
     size_t left = n;
@@ -658,18 +709,22 @@ void Scheduler::dynamic_loop(Instance& inst) {
     execute(inst);
     lk.lock();
     finish_batch_locked(inst);
+    hold.release();
   }
 }
 
 void Scheduler::stateless_loop(Instance& inst) {
   std::unique_lock<std::mutex> lk(mu_);
+  RuntimeHold hold(hooks_, lk);
   for (;;) {
     if (force_) break;
     if (!hooks_released_locked() || fifo_.empty()) {
       if (closing_) break;
+      if (hold.held()) { hold.release(); continue; }
       inst.cv.wait(lk);
       continue;
     }
+    if (hold.acquire()) continue;
     Request* r = fifo_.pop();
     --slot_queued_;
     inst.rows.clear();
@@ -685,6 +740,7 @@ void Scheduler::stateless_loop(Instance& inst) {
     execute(inst);
     lk.lock();
     finish_batch_locked(inst);
+    hold.release();
   }
 }
 
@@ -819,8 +875,22 @@ void Scheduler::gather(Instance& inst) {
     }
     inst.input_nbytes[k] = total;
   }
+  // Stateless batches: every row is a real one, with no sequence flags.
+  if (spec_.strategy == kStateless || spec_.strategy == kDynamic) {
+    const size_t n = static_cast<size_t>(B);
+    if (inst.flag_ready.size() < n) {
+      inst.flag_start.resize(n);
+      inst.flag_end.resize(n);
+      inst.flag_ready.resize(n);
+      inst.corrid_num.resize(n);
+    }
+    std::fill_n(inst.flag_start.begin(), n, 0);
+    std::fill_n(inst.flag_end.begin(), n, 0);
+    std::fill_n(inst.flag_ready.begin(), n, 1);
+    std::fill_n(inst.corrid_num.begin(), n, 0);
+    return;
+  }
   // Sequence flags and control tensors.
-  if (spec_.strategy == kStateless) return;
   for (size_t i = 0; i < inst.rows.size(); ++i) {
     const Request* r = inst.rows[i].req;
     inst.flag_start[i] = r && r->start;
@@ -1056,6 +1126,7 @@ void Scheduler::reaper_loop() {
         Request* r = bit->reqs.pop();
         --backlog_queued_;
         handles.push_back(r->handle);
+        stats_.fail.add(1, now - r->arrival_ns);
         recycle_locked(r);
       }
       backlog_index_.erase(bi);
@@ -1147,8 +1218,12 @@ void Scheduler::close(bool force) {
     std::lock_guard<std::mutex> lk(mu_);
     closed_ = true;
     std::vector<uint64_t> handles;
+    const int64_t now = now_ns();
     auto take = [&](Request* r) {
-      if (r->kind == kNormal) handles.push_back(r->handle);
+      if (r->kind == kNormal) {
+        handles.push_back(r->handle);
+        stats_.fail.add(1, now - r->arrival_ns);
+      }
       recycle_locked(r);
     };
     for (auto& inst : instances_) {

@@ -207,6 +207,10 @@ struct Hooks {
   // Called on each core thread when it starts and before it exits (the binding attaches one
   // Python thread state for the thread's lifetime instead of one per GIL acquisition).
   std::function<void()> thread_start, thread_stop;
+  // Take / give back the Python runtime (the GIL) on an executor thread. An executor takes it
+  // *before* forming a batch, so requests the event loop queued while it waited join the batch.
+  // Never called with the scheduler lock held.
+  std::function<void()> enter, leave;
 };
 
 struct SubmitResult {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,3 +33,5 @@ class ExecuteBatch:
     request_rows: list[int]
     #: per request, the outputs it asked for; None for rows that get no reply
     request_outputs: list[tuple[str, ...] | None]
+    #: per request, the client's request id ("" when none was given)
+    request_ids: list[str] = field(default_factory=list)

@@ -32,10 +32,14 @@ __all__ = [
     "DEFAULT_MAX_SEQUENCE_IDLE_US",
     "DTYPE_SIZE",
     "INITIAL_STATE_DIR",
+    "config_from_json",
     "config_to_json",
+    "finish_model_config",
     "from_wire_dtype_name",
     "load_model_config",
     "normalize_config",
+    "parse_config_json",
+    "parse_model_config",
     "read_initial_state",
     "state_input_name",
     "state_output_name",
@@ -132,8 +136,16 @@ def load_model_config(model_dir: Path, *, name: str | None = None) -> ModelConfi
 
     ``name`` is the model name to expect (default: the directory name). A
     missing file gives a config holding only the name, for backends that can
-    complete the config themselves.
+    complete the config themselves (see ``parse_model_config``).
     """
+    cfg = parse_model_config(model_dir, name=name)
+    finish_model_config(cfg, model_dir)
+    return cfg
+
+
+def parse_model_config(model_dir: Path, *, name: str | None = None) -> ModelConfig:
+    """The first step of ``load_model_config``: read ``config.pbtxt`` and check the name,
+    without defaults or validation, so that a backend can complete the config first."""
     model_dir = Path(model_dir)
     expected = name if name is not None else model_dir.name
     path = model_dir / CONFIG_FILENAME
@@ -143,14 +155,25 @@ def load_model_config(model_dir: Path, *, name: str | None = None) -> ModelConfi
     elif cfg.name != expected:
         where = "the expected model name" if name is not None else "the model directory name"
         raise ModelConfigError(f"model name '{cfg.name}' in {path} does not match {where} '{expected}'")
-    normalize_config(cfg)
-    validate_config(cfg, model_dir)
     return cfg
+
+
+def finish_model_config(cfg: ModelConfig, model_dir: Path) -> None:
+    """The last step of loading a config: apply defaults, then validate."""
+    normalize_config(cfg)
+    validate_config(cfg, Path(model_dir))
 
 
 def config_from_json(text: str, model_dir: Path, *, name: str) -> ModelConfig:
     """A config given as JSON (the repository load API's 'config' parameter), checked like a
     config.pbtxt."""
+    cfg = parse_config_json(text, name=name)
+    finish_model_config(cfg, model_dir)
+    return cfg
+
+
+def parse_config_json(text: str, *, name: str) -> ModelConfig:
+    """The first step of ``config_from_json``: parse and check the name only."""
     try:
         cfg = json_format.Parse(text, ModelConfig())
     except json_format.ParseError as e:
@@ -159,8 +182,6 @@ def config_from_json(text: str, model_dir: Path, *, name: str) -> ModelConfig:
         cfg.name = name
     elif cfg.name != name:
         raise ModelConfigError(f"model name '{cfg.name}' in the 'config' parameter does not match '{name}'")
-    normalize_config(cfg)
-    validate_config(cfg, Path(model_dir))
     return cfg
 
 

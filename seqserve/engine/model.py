@@ -24,6 +24,7 @@ import orjson
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import _core
 from seqserve.engine.backends import BackendInstance, InstanceContext, ModelContext, find_backend
+from seqserve.engine.backends.base import RequestResults
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.config import read_initial_state, to_numpy_dtype, wire_dtype_name
 from seqserve.engine.errors import Code, InferenceError
@@ -109,6 +110,7 @@ class LoadedModel:
         self._loop = loop
         self._pending: dict[int, _Pending] = {}
         self._sync_fail = 0
+        self._request_fail = 0  # requests a RequestResults failed alone (their batch succeeded)
         self.max_batch_size = cfg.max_batch_size
         self.is_sequence = cfg.HasField("sequence_batching")
 
@@ -359,6 +361,9 @@ class LoadedModel:
         s = self._core.stats()
         if self._sync_fail:
             s["fail"]["count"] += self._sync_fail
+        if self._request_fail:
+            s["fail"]["count"] += self._request_fail
+            s["success"]["count"] -= self._request_fail
         return s
 
     @property
@@ -527,6 +532,7 @@ class LoadedModel:
                 corrid=cb.corrid,
                 request_rows=[r.rows if r is not None else 1 for r in recs],
                 request_outputs=[r.outputs if r is not None else None for r in recs],
+                request_ids=[r.request_id if r is not None else "" for r in recs],
             )
             produced = self._instances[cb.instance].execute(batch)
             cb.mark_executed()
@@ -550,7 +556,9 @@ class LoadedModel:
 
     def _split(
         self, size: int, recs: list[_Pending | None], produced: Mapping[str, np.ndarray]
-    ) -> list[tuple[_Pending, dict[str, np.ndarray]]]:
+    ) -> list[tuple[_Pending, dict[str, np.ndarray] | InferenceError]]:
+        if isinstance(produced, RequestResults):
+            return self._split_requests(recs, produced.outcomes)
         arrays: dict[str, np.ndarray] = {}
         needed = {o for r in recs if r is not None for o in r.outputs}
         for o in needed:
@@ -573,7 +581,7 @@ class LoadedModel:
                 )
             # A view may alias an engine buffer that the next batch overwrites: own the data.
             arrays[o] = arr if arr.base is None else arr.copy()
-        replies = []
+        replies: list[tuple[_Pending, dict[str, np.ndarray] | InferenceError]] = []
         if self.max_batch_size == 0:  # one request, no batch dimension
             return [(rec, {o: arrays[o] for o in rec.outputs}) for rec in recs if rec is not None]
         row = 0
@@ -586,6 +594,43 @@ class LoadedModel:
             row = end
         return replies
 
+    def _split_requests(
+        self, recs: list[_Pending | None], outcomes: list[Mapping[str, np.ndarray] | InferenceError | None]
+    ) -> list[tuple[_Pending, dict[str, np.ndarray] | InferenceError]]:
+        """Replies from a RequestResults: each request's own outputs, or its own error."""
+        if len(outcomes) != len(recs):
+            raise InferenceError(
+                Code.INTERNAL,
+                f"model '{self.name}' gave {len(outcomes)} per-request results for a batch of {len(recs)} requests",
+            )
+        replies: list[tuple[_Pending, dict[str, np.ndarray] | InferenceError]] = []
+        for rec, outcome in zip(recs, outcomes, strict=True):
+            if rec is not None:
+                reply = outcome if isinstance(outcome, InferenceError) else self._request_reply(rec, outcome)
+                if isinstance(reply, InferenceError):
+                    self._request_fail += 1
+                replies.append((rec, reply))
+        return replies
+
+    def _request_reply(
+        self, rec: _Pending, outcome: Mapping[str, np.ndarray] | None
+    ) -> dict[str, np.ndarray] | InferenceError:
+        outs: dict[str, np.ndarray] = {}
+        for o in rec.outputs:
+            value = None if outcome is None else outcome.get(o)
+            if value is None:  # not produced: left out of the reply, as Triton does
+                continue
+            arr = np.asarray(value)
+            want = self._output_dtypes[o]
+            if arr.dtype != want and not (want.kind == "O" and arr.dtype.kind in "OSU"):
+                return InferenceError(
+                    Code.INTERNAL,
+                    f"model '{self.name}' produced output '{o}' as {arr.dtype}, but its config says "
+                    f"{wire_dtype_name(self._outputs[o].data_type)}",
+                )
+            outs[o] = arr if arr.base is None else arr.copy()
+        return outs
+
     def _on_fail(self, handles: list[int], code: int, message: str) -> None:
         recs = [r for r in (self._pending.pop(h, None) for h in handles) if r is not None]
         if recs:
@@ -593,8 +638,11 @@ class LoadedModel:
 
     # Event-loop side: resolve futures (in enqueue order when preserve_ordering is on).
 
-    def _deliver(self, replies: list[tuple[_Pending, dict[str, np.ndarray]]]) -> None:
+    def _deliver(self, replies: list[tuple[_Pending, dict[str, np.ndarray] | InferenceError]]) -> None:
         for rec, outs in replies:
+            if isinstance(outs, InferenceError):
+                self._settle(rec, outs)
+                continue
             result = InferResult(self.name, self.version_str, rec.request_id, outs, rec.parameters or {})
             self._settle(rec, result)
         if self._preserve_ordering:

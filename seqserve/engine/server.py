@@ -21,12 +21,32 @@ import numpy as np
 
 from seqserve import __version__
 from seqserve._proto import model_config_pb2 as mc
-from seqserve.engine.config import config_from_json, config_to_json, load_model_config
+from seqserve.engine.backends import find_backend
+from seqserve.engine.config import config_to_json, finish_model_config, parse_config_json, parse_model_config
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.model import InferResult, LoadedModel, SequenceId
-from seqserve.engine.repository import discover_models, select_versions, write_override_files
+from seqserve.engine.repository import available_versions, discover_models, select_versions, write_override_files
 
 log = logging.getLogger("seqserve.server")
+
+#: a default model file that names the backend of a model whose config names none
+_BACKEND_BY_FILE = {"model.onnx": "onnxruntime"}
+
+
+def _autocomplete(cfg: mc.ModelConfig, path: Path) -> None:
+    """Let the model's backend complete its config (Triton's auto-complete): a config that
+    names no backend gets one from a known model file in a version folder."""
+    if not cfg.backend and not cfg.platform:
+        for version in reversed(available_versions(path)):
+            found = [b for f, b in _BACKEND_BY_FILE.items() if (path / str(version) / f).exists()]
+            if found:
+                cfg.backend = found[0]
+                break
+    try:
+        backend = find_backend(cfg)
+    except InferenceError:
+        return  # no (usable) backend: LoadedModel reports it, after the config's own checks
+    backend.autocomplete_config(cfg, path)
 
 
 @dataclass(slots=True)
@@ -87,10 +107,13 @@ class Server:
         try:
             if not path.is_dir():
                 raise InferenceError(Code.NOT_FOUND, f"failed to load '{name}', no version is available")
+            # parse -> backend autocomplete -> defaults -> validation
             if config_json is not None:
-                cfg = config_from_json(config_json, path, name=name)
+                cfg = parse_config_json(config_json, name=name)
             else:
-                cfg = load_model_config(path, name=name)
+                cfg = parse_model_config(path, name=name)
+            _autocomplete(cfg, path)
+            finish_model_config(cfg, path)
             for v in select_versions(path, cfg):
                 versions[v] = LoadedModel(cfg, version=v, model_dir=path, loop=loop)
         except Exception as e:

@@ -21,12 +21,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqserve.engine import Code, InferenceError, Server
-from tests.conftest import recorded, write_model
+from tests.conftest import RECORDING_MODEL, recorded, write_model
 
 # ----------------------------------------------------------------------------- helpers
 
 # OUT_X = ACC + IN_X, and the new ACC is the model's output state. RECORD keeps every batch.
-ACCUM_MODEL = '''
+ACCUM_MODEL = """
 import numpy as np
 RECORD = []
 
@@ -47,7 +47,7 @@ class Model:
         })
         new = (acc + x).astype(acc.dtype)
         return {"OUT_X": new, "ACC_OUT": new}
-'''
+"""
 
 ACC_STATE = """
   state [ {
@@ -62,8 +62,10 @@ def ctl(name: str, kind: str, spec: str) -> str:
 
 
 CONTROLS = ", ".join(
-    [*(ctl(n, n, "int32_false_true: [ 0, 1 ]") for n in ("START", "END", "READY")), ctl("CORRID", "CORRID",
-                                                                                          "data_type: TYPE_UINT64")]
+    [
+        *(ctl(n, n, "int32_false_true: [ 0, 1 ]") for n in ("START", "END", "READY")),
+        ctl("CORRID", "CORRID", "data_type: TYPE_UINT64"),
+    ]
 )
 
 
@@ -75,14 +77,15 @@ def config(
     extra: str = "",
     strategy: str = "oldest",
     name: str = "m",
+    dims: str = "[ 1 ]",
 ) -> str:
     block = f"{strategy} {{ {oldest} }}" if strategy else ""
     return f"""
 name: "{name}"
 backend: "python"
 max_batch_size: {mbs}
-input [ {{ name: "IN_X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-output [ {{ name: "OUT_X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+input [ {{ name: "IN_X" data_type: TYPE_INT32 dims: {dims} }} ]
+output [ {{ name: "OUT_X" data_type: TYPE_INT32 dims: {dims} }} ]
 {extra}
 sequence_batching {{
   {block}
@@ -100,8 +103,9 @@ def x_in(value: int, mbs: int = 4) -> dict[str, np.ndarray]:
 async def send(s, seq_id, value=0, *, start=False, end=False, mbs=4, timeout_us=0) -> asyncio.Future:
     """Submit without waiting for the result; returns once the request has been queued."""
     task = asyncio.ensure_future(
-        s.infer("m", x_in(value, mbs), sequence_id=seq_id, sequence_start=start, sequence_end=end,
-                timeout_us=timeout_us)
+        s.infer(
+            "m", x_in(value, mbs), sequence_id=seq_id, sequence_start=start, sequence_end=end, timeout_us=timeout_us
+        )
     )
     await asyncio.sleep(0)  # the task runs up to its submit
     return task
@@ -398,9 +402,25 @@ async def test_full_batch_goes_without_waiting(repo, serve, monkeypatch):
     write_model(repo, "m", config(oldest=oldest), ACCUM_MODEL)
     monkeypatch.setenv("TRITONSERVER_DELAY_SCHEDULER", "4")
     s = await serve()
-    tasks = [await send(s, sid, 1, start=True, end=True) for sid in (A, B, C, D)]
+    # START without END: a START+END sequence frees its slot at once, and the next sequence
+    # would take that slot and wait for the first one's release.
+    tasks = [await send(s, sid, 1, start=True) for sid in (A, B, C, D)]
     assert await results(tasks, timeout=5) == [1, 1, 1, 1]
-    assert [b["size"] for b in recorded(s, "m")] == [4]
+    tasks = [await send(s, sid, 2, end=True) for sid in (A, B, C, D)]
+    assert await results(tasks, timeout=5) == [3, 3, 3, 3]
+    assert [b["size"] for b in recorded(s, "m")] == [4, 4]
+
+
+async def test_single_request_sequences_share_the_lowest_slot(repo, serve, monkeypatch):
+    # A START+END request frees its slot when it is handed on; the next new sequence takes the
+    # same (lowest) slot and waits until the first one has been released.
+    oldest = "preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 20000000"
+    write_model(repo, "m", config(oldest=oldest), ACCUM_MODEL)
+    monkeypatch.setenv("TRITONSERVER_DELAY_SCHEDULER", "4")
+    s = await serve()
+    tasks = [await send(s, sid, sid, start=True, end=True) for sid in (A, B, C, D)]
+    assert await results(tasks, timeout=5) == [A, B, C, D]
+    assert rows(recorded(s, "m"), "corrid") == [[A, C], [B, D]]
 
 
 async def test_preserve_ordering_loads_and_serves(repo, serve, monkeypatch):
@@ -431,7 +451,102 @@ async def test_idle_expiry_hands_slot_to_backlog_without_end(repo, serve):
     rec = recorded(s, "m")
     assert rows(rec, "corrid") == [[A], [B]]
     assert not any(b["end"].any() for b in rec)
-    assert await call(s, B, 1, end=True) == 4
+
+
+async def test_requests_ahead_of_expiry_still_run(repo, serve):
+    # §4.2: A is reaped while its first request runs (slow model) and its second waits in the
+    # slot; the queued request still runs, later ones need START.
+    model = """
+    import time
+    import numpy as np
+
+    class Model:
+        def execute(self, batch):
+            time.sleep(0.25)
+            new = batch.states["ACC"] + batch.inputs["IN_X"]
+            return {"OUT_X": new, "ACC_OUT": new}
+    """
+    write_model(repo, "m", config(seq="max_sequence_idle_microseconds: 150000"), model)
+    s = await serve()
+    tasks = [await send(s, A, 1, start=True), await send(s, A, 2)]
+    assert await results(tasks) == [1, 3]
+    await expect_error(call(s, A, 3, end=True), Code.INVALID_ARG, start_error(A))
+    assert await call(s, A, 4, start=True, end=True) == 4
+
+
+async def test_queue_delay_counts_from_hand_off(repo, serve):
+    # §3.2: a request reaches the batcher only when its predecessor has been released, and
+    # its delay starts then, not at its arrival.
+    write_model(repo, "m", config(oldest="max_queue_delay_microseconds: 300000"), ACCUM_MODEL)
+    s = await serve()
+    t0 = time.monotonic()
+    tasks = [await send(s, A, 1, start=True), await send(s, A, 2, end=True)]
+    first = await asyncio.wait_for(tasks[0], 5)
+    t1 = time.monotonic() - t0
+    assert await results(tasks, timeout=5) == [1, 3] and first is not None
+    t2 = time.monotonic() - t0
+    assert t1 >= 0.29 and t2 >= 0.58, (t1, t2)
+
+
+async def test_input_shapes_must_match_within_a_batch(repo, serve, monkeypatch):
+    write_model(repo, "m", config(dims="[ -1 ]").replace(ACC_STATE, ""), RECORDING_MODEL)
+    monkeypatch.setenv("TRITONSERVER_DELAY_SCHEDULER", "4")
+    s = await serve()
+
+    def inp(n):
+        return {"IN_X": np.ones((1, n), np.int32)}
+
+    shapes = ((A, 2), (B, 3), (C, 2), (D, 2))
+    for end in (False, True):  # START only first, so that every sequence holds its own slot
+        tasks = []
+        for sid, n in shapes:
+            tasks.append(
+                asyncio.ensure_future(s.infer("m", inp(n), sequence_id=sid, sequence_start=not end, sequence_end=end))
+            )
+            await asyncio.sleep(0)
+        out = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert [r.outputs["OUT_X"].shape for r in out] == [(1, 2), (1, 3), (1, 2), (1, 2)]
+    rec = recorded(s, "m")
+    # batch forming stops at the first request whose shape differs
+    assert [b["inputs"]["IN_X"].shape for b in rec][:3] == [(1, 2), (1, 3), (2, 2)]
+    assert rows(rec, "corrid")[:3] == [[A], [B], [C, D]]
+
+
+async def test_variable_state_shapes_batch_separately(repo, serve, monkeypatch):
+    model = """
+    import numpy as np
+    RECORD = []
+
+    class Model:
+        def execute(self, batch):
+            st = batch.states["HIST"]
+            RECORD.append((batch.corrid.tolist(), st.shape))
+            new = np.concatenate([st, batch.inputs["IN_X"]], axis=1)
+            return {"OUT_X": new.sum(axis=1, keepdims=True).astype(np.int32), "HIST_OUT": new}
+    """
+    state = """
+      state [ { input_name: "HIST" output_name: "HIST_OUT" data_type: TYPE_INT32 dims: [ -1 ]
+                initial_state { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "z" } } ]
+    """
+    write_model(repo, "m", config().replace(ACC_STATE, state), model)
+    monkeypatch.setenv("TRITONSERVER_DELAY_SCHEDULER", "2")
+    s = await serve()
+    tasks = [await send(s, A, 1, start=True), await send(s, B, 10, start=True)]
+    assert await results(tasks) == [1, 10]  # one batch: both states are 1 long
+    assert await call(s, A, 2) == 3  # A's state is now one longer than B's
+    tasks = [
+        await send(s, A, 3),
+        await send(s, B, 20),
+        await send(s, A, 4, end=True),
+        await send(s, B, 30, end=True),
+    ]
+    assert await results(tasks) == [6, 30, 10, 60]
+    seen = sys.modules["seqserve_models.m.v1"].RECORD
+    assert seen[:2] == [([A, B], (2, 1)), ([A], (1, 2))]
+    for corrid, _shape in seen[2:]:
+        assert len(corrid) == 1, seen  # A (3, 4 long) and B (2, 3 long) never share a batch
+    assert sorted(shape[1] for corrid, shape in seen[2:] if corrid == [A]) == [3, 4]
+    assert sorted(shape[1] for corrid, shape in seen[2:] if corrid == [B]) == [2, 3]
 
 
 # --------------------------------------------------- request timeout in the backlog (§4.5)
@@ -460,10 +575,23 @@ async def test_backlogged_sequence_expires_as_a_whole(repo, serve, strategy):
     await expect_error(call(s, B, 5, end=True), Code.INVALID_ARG, start_error(B))
     assert await call(s, A, 5, end=True) == 6  # the slot holder is unaffected
     assert rows(recorded(s, "m"), "corrid") == [[A], [A]]
-    st = s.statistics("m")[0]
-    assert st["inference_stats"]["fail"]["count"] >= 3
     # The id can start again.
     assert await call(s, B, 9, start=True, end=True) == 9
+
+
+@pytest.mark.parametrize("strategy", ["direct", "oldest"])
+async def test_backlog_timeout_counts_as_failed_requests(repo, serve, strategy):
+    # §11: asynchronous failures are request failures (Triton: UpdateFailure, reason REJECTED).
+    write_model(repo, "m", config(mbs=1, strategy=strategy), ACCUM_MODEL)
+    s = await serve()
+    assert await call(s, A, 1, start=True) == 1
+    doomed = [await send(s, B, 2, start=True, timeout_us=50_000), await send(s, B, 3)]
+    done = await asyncio.wait_for(asyncio.gather(*doomed, return_exceptions=True), 3)
+    assert all(isinstance(e, InferenceError) and str(e) == EXPIRED for e in done), done
+    assert await call(s, A, 1, end=True) == 2
+    st = s.statistics("m")[0]
+    assert st["inference_stats"]["success"]["count"] == 2
+    assert st["inference_stats"]["fail"]["count"] == 2
 
 
 @pytest.mark.parametrize("strategy", ["direct", "oldest"])
@@ -510,7 +638,7 @@ async def test_backlog_timeout_after_handoff_does_not_fire(repo, serve):
 
 # ------------------------------------------------------------------ property-based (§3.2)
 
-GATED_MODEL = '''
+GATED_MODEL = """
 import threading
 import numpy as np
 RECORD = []
@@ -534,7 +662,7 @@ class Model:
             })
         new = (acc + x).astype(acc.dtype)
         return {"OUT_X": new, "ACC_OUT": new}
-'''
+"""
 
 
 @st.composite
@@ -542,10 +670,10 @@ def interleavings(draw):
     """(mbs, candidates, instances, preferred, requests): many sequences' steps interleaved at
     random. A request is (id, start, end, value); a sequence may restart (a second START)."""
     mbs = draw(st.integers(1, 4))
-    candidates = draw(st.integers(1, 5))
+    candidates = draw(st.integers(1, 6))
     instances = draw(st.integers(1, 2))
     preferred = draw(st.lists(st.integers(1, mbs), max_size=2, unique=True))
-    nseq = draw(st.integers(1, 8))
+    nseq = draw(st.integers(1, 10))
     queues = []
     for k in range(nseq):
         n = draw(st.integers(1, 5))
@@ -626,4 +754,3 @@ async def run_interleaving(mbs, candidates, instances, preferred, requests) -> N
 @given(scenario=interleavings())
 def test_random_interleavings_match_running_sum_oracle(scenario):
     asyncio.run(run_interleaving(*scenario))
-

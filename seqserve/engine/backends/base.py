@@ -17,6 +17,7 @@ import numpy as np
 
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.batch import ExecuteBatch
+from seqserve.engine.errors import InferenceError
 
 
 @dataclass(slots=True)
@@ -39,10 +40,38 @@ class InstanceContext:
     device: str  # "cpu", or "cuda:N"
 
 
+class RequestResults(dict[str, np.ndarray]):
+    """A batch's results given request by request, for request-level APIs (Triton-style
+    Python models), which answer each request on its own and may fail one alone.
+
+    ``execute`` may return one instead of a plain mapping. As a mapping it still holds the
+    batched arrays, in practice the output states ([B, ...], taken as from a plain result).
+    ``outcomes`` has one entry per request of the batch, aligned with ``batch.request_rows``:
+    either a dict of that request's outputs, shaped as its reply (no batch slicing; the
+    dtype must match the config; a requested output that is absent is left out of the
+    reply, as Triton does), or an ``InferenceError`` that fails that request only. Entries
+    of rows that get no reply (padding, final END steps) are ignored.
+    """
+
+    __slots__ = ("outcomes",)
+
+    def __init__(
+        self,
+        outcomes: list[Mapping[str, np.ndarray] | InferenceError | None],
+        batched: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        super().__init__(batched or {})
+        self.outcomes = outcomes
+
+
 class BackendInstance(ABC):
     @abstractmethod
     def execute(self, batch: ExecuteBatch) -> Mapping[str, np.ndarray]:
-        """Run one batch; return every output and every output state, batched [B, ...]."""
+        """Run one batch; return every output and every output state, batched [B, ...].
+
+        Raising fails every request of the batch. To answer request by request (and fail
+        requests one by one) return a ``RequestResults``.
+        """
 
     def finalize(self) -> None:  # noqa: B027 - optional hook
         """Release what the instance holds; called once at unload."""
@@ -56,6 +85,12 @@ class Backend(ABC):
 
     def __init__(self, ctx: ModelContext) -> None:
         self.ctx = ctx
+
+    @classmethod  # noqa: B027 - optional hook
+    def autocomplete_config(cls, cfg: mc.ModelConfig, model_dir: Path) -> None:
+        """Complete ``cfg`` in place from the model files (e.g. inputs and outputs read from
+        the graph) before defaults are applied and the config is validated. Called for every
+        load of a model this backend serves; the default does nothing."""
 
     @abstractmethod
     def create_instance(self, ictx: InstanceContext) -> BackendInstance: ...

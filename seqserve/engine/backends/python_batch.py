@@ -1,6 +1,11 @@
-"""The `python` backend: batch-level Python models.
+"""The `python` backend: batch-level Python models, and Triton-style ones.
 
-`<version>/model.py` defines a class `Model`:
+`<version>/model.py` defines either a class `Model` (our batch-level API) or a class
+`TritonPythonModel` (Triton's request-level API, run by `triton_adapter`); when it defines
+both, `Model` is used. Before model.py is imported, seqserve's `triton_python_backend_utils`
+(`triton_utils`) is installed in `sys.modules`, so Triton models import it unchanged.
+
+The batch-level API:
 
     class Model:
         def initialize(self, ctx: InstanceContext) -> None: ...      # optional
@@ -22,9 +27,17 @@ from typing import Any
 
 import numpy as np
 
+from seqserve.engine.backends import triton_utils
 from seqserve.engine.backends.base import Backend, BackendInstance, InstanceContext, ModelContext
+from seqserve.engine.backends.triton_adapter import TritonInstance
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.errors import Code, InferenceError
+
+
+def _install_pb_utils() -> None:
+    """Make `import triton_python_backend_utils` give seqserve's implementation."""
+    if sys.modules.get("triton_python_backend_utils") is not triton_utils:
+        sys.modules["triton_python_backend_utils"] = triton_utils
 
 
 def _load_module(ctx: ModelContext) -> ModuleType:
@@ -38,6 +51,7 @@ def _load_module(ctx: ModelContext) -> ModuleType:
         raise InferenceError(Code.INVALID_ARG, f"cannot import python model {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
+    _install_pb_utils()
     try:
         spec.loader.exec_module(module)
     except Exception as e:
@@ -70,20 +84,28 @@ class PythonBackend(Backend):
         super().__init__(ctx)
         self._module = _load_module(ctx)
         cls = getattr(self._module, "Model", None)
-        if cls is None:
-            hint = (
-                " (it defines TritonPythonModel: Triton-style request-level models are not supported yet)"
-                if hasattr(self._module, "TritonPythonModel")
-                else ""
-            )
-            raise InferenceError(Code.INVALID_ARG, f"python model '{ctx.name}' must define a class named 'Model'{hint}")
-        if not callable(getattr(cls, "execute", None)):
+        self._triton = False
+        if cls is None or not isinstance(cls, type):
+            cls = getattr(self._module, "TritonPythonModel", None)
+            if not isinstance(cls, type):
+                raise InferenceError(
+                    Code.INVALID_ARG,
+                    f"python model '{ctx.name}' must define a class named 'Model' (seqserve's batch-level API) "
+                    "or 'TritonPythonModel' (Triton's)",
+                )
+            self._triton = True
+        elif not callable(getattr(cls, "execute", None)):
             raise InferenceError(Code.INVALID_ARG, f"python model '{ctx.name}': Model has no execute method")
         self._cls = cls
 
     def create_instance(self, ictx: InstanceContext) -> BackendInstance:
         obj = self._cls()
+        if self._triton:
+            return TritonInstance(obj, ictx)
         init = getattr(obj, "initialize", None)
         if init is not None:
             init(ictx)
         return _Instance(obj)
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "python", "api": "triton" if self._triton else "batch"}

@@ -1,0 +1,32 @@
+"""Floor servers: the least a KServe v2 front-end can do per request (decode, encode, reply).
+
+Each is a script with a port argument (``python bench/floors/grpc_stream.py 9001``) that
+``python -m bench --spawn-floor NAME`` starts to measure (a) the server CPU per step that a
+front-end costs with no engine behind it and (b) the load generator's own ceiling against an
+endpoint that is never the bottleneck. They answer any model name as if it were the demo
+``accumulator`` (metadata: FP32 ``INPUT`` [-1, 1] -> FP32 ``OUTPUT`` [-1, 1]); a reply echoes the
+request's first input under the first requested output name (default ``OUTPUT``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# name -> (script, transports it can stand in for)
+FLOORS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "grpc-stream": ("grpc_stream.py", ("grpc-stream", "grpc-unary")),
+    "http-hypercorn": ("http_hypercorn.py", ("http-binary", "http-json")),
+    "http-granian": ("http_granian.py", ("http-binary", "http-json")),
+}
+
+
+def script_path(name: str) -> Path:
+    return Path(__file__).resolve().parent / FLOORS[name][0]
+
+
+def ensure_importable() -> None:
+    """When a floor runs as a script, make ``bench`` (and ``seqserve``) importable."""
+    root = str(Path(__file__).resolve().parents[2])
+    if root not in sys.path:
+        sys.path.insert(0, root)

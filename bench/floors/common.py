@@ -1,0 +1,45 @@
+"""What every floor answers: fixed metadata and an echo reply."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+INPUT_NAME = "INPUT"
+OUTPUT_NAME = "OUTPUT"
+DATATYPE = "FP32"
+SHAPE = [-1, 1]
+
+# KServe v2 datatype -> element size in bytes (BYTES: variable)
+DTYPE_SIZE = {
+    "BOOL": 1, "INT8": 1, "UINT8": 1, "INT16": 2, "UINT16": 2, "FP16": 2, "BF16": 2,
+    "INT32": 4, "UINT32": 4, "FP32": 4, "INT64": 8, "UINT64": 8, "FP64": 8,
+}  # fmt: skip
+
+
+def model_metadata(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "versions": ["1"],
+        "platform": "floor",
+        "inputs": [{"name": INPUT_NAME, "datatype": DATATYPE, "shape": SHAPE}],
+        "outputs": [{"name": OUTPUT_NAME, "datatype": DATATYPE, "shape": SHAPE}],
+    }
+
+
+def parse_args(prog: str, argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=prog, description="A floor KServe v2 server (see bench/floors/__init__.py).")
+    p.add_argument("port", type=int)
+    p.add_argument("--host", default="127.0.0.1")
+    return p.parse_args(argv)
+
+
+def run_on_uvloop(coro: Any) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - the bench extra installs it
+        import asyncio
+
+        asyncio.run(coro)
+        return
+    uvloop.run(coro)

@@ -1,0 +1,44 @@
+"""HTTP floor on hypercorn (uvloop): ``python bench/floors/http_hypercorn.py PORT [--host H]``.
+The app is :mod:`bench.floors.asgi_app`; hypercorn is configured as seqserve configures it."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+if __package__ in (None, ""):
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.floors import common  # noqa: E402
+
+
+async def serve(host: str, port: int) -> None:
+    from hypercorn.asyncio import serve as hypercorn_serve
+    from hypercorn.config import Config
+
+    from bench.floors.asgi_app import app
+
+    cfg = Config()
+    cfg.bind = [f"{host}:{port}"]
+    cfg.accesslog = None
+    cfg.loglevel = "WARNING"
+    cfg.keep_alive_timeout = 75
+    cfg.graceful_timeout = 0.5
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await hypercorn_serve(app, cfg, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = common.parse_args("http_hypercorn.py", argv)
+    common.run_on_uvloop(serve(args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

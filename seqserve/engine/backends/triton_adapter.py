@@ -1,0 +1,244 @@
+"""Runs Triton-style Python models (`TritonPythonModel`) on seqserve's batch-level engine.
+
+Per batch the adapter builds one ``pb_utils.InferenceRequest`` per request (padding rows are
+skipped; a stateless dynamic batch is split by ``batch.request_rows``), calls
+``execute(requests)`` once, and gives the engine a ``RequestResults``: each request's outputs
+as its response holds them, or the response's ``TritonError``, which fails that request only.
+An exception raised by ``execute`` fails the whole batch, as in Triton.
+
+What a request carries, as in Triton: the model's inputs (copies, owned by the request), the
+configured control tensors (START/END/READY/CORRID, shape [1, 1], or [1] when
+max_batch_size is 0), ``correlation_id()`` (uint64, or str for string ids; 0 outside
+sequences), ``flags()`` (SEQUENCE_START=1 | SEQUENCE_END=2), ``request_id()`` and
+``requested_output_names()`` (every output when the client named none).
+
+seqserve extras: implicit state (``sequence_batching.state``), which Triton's python backend
+lacks, works: the state arrives as an input named by ``input_name``, and a response tensor
+named by ``output_name`` becomes the request's next state (same shape as the input state;
+without one the state is kept). The final END step of a ``TIMEOUT_COMPLETE`` sequence is
+delivered as a request with the END flag and zero-filled inputs; its response is dropped.
+
+Response senders: a request's sender collects what the model sends. Decoupled models (and
+non-decoupled ones that answer through the sender and return None for that request) must
+send the final flag before ``execute`` returns, and at most one response per request: the
+engine has one reply per request for now, so a second response fails the request with a
+clear error. Streaming several responses is not supported yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import numpy as np
+
+from seqserve.engine.backends import triton_utils as pb
+from seqserve.engine.backends.base import BackendInstance, InstanceContext, RequestResults
+from seqserve.engine.batch import ExecuteBatch
+from seqserve.engine.config import config_to_json
+from seqserve.engine.errors import Code, InferenceError
+
+_KINDS = {"cpu": "CPU", "model": "MODEL"}
+
+
+def initialize_args(ictx: InstanceContext) -> dict[str, str]:
+    """The ``args`` dict Triton passes to ``TritonPythonModel.initialize`` (all strings)."""
+    ctx = ictx.model
+    device = ictx.device
+    kind = "GPU" if device.startswith("cuda") else _KINDS.get(device, device.upper())
+    device_id = device.partition(":")[2] or "0"
+    return {
+        "model_config": json.dumps(config_to_json(ctx.config)),
+        "model_instance_kind": kind,
+        "model_instance_name": ictx.name,
+        "model_instance_device_id": device_id,
+        "model_repository": str(ctx.model_dir),
+        "model_version": str(ctx.version),
+        "model_name": ctx.name,
+    }
+
+
+class TritonInstance(BackendInstance):
+    """One TritonPythonModel object behind the batch-level BackendInstance interface."""
+
+    def __init__(self, obj: Any, ictx: InstanceContext) -> None:
+        cfg = ictx.model.config
+        self._obj = obj
+        self._name = ictx.model.name
+        self._batched = cfg.max_batch_size > 0
+        self._decoupled = cfg.model_transaction_policy.decoupled
+        # state input name -> output name
+        self._states = {(s.input_name or s.name): (s.output_name or s.name) for s in cfg.sequence_batching.state}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        init = getattr(obj, "initialize", None)
+        if init is not None:
+            init(initialize_args(ictx))
+        if not callable(getattr(obj, "execute", None)):
+            raise InferenceError(Code.INVALID_ARG, f"python model '{self._name}' does not implement `execute` method")
+
+    # ------------------------------------------------------------------------ execute
+
+    def execute(self, batch: ExecuteBatch) -> RequestResults:
+        requests, owners, spans = self._requests(batch)
+        try:
+            returned = self._obj.execute(requests)
+            if asyncio.iscoroutine(returned):
+                if self._loop is None:
+                    self._loop = asyncio.new_event_loop()
+                returned = self._loop.run_until_complete(returned)
+        except Exception as e:  # fails the whole batch, with Triton's wording
+            raise InferenceError(
+                Code.INTERNAL,
+                f"Failed to process the request(s) for model '{self._name}', message: {type(e).__name__}: {e}",
+            ) from e
+        responses = self._check_returned(requests, returned)
+
+        outcomes: list[Any] = [None] * len(batch.request_rows)
+        picked: list[pb.InferenceResponse | None] = [None] * len(batch.request_rows)
+        for req, owner, resp in zip(requests, owners, responses, strict=True):
+            response = resp if resp is not None else self._sent_response(req)
+            if isinstance(response, InferenceError):
+                outcomes[owner] = response
+            elif response is not None and response.has_error():
+                err = response.error()
+                assert err is not None
+                outcomes[owner] = InferenceError(err.code(), err.message())
+            elif response is not None:
+                outcomes[owner] = {t.name(): t.as_numpy() for t in response.output_tensors()}
+                picked[owner] = response
+            else:
+                outcomes[owner] = {}
+        return RequestResults(outcomes, self._next_states(batch, spans, picked, outcomes))
+
+    def _requests(self, batch: ExecuteBatch) -> tuple[list[pb.InferenceRequest], list[int], list[tuple[int, int]]]:
+        """The requests of a batch, the batch position of each, and every position's rows."""
+        tensors: dict[str, np.ndarray] = {**batch.inputs, **batch.controls, **batch.states}
+        corrid = batch.corrid
+        requests: list[pb.InferenceRequest] = []
+        owners: list[int] = []
+        spans: list[tuple[int, int]] = []
+        row = 0
+        # start/end/ready/corrid hold one entry per request (not per row)
+        for i, rows in enumerate(batch.request_rows):
+            lo, hi = row, row + rows
+            row = hi
+            spans.append((lo, hi))
+            if batch.request_outputs[i] is None and not (batch.ready[i] and batch.end[i]):
+                continue  # padding; a ready END row without a reply is a final END step
+            wanted = batch.request_outputs[i]
+            if self._batched:
+                inputs = [pb.Tensor(name, np.array(arr[lo:hi])) for name, arr in tensors.items()]
+            else:
+                inputs = [pb.Tensor(name, np.array(arr)) for name, arr in tensors.items()]
+            flags = (pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if batch.start[i] else 0) | (
+                pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if batch.end[i] else 0
+            )
+            cid = corrid[i]
+            requests.append(
+                pb.InferenceRequest(
+                    request_id=batch.request_ids[i] if i < len(batch.request_ids) else "",
+                    correlation_id=cid if isinstance(cid, str) else int(cid),
+                    inputs=inputs,
+                    requested_output_names=list(wanted or ()),
+                    model_name=self._name,
+                    flags=flags,
+                )
+            )
+            owners.append(i)
+        return requests, owners, spans
+
+    def _check_returned(self, requests: list[pb.InferenceRequest], returned: Any) -> list[Any]:
+        """What execute returned, checked as Triton checks it; one entry (or None) per request."""
+        if returned is None:
+            return [None] * len(requests)
+        if self._decoupled:
+            raise InferenceError(
+                Code.INTERNAL,
+                f"Python model '{self._name}' is using the decoupled mode and the execute function must return None.",
+            )
+        if not isinstance(returned, list):
+            raise InferenceError(
+                Code.INTERNAL,
+                f"Expected a list in the execute return, found type '{type(returned)}'.",
+            )
+        if len(returned) != len(requests):
+            raise InferenceError(
+                Code.INTERNAL,
+                "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
+                f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(returned)}",
+            )
+        for r in returned:
+            if r is not None and not isinstance(r, pb.InferenceResponse):
+                raise InferenceError(
+                    Code.INTERNAL,
+                    "Expected an 'InferenceResponse' object in the execute function return list, "
+                    f"found type '{type(r)}'.",
+                )
+        return returned
+
+    def _sent_response(self, req: pb.InferenceRequest) -> pb.InferenceResponse | InferenceError | None:
+        """The single response a request's sender collected, or why there is none."""
+        sender = req._sender
+        if sender is None or not sender.closed:
+            return InferenceError(
+                Code.INTERNAL,
+                f"model '{self._name}' returned from execute without a response for this request: a response must "
+                "be returned, or sent with TRITONSERVER_RESPONSE_COMPLETE_FINAL before execute returns "
+                "(sending after execute returns is not supported yet)",
+            )
+        sent = sender.responses
+        if len(sent) > 1:
+            return InferenceError(
+                Code.UNSUPPORTED,
+                f"model '{self._name}' sent {len(sent)} responses for one request: multi-response decoupled models "
+                "are not supported yet (seqserve delivers one response per request)",
+            )
+        return sent[0] if sent else None
+
+    def _next_states(
+        self,
+        batch: ExecuteBatch,
+        spans: list[tuple[int, int]],
+        picked: list[pb.InferenceResponse | None],
+        outcomes: list[Any],
+    ) -> dict[str, np.ndarray]:
+        """Output states, batched: a request's response tensor named by the state's output name,
+        else its current state."""
+        out: dict[str, np.ndarray] = {}
+        for in_name, out_name in self._states.items():
+            current = batch.states.get(in_name)
+            if current is None:
+                continue
+            new: np.ndarray | None = None
+            for i, response in enumerate(picked):
+                tensor = None if response is None else pb.get_output_tensor_by_name(response, out_name)
+                if tensor is None:
+                    continue
+                value = tensor.as_numpy()
+                if not self._batched:
+                    new = value
+                    continue
+                lo, hi = spans[i]
+                if new is None:
+                    new = np.array(current)
+                if value.shape != new[lo:hi].shape:
+                    outcomes[i] = InferenceError(
+                        Code.INTERNAL,
+                        f"model '{self._name}' produced state '{out_name}' with shape {list(value.shape)}; "
+                        f"expected {list(new[lo:hi].shape)}",
+                    )
+                    continue
+                new[lo:hi] = value
+            if new is not None:
+                out[out_name] = new
+        return out
+
+    def finalize(self) -> None:
+        fin = getattr(self._obj, "finalize", None)
+        try:
+            if fin is not None:
+                fin()
+        finally:
+            if self._loop is not None:
+                self._loop.close()

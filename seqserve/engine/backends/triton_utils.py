@@ -1,0 +1,483 @@
+"""seqserve's `triton_python_backend_utils`: what Triton-style Python models import as `pb_utils`.
+
+The python backend installs this module as ``sys.modules["triton_python_backend_utils"]``
+before it imports a model.py, so an unchanged Triton Python model (a class
+``TritonPythonModel`` with ``initialize(args)``, ``execute(requests)``, ``finalize()``) loads
+as it is. The names and behaviour follow Triton's python_backend (``Tensor``,
+``InferenceRequest``, ``InferenceResponse``, ``TritonError``, ``TritonModelException``, the
+flag constants and the helper functions of ``triton_python_backend_utils.py``).
+
+Not provided: BLS (``InferenceRequest.exec``/``async_exec`` raise), GPU tensors, custom
+metrics, ``auto_complete_config``, request rescheduling. A response sender may send one
+response per request (see ``seqserve.engine.backends.triton_adapter``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from seqserve.engine.errors import Code
+
+__all__ = [
+    "TRITONSERVER_MEMORY_CPU",
+    "TRITONSERVER_MEMORY_GPU",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
+    "TRITONSERVER_REQUEST_RELEASE_ALL",
+    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
+    "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
+    "TRITON_STRING_TO_NUMPY",
+    "InferenceRequest",
+    "InferenceResponse",
+    "InferenceResponseSender",
+    "Logger",
+    "ModelConfig",
+    "Tensor",
+    "TritonError",
+    "TritonModelException",
+    "deserialize_bytes_tensor",
+    "get_input_config_by_name",
+    "get_input_tensor_by_name",
+    "get_output_config_by_name",
+    "get_output_tensor_by_name",
+    "numpy_to_triton_type",
+    "serialize_byte_tensor",
+    "triton_string_to_numpy",
+    "triton_to_numpy_type",
+    "using_decoupled_model_transaction_policy",
+]
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+TRITONSERVER_MEMORY_GPU = 0
+TRITONSERVER_MEMORY_CPU = 1
+
+TRITON_STRING_TO_NUMPY: dict[str, Any] = {
+    "TYPE_BOOL": bool,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+
+# Triton DataType numbers (model_config.proto), as triton_dtype() reports them.
+_NUMPY_TO_TRITON: dict[str, int] = {
+    "b1": 1,
+    "u1": 2,
+    "u2": 3,
+    "u4": 4,
+    "u8": 5,
+    "i1": 6,
+    "i2": 7,
+    "i4": 8,
+    "i8": 9,
+    "f2": 10,
+    "f4": 11,
+    "f8": 12,
+}
+_TRITON_TO_NUMPY: dict[int, Any] = {
+    1: np.bool_,
+    2: np.uint8,
+    3: np.uint16,
+    4: np.uint32,
+    5: np.uint64,
+    6: np.int8,
+    7: np.int16,
+    8: np.int32,
+    9: np.int64,
+    10: np.float16,
+    11: np.float32,
+    12: np.float64,
+    13: np.object_,
+}
+
+_log = logging.getLogger("seqserve.model")
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+class TritonError:
+    """An error a model attaches to a response; it fails that request alone."""
+
+    UNKNOWN = Code.UNKNOWN
+    INTERNAL = Code.INTERNAL
+    NOT_FOUND = Code.NOT_FOUND
+    INVALID_ARG = Code.INVALID_ARG
+    UNAVAILABLE = Code.UNAVAILABLE
+    UNSUPPORTED = Code.UNSUPPORTED
+    ALREADY_EXISTS = Code.ALREADY_EXISTS
+    CANCELLED = Code.CANCELLED
+
+    __slots__ = ("_code", "_message")
+
+    def __init__(self, message: str, code: int = Code.INTERNAL) -> None:
+        if message is None:
+            raise TypeError("TritonError: message must not be None")
+        self._message = str(message)
+        self._code = Code(int(code))
+
+    def code(self) -> Code:
+        return self._code
+
+    def message(self) -> str:
+        return self._message
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, code={self._code.name})"
+
+
+class TritonModelException(Exception):
+    """Raised by models (and by this module) for failures; in execute it fails the batch."""
+
+
+# ------------------------------------------------------------------------------ tensors
+
+
+class Tensor:
+    """A named numpy array."""
+
+    __slots__ = ("_array", "_name")
+
+    def __init__(self, name: str, array: Any) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"Tensor name must be a str, not {type(name).__name__}")
+        arr = np.asarray(array)
+        if arr.dtype.kind == "U":  # Triton stores string tensors as bytes objects
+            arr = np.char.encode(arr, "utf-8").astype(np.object_)
+        self._name = name
+        self._array = arr
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def triton_dtype(self) -> int:
+        return numpy_to_triton_type(self._array.dtype) or 0
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        return self._array.__dlpack__()
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        return self._array.__dlpack__()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._array.__dlpack_device__()  # type: ignore[no-any-return]
+
+    @staticmethod
+    def from_dlpack(name: str, dlpack_object: Any) -> Tensor:
+        """A tensor from an object with ``__dlpack__`` (CPU memory only)."""
+        if hasattr(dlpack_object, "__dlpack__"):
+            return Tensor(name, np.from_dlpack(dlpack_object))
+        raise TritonModelException(
+            "Tensor.from_dlpack: seqserve accepts objects that implement __dlpack__ (not raw capsules)"
+        )
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
+
+
+# ---------------------------------------------------------------------------- requests
+
+
+class InferenceResponse:
+    """The response to one request: output tensors, or an error."""
+
+    __slots__ = ("_error", "_outputs", "_parameters")
+
+    def __init__(
+        self,
+        output_tensors: Sequence[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: dict[str, Any] | None = None,
+    ) -> None:
+        outputs = list(output_tensors or [])
+        for t in outputs:
+            if not isinstance(t, Tensor):
+                raise TritonModelException(
+                    f"InferenceResponse output_tensors must be pb_utils.Tensor objects, found '{type(t).__name__}'"
+                )
+        if error is not None and not isinstance(error, TritonError):
+            raise TritonModelException(f"InferenceResponse error must be a pb_utils.TritonError, not {type(error)}")
+        self._outputs = outputs
+        self._error = error
+        self._parameters = json.dumps(parameters or {})
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return self._parameters
+
+
+class InferenceResponseSender:
+    """Collects what a model sends for one request (decoupled models, or a non-decoupled
+    model that answers through the sender and returns None from execute)."""
+
+    __slots__ = ("_closed", "responses")
+
+    def __init__(self) -> None:
+        self.responses: list[InferenceResponse] = []
+        self._closed = False
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if self._closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
+        if response is not None:
+            if not isinstance(response, InferenceResponse):
+                raise TritonModelException(
+                    f"Expected an 'InferenceResponse' object to send, found type '{type(response).__name__}'"
+                )
+            self.responses.append(response)
+        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self._closed = True
+        elif flags:
+            raise TritonModelException(f"Unknown response flags {flags}")
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+class InferenceRequest:
+    """One request of a batch, as Triton's python backend presents it."""
+
+    __slots__ = (
+        "_correlation_id",
+        "_flags",
+        "_inputs",
+        "_model_name",
+        "_model_version",
+        "_request_id",
+        "_requested",
+        "_sender",
+        "_timeout",
+    )
+
+    def __init__(
+        self,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        inputs: Sequence[Tensor] = (),
+        requested_output_names: Sequence[str] = (),
+        model_name: str = "",
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        **_ignored: Any,
+    ) -> None:
+        if not isinstance(correlation_id, (int, str)):
+            raise TritonModelException("Correlation ID must be integer or string")
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._inputs = list(inputs)
+        self._requested = list(requested_output_names)
+        self._model_name = model_name
+        self._model_version = model_version
+        self._flags = flags
+        self._timeout = timeout
+        self._sender: InferenceResponseSender | None = None
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        """The sequence id: an unsigned integer, or a string for string ids; 0 outside sequences."""
+        return self._correlation_id
+
+    def flags(self) -> int:
+        """TRITONSERVER_REQUEST_FLAG_SEQUENCE_START | _END bits."""
+        return self._flags
+
+    def set_flags(self, flags: int) -> None:
+        self._flags = flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def parameters(self) -> str:
+        return "{}"
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            self._sender = InferenceResponseSender()
+        return self._sender
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def set_release_flags(self, flags: int) -> None:
+        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise TritonModelException("request rescheduling is not supported by seqserve")
+
+    def exec(self, decoupled: bool = False) -> Any:
+        raise TritonModelException("BLS (InferenceRequest.exec) is not supported by seqserve yet")
+
+    def async_exec(self, decoupled: bool = False) -> Any:
+        raise TritonModelException("BLS (InferenceRequest.async_exec) is not supported by seqserve yet")
+
+
+# ------------------------------------------------------------------------------ logging
+
+
+class Logger:
+    """pb_utils.Logger: writes to the server's log ("seqserve.model")."""
+
+    class LogLevel:
+        INFO = logging.INFO
+        WARNING = logging.WARNING
+        ERROR = logging.ERROR
+        VERBOSE = logging.DEBUG
+
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+
+    @staticmethod
+    def log(message: str, level: int = logging.INFO) -> None:
+        _log.log(int(level), "%s", message)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        _log.info("%s", message)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        _log.warning("%s", message)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        _log.error("%s", message)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        _log.debug("%s", message)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> Any:
+    """Flatten a bytes tensor into 4-byte-length-prefixed elements, in C order."""
+    if input_tensor.size == 0:
+        return ()
+    if input_tensor.dtype == np.object_ or input_tensor.dtype.type == np.bytes_:
+        parts = []
+        for item in input_tensor.reshape(-1).tolist():
+            s = item if isinstance(item, bytes) else str(item).encode("utf-8")
+            parts.append(struct.pack("<I", len(s)))
+            parts.append(s)
+        return b"".join(parts)
+    return None
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
+    """The inverse of serialize_byte_tensor: a 1-D object array of bytes."""
+    strs = []
+    offset = 0
+    while offset < len(encoded_tensor):
+        (n,) = struct.unpack_from("<I", encoded_tensor, offset)
+        offset += 4
+        strs.append(bytes(encoded_tensor[offset : offset + n]))
+        offset += n
+    return np.array(strs, dtype=np.object_)
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    for t in inference_request.inputs():
+        if t.name() == name:
+            return t
+    return None
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    for t in inference_response.output_tensors():
+        if t.name() == name:
+            return t
+    return None
+
+
+def get_input_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    for props in model_config.get("input", []):
+        if props["name"] == name:
+            return props  # type: ignore[no-any-return]
+    return None
+
+
+def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    for props in model_config.get("output", []):
+        if props["name"] == name:
+            return props  # type: ignore[no-any-return]
+    return None
+
+
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    policy = model_config.get("model_transaction_policy")
+    return bool(policy and policy.get("decoupled"))
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    return _TRITON_TO_NUMPY.get(data_type)
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    dt = np.dtype(data_type)
+    if dt.kind in "OS":
+        return 13
+    return _NUMPY_TO_TRITON.get("b1" if dt.kind == "b" else f"{dt.kind}{dt.itemsize}")
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+class ModelConfig:
+    """The config object of Triton's ``auto_complete_config`` (read access only here:
+    seqserve does not call ``auto_complete_config``)."""
+
+    def __init__(self, model_config: str) -> None:
+        self._model_config = json.loads(model_config)
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._model_config  # type: ignore[no-any-return]
