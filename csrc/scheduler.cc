@@ -66,6 +66,12 @@ class RuntimeHold {
     lk_.lock();
     held_ = false;
   }
+  // Same, for a caller that does not hold the lock right now.
+  void release_unlocked() {
+    if (!held_) return;
+    h_.leave();
+    held_ = false;
+  }
 
  private:
   const Hooks& h_;
@@ -207,6 +213,8 @@ void Scheduler::push_idle(const CorrId& id, const SeqEntry& e) {
 SubmitResult Scheduler::submit(Request* r, int priority) {
   std::string warning;
   SubmitResult res;
+  // Woken after the lock is dropped: a thread woken while we hold it would only block on it.
+  Instance* wake = nullptr;
   {
     std::unique_lock<std::mutex> lk(mu_);
     auto fail = [&](int code, std::string msg) {
@@ -244,9 +252,11 @@ SubmitResult Scheduler::submit(Request* r, int priority) {
       ++slot_queued_;
       if (hooks_released_locked())
         for (auto& inst : instances_)
-          if (!inst->executing) { inst->cv.notify_one(); break; }
-      return res;
-    }
+          if (!inst->executing) {
+            wake = inst.get();
+            break;
+          }
+    } else {
 
     if (r->id.none()) {
       return fail(kInvalidArg, "inference request to model '" + spec_.name +
@@ -334,9 +344,11 @@ SubmitResult Scheduler::submit(Request* r, int priority) {
     }
     if (hooks_released_locked() && notify_gslot >= 0) {
       Instance& inst = *instances_[notify_gslot / spec_.slots_per_instance];
-      if (!inst.executing) inst.cv.notify_one();
+      if (!inst.executing) wake = &inst;
+    }
     }
   }
+  if (wake) wake->cv.notify_one();
   if (!warning.empty() && hooks_.log_warning) hooks_.log_warning(warning);
   return res;
 }
@@ -477,9 +489,9 @@ void Scheduler::direct_loop(Instance& inst) {
     inst.t_form = now_ns();
     lk.unlock();
     execute(inst);
+    hold.release_unlocked();  // the event loop is waiting for the runtime to deliver replies
     lk.lock();
     finish_batch_locked(inst);
-    hold.release();
   }
 }
 
@@ -506,7 +518,6 @@ void Scheduler::handoff_locked(Instance& inst, int s) {
     }
     inst.ready.push(r);
     if (r->end) release_slot(inst, s);  // its successor waits for in_flight to clear
-    if (delay_released_ && !inst.executing) inst.cv.notify_one();
   }
 }
 
@@ -591,6 +602,7 @@ void Scheduler::oldest_loop(Instance& inst) {
     inst.t_form = now_ns();
     lk.unlock();
     execute(inst);
+    hold.release_unlocked();  // the event loop is waiting for the runtime to deliver replies
     lk.lock();
     done.clear();
     for (const Row& row : inst.rows) done.push_back(row.slot);
@@ -707,9 +719,9 @@ void Scheduler::dynamic_loop(Instance& inst) {
         if (!other->executing) { other->cv.notify_one(); break; }
     lk.unlock();
     execute(inst);
+    hold.release_unlocked();  // the event loop is waiting for the runtime to deliver replies
     lk.lock();
     finish_batch_locked(inst);
-    hold.release();
   }
 }
 
@@ -738,9 +750,9 @@ void Scheduler::stateless_loop(Instance& inst) {
         if (!other->executing) { other->cv.notify_one(); break; }
     lk.unlock();
     execute(inst);
+    hold.release_unlocked();  // the event loop is waiting for the runtime to deliver replies
     lk.lock();
     finish_batch_locked(inst);
-    hold.release();
   }
 }
 
@@ -1109,7 +1121,7 @@ void Scheduler::reaper_loop() {
       Instance& inst = *instances_[sl.instance];
       inst.max_active = std::max(inst.max_active, sl.index);
       if (spec_.strategy == kOldest) handoff_locked(inst, sl.index);
-      else if (!inst.executing) inst.cv.notify_one();
+      if (!inst.executing) inst.cv.notify_one();
     }
     while (!backlog_heap_.empty() && backlog_heap_.top().deadline <= now) {
       BacklogTimer t = backlog_heap_.top();

@@ -35,7 +35,7 @@ NP_DTYPE: dict[str, np.dtype[Any]] = {
     "FP64": np.dtype(np.float64),
     "BYTES": np.dtype(object),
 }
-_WIRE_OF = {v.str: k for k, v in NP_DTYPE.items() if k != "BYTES"}
+_WIRE_OF = {v: k for k, v in NP_DTYPE.items() if k != "BYTES"}
 
 RESERVED_PARAMETERS = frozenset(
     {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers", "binary_data_output"}
@@ -43,9 +43,10 @@ RESERVED_PARAMETERS = frozenset(
 
 
 def wire_datatype(arr: np.ndarray) -> str:
-    if arr.dtype.kind in "OSU":
-        return "BYTES"
-    return _WIRE_OF.get(arr.dtype.str, str(arr.dtype))
+    name = _WIRE_OF.get(arr.dtype)
+    if name is not None:
+        return name
+    return "BYTES" if arr.dtype.kind in "OSU" else str(arr.dtype)
 
 
 def bad(msg: str) -> InferenceError:

@@ -88,33 +88,55 @@ def decode_request(req: pb.ModelInferRequest) -> codec.Request:
             out.parameters[key] = _param_value(p)
 
     raw = req.raw_input_contents
-    if raw and any(t.HasField("contents") for t in req.inputs):
-        raise codec.bad("contents field must not be specified when using raw_input_contents")
-    k = 0
-    for t in req.inputs:
-        if "shared_memory_region" in t.parameters:
-            raise InferenceError(Code.UNSUPPORTED, _NO_SHM)
-        shape = list(t.shape)
-        if any(d < 0 for d in shape):
-            raise codec.bad(f"input '{t.name}' has a negative dimension in shape {shape}")
-        if t.datatype not in codec.NP_DTYPE:
-            if t.datatype == "BF16":
-                raise InferenceError(Code.UNSUPPORTED, f"input '{t.name}': BF16 tensors are not supported")
-            raise codec.bad(f"input '{t.name}' has unknown datatype '{t.datatype}'")
-        if raw:
-            if k >= len(raw):
-                raise codec.bad(f"expected raw_input_contents for input '{t.name}'")
-            out.inputs[t.name] = codec.binary_tensor(t.name, t.datatype, shape, memoryview(raw[k]))
-            k += 1
-        else:
-            out.inputs[t.name] = _typed_contents(t, shape)
-    if raw and k != len(raw):
-        raise codec.bad(f"unexpected additional input data for model '{req.model_name}'")
+    inputs = req.inputs
+    if raw:
+        if len(raw) > len(inputs):
+            raise codec.bad(f"unexpected additional input data for model '{req.model_name}'")
+        if len(raw) < len(inputs):
+            raise codec.bad(f"expected raw_input_contents for input '{inputs[len(raw)].name}'")
+        for t, data in zip(inputs, raw, strict=True):
+            out.inputs[t.name] = _raw_input(t, data)
+    else:
+        for t in inputs:
+            _check_input(t)
+            out.inputs[t.name] = _typed_contents(t, list(t.shape))
     for o in req.outputs:
         if "shared_memory_region" in o.parameters:
             raise InferenceError(Code.UNSUPPORTED, _NO_SHM)
         out.outputs[o.name] = True
     return out
+
+
+def _check_input(t: pb.ModelInferRequest.InferInputTensor) -> None:
+    if t.parameters and "shared_memory_region" in t.parameters:
+        raise InferenceError(Code.UNSUPPORTED, _NO_SHM)
+    if t.datatype not in codec.NP_DTYPE:
+        if t.datatype == "BF16":
+            raise InferenceError(Code.UNSUPPORTED, f"input '{t.name}': BF16 tensors are not supported")
+        raise codec.bad(f"input '{t.name}' has unknown datatype '{t.datatype}'")
+    if any(d < 0 for d in t.shape):
+        raise codec.bad(f"input '{t.name}' has a negative dimension in shape {list(t.shape)}")
+
+
+def _raw_input(t: pb.ModelInferRequest.InferInputTensor, data: bytes) -> np.ndarray:
+    """One raw_input_contents entry as an array (a zero-copy view for fixed-size types)."""
+    if t.HasField("contents"):
+        raise codec.bad("contents field must not be specified when using raw_input_contents")
+    dtype = codec.NP_DTYPE.get(t.datatype)
+    if dtype is None or dtype.kind == "O" or t.parameters:
+        _check_input(t)
+        return codec.binary_tensor(t.name, t.datatype, list(t.shape), memoryview(data))
+    shape = tuple(t.shape)
+    count = 1
+    for d in shape:
+        if d < 0:
+            raise codec.bad(f"input '{t.name}' has a negative dimension in shape {list(shape)}")
+        count *= d
+    if len(data) != count * dtype.itemsize:
+        raise codec.bad(
+            f"unexpected size for input '{t.name}', expecting {count * dtype.itemsize} bytes but got {len(data)}"
+        )
+    return np.frombuffer(data, dtype).reshape(shape)
 
 
 def _typed_contents(t: pb.ModelInferRequest.InferInputTensor, shape: list[int]) -> np.ndarray:
