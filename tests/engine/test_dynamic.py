@@ -289,6 +289,9 @@ async def test_max_queue_size_per_priority_level(repo, serve):
 
 
 REJECTED = "Request timeout expired"
+# Level 1 has a policy of its own without a timeout: the blocking request goes there
+# (priority=1), so that only the requests under test (level 2, the default policy) can expire.
+SAFE_LEVEL = "priority_levels: 2 default_priority_level: 2 priority_queue_policy { key: 1 value: { } }"
 
 
 @pytest.mark.parametrize(
@@ -314,9 +317,9 @@ REJECTED = "Request timeout expired"
     ],
 )
 async def test_queue_timeout_reject(repo, serve, policy, timeout_us, rejected):
-    write_model(repo, "m", config(dyn=f"default_queue_policy {{ {policy} }}"), GATED_MODEL)
+    write_model(repo, "m", config(dyn=f"{SAFE_LEVEL} default_queue_policy {{ {policy} }}"), GATED_MODEL)
     s = await serve()
-    running = await blocked(s)
+    running = await blocked(s, priority=1)
     waiting = await send(s, 1, timeout_us=timeout_us)
     await asyncio.sleep(0.3)
     release()
@@ -328,11 +331,12 @@ async def test_queue_timeout_reject(repo, serve, policy, timeout_us, rejected):
 
 
 async def test_timeout_reject_leaves_fresh_requests(repo, serve):
-    write_model(repo, "m", config(dyn="default_queue_policy { default_timeout_microseconds: 200000 }"), GATED_MODEL)
+    dyn = f"{SAFE_LEVEL} default_queue_policy {{ default_timeout_microseconds: 500000 }}"
+    write_model(repo, "m", config(dyn=dyn), GATED_MODEL)
     s = await serve()
-    running = await blocked(s)
+    running = await blocked(s, priority=1)
     old = [await send(s, 1), await send(s, 2)]
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.6)
     fresh = await send(s, 3)
     release()
     for t in old:
@@ -355,9 +359,10 @@ async def test_timeout_fires_while_the_batch_waits_for_its_delay(repo, serve):
 async def test_timeout_reject_counts_as_failed_request(repo, serve):
     # Triton answers through RespondIfError(..., FailureReason::REJECTED), which records the
     # failure in the model's statistics (reference §11: asynchronous failures are failures).
-    write_model(repo, "m", config(dyn="default_queue_policy { default_timeout_microseconds: 100000 }"), GATED_MODEL)
+    dyn = f"{SAFE_LEVEL} default_queue_policy {{ default_timeout_microseconds: 100000 }}"
+    write_model(repo, "m", config(dyn=dyn), GATED_MODEL)
     s = await serve()
-    running = await blocked(s)
+    running = await blocked(s, priority=1)
     waiting = await send(s, 1)
     await asyncio.sleep(0.3)
     release()
@@ -371,9 +376,9 @@ async def test_timeout_reject_counts_as_failed_request(repo, serve):
 @pytest.mark.parametrize(
     "dyn",
     [
-        "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 200000 }",
+        "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 500000 }",
         # seqserve extension: TIMEOUT_COMPLETE makes the default queue policy DELAY
-        "timeout_action: TIMEOUT_COMPLETE default_queue_policy { default_timeout_microseconds: 200000 }",
+        "timeout_action: TIMEOUT_COMPLETE default_queue_policy { default_timeout_microseconds: 500000 }",
     ],
     ids=["delay", "timeout_complete"],
 )
@@ -385,7 +390,7 @@ async def test_queue_timeout_delay_moves_behind_fresh_requests(repo, serve, dyn)
     assert s.model("m").config.dynamic_batching.default_queue_policy.timeout_action == mc.ModelQueuePolicy.DELAY
     running = await blocked(s)
     late = [await send(s, 1), await send(s, 2)]
-    await asyncio.sleep(0.3)  # 1 and 2 expire while queued
+    await asyncio.sleep(0.6)  # 1 and 2 expire while queued (the blocker may too: it runs anyway)
     fresh = [await send(s, 3), await send(s, 4)]
     release()
     assert await results([running, *late, *fresh]) == [[-1], [1], [2], [3], [4]]  # served, not rejected
@@ -395,13 +400,13 @@ async def test_queue_timeout_delay_moves_behind_fresh_requests(repo, serve, dyn)
 async def test_delayed_requests_stay_within_their_level(repo, serve):
     dyn = """
       priority_levels: 2 default_priority_level: 2
-      priority_queue_policy { key: 1 value: { timeout_action: DELAY default_timeout_microseconds: 200000 } }
+      priority_queue_policy { key: 1 value: { timeout_action: DELAY default_timeout_microseconds: 500000 } }
     """
     write_model(repo, "m", config(mbs=1, dyn=dyn), GATED_MODEL)
     s = await serve()
-    running = await blocked(s)
+    running = await blocked(s, priority=2)
     tasks = [await send(s, 1, priority=1), await send(s, 2, priority=2)]
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.6)
     tasks.append(await send(s, 3, priority=1))
     release()
     assert await results([running, *tasks]) == [[-1], [1], [2], [3]]

@@ -292,21 +292,48 @@ async def test_timeout_complete_final_step_before_backlog_takes_the_slot(repo, s
 
 
 async def test_timeout_complete_with_other_sequences_in_the_batch(repo, serve, monkeypatch):
-    seq = f"{IDLE} timeout_action: TIMEOUT_COMPLETE"
+    seq = "max_sequence_idle_microseconds: 300000 timeout_action: TIMEOUT_COMPLETE"
     write_model(repo, "m", seq_config(seq=seq), ACCUM_MODEL)
     s = await serve()
     assert await call(s, A, 1, start=True) == 1
     assert await call(s, B, 10, start=True) == 10
-    for _ in range(6):  # B stays alive, A expires
+    for _ in range(12):  # B stays alive, A expires
         await asyncio.sleep(0.05)
         assert await call(s, B, 1) > 10
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.1)
     ends = [(b["corrid"], b["end"], b["x"]) for b in recorded(s, "m") if any(b["end"])]
     assert len(ends) == 1
     corrid, end, x = ends[0]
     (i,) = [j for j, e in enumerate(end) if e]
     assert corrid[i] == A and x[i] == 0
-    assert await call(s, B, 1, end=True) == 17
+    assert await call(s, B, 1, end=True) == 23
+
+
+@pytest.mark.parametrize("strategy", ["direct { }", "oldest { }"])
+async def test_timeout_complete_final_step_follows_queued_requests(repo, serve, strategy):
+    # A expires while its first request runs (slow model) and its second waits: the queued
+    # request runs first, then the one final END step.
+    model = """
+    import time
+    import numpy as np
+    RECORD = []
+
+    class Model:
+        def execute(self, batch):
+            RECORD.append((batch.corrid.tolist(), batch.end.tolist(), batch.inputs["IN_X"].reshape(-1).tolist()))
+            time.sleep(0.25)
+            new = batch.states["S"] + batch.inputs["IN_X"]
+            return {"OUT_X": new, "S": new}
+    """
+    seq = f"{strategy} {IDLE} timeout_action: TIMEOUT_COMPLETE"
+    write_model(repo, "m", seq_config(seq=seq), model)
+    s = await serve()
+    tasks = [await send(s, A, 1, start=True), await send(s, A, 2)]
+    assert await results(tasks) == [1, 3]
+    await asyncio.sleep(0.6)
+    rec = sys.modules["seqserve_models.m.v1"].RECORD
+    assert rec == [([A], [False], [1]), ([A], [False], [2]), ([A], [True], [0])]
+    await expect_error(call(s, A, 3), Code.INVALID_ARG, start_error(A))
 
 
 @pytest.mark.parametrize("action", ["", "timeout_action: TIMEOUT_REJECT"])
@@ -468,6 +495,39 @@ async def test_dynamic_timeout_action_sets_default_queue_policy(repo, serve, dyn
     write_model(repo, "m", STATELESS.format(mbs=4, extra=f"dynamic_batching {{ {dyn} }}"), RECORDING_MODEL)
     s = await serve()
     assert s.model("m").config.dynamic_batching.default_queue_policy.timeout_action == action
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            STATELESS.format(mbs=4, extra="dynamic_batching { default_batch_size: 8 }"),
+            "dynamic batching preferred size must be <= max batch size for m",
+        ),
+        (
+            STATELESS.format(
+                mbs=4,
+                extra="dynamic_batching { preserve_ordering: true timeout_action: TIMEOUT_COMPLETE "
+                "default_queue_policy { default_timeout_microseconds: 1000 } }",
+            ),
+            "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true for m",
+        ),
+        (
+            seq_config(seq="reusable_batch { candidate_batch_size: [ 8 ] }"),
+            "sequence batching reusable_batch candidate batch size must be <= max batch size for m",
+        ),
+        (
+            seq_config(seq="oldest { }", extra="dynamic_batching { preferred_batch_size: [ 0 ] }"),
+            "dynamic batching preferred size must be positive for m",
+        ),
+    ],
+    ids=["default_batch_size_too_big", "complete_with_preserve_ordering", "candidate_too_big", "zero_preferred"],
+)
+def test_extension_settings_are_validated(repo, config, message):
+    d = write_model(repo, "m", config, RECORDING_MODEL)
+    with pytest.raises(ModelConfigError) as ei:
+        load_model_config(d)
+    assert str(ei.value) == message
 
 
 # ---------------------------------------------- dynamic_batching next to sequence_batching
