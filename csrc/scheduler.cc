@@ -409,6 +409,25 @@ bool Scheduler::shapes_match(const Request* a, const Request* b) const {
   return true;
 }
 
+template <class Hold>
+void Scheduler::run_formed_batch(Instance& inst, std::unique_lock<std::mutex>& lk, Hold& hold, bool more_work) {
+  inst.executing = true;
+  inst.t_form = now_ns();
+  Instance* idle = nullptr;  // a shared queue with more work: wake an idle instance for it
+  if (more_work)
+    for (auto& other : instances_)
+      if (!other->executing) {
+        idle = other.get();
+        break;
+      }
+  lk.unlock();
+  if (idle) idle->cv.notify_one();
+  execute(inst);
+  hold.release_unlocked();  // the event loop is waiting for the runtime to deliver replies
+  lk.lock();
+  finish_batch_locked(inst);
+}
+
 void Scheduler::direct_loop(Instance& inst) {
   std::unique_lock<std::mutex> lk(mu_);
   RuntimeHold hold(hooks_, lk);
@@ -485,13 +504,7 @@ void Scheduler::direct_loop(Instance& inst) {
       if (r->end) release_slot(inst, s);  // the backlog gets the slot before END runs
     }
     inst.batch_size = max_slot + 1;
-    inst.executing = true;
-    inst.t_form = now_ns();
-    lk.unlock();
-    execute(inst);
-    hold.release_unlocked();  // the event loop is waiting for the runtime to deliver replies
-    lk.lock();
-    finish_batch_locked(inst);
+    run_formed_batch(inst, lk, hold, false);
   }
 }
 
@@ -598,15 +611,9 @@ void Scheduler::oldest_loop(Instance& inst) {
       inst.rows.push_back(Row{r, r->slot});
     }
     inst.batch_size = spec_.max_batch_size > 0 ? static_cast<int64_t>(n) : 1;
-    inst.executing = true;
-    inst.t_form = now_ns();
-    lk.unlock();
-    execute(inst);
-    hold.release_unlocked();  // the event loop is waiting for the runtime to deliver replies
-    lk.lock();
     done.clear();
     for (const Row& row : inst.rows) done.push_back(row.slot);
-    finish_batch_locked(inst);
+    run_formed_batch(inst, lk, hold, false);
     for (int s : done) {
       inst.slots[s].in_flight = false;
       handoff_locked(inst, s);
@@ -712,16 +719,7 @@ void Scheduler::dynamic_loop(Instance& inst) {
       }
     }
     inst.batch_size = spec_.max_batch_size > 0 ? rows : 1;
-    inst.executing = true;
-    inst.t_form = now_ns();
-    if (slot_queued_ > 0)
-      for (auto& other : instances_)
-        if (!other->executing) { other->cv.notify_one(); break; }
-    lk.unlock();
-    execute(inst);
-    hold.release_unlocked();  // the event loop is waiting for the runtime to deliver replies
-    lk.lock();
-    finish_batch_locked(inst);
+    run_formed_batch(inst, lk, hold, slot_queued_ > 0);
   }
 }
 
@@ -742,17 +740,7 @@ void Scheduler::stateless_loop(Instance& inst) {
     inst.rows.clear();
     inst.rows.push_back(Row{r, 0});
     inst.batch_size = spec_.max_batch_size > 0 ? r->rows : 1;
-    inst.executing = true;
-    inst.t_form = now_ns();
-    // Another request may be waiting for an idle instance.
-    if (!fifo_.empty())
-      for (auto& other : instances_)
-        if (!other->executing) { other->cv.notify_one(); break; }
-    lk.unlock();
-    execute(inst);
-    hold.release_unlocked();  // the event loop is waiting for the runtime to deliver replies
-    lk.lock();
-    finish_batch_locked(inst);
+    run_formed_batch(inst, lk, hold, !fifo_.empty());
   }
 }
 

@@ -264,6 +264,9 @@ class Scheduler {
   Request* take_marker_locked(uint8_t kind, const CorrId& id, int64_t now);
   void reaper_loop();
   void execute(Instance& inst);  // no lock held
+  // Runs the batch just formed in `inst`; the lock is held on entry and on return.
+  template <class Hold>
+  void run_formed_batch(Instance& inst, std::unique_lock<std::mutex>& lk, Hold& hold, bool more_work);
   void gather(Instance& inst);
   void reset_state_rows(Instance& inst);
   void release_slot(Instance& inst, int s);
