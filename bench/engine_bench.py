@@ -258,9 +258,7 @@ async def api_rep(server: Server, model: str, wl: Workload) -> Rep:
         for k in range(steps):
             i = base + k
             t_sub[i] = perf()
-            r = await infer(
-                model, {"INPUT": arrs[i]}, sequence_id=s + 1, sequence_start=k == 0, sequence_end=k == last
-            )
+            r = await infer(model, {"INPUT": arrs[i]}, sequence_id=s + 1, sequence_start=k == 0, sequence_end=k == last)
             t_done[i] = perf()
             if k == last and r.outputs["OUTPUT"][0, 0] != arrs[i][0, 0]:
                 bad.append(i)
@@ -334,7 +332,7 @@ def make_scheduler(name: str, mbs: int, runner: Callable[[Any], bool]) -> Any:
     def on_fail(handles: list[int], code: int, msg: str) -> None:
         log(f"  on_fail: {len(handles)} requests: {code} {msg}")
 
-    return _core.Scheduler(
+    kw: dict[str, Any] = dict(
         name=name,
         strategy=_core.DIRECT,
         max_batch_size=mbs,
@@ -343,7 +341,6 @@ def make_scheduler(name: str, mbs: int, runner: Callable[[Any], bool]) -> Any:
         idle_us=600_000_000,
         max_queue_delay_us=0,
         min_slot_utilization=0.0,
-        inputs=[("INPUT", TYPE_FP32, False)],
         controls=[],
         states=[],
         delay_requests=0,
@@ -352,6 +349,10 @@ def make_scheduler(name: str, mbs: int, runner: Callable[[Any], bool]) -> Any:
         on_fail=on_fail,
         on_warning=log,
     )
+    try:  # inputs: (name, dtype, shapes must match, default item shape); older cores took 3 fields
+        return _core.Scheduler(inputs=[("INPUT", TYPE_FP32, False, [1])], **kw)
+    except TypeError:
+        return _core.Scheduler(inputs=[("INPUT", TYPE_FP32, False)], **kw)  # type: ignore[list-item]
 
 
 def make_runner(reads: str, rec: list[Any], q: queue.SimpleQueue[Any] | None) -> Callable[[Any], bool]:
@@ -541,7 +542,7 @@ def run_floor(wl: Workload, core_reps: list[Rep], args: argparse.Namespace) -> S
 
 def drain_once(
     mbs: int, reads: str, calls: list[Any], batches: int, args: argparse.Namespace
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """submit() every request with the executor stopped, then start it and let it drain the queues
     while this thread waits (GIL free). Returns (ns per submit, median ns per batch)."""
     rec: list[Any] = []
@@ -796,8 +797,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sequences", type=int, default=64)
     p.add_argument("--steps", type=int, default=200, help="steps per sequence (default 200)")
     p.add_argument("--reps", type=int, default=5, help="measured repetitions (+1 warm-up)")
-    p.add_argument("--window", type=int, default=64,
-                   help="consecutive completions per ns/step window (default 64; 0 = max_batch_size)")
+    p.add_argument(
+        "--window",
+        type=int,
+        default=64,
+        help="consecutive completions per ns/step window (default 64; 0 = max_batch_size)",
+    )
     p.add_argument("--warmup-frac", type=float, default=0.10)
     p.add_argument("--tail-frac", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=1234)
@@ -866,7 +871,7 @@ def main(argv: list[str] | None = None) -> int:
         log("breakdown ...")
         bds = [breakdown(m, args) for m in args.mbs]
         by_mbs = {b["mbs"]: b for b in bds}
-        core = {(s.mbs, s.depth): s for s in results if s.path.startswith("(b)")}
+        core: dict[tuple[Any, Any], Summary] = {(s.mbs, s.depth): s for s in results if s.path.startswith("(b)")}
         for o in overhead:
             explain(o, core[(o["mbs"], o["depth"])], by_mbs[o["mbs"]], args.core_reads)
     env["loadavg_end"] = round(os.getloadavg()[0], 2)

@@ -306,9 +306,7 @@ async def run_load(
 
     def tick(phase: str, elapsed_s: float, frac: float) -> None:
         if progress is not None:
-            progress(
-                frac, f"{phase} {elapsed_s:4.1f}s  {run.measured} steps  {run.errors} err  {run.wrong} wrong"
-            )
+            progress(frac, f"{phase} {elapsed_s:4.1f}s  {run.measured} steps  {run.errors} err  {run.wrong} wrong")
 
     while (el := perf_ns() - run.t_start) < warm_ns:
         tick("warm-up", el / 1e9, el / 1e9 / total_s if total_s else 0.0)

@@ -8,6 +8,7 @@ the window's edges itself (it knows the shared schedule); each child reports its
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import time
@@ -43,9 +44,10 @@ async def _child_run(job: Job, ids: SequenceIds) -> RunResult:
 
 
 def _child_main(conn: Any, index: int, id_base: int, string_ids: bool) -> None:
-    import bench.transports  # noqa: F401  (import before reporting ready: runs start on a schedule)
-    import tritonclient.grpc.aio  # noqa: F401
+    import tritonclient.grpc.aio
     import tritonclient.http.aio  # noqa: F401
+
+    import bench.transports  # noqa: F401  (import before reporting ready: runs start on a schedule)
 
     ids = SequenceIds(string_ids, base=id_base + ((index + 1) << 28))
     conn.send(("ready", os.getpid()))
@@ -77,7 +79,9 @@ class GeneratorPool:
         self.procs: list[Any] = []
         for i in range(processes):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_child_main, args=(child, i, id_base, string_ids), daemon=True, name=f"bench-gen-{i}")
+            p = ctx.Process(
+                target=_child_main, args=(child, i, id_base, string_ids), daemon=True, name=f"bench-gen-{i}"
+            )
             p.start()
             child.close()
             self.conns.append(parent)
@@ -134,10 +138,8 @@ class GeneratorPool:
 
     def close(self) -> None:
         for c in self.conns:
-            try:
+            with contextlib.suppress(OSError):
                 c.send(None)
-            except OSError:
-                pass
         for p in self.procs:
             p.join(5)
             if p.is_alive():

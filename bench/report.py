@@ -93,7 +93,8 @@ def progress_line(row: dict[str, Any]) -> str:
         paced = f"  {row['streams_ok']}/{row['streams']} streams on time ({row['deadline_misses']} misses)"
     return (
         f"{row['target'] + ' ' if row['target'] else ''}{row['transport']:<12} {_load(row):<5} {row['steps']:>7} steps "
-        f"{row['steps_per_s']:>8.0f}/s  p50 {row['p50_ms']:.2f} p99 {row['p99_ms']:.2f} p99.9 {row['p99_9_ms']:.2f} ms  "
+        f"{row['steps_per_s']:>8.0f}/s  p50 {row['p50_ms']:.2f} p99 {row['p99_ms']:.2f} "
+        f"p99.9 {row['p99_9_ms']:.2f} ms  "
         f"srv {'-' if srv is None else f'{srv:.0f}'} us/step  cli {row['client_cpu_us_per_step'] or 0:.0f} us/step  "
         f"{row['errors']} err {row['wrong']} wrong{paced}"
     )
@@ -159,14 +160,11 @@ def ceiling_note(rows: list[dict[str, Any]]) -> str:
         return ""
     ncpu = os.cpu_count() or 1
 
-    def per_proc(r: dict[str, Any]) -> float:
-        return (r["client_cpu_util"] or 0) / max(1, r.get("processes") or 1)
-
-    worst = max(rows, key=per_proc)
+    worst = max(rows, key=_per_proc)
     nproc = worst.get("processes") or 1
     lines = [
         f"generator: {nproc} process{'es' if nproc > 1 else ''}, one event loop each; busiest run "
-        f"{worst['transport']} {_load(worst)} used {per_proc(worst):.0%} of a core per process "
+        f"{worst['transport']} {_load(worst)} used {_per_proc(worst):.0%} of a core per process "
         f"({worst['client_cpu_us_per_step'] or 0:.0f} us/step client CPU).",
         f"machine: {ncpu} CPUs shared by client and server. A run is generator-bound when cli cpu% nears "
         "100% per generator process, machine-bound when srv cpu% + cli cpu% nears " + f"{ncpu * 100}%.",
@@ -175,56 +173,67 @@ def ceiling_note(rows: list[dict[str, Any]]) -> str:
         tag = f"{r['target'] + ' ' if r['target'] else ''}{r['transport']} {_load(r)}"
         if (r.get("other_cpu_util") or 0) > 0.1:
             lines.append(
-                f"  ! {tag}: other processes used {r['other_cpu_util']:.0%} of a CPU during the window - numbers are noisy"
+                f"  ! {tag}: other processes used {r['other_cpu_util']:.0%} of a CPU during the window - "
+                "numbers are noisy"
             )
-        if per_proc(r) > 0.9:
-            lines.append(f"  ! {tag}: client CPU {per_proc(r):.0%} per process, likely generator-bound")
+        if _per_proc(r) > 0.9:
+            lines.append(f"  ! {tag}: client CPU {_per_proc(r):.0%} per process, likely generator-bound")
     return "\n".join(lines)
 
 
+def _per_proc(r: dict[str, Any]) -> float:
+    return (r["client_cpu_util"] or 0) / max(1, r.get("processes") or 1)
+
+
 def compare_floors(rows: list[dict[str, Any]]) -> tuple[str, list[str], list[dict[str, Any]]]:
-    """Server rows against floor rows of the same transport, mode and load: server CPU per step as
-    a multiple of the floor's, and the generator's ceiling (what it did against the floor).
-    Returns (table, warnings, comparisons)."""
+    """Server rows against the floor rows of the same transport, mode and load (server CPU per step
+    as a multiple of the floor's) and against the generator's ceiling for their transport (a closed
+    loop run flat out against the floor: ``ceiling:<floor>`` rows). Returns (table, warnings, rows)."""
     floors = {(r["transport"], r["mode"], r["concurrency"]): r for r in rows if r["target"].startswith("floor:")}
+    ceilings = {r["transport"]: r for r in rows if r["target"].startswith("ceiling:")}
     comps: list[dict[str, Any]] = []
     warns: list[str] = []
     for r in rows:
-        if r["target"].startswith("floor:"):
+        if r["target"].startswith(("floor:", "ceiling:")):
             continue
         f = floors.get((r["transport"], r["mode"], r["concurrency"]))
-        if f is None:
+        ce = ceilings.get(r["transport"])
+        if f is None and ce is None:
             continue
-        srv, fsrv = r["server_cpu_us_per_step"], f["server_cpu_us_per_step"]
+        srv = r["server_cpu_us_per_step"]
+        fsrv = f["server_cpu_us_per_step"] if f else None
+        rate = r["steps_per_s"] if r["mode"] == "closed" else (r.get("target_steps_per_s") or r["steps_per_s"])
         c: dict[str, Any] = {
             "target": r["target"],
             "transport": r["transport"],
             "mode": r["mode"],
             "concurrency": r["concurrency"],
-            "floor": f["target"],
+            "floor": f["target"] if f else None,
             "server_cpu_us_per_step": srv,
             "floor_cpu_us_per_step": fsrv,
             "server_cpu_x_floor": (srv / fsrv) if (srv is not None and fsrv) else None,
             "steps_per_s": r["steps_per_s"],
-            "ceiling_steps_per_s": f["steps_per_s"],
-            "of_ceiling_steps": r["steps_per_s"] / f["steps_per_s"] if f["steps_per_s"] else None,
-            "client_cpu_util": r["client_cpu_util"],
-            "ceiling_client_cpu_util": f["client_cpu_util"],
-            "of_ceiling_cpu": (r["client_cpu_util"] or 0) / f["client_cpu_util"] if f["client_cpu_util"] else None,
+            "ceiling": ce["target"] if ce else None,
+            "ceiling_steps_per_s": ce["steps_per_s"] if ce else None,
+            "of_ceiling_steps": rate / ce["steps_per_s"] if ce and ce["steps_per_s"] else None,
+            "client_cpu_per_process": _per_proc(r),
+            "ceiling_client_cpu_per_process": _per_proc(ce) if ce else None,
+            "of_ceiling_cpu": _per_proc(r) / _per_proc(ce) if ce and _per_proc(ce) else None,
         }
         comps.append(c)
         tag = f"{r['target']} {r['transport']} {_load(r)}"
-        if r["mode"] == "closed" and (c["of_ceiling_steps"] or 0) >= NEAR:
+        if (c["of_ceiling_steps"] or 0) >= NEAR:
+            what = "throughput" if r["mode"] == "closed" else "paced rate"
             warns.append(
-                f"  ! {tag}: {c['of_ceiling_steps']:.0%} of the generator's ceiling throughput "
-                f"({f['steps_per_s']:.0f}/s against {f['target']}): the generator may be what limits this run"
+                f"  ! {tag}: {what} is {c['of_ceiling_steps']:.0%} of the generator's ceiling "
+                f"({ce['steps_per_s']:.0f} steps/s against {ce['target']}): the generator may limit this run"  # type: ignore[index]
             )
-        if (c["of_ceiling_cpu"] or 0) >= NEAR:
+        if (c["of_ceiling_cpu"] or 0) >= NEAR and _per_proc(ce) >= 0.5:  # type: ignore[arg-type]
             warns.append(
-                f"  ! {tag}: client CPU {r['client_cpu_util']:.0%} is {c['of_ceiling_cpu']:.0%} of the generator's "
-                f"CPU at its ceiling ({f['client_cpu_util']:.0%}): near the generator's limit, add --processes"
+                f"  ! {tag}: client CPU {_per_proc(r):.0%} per process is {c['of_ceiling_cpu']:.0%} of the "
+                f"generator's CPU at its ceiling ({_per_proc(ce):.0%}): near its limit, add --processes"  # type: ignore[arg-type]
             )
-        if r["mode"] == "paced" and f.get("deadline_misses"):
+        if r["mode"] == "paced" and f is not None and f.get("deadline_misses"):
             warns.append(
                 f"  ! {tag}: even against {f['target']} {f['deadline_misses']} steps missed their deadline: "
                 "the generator cannot keep this many streams on time"
@@ -233,8 +242,8 @@ def compare_floors(rows: list[dict[str, Any]]) -> tuple[str, list[str], list[dic
         return "", warns, comps
     cells = [
         [
-            "target", "transport", "load", "srv us/step", "floor", "floor us/step", "x floor",
-            "steps/s", "ceiling steps/s", "% ceiling", "cli cpu%", "ceiling cli cpu%",
+            "target", "transport", "load", "srv us/step", "floor us/step", "x floor",
+            "steps/s", "ceiling steps/s", "% ceiling", "cli cpu%/proc", "ceiling cli cpu%",
         ]
     ]  # fmt: skip
 
@@ -244,11 +253,11 @@ def compare_floors(rows: list[dict[str, Any]]) -> tuple[str, list[str], list[dic
     for c in comps:
         cells.append(
             [
-                c["target"], c["transport"], _load(c), f_(c["server_cpu_us_per_step"], "{:.0f}"), c["floor"],
-                f_(c["floor_cpu_us_per_step"], "{:.0f}"), f_(c["server_cpu_x_floor"], "{:.1f}x"),
+                c["target"], c["transport"], _load(c), f_(c["server_cpu_us_per_step"], "{:.0f}"),
+                f_(c["floor_cpu_us_per_step"], "{:.0f}"), f_(c["server_cpu_x_floor"], "{:.2f}x"),
                 f_(c["steps_per_s"], "{:.0f}"), f_(c["ceiling_steps_per_s"], "{:.0f}"),
-                f_(c["of_ceiling_steps"], "{:.0%}"), f_(c["client_cpu_util"], "{:.0%}"),
-                f_(c["ceiling_client_cpu_util"], "{:.0%}"),
+                f_(c["of_ceiling_steps"], "{:.0%}"), f_(c["client_cpu_per_process"], "{:.0%}"),
+                f_(c["ceiling_client_cpu_per_process"], "{:.0%}"),
             ]
         )  # fmt: skip
     return _cells(cells), warns, comps
@@ -272,46 +281,67 @@ def write_json(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]], **e
 
 
 def plot(path: Path, runs: list[tuple[dict[str, Any], RunResult]]) -> None:
-    """Latency (p50/p99/p99.9) against load per target and transport, and each run's latency CDF."""
+    """Latency (p50/p99/p99.9) against load per target and transport (floors: p50 only, thin), and
+    each run's latency CDF (floors dashed). Ceiling runs (a calibration) are left out."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
-    series: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    runs = [(row, res) for row, res in runs if not row["target"].startswith("ceiling:")]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 6.5))
+    colors = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]
+    transports = sorted({row["transport"] for row, _ in runs})
+    color = {t: colors[i % len(colors)] for i, t in enumerate(transports)}
+    series: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row, _ in runs:
-        series.setdefault((row["target"], row["transport"], row["mode"]), []).append(row)
-    for (target, transport, mode), rs in series.items():
+        series.setdefault((row["target"], row["transport"]), []).append(row)
+    for (target, transport), rs in series.items():
         rs = sorted(rs, key=lambda r: r["concurrency"])
         x = [r["concurrency"] for r in rs]
+        c = color[transport]
         name = f"{target + ' ' if target else ''}{transport}"
-        line = ax1.plot(x, [r["p50_ms"] for r in rs], marker="o", label=f"{name} p50")[0]
-        ax1.plot(x, [r["p99_ms"] for r in rs], marker="s", ls="--", color=line.get_color(), label=f"{name} p99")
-        ax1.plot(x, [r["p99_9_ms"] for r in rs], marker="^", ls=":", color=line.get_color(), label=f"{name} p99.9")
+        if target.startswith("floor:"):
+            ax1.plot(x, [r["p50_ms"] for r in rs], marker="x", lw=0.8, color=c, alpha=0.6, label=f"{name} p50")
+            continue
+        ax1.plot(x, [r["p50_ms"] for r in rs], marker="o", color=c, label=f"{name} p50")
+        ax1.plot(x, [r["p99_ms"] for r in rs], marker="s", ls="--", color=c, label=f"{name} p99")
+        ax1.plot(x, [r["p99_9_ms"] for r in rs], marker="^", ls=":", color=c, label=f"{name} p99.9")
     modes = {row["mode"] for row, _ in runs}
-    ax1.set_xlabel("paced streams" if modes == {"paced"} else "concurrent sequences (paced: streams)")
+    ax1.set_xlabel("paced streams" if modes == {"paced"} else "concurrent sequences")
     ax1.set_ylabel("latency (ms)")
     ax1.set_yscale("log")
     ax1.set_xscale("log", base=2)
     ax1.set_title("latency vs load")
     ax1.grid(True, which="both", alpha=0.3)
-    ax1.legend(fontsize=7)
+    ax1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.12), ncol=2, frameon=False)
+    loads = sorted({row["concurrency"] for row, _ in runs})
+    shade = {n: 0.45 + 0.55 * i / max(1, len(loads) - 1) for i, n in enumerate(loads)}
     for row, res in runs:
         lat = np.sort(res.latencies_ns) / 1e6
         if not lat.size:
             continue
         y = np.arange(1, lat.size + 1) / lat.size
         if lat.size > 5000:  # thin out, keeping the tail
-            idx = np.unique(np.concatenate([np.linspace(0, lat.size - 1, 4000).astype(int), np.arange(lat.size - 1000, lat.size)]))
+            head = np.linspace(0, lat.size - 1, 4000).astype(int)
+            idx = np.unique(np.concatenate([head, np.arange(lat.size - 1000, lat.size)]))
             lat, y = lat[idx], y[idx]
-        ax2.plot(lat, y, label=f"{row['target'] + ' ' if row['target'] else ''}{row['transport']} {_load(row)}")
+        floor = row["target"].startswith("floor:")
+        ax2.plot(
+            lat,
+            y,
+            color=color[row["transport"]],
+            alpha=shade[row["concurrency"]],
+            ls="--" if floor else "-",
+            lw=0.9 if floor else 1.4,
+            label=f"{row['target'] + ' ' if row['target'] else ''}{row['transport']} {_load(row)}",
+        )
     ax2.set_xscale("log")
     ax2.set_xlabel("latency (ms)")
     ax2.set_ylabel("fraction of steps")
-    ax2.set_title("latency CDF")
+    ax2.set_title("latency CDF (darker: more load; dashed: floor)")
     ax2.grid(True, which="both", alpha=0.3)
-    ax2.legend(fontsize=7)
+    ax2.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.12), ncol=2, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

@@ -1,4 +1,5 @@
-"""The server under test: an existing one by URL, or a seqserve started (and stopped) here."""
+"""The server under test: an existing one by URL, a seqserve started (and stopped) here, or a
+floor server (``bench/floors``) started here."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -31,11 +33,37 @@ class Target:
     grpc_url: str | None
     model: str
     server_pid: int | None = None
-    spawned: SpawnedServer | None = None
+    spawned: SpawnedServer | SpawnedFloor | None = None
+    label: str = "server"
+
+
+class _Spawned:
+    """A child process whose output goes to ``log_path``."""
+
+    proc: subprocess.Popen[bytes] | None
+    log_path: Path | None
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path else ""
+            raise RuntimeError(f"{self.proc.args!r} exited with {self.proc.returncode}:\n{tail}")
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()  # keep the log
+        if rc in (0, -signal.SIGTERM) and self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)  # a clean exit: nothing to look at
+        return rc
 
 
 @dataclass
-class SpawnedServer:
+class SpawnedServer(_Spawned):
     """``python -m seqserve serve`` on free loopback ports, its output in a log file."""
 
     python: str = sys.executable
@@ -66,24 +94,6 @@ class SpawnedServer:
     @property
     def grpc_url(self) -> str:
         return f"{self.host}:{self.grpc_port}"
-
-    def check_alive(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path else ""
-            raise RuntimeError(f"seqserve exited with {self.proc.returncode}:\n{tail}")
-
-    def stop(self, timeout_s: float = 15.0) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()  # keep the log
-        if rc in (0, -signal.SIGTERM) and self.log_path is not None:
-            self.log_path.unlink(missing_ok=True)  # a clean exit: nothing to look at
-        return rc
 
 
 def _ready(target: Target, model: str | None) -> bool:
@@ -126,3 +136,53 @@ def wait_ready(target: Target, timeout_s: float = 60.0, model_timeout_s: float =
         if time.monotonic() > deadline:
             raise TimeoutError(f"server not ready after {timeout_s:.0f}s (last: {last!r})")
         time.sleep(0.2)
+
+
+@dataclass
+class SpawnedFloor(_Spawned):
+    """``python bench/floors/<script> PORT`` on a free loopback port, its output in a log file."""
+
+    name: str  # a key of bench.floors.FLOORS
+    python: str = sys.executable
+    host: str = "127.0.0.1"
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    def start(self) -> None:
+        from bench.floors import script_path
+
+        self.port = self.port or free_port(self.host)
+        cmd = [self.python, str(script_path(self.name)), str(self.port), "--host", self.host]
+        fd, name = tempfile.mkstemp(prefix=f"bench-floor-{self.name}-", suffix=".log")
+        self.log_path = Path(name)
+        with os.fdopen(fd, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    @property
+    def url(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def target(self, model: str) -> Target:
+        assert self.proc is not None
+        grpc = self.name.startswith("grpc")
+        return Target(
+            None if grpc else self.url, self.url if grpc else None, model, self.proc.pid, self, f"floor:{self.name}"
+        )
+
+
+def fetch_metadata(target: Target) -> dict[str, Any]:
+    """The model's KServe v2 metadata (inputs and outputs with datatype and shape), shapes as ints."""
+    if target.http_url:
+        import tritonclient.http as httpclient
+
+        with httpclient.InferenceServerClient(target.http_url) as c:
+            meta = dict(c.get_model_metadata(target.model))
+    else:
+        import tritonclient.grpc as grpcclient
+
+        with grpcclient.InferenceServerClient(target.grpc_url) as c:
+            meta = dict(c.get_model_metadata(target.model, as_json=True))
+    for key in ("inputs", "outputs"):
+        meta[key] = [dict(t, shape=[int(d) for d in t.get("shape", [])]) for t in meta.get(key) or []]
+    return meta

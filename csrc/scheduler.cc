@@ -7,7 +7,7 @@ namespace seqserve {
 
 namespace {
 
-constexpr int64_t kBacklogRecheckNs = 50'000'000;  // backlogged sequences: re-check every 50 ms
+constexpr int64_t kBacklogRecheckNs = 50'000'000;  // grace before reaping a sequence that expired in the backlog
 
 bool is_var_state(const StateSpec& s) {
   return s.variable || s.dtype == kString;
@@ -204,7 +204,8 @@ bool Scheduler::hooks_released_locked() {
   return false;
 }
 
-void Scheduler::push_idle(const CorrId& id, const SeqEntry& e) {
+void Scheduler::push_idle(const CorrId& id, SeqEntry& e) {
+  e.armed = true;
   const int64_t deadline = e.last_arrival_ns + spec_.idle_ns;
   idle_heap_.push({deadline, e.serial, id});
   if (deadline < reaper_target_) reaper_cv_.notify_one();
@@ -366,8 +367,18 @@ void Scheduler::release_slot(Instance& inst, int s) {
     }
     sl.occupied = true;
     auto it = seqs_.find(bq.id);
-    if (it != seqs_.end() && it->second.gslot < 0 && it->second.bq == backlog_.begin())
-      it->second.gslot = inst.index * spec_.slots_per_instance + s;
+    if (it != seqs_.end() && it->second.gslot < 0 && it->second.bq == backlog_.begin()) {
+      SeqEntry& e = it->second;
+      e.gslot = inst.index * spec_.slots_per_instance + s;
+      if (!e.armed) {
+        // Idle past the limit while backlogged: reaped soon after getting the slot (as in
+        // Triton, whose backlog re-check runs every 50 ms), unless a request arrives first.
+        e.armed = true;
+        const int64_t deadline = std::max(e.last_arrival_ns + spec_.idle_ns, now_ns() + kBacklogRecheckNs);
+        idle_heap_.push({deadline, e.serial, it->first});
+        if (deadline < reaper_target_) reaper_cv_.notify_one();
+      }
+    }
     backlog_index_.erase(bq.serial);
     backlog_.pop_front();
     inst.max_active = std::max(inst.max_active, s);
@@ -1079,8 +1090,11 @@ void Scheduler::reaper_loop() {
       if (it == seqs_.end() || it->second.serial != t.serial) continue;  // ended or restarted
       SeqEntry& e = it->second;
       const int64_t due = e.last_arrival_ns + spec_.idle_ns;
-      if (e.gslot < 0) {  // backlogged sequences are not reaped, only re-checked
-        idle_heap_.push({due > now ? due : now + kBacklogRecheckNs, t.serial, t.id});
+      if (e.gslot < 0) {
+        // Backlogged sequences are not reaped. Rather than re-checking them (a cost that would
+        // grow with the backlog), the timer is re-armed when the sequence gets a slot.
+        if (due > now) idle_heap_.push({due, t.serial, t.id});
+        else e.armed = false;
         continue;
       }
       if (due > now) {

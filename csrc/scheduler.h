@@ -147,6 +147,7 @@ struct SeqEntry {
   std::list<BacklogQueue>::iterator bq;
   int64_t last_arrival_ns = 0;
   uint64_t serial = 0;
+  bool armed = false;  // has a live idle timer (backlogged sequences give theirs up)
 };
 
 struct Slot {
@@ -274,7 +275,7 @@ class Scheduler {
   bool hooks_released_locked();
   void notify_slot(int gslot);
   Slot& gslot_ref(int g) { return instances_[g / spec_.slots_per_instance]->slots[g % spec_.slots_per_instance]; }
-  void push_idle(const CorrId& id, const SeqEntry& e);
+  void push_idle(const CorrId& id, SeqEntry& e);
   void report(Fails& fails, int code);
   void recycle_locked(Request* r);
   void finish_batch_locked(Instance& inst);

@@ -61,10 +61,7 @@ async def infer(request: Request) -> Response:
     reply: dict[str, Any] = {"model_name": request.path_params["name"], "model_version": "1", "outputs": [out]}
     if "id" in header:
         reply["id"] = header["id"]
-    if sent_binary:
-        raw = blob[: int(first["parameters"]["binary_data_size"])]
-    else:
-        raw = b""
+    raw = blob[: int(first["parameters"]["binary_data_size"])] if sent_binary else b""
     if binary:
         if not raw:  # JSON in, binary out
             import numpy as np

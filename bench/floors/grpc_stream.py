@@ -20,11 +20,11 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import grpc  # noqa: E402
+import grpc
 
-from bench.floors import common  # noqa: E402
-from seqserve._proto import grpc_service_pb2 as pb  # noqa: E402
-from seqserve._proto import grpc_service_pb2_grpc as pb_grpc  # noqa: E402
+from bench.floors import common
+from seqserve._proto import grpc_service_pb2 as pb
+from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
 
 _ZERO = b"\x00\x00\x00\x00"
 

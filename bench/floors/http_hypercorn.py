@@ -12,7 +12,7 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.floors import common  # noqa: E402
+from bench.floors import common
 
 
 async def serve(host: str, port: int) -> None:

@@ -1,0 +1,164 @@
+"""Smoke tests of every bench entry point: a couple of seconds each with tiny settings, so CI
+catches a broken bench. They spawn seqserve (or a floor server) on free loopback ports and check
+that replies were verified with 0 wrong answers and 0 errors, and that JSON (and a PNG when
+matplotlib is installed) was written."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("tritonclient.grpc")
+pytest.importorskip("tritonclient.http")
+
+ROOT = Path(__file__).resolve().parents[2]
+HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
+HAVE_GRANIAN = importlib.util.find_spec("granian") is not None
+SHORT = ["--duration", "1", "--warmup", "0.3", "--pause", "0", "--quiet"]
+
+
+def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    )
+    return proc
+
+
+def load_runs(path: Path) -> list[dict[str, Any]]:
+    doc = json.loads(path.read_text())
+    runs = doc["runs"]
+    assert runs
+    for r in runs:
+        assert r["steps"] > 0, r
+        assert r["errors"] == 0 and r["wrong"] == 0 and r["stuck_workers"] == 0, r
+    return runs
+
+
+def test_closed_loop_all_transports(tmp_path: Path) -> None:
+    out, png = tmp_path / "closed.json", tmp_path / "closed.png"
+    plot = ["--plot", str(png)] if HAVE_MPL else []
+    run(
+        "bench", "--spawn", "--concurrency", "1", "--transports", "http-binary,http-json,grpc-unary,grpc-stream",
+        "--seq-len", "20", "--seq-len-jitter", "0.5", "--json", str(out), *plot, *SHORT,
+    )  # fmt: skip
+    runs = load_runs(out)
+    assert {r["transport"] for r in runs} == {"http-binary", "http-json", "grpc-unary", "grpc-stream"}
+    assert all(r["verified"] and r["p99_9_ms"] > 0 for r in runs)
+    if HAVE_MPL:
+        assert png.stat().st_size > 1000
+
+
+def test_paced_string_ids(tmp_path: Path) -> None:
+    out = tmp_path / "paced.json"
+    run(
+        "bench", "--spawn", "--mode", "paced", "--period-ms", "10", "--streams", "1", "--transports", "grpc-stream",
+        "--seq-len", "20", "--string-ids", "--json", str(out), *SHORT,
+    )  # fmt: skip
+    (r,) = load_runs(out)
+    assert r["mode"] == "paced" and r["verified"] and r["streams"] == 1
+    assert 0 <= r["streams_ok"] <= 1 and r["deadline_misses"] >= 0
+
+
+def test_processes_floor_and_ceiling(tmp_path: Path) -> None:
+    out = tmp_path / "multi.json"
+    proc = run(
+        "bench", "--spawn", "--processes", "2", "--concurrency", "2", "--transports", "grpc-stream",
+        "--spawn-floor", "grpc-stream", "--ceiling", "--json", str(out), *SHORT,
+    )  # fmt: skip
+    runs = load_runs(out)
+    targets = {r["target"] for r in runs}
+    assert targets == {"seqserve", "floor:grpc-stream", "ceiling:grpc-stream"}
+    main = next(r for r in runs if r["target"] == "seqserve")
+    assert main["verified"] and main["processes"] == 2 and main["concurrency"] == 2
+    doc = json.loads(out.read_text())
+    assert doc["floor_comparison"] and doc["floor_comparison"][0]["server_cpu_x_floor"] is not None
+    assert "x floor" in proc.stdout
+
+
+def test_data_file(tmp_path: Path) -> None:
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps({"data": [[{"INPUT": [1.5]}, {"INPUT": [2.0]}, {"INPUT": [-4.0]}], [{"INPUT": 3}]]}))
+    out = tmp_path / "data_out.json"
+    run(
+        "bench",
+        "--spawn",
+        "--concurrency",
+        "2",
+        "--transports",
+        "grpc-unary",
+        "--data",
+        str(data),
+        "--json",
+        str(out),
+        *SHORT,
+    )
+    (r,) = load_runs(out)
+    assert r["verified"]
+
+
+@pytest.mark.parametrize("floor", ["http-hypercorn", "http-granian"])
+def test_http_floors(tmp_path: Path, floor: str) -> None:
+    if floor == "http-granian" and not HAVE_GRANIAN:
+        pytest.skip("granian is not installed")
+    out = tmp_path / "floor.json"
+    run(
+        "bench",
+        "--spawn-floor",
+        floor,
+        "--concurrency",
+        "1",
+        "--transports",
+        "http-binary,http-json",
+        "--json",
+        str(out),
+        *SHORT,
+    )
+    runs = load_runs(out)
+    assert {r["target"] for r in runs} == {f"floor:{floor}"}
+
+
+def test_plot_needs_matplotlib_message(tmp_path: Path) -> None:
+    if HAVE_MPL:
+        pytest.skip("matplotlib is installed")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--spawn", "--plot", str(tmp_path / "x.png")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "matplotlib" in proc.stderr
+
+
+def test_engine_bench(tmp_path: Path) -> None:
+    out = tmp_path / "engine.json"
+    run(
+        "bench.engine_bench", "--mbs", "8", "--depth", "1", "--sequences", "8", "--steps", "20", "--reps", "1",
+        "--no-breakdown", "--json", str(out),
+    )  # fmt: skip
+    doc = json.loads(out.read_text())
+    assert {r["path"] for r in doc["results"]} == {"(a) Server.infer", "(b) _core.Scheduler", "(c) floor"}
+
+
+def test_engine_scale(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    run(
+        "bench.engine_scale", "--sections", "split,live,reap", "--split-steps", "200", "--reps", "1",
+        "--counts", "300", "--reap-counts", "300", "--seconds", "0.4", "--alternations", "1", "--idle-window", "0.3",
+        "--handoffs", "10", "--expiring", "50", "--json", str(out),
+    )  # fmt: skip
+    doc = json.loads(out.read_text())
+    assert doc["split"]["steps_per_s"] > 0
+    assert {r["layout"] for r in doc["live"]} == {"direct", "oldest"}
+    assert all(r["base"]["steps_per_s"] > 0 and r["with_idle"]["steps_per_s"] > 0 for r in doc["live"])
+    some = next(r for r in doc["reap"] if r["kind"] == "some")
+    assert some["expired"] == 50
