@@ -350,6 +350,28 @@ def _stream_error(req: pb.ModelInferRequest, err: BaseException) -> pb.ModelStre
     )
 
 
+def _unimplemented(what: str) -> Any:
+    async def rpc(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, what)
+
+    return rpc
+
+
+# Shared-memory, trace and log-settings RPCs answer UNIMPLEMENTED with a message that says why
+# and what to do, instead of grpcio's bare "Method not implemented!".
+for _rpc in (
+    "SystemSharedMemoryStatus",
+    "SystemSharedMemoryRegister",
+    "SystemSharedMemoryUnregister",
+    "CudaSharedMemoryStatus",
+    "CudaSharedMemoryRegister",
+    "CudaSharedMemoryUnregister",
+):
+    setattr(InferenceServicer, _rpc, _unimplemented(f"{_rpc}: {_NO_SHM}"))
+for _rpc in ("TraceSetting", "LogSettings"):
+    setattr(InferenceServicer, _rpc, _unimplemented(f"{_rpc}: seqserve does not implement this extension"))
+
+
 class HealthServicer(health_pb2_grpc.HealthServicer):
     def __init__(self, server: Server) -> None:
         self.server = server
