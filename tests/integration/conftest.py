@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import textwrap
@@ -91,14 +92,21 @@ class ServerProcess:
 
 
 def _ready(url: str) -> bool:
+    ctx = None
+    if url.startswith("https:"):  # the probe only asks whether it answers; tests check the certificate
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
     try:
-        with urllib.request.urlopen(url + "/v2/health/ready", timeout=1) as r:
+        with urllib.request.urlopen(url + "/v2/health/ready", timeout=1, context=ctx) as r:
             return bool(r.status == 200)
     except (OSError, urllib.error.URLError):
         return False
 
 
-def start_server(repo: Path, *args: str, log_dir: Path, exit_timeout_s: float = 3.0) -> ServerProcess:
+def start_server(
+    repo: Path, *args: str, log_dir: Path, exit_timeout_s: float = 3.0, tls: bool = False
+) -> ServerProcess:
     """Start `seqserve serve` on free ports and wait until /v2/health/ready answers 200."""
     for attempt in range(3):
         http_port, grpc_port = free_ports(2)
@@ -125,7 +133,7 @@ def start_server(repo: Path, *args: str, log_dir: Path, exit_timeout_s: float = 
         srv = ServerProcess(proc, http_port, grpc_port, log_path, repo, tuple(args))
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline and srv.alive():
-            if _ready(srv.base_url):
+            if _ready(srv.base_url.replace("http:", "https:") if tls else srv.base_url):
                 return srv
             time.sleep(0.05)
         if srv.alive():
@@ -151,8 +159,10 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     """`launch(repo, *flags)` starts a server for this test only; stopped (exit 0 checked) after it."""
     started: list[ServerProcess] = []
 
-    def _launch(repo: Path | None = None, *args: str, exit_timeout_s: float = 3.0) -> ServerProcess:
-        srv = start_server(repo or DEMO_REPO, *args, log_dir=tmp_path, exit_timeout_s=exit_timeout_s)
+    def _launch(
+        repo: Path | None = None, *args: str, exit_timeout_s: float = 3.0, tls: bool = False
+    ) -> ServerProcess:
+        srv = start_server(repo or DEMO_REPO, *args, log_dir=tmp_path, exit_timeout_s=exit_timeout_s, tls=tls)
         started.append(srv)
         return srv
 
