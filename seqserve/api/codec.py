@@ -17,6 +17,7 @@ import numpy as np
 import orjson
 
 from seqserve.engine import _core
+from seqserve.engine.config import numpy_wire_name
 from seqserve.engine.errors import Code, InferenceError
 
 # Protocol datatype -> numpy dtype (BYTES are object arrays of bytes; BF16 has no numpy type).
@@ -35,7 +36,6 @@ NP_DTYPE: dict[str, np.dtype[Any]] = {
     "FP64": np.dtype(np.float64),
     "BYTES": np.dtype(object),
 }
-_WIRE_OF = {v: k for k, v in NP_DTYPE.items() if k != "BYTES"}
 
 RESERVED_PARAMETERS = frozenset(
     {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers", "binary_data_output"}
@@ -43,10 +43,7 @@ RESERVED_PARAMETERS = frozenset(
 
 
 def wire_datatype(arr: np.ndarray) -> str:
-    name = _WIRE_OF.get(arr.dtype)
-    if name is not None:
-        return name
-    return "BYTES" if arr.dtype.kind in "OSU" else str(arr.dtype)
+    return numpy_wire_name(arr.dtype)
 
 
 def bad(msg: str) -> InferenceError:

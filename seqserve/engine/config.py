@@ -114,6 +114,19 @@ def wire_dtype_name(dt: int) -> str:
     return _WIRE_NAME.get(dt, "INVALID")
 
 
+_WIRE_OF_NUMPY: dict[np.dtype[Any], str] = {
+    dtype: _WIRE_NAME[dt] for dt, dtype in _NUMPY_DTYPE.items() if dtype is not None and dtype.kind != "O"
+}
+
+
+def numpy_wire_name(dtype: np.dtype[Any]) -> str:
+    """Protocol datatype name of a numpy dtype ("FP32", "BYTES" for object/str/bytes)."""
+    name = _WIRE_OF_NUMPY.get(dtype)
+    if name is not None:
+        return name
+    return "BYTES" if dtype.kind in "OSU" else str(dtype)
+
+
 def from_wire_dtype_name(name: str) -> int:
     """Config DataType for a protocol datatype name; TYPE_INVALID if unknown,
     so request decoding can report the bad name without catching."""

@@ -26,7 +26,7 @@ from seqserve.engine import _core
 from seqserve.engine.backends import BackendInstance, InstanceContext, ModelContext, find_backend
 from seqserve.engine.backends.base import RequestResults
 from seqserve.engine.batch import ExecuteBatch
-from seqserve.engine.config import read_initial_state, to_numpy_dtype, wire_dtype_name
+from seqserve.engine.config import numpy_wire_name, read_initial_state, to_numpy_dtype, wire_dtype_name
 from seqserve.engine.errors import Code, InferenceError
 
 log = logging.getLogger("seqserve.model")
@@ -420,13 +420,13 @@ class LoadedModel:
                 if arr.dtype != object and arr.dtype.kind not in "SU":
                     raise self._bad(
                         request_id,
-                        f"inference input '{key}' data-type is '{_wire_of(arr.dtype)}', but model '{name}' "
+                        f"inference input '{key}' data-type is '{numpy_wire_name(arr.dtype)}', but model '{name}' "
                         f"expects 'BYTES'",
                     )
             elif arr.dtype != spec.dtype:
                 raise self._bad(
                     request_id,
-                    f"inference input '{key}' data-type is '{_wire_of(arr.dtype)}', but model '{name}' "
+                    f"inference input '{key}' data-type is '{numpy_wire_name(arr.dtype)}', but model '{name}' "
                     f"expects '{spec.datatype}'",
                 )
             shape = arr.shape
@@ -707,24 +707,3 @@ _BATCH_DIM_NOTE = (
     "your input dims config, try setting max_batch_size to zero. See the model configuration docs for "
     "more info on max_batch_size."
 )
-
-
-def _wire_of(dtype: np.dtype[Any]) -> str:
-    table = {
-        "b": "BOOL",
-        "u1": "UINT8",
-        "u2": "UINT16",
-        "u4": "UINT32",
-        "u8": "UINT64",
-        "i1": "INT8",
-        "i2": "INT16",
-        "i4": "INT32",
-        "i8": "INT64",
-        "f2": "FP16",
-        "f4": "FP32",
-        "f8": "FP64",
-    }
-    if dtype.kind in "OSU":
-        return "BYTES"
-    key = "b" if dtype.kind == "b" else f"{dtype.kind}{dtype.itemsize}"
-    return table.get(key, str(dtype))
