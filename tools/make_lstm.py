@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build the demo LSTM: seqserve/examples/models/lstm/1/model.onnx.
+"""Build the demo LSTM: seqserve/examples/models/lstm/1/model.onnx (and its TorchScript twin).
 
 One LSTM cell step per request (input 8, hidden 16), written with MatMul / Sigmoid / Tanh
 ops so the graph is easy to read and to check:
@@ -13,14 +13,22 @@ H_IN/C_IN -> H_OUT/C_OUT are the model's implicit state (see config.pbtxt), so t
 carries h and c from step to step. The weights are fixed random numbers (numpy seed below),
 stored as the initializers W, R and B; nothing is downloaded.
 
-Needs the `onnx` package (pip install onnx), only to regenerate the file:
-    python tools/make_lstm.py [--out PATH]
+When torch is installed, the same cell (same weights, same math, float32) is also exported as
+TorchScript for the pytorch backend, by default to bench/models/lstm_torchscript/1/model.pt
+(config.pbtxt there is a committed file: same input/output/state names and shapes as the ONNX
+model). forward(INPUT, H_IN, C_IN) returns (OUTPUT, H_OUT, C_OUT). bench/models/lstm_onnx is a
+copy of the demo model under another name, so one server (--model-repository bench/models)
+serves both; refresh it with `cp seqserve/examples/models/lstm/1/model.onnx bench/models/lstm_onnx/1/`.
+
+Needs the `onnx` package (pip install onnx), only to regenerate the files:
+    python tools/make_lstm.py [--out PATH] [--torchscript PATH | --no-torchscript]
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -32,7 +40,9 @@ HIDDEN = 16
 SEED = 20240607
 IR_VERSION = 8  # loadable by onnxruntime >= 1.17
 OPSET = 17
-OUT = Path(__file__).resolve().parents[1] / "seqserve" / "examples" / "models" / "lstm" / "1" / "model.onnx"
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "seqserve" / "examples" / "models" / "lstm" / "1" / "model.onnx"
+TORCHSCRIPT_OUT = ROOT / "bench" / "models" / "lstm_torchscript" / "1" / "model.pt"
 
 
 def weights() -> dict[str, np.ndarray]:
@@ -89,13 +99,55 @@ def build() -> onnx.ModelProto:
     return model
 
 
+def build_torchscript() -> Any:
+    """The same cell as `build`, as a scripted torch module (needs torch)."""
+    import torch
+    from torch import Tensor
+
+    class LSTMCellStep(torch.nn.Module):
+        def __init__(self, w: dict[str, np.ndarray]) -> None:
+            super().__init__()
+            self.W = torch.from_numpy(w["W"].copy())  # [INPUT_SIZE, 4 * HIDDEN]
+            self.R = torch.from_numpy(w["R"].copy())  # [HIDDEN, 4 * HIDDEN]
+            self.B = torch.from_numpy(w["B"].copy())  # [4 * HIDDEN]
+
+        def forward(self, INPUT: Tensor, H_IN: Tensor, C_IN: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            z = INPUT @ self.W + H_IN @ self.R + self.B
+            z_i, z_f, z_g, z_o = z.chunk(4, dim=1)  # gates i, f, g, o, HIDDEN columns each
+            c = torch.sigmoid(z_f) * C_IN + torch.sigmoid(z_i) * torch.tanh(z_g)
+            h = torch.sigmoid(z_o) * torch.tanh(c)
+            return h, h, c
+
+    return torch.jit.script(LSTMCellStep(weights()).eval())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument(
+        "--torchscript",
+        type=Path,
+        default=None,
+        help=f"also write the cell as TorchScript here (default when torch is installed: {TORCHSCRIPT_OUT})",
+    )
+    ap.add_argument("--no-torchscript", action="store_true", help="write only the ONNX model")
     args = ap.parse_args()
+    try:
+        import torch  # noqa: F401
+
+        ts: Path | None = None if args.no_torchscript else args.torchscript or TORCHSCRIPT_OUT
+    except ImportError:
+        if args.torchscript is not None and not args.no_torchscript:
+            ap.error("--torchscript needs torch (pip install torch)")
+        print("torch is not installed: TorchScript export skipped")
+        ts = None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(build(), str(args.out))
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
+    if ts is not None:
+        ts.parent.mkdir(parents=True, exist_ok=True)
+        build_torchscript().save(str(ts))
+        print(f"wrote {ts} ({ts.stat().st_size} bytes)")
 
 
 if __name__ == "__main__":

@@ -160,6 +160,7 @@ class TorchScriptBackend(Backend):
         self.produced = produced
         self.state_outputs = {s.output_name or s.name for s in seq.state}
         params = ctx.parameters
+        self.intra_op_threads = 0
         self.inference_mode = params.get("INFERENCE_MODE", "true").strip().lower() in _TRUE
         self.optimized = params.get("DISABLE_OPTIMIZED_EXECUTION", "false").strip().lower() not in _TRUE
         self._set_threads(params)
@@ -194,6 +195,8 @@ class TorchScriptBackend(Backend):
                 ) from None
             if n <= 0:
                 continue
+            if key == "INTRA_OP_THREAD_COUNT":
+                self.intra_op_threads = n  # also applied on each executor thread (see execute)
             try:
                 setter(n)
             except RuntimeError as e:  # inter-op threads can be set once, before parallel work
@@ -230,6 +233,10 @@ class TorchScriptInstance(BackendInstance):
         self._state_outputs = backend.state_outputs
         self._inference_mode = backend.inference_mode
         self._optimized = backend.optimized
+        # torch's intra-op thread count is per thread for its math libraries: set it on the
+        # executor thread itself, which is the one that runs forward.
+        self._intra_op_threads = backend.intra_op_threads
+        self._threads_applied = False
 
     def _guard(self) -> contextlib.ExitStack:
         torch = self._torch
@@ -241,6 +248,10 @@ class TorchScriptInstance(BackendInstance):
 
     def execute(self, batch: ExecuteBatch) -> Mapping[str, np.ndarray]:
         torch = self._torch
+        if not self._threads_applied:
+            if self._intra_op_threads:
+                torch.set_num_threads(self._intra_op_threads)
+            self._threads_applied = True
         plan = self._plan
         arrays = {**batch.inputs, **batch.controls, **batch.states}
         with self._guard():
