@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from seqserve.engine import Server
+from seqserve.engine import Code, InferenceError, Server
 
 # A batch-level Python model that records what it saw, for scheduler tests. Each execute
 # call appends one dict per batch to the module-level list RECORD, keyed by model name.
@@ -76,3 +76,13 @@ def recorded(server: Server, model: str) -> list[dict]:
     import sys
 
     return sys.modules[f"seqserve_models.{model}.v1"].RECORD  # type: ignore[no-any-return]
+
+
+async def expect_error(coro: object, code: Code, message: str | None = None) -> InferenceError:
+    """Await `coro` and check it fails with `code` (and exactly `message`, when given)."""
+    with pytest.raises(InferenceError) as ei:
+        await coro  # type: ignore[misc]
+    assert ei.value.code == code, repr(ei.value)
+    if message is not None:
+        assert str(ei.value) == message
+    return ei.value

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code, InferenceError
-from tests.conftest import recorded, write_model
+from tests.conftest import expect_error, recorded, write_model
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -137,15 +137,6 @@ def start_error(seq_id, model: str = "m") -> str:
         f"inference request for sequence {seq_id} to model '{model}' must specify the START flag on the "
         "first request of the sequence"
     )
-
-
-async def expect_error(coro, code: Code, message: str | None = None) -> InferenceError:
-    with pytest.raises(InferenceError) as ei:
-        await coro
-    assert ei.value.code == code, repr(ei.value)
-    if message is not None:
-        assert str(ei.value) == message
-    return ei.value
 
 
 # ---------------------------------------------------------------- control tensors (§5)

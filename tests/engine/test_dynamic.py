@@ -15,8 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from seqserve.engine import Code, InferenceError
-from tests.conftest import write_model
+from seqserve.engine import Code
+from tests.conftest import expect_error, write_model
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -102,15 +102,6 @@ async def blocked(s, **kwargs) -> asyncio.Task:
 
 def release() -> None:
     mod().GATE.set()
-
-
-async def expect_error(coro, code: Code, message: str | None = None) -> InferenceError:
-    with pytest.raises(InferenceError) as ei:
-        await coro
-    assert ei.value.code == code, repr(ei.value)
-    if message is not None:
-        assert str(ei.value) == message
-    return ei.value
 
 
 # -------------------------------------------------------------------- batch forming (§9)

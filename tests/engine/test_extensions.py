@@ -21,10 +21,10 @@ import orjson
 import pytest
 
 from seqserve._proto import model_config_pb2 as mc
-from seqserve.engine import Code, InferenceError
+from seqserve.engine import Code
 from seqserve.engine.config import config_to_json, load_model_config
 from seqserve.engine.errors import ModelConfigError
-from tests.conftest import RECORDING_MODEL, recorded, write_model
+from tests.conftest import RECORDING_MODEL, expect_error, recorded, write_model
 
 BRIEF = Path(__file__).resolve().parent.parent / "data" / "brief_configs"
 
@@ -113,15 +113,6 @@ def start_error(seq_id, model: str = "m") -> str:
         f"inference request for sequence {seq_id} to model '{model}' must specify the START flag on the "
         "first request of the sequence"
     )
-
-
-async def expect_error(coro, code: Code, message: str | None = None) -> InferenceError:
-    with pytest.raises(InferenceError) as ei:
-        await coro
-    assert ei.value.code == code, repr(ei.value)
-    if message is not None:
-        assert str(ei.value) == message
-    return ei.value
 
 
 def served_json(s, model: str = "m") -> dict:

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqserve.engine import Code, InferenceError, Server
-from tests.conftest import RECORDING_MODEL, recorded, write_model
+from tests.conftest import RECORDING_MODEL, expect_error, recorded, write_model
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -134,15 +134,6 @@ def start_error(seq_id, model: str = "m") -> str:
         f"inference request for sequence {seq_id} to model '{model}' must specify the START flag on the "
         "first request of the sequence"
     )
-
-
-async def expect_error(coro, code: Code, message: str | None = None) -> InferenceError:
-    with pytest.raises(InferenceError) as ei:
-        await coro
-    assert ei.value.code == code, repr(ei.value)
-    if message is not None:
-        assert str(ei.value) == message
-    return ei.value
 
 
 A, B, C, D, E = 101, 102, 103, 104, 105
