@@ -7,6 +7,7 @@ framework objects so both front-ends and the tests share it.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import zlib
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from seqserve.engine import _core
+from seqserve.engine import InferResult, Server, _core
 from seqserve.engine.config import numpy_wire_name
 from seqserve.engine.errors import Code, InferenceError
 
@@ -75,6 +76,22 @@ class Request:
     priority: int = 0
     timeout_us: int = 0
     parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def submit(server: Server, model: str, version: str | int, req: Request) -> asyncio.Future[InferResult]:
+    """Queue a decoded request on the engine (both front-ends go through here)."""
+    return server.submit(
+        model,
+        req.inputs,
+        version=version,
+        sequence_id=req.sequence_id,
+        sequence_start=req.sequence_start,
+        sequence_end=req.sequence_end,
+        outputs=list(req.outputs) or None,
+        request_id=req.id,
+        timeout_us=req.timeout_us,
+        priority=req.priority,
+    )
 
 
 def decompress(body: bytes, encoding: str) -> bytes:

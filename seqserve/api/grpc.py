@@ -270,19 +270,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # -------------------------------------------------------------------------- infer
 
     def _submit(self, req: pb.ModelInferRequest) -> asyncio.Future[InferResult]:
-        r = decode_request(req)
-        return self.server.submit(
-            req.model_name,
-            r.inputs,
-            version=req.model_version,
-            sequence_id=r.sequence_id,
-            sequence_start=r.sequence_start,
-            sequence_end=r.sequence_end,
-            outputs=list(r.outputs) or None,
-            request_id=r.id,
-            timeout_us=r.timeout_us,
-            priority=r.priority,
-        )
+        return codec.submit(self.server, req.model_name, req.model_version, decode_request(req))
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         try:

@@ -227,18 +227,7 @@ class HttpFrontend:
             session = headers.get(SESSION_HEADER)
             if session and not req.sequence_id:
                 req.sequence_id = self._session_sequence_id(session, model, version)
-            result = await self.server.infer(
-                model,
-                req.inputs,
-                version=version,
-                sequence_id=req.sequence_id,
-                sequence_start=req.sequence_start,
-                sequence_end=req.sequence_end,
-                outputs=list(req.outputs) or None,
-                request_id=req.id,
-                timeout_us=req.timeout_us,
-                priority=req.priority,
-            )
+            result = await codec.submit(self.server, model, version, req)
             out, json_len = codec.encode_http_response(
                 result.model_name,
                 result.model_version,

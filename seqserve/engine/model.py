@@ -565,22 +565,14 @@ class LoadedModel:
             value = produced.get(o)
             if value is None:
                 raise InferenceError(Code.INTERNAL, f"model '{self.name}' did not produce output '{o}'")
-            arr = np.asarray(value)
-            want = self._output_dtypes[o]
-            if arr.dtype != want and not (want.kind == "O" and arr.dtype.kind in "OSU"):
-                raise InferenceError(
-                    Code.INTERNAL,
-                    f"model '{self.name}' produced output '{o}' as {arr.dtype}, but its config says "
-                    f"{wire_dtype_name(self._outputs[o].data_type)}",
-                )
+            arr = self._owned_output(o, value)
             if self.max_batch_size > 0 and (arr.ndim == 0 or arr.shape[0] != size):
                 raise InferenceError(
                     Code.INTERNAL,
                     f"model '{self.name}' produced output '{o}' with shape {list(arr.shape)}; "
                     f"expected batch dimension {size}",
                 )
-            # A view may alias an engine buffer that the next batch overwrites: own the data.
-            arrays[o] = arr if arr.base is None else arr.copy()
+            arrays[o] = arr
         replies: list[tuple[_Pending, dict[str, np.ndarray] | InferenceError]] = []
         if self.max_batch_size == 0:  # one request, no batch dimension
             return [(rec, {o: arrays[o] for o in rec.outputs}) for rec in recs if rec is not None]
@@ -620,16 +612,24 @@ class LoadedModel:
             value = None if outcome is None else outcome.get(o)
             if value is None:  # not produced: left out of the reply, as Triton does
                 continue
-            arr = np.asarray(value)
-            want = self._output_dtypes[o]
-            if arr.dtype != want and not (want.kind == "O" and arr.dtype.kind in "OSU"):
-                return InferenceError(
-                    Code.INTERNAL,
-                    f"model '{self.name}' produced output '{o}' as {arr.dtype}, but its config says "
-                    f"{wire_dtype_name(self._outputs[o].data_type)}",
-                )
-            outs[o] = arr if arr.base is None else arr.copy()
+            try:
+                outs[o] = self._owned_output(o, value)
+            except InferenceError as e:  # fails this request only
+                return e
         return outs
+
+    def _owned_output(self, name: str, value: Any) -> np.ndarray:
+        """A produced output checked against its configured dtype, owning its data: a view may
+        alias an engine buffer that the next batch overwrites."""
+        arr = np.asarray(value)
+        want = self._output_dtypes[name]
+        if arr.dtype != want and not (want.kind == "O" and arr.dtype.kind in "OSU"):
+            raise InferenceError(
+                Code.INTERNAL,
+                f"model '{self.name}' produced output '{name}' as {arr.dtype}, but its config says "
+                f"{wire_dtype_name(self._outputs[name].data_type)}",
+            )
+        return arr if arr.base is None else arr.copy()
 
     def _on_fail(self, handles: list[int], code: int, message: str) -> None:
         recs = [r for r in (self._pending.pop(h, None) for h in handles) if r is not None]
