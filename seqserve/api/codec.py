@@ -19,7 +19,8 @@ import orjson
 
 from seqserve.engine import InferResult, Server, _core
 from seqserve.engine.config import numpy_wire_name
-from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
+from seqserve.engine.responses import ResponseCallback
 
 # Protocol datatype -> numpy dtype (BYTES are object arrays of bytes; BF16 has no numpy type).
 NP_DTYPE: dict[str, np.dtype[Any]] = {
@@ -78,11 +79,37 @@ class Request:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
-def submit(server: Server, model: str, version: str | int, req: Request) -> asyncio.Future[InferResult]:
-    """Queue a decoded request on the engine (both front-ends go through here)."""
-    return server.submit(
+def submit(server: Server, model: str, version: str | int, req: Request, endpoint: str) -> asyncio.Future[InferResult]:
+    """Queue a decoded single-response request on the engine (both front-ends go through
+    here). ``endpoint`` names the caller in Triton's refusal of decoupled models."""
+    try:
+        return server.submit(
+            model,
+            req.inputs,
+            version=version,
+            sequence_id=req.sequence_id,
+            sequence_start=req.sequence_start,
+            sequence_end=req.sequence_end,
+            outputs=list(req.outputs) or None,
+            request_id=req.id,
+            timeout_us=req.timeout_us,
+            priority=req.priority,
+        )
+    except DecoupledModelError:
+        raise InferenceError(
+            Code.UNSUPPORTED, f"{endpoint} doesn't support models with decoupled transaction policy"
+        ) from None
+
+
+def submit_streaming(
+    server: Server, model: str, version: str | int, req: Request, on_response: ResponseCallback
+) -> None:
+    """Queue a decoded request whose responses (one, or many from decoupled models) go to
+    ``on_response``."""
+    server.submit_streaming(
         model,
         req.inputs,
+        on_response,
         version=version,
         sequence_id=req.sequence_id,
         sequence_start=req.sequence_start,

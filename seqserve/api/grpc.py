@@ -269,12 +269,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -------------------------------------------------------------------------- infer
 
-    def _submit(self, req: pb.ModelInferRequest) -> asyncio.Future[InferResult]:
-        return codec.submit(self.server, req.model_name, req.model_version, decode_request(req))
-
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         try:
-            result = await self._submit(request)
+            result = await codec.submit(
+                self.server, request.model_name, request.model_version, decode_request(request), "ModelInfer RPC"
+            )
         except InferenceError as e:
             await self._fail(context, e)
             raise
@@ -284,34 +283,54 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Requests are submitted in arrival order (so each sequence keeps its order) and
-        answered as they complete; a failing request gets an error_message response and the
-        stream stays open."""
-        # (reply, answers_a_submitted_request); None marks the end of the request stream.
-        replies: asyncio.Queue[tuple[pb.ModelStreamInferResponse, bool] | None] = asyncio.Queue()
-        outstanding = 0
+        answered as their responses come: one per request for most models, any number for
+        decoupled ones. Every response carries ``triton_final_response``. A final flag that
+        comes without a response is sent as an empty response only when the request set
+        ``triton_enable_empty_final_response``. A failing request gets an error_message
+        response and the stream stays open."""
+        # None marks the end of the request stream; _NOTHING wakes the writer to recount.
+        replies: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        outstanding = 0  # submitted requests whose final response has not come yet
 
-        def on_done(req: pb.ModelInferRequest, fut: asyncio.Future[InferResult]) -> None:
-            if fut.cancelled():
-                replies.put_nowait((_stream_error(req, InferenceError(Code.CANCELLED, "request cancelled")), True))
-                return
-            err = fut.exception()
-            if err is not None:
-                replies.put_nowait((_stream_error(req, err), True))
-                return
-            resp = encode_response(fut.result())
-            resp.parameters["triton_final_response"].bool_param = True
-            replies.put_nowait((pb.ModelStreamInferResponse(infer_response=resp), True))
+        def on_response(
+            req: pb.ModelInferRequest,
+            empty_final: pb.ModelInferResponse | None,
+            response: InferResult | InferenceError | None,
+            final: bool,
+        ) -> None:
+            nonlocal outstanding
+            if final:
+                outstanding -= 1
+            if isinstance(response, InferenceError):
+                replies.put_nowait(_stream_error(req, response))
+            elif response is not None:
+                resp = encode_response(response)
+                resp.parameters["triton_final_response"].bool_param = final
+                replies.put_nowait(pb.ModelStreamInferResponse(infer_response=resp))
+            elif empty_final is not None:
+                replies.put_nowait(pb.ModelStreamInferResponse(infer_response=empty_final))
+            else:
+                replies.put_nowait(_NOTHING)
 
         async def read() -> None:
             nonlocal outstanding
             async for req in request_iterator:
                 try:
-                    fut = self._submit(req)
+                    decoded = decode_request(req)
+                    empty_final = None
+                    if decoded.parameters.pop("triton_enable_empty_final_response", False) is True:
+                        empty_final = self._empty_final(req)
+                    codec.submit_streaming(
+                        self.server,
+                        req.model_name,
+                        req.model_version,
+                        decoded,
+                        functools.partial(on_response, req, empty_final),
+                    )
                 except InferenceError as e:
-                    replies.put_nowait((_stream_error(req, e), False))
+                    replies.put_nowait(_stream_error(req, e))
                     continue
                 outstanding += 1
-                fut.add_done_callback(functools.partial(on_done, req))
             replies.put_nowait(None)
 
         reader = asyncio.create_task(read())
@@ -321,13 +340,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 item = await replies.get()
                 if item is None:
                     reading = False
-                    continue
-                reply, submitted = item
-                if submitted:
-                    outstanding -= 1
-                yield reply
+                elif item is not _NOTHING:
+                    yield item
         finally:
             reader.cancel()
+
+    def _empty_final(self, req: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        """The response that stands for a final flag sent without a response."""
+        version = self.server.model(req.model_name, req.model_version).version_str
+        resp = pb.ModelInferResponse(id=req.id, model_name=req.model_name, model_version=version)
+        resp.parameters["triton_final_response"].bool_param = True
+        return resp
+
+
+_NOTHING = pb.ModelStreamInferResponse()
 
 
 def _stream_error(req: pb.ModelInferRequest, err: BaseException) -> pb.ModelStreamInferResponse:

@@ -21,6 +21,8 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.api import codec
 from seqserve.engine import Code, InferenceError, Server
 
+_ENDPOINT = "HTTP end point"  # names this front-end in the refusal of decoupled models
+
 log = logging.getLogger("seqserve.http")
 
 SESSION_HEADER = "inference-session-id"
@@ -227,7 +229,7 @@ class HttpFrontend:
             session = headers.get(SESSION_HEADER)
             if session and not req.sequence_id:
                 req.sequence_id = self._session_sequence_id(session, model, version)
-            result = await codec.submit(self.server, model, version, req)
+            result = await codec.submit(self.server, model, version, req, _ENDPOINT)
             out, json_len = codec.encode_http_response(
                 result.model_name,
                 result.model_version,

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from seqserve.engine.responses import Responder
 
 
 @dataclass(slots=True)
@@ -35,3 +40,6 @@ class ExecuteBatch:
     request_outputs: list[tuple[str, ...] | None]
     #: per request, the client's request id ("" when none was given)
     request_ids: list[str] = field(default_factory=list)
+    #: for instances with ``uses_responders``: request i's Responder (see
+    #: ``seqserve.engine.responses``); valid after ``execute`` returns, from any thread
+    responder: Callable[[int], Responder] | None = None

@@ -46,3 +46,17 @@ class ModelConfigError(InferenceError):
 
     def __init__(self, message: str, code: Code = Code.INVALID_ARG) -> None:
         super().__init__(code, message)
+
+
+class DecoupledModelError(InferenceError):
+    """A single-response call (``Server.submit``/``infer``, HTTP infer, gRPC ModelInfer) was
+    made to a decoupled model, which may answer a request with any number of responses.
+
+    The front-ends re-word it as Triton does for their endpoint."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            Code.UNSUPPORTED,
+            f"model '{model}' uses the decoupled transaction policy and may send several responses per request: "
+            "use a streaming call (gRPC ModelStreamInfer, or Server.stream)",
+        )

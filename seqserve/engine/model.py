@@ -2,19 +2,23 @@
 
 The request path here is: validate against the config (Triton's messages), hand raw buffers
 to the core, and await a future that the runner resolves on the event loop, once per batch.
+Streaming submits take a callback instead of a future; it gets every response of a request,
+which for decoupled models may be many, sent through a ``Responder`` from any thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import logging
 import os
 import secrets
+import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +31,8 @@ from seqserve.engine.backends import BackendInstance, InstanceContext, ModelCont
 from seqserve.engine.backends.base import RequestResults
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.config import numpy_wire_name, read_initial_state, to_numpy_dtype, wire_dtype_name
-from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
+from seqserve.engine.responses import DEFERRED, InferResult, Outcome, Responder, ResponseCallback
 
 log = logging.getLogger("seqserve.model")
 
@@ -45,15 +50,6 @@ _INTEGER_CORRID = {mc.TYPE_UINT64, mc.TYPE_INT64, mc.TYPE_UINT32, mc.TYPE_INT32}
 
 
 @dataclass(slots=True)
-class InferResult:
-    model_name: str
-    model_version: str
-    id: str
-    outputs: dict[str, np.ndarray]
-    parameters: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
 class _Input:
     index: int
     name: str
@@ -63,15 +59,21 @@ class _Input:
     is_bytes: bool
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Pending:
-    future: asyncio.Future[InferResult]
+    future: asyncio.Future[InferResult] | None  # None for streaming submits
+    on_response: ResponseCallback | None  # streaming submits: gets every response
     request_id: str
     outputs: tuple[str, ...]
     keep: tuple[Any, ...]  # keeps the input buffers alive until the batch is gathered
     parameters: dict[str, Any] | None
     rows: int  # rows this request occupies in a batch
+    ordered: bool  # answered in submit order (preserve_ordering)
     outcome: Any = None  # preserve_ordering: the result or error, once known
+    # Responder bookkeeping (under LoadedModel._respond_lock):
+    sent: int = 0  # responses sent
+    closed: bool = False  # final response sent, or failed with its batch
+    last: InferResult | InferenceError | None = None  # non-decoupled: the response, until the final flag
 
 
 def _shape_str(shape: Sequence[int]) -> str:
@@ -113,6 +115,9 @@ class LoadedModel:
         self._request_fail = 0  # requests a RequestResults failed alone (their batch succeeded)
         self.max_batch_size = cfg.max_batch_size
         self.is_sequence = cfg.HasField("sequence_batching")
+        self.decoupled = cfg.model_transaction_policy.decoupled
+        self._respond_lock = threading.Lock()
+        self._open: set[_Pending] = set()  # requests with a responder and no final response yet
 
         self._inputs = {
             t.name: _Input(
@@ -371,6 +376,11 @@ class LoadedModel:
         return self._core.inflight_sequences()
 
     @property
+    def open_responses(self) -> int:
+        """Requests a responder may still answer (no final response yet)."""
+        return len(self._open)
+
+    @property
     def pending_requests(self) -> int:
         return self._core.pending_requests()
 
@@ -402,7 +412,62 @@ class LoadedModel:
         priority: int = 0,
         response_parameters: dict[str, Any] | None = None,
     ) -> asyncio.Future[InferResult]:
-        """Validate and queue one request; the future resolves on this model's event loop."""
+        """Validate and queue one request; the future resolves on this model's event loop.
+        Decoupled models refuse it (DecoupledModelError): use ``submit_streaming``."""
+        if self.decoupled:
+            raise DecoupledModelError(self.name)
+        fut: asyncio.Future[InferResult] = self._loop.create_future()
+        self._queue(
+            inputs, sequence_id, start, end, outputs, request_id, timeout_us, priority, response_parameters, fut, None
+        )
+        return fut
+
+    def submit_streaming(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        on_response: ResponseCallback,
+        *,
+        sequence_id: SequenceId = 0,
+        start: bool = False,
+        end: bool = False,
+        outputs: Sequence[str] | None = None,
+        request_id: str = "",
+        timeout_us: int = 0,
+        priority: int = 0,
+        response_parameters: dict[str, Any] | None = None,
+    ) -> None:
+        """Validate and queue one request whose responses go to ``on_response`` (called on
+        this model's event loop): one final response for most models; for decoupled models
+        any number, then the final one (which may be None: a final flag without a response).
+        An error raised here means the request was refused and ``on_response`` is never called."""
+        self._queue(
+            inputs,
+            sequence_id,
+            start,
+            end,
+            outputs,
+            request_id,
+            timeout_us,
+            priority,
+            response_parameters,
+            None,
+            on_response,
+        )
+
+    def _queue(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        sequence_id: SequenceId,
+        start: bool,
+        end: bool,
+        outputs: Sequence[str] | None,
+        request_id: str,
+        timeout_us: int,
+        priority: int,
+        response_parameters: dict[str, Any] | None,
+        fut: asyncio.Future[InferResult] | None,
+        on_response: ResponseCallback | None,
+    ) -> None:
         name = self.name
         mbs = self.max_batch_size
         ordered: list[Any] = [None] * len(self._inputs)
@@ -499,8 +564,8 @@ class LoadedModel:
                 )
         handle = next(_handles)
         rows = batch if batch > 0 else 1
-        fut: asyncio.Future[InferResult] = self._loop.create_future()
-        rec = _Pending(fut, request_id, out_names, tuple(ordered), response_parameters, rows)
+        in_order = self._preserve_ordering and not self.decoupled  # a decoupled request's responses stream
+        rec = _Pending(fut, on_response, request_id, out_names, tuple(ordered), response_parameters, rows, in_order)
         self._pending[handle] = rec
         err = self._core.submit(handle, rec.keep, corrid, start, end, timeout_us, rows, priority)
         if err is not None:
@@ -509,9 +574,8 @@ class LoadedModel:
             # Sequence-batcher errors carry no request id in Triton; the others do.
             msg = err[1] if self.is_sequence else f"[request id: {request_id or '<id_unknown>'}] {err[1]}"
             raise InferenceError(Code(err[0]), msg)
-        if self._preserve_ordering:
+        if in_order:
             self._ordered.append(rec)
-        return fut
 
     # ------------------------------------------------------------------ executor side
 
@@ -534,7 +598,10 @@ class LoadedModel:
                 request_outputs=[r.outputs if r is not None else None for r in recs],
                 request_ids=[r.request_id if r is not None else "" for r in recs],
             )
-            produced = self._instances[cb.instance].execute(batch)
+            instance = self._instances[cb.instance]
+            if instance.uses_responders:
+                batch.responder = functools.partial(self._responder, recs)
+            produced = instance.execute(batch)
             cb.mark_executed()
             for index, out_name in self._state_outputs:
                 value = produced.get(out_name)
@@ -548,7 +615,11 @@ class LoadedModel:
                 else InferenceError(Code.INTERNAL, f"model '{self.name}' failed: {type(e).__name__}: {e}")
             )
             cb.finish(False)
-            self._loop.call_soon_threadsafe(self._fail_all, [r for r in recs if r is not None], err)
+            with self._respond_lock:  # a responder may have answered some already
+                failed = [r for r in recs if r is not None and not r.closed]
+                for r in failed:
+                    r.closed = True
+            self._loop.call_soon_threadsafe(self._fail_all, failed, err)
             return False
         cb.finish(True)
         self._loop.call_soon_threadsafe(self._deliver, replies)
@@ -597,7 +668,7 @@ class LoadedModel:
             )
         replies: list[tuple[_Pending, dict[str, np.ndarray] | InferenceError]] = []
         for rec, outcome in zip(recs, outcomes, strict=True):
-            if rec is not None:
+            if rec is not None and outcome is not DEFERRED:
                 reply = outcome if isinstance(outcome, InferenceError) else self._request_reply(rec, outcome)
                 if isinstance(reply, InferenceError):
                     self._request_fail += 1
@@ -631,6 +702,66 @@ class LoadedModel:
             )
         return arr if arr.base is None else arr.copy()
 
+    # Responders: a request answered late, or several times (decoupled models).
+
+    def _responder(self, recs: list[_Pending | None], i: int) -> Responder:
+        rec = recs[i]
+        if rec is None:  # a final END step: nobody waits for its responses
+            return Responder(_drop)
+        with self._respond_lock:
+            if not rec.closed:
+                self._open.add(rec)
+        return Responder(functools.partial(self._respond, rec))
+
+    def _respond(self, rec: _Pending, outcome: Outcome, final: bool) -> None:
+        """Any thread: check and copy one response, then hand it to the event loop."""
+        reply = self._request_reply(rec, outcome) if isinstance(outcome, Mapping) else outcome
+        with self._respond_lock:
+            if rec.closed:
+                raise InferenceError(Code.INTERNAL, "Unable to send response. Response sender has been closed.")
+            if not self.decoupled:  # exactly one response, as Triton requires
+                if outcome is not None and rec.sent:
+                    raise InferenceError(
+                        Code.INTERNAL,
+                        "Unable to send response. Non-decoupled model cannot send more than one response.",
+                    )
+                if outcome is None and final and not rec.sent:
+                    raise InferenceError(
+                        Code.INTERNAL,
+                        "Unable to send response. Non-decoupled model cannot send complete final before "
+                        "sending a response.",
+                    )
+            if outcome is not None:
+                rec.sent += 1
+            if final:
+                rec.closed = True
+                self._open.discard(rec)
+            # posted under the lock so that a request's responses keep their order
+            self._loop.call_soon_threadsafe(self._on_response, rec, reply, final)
+
+    def _on_response(self, rec: _Pending, reply: dict[str, np.ndarray] | InferenceError | None, final: bool) -> None:
+        result: InferResult | InferenceError | None = (
+            InferResult(self.name, self.version_str, rec.request_id, reply, rec.parameters or {})
+            if isinstance(reply, dict)
+            else reply
+        )
+        if isinstance(result, InferenceError):
+            self._request_fail += 1
+        if self.decoupled:
+            if rec.on_response is not None:
+                _call(rec.on_response, result, final)
+            return
+        if result is not None:  # the single response waits for the final flag
+            rec.last = result
+        if final:
+            last = rec.last
+            rec.last = None
+            if last is None:  # unreachable through the sender's rules; kept safe for other backends
+                last = InferResult(self.name, self.version_str, rec.request_id, {}, rec.parameters or {})
+            self._settle(rec, last)
+            if self._preserve_ordering:
+                self._flush_ordered()
+
     def _on_fail(self, handles: list[int], code: int, message: str) -> None:
         recs = [r for r in (self._pending.pop(h, None) for h in handles) if r is not None]
         if recs:
@@ -655,24 +786,16 @@ class LoadedModel:
             self._flush_ordered()
 
     def _settle(self, rec: _Pending, outcome: InferResult | InferenceError) -> None:
-        if self._preserve_ordering:
+        if rec.ordered:
             rec.outcome = outcome
-        elif not rec.future.done():
-            if isinstance(outcome, InferenceError):
-                rec.future.set_exception(outcome)
-            else:
-                rec.future.set_result(outcome)
+        else:
+            _resolve(rec, outcome)
 
     def _flush_ordered(self) -> None:
         q = self._ordered
         while q and q[0].outcome is not None:
             rec = q.popleft()
-            if rec.future.done():
-                continue
-            if isinstance(rec.outcome, InferenceError):
-                rec.future.set_exception(rec.outcome)
-            else:
-                rec.future.set_result(rec.outcome)
+            _resolve(rec, rec.outcome)
 
     # -------------------------------------------------------------------------- shutdown
 
@@ -695,6 +818,42 @@ class LoadedModel:
                 inst.finalize()
             except Exception:
                 log.exception("model '%s': finalize failed", self.name)
+        with self._respond_lock:  # requests still waiting for their final response
+            unanswered = [r for r in self._open if not r.closed]
+            for r in unanswered:
+                r.closed = True
+            self._open.clear()
+        if unanswered:
+            err = InferenceError(
+                Code.UNAVAILABLE,
+                f"model '{self.name}' was unloaded before it sent the final response for this request",
+            )
+            for r in unanswered:
+                try:
+                    self._loop.call_soon_threadsafe(self._on_response, r, err, True)
+                except RuntimeError:  # the loop is gone: nobody is waiting
+                    break
+
+
+def _resolve(rec: _Pending, outcome: InferResult | InferenceError) -> None:
+    if rec.on_response is not None:
+        _call(rec.on_response, outcome, True)
+    elif rec.future is not None and not rec.future.done():
+        if isinstance(outcome, InferenceError):
+            rec.future.set_exception(outcome)
+        else:
+            rec.future.set_result(outcome)
+
+
+def _call(on_response: ResponseCallback, outcome: InferResult | InferenceError | None, final: bool) -> None:
+    try:
+        on_response(outcome, final)
+    except Exception:  # one consumer's bug must not stop the others' replies
+        log.exception("response callback failed")
+
+
+def _drop(outcome: Outcome, final: bool) -> None:
+    pass
 
 
 def _name_list(names: list[str]) -> str:

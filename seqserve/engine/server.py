@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from seqserve.engine.config import config_to_json, finish_model_config, parse_co
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.model import InferResult, LoadedModel, SequenceId
 from seqserve.engine.repository import available_versions, discover_models, select_versions, write_override_files
+from seqserve.engine.responses import ResponseCallback
 
 log = logging.getLogger("seqserve.server")
 
@@ -174,7 +175,8 @@ class Server:
         for m in models:
             m.stop_accepting()
         deadline = time.monotonic() + (self.exit_timeout_s if timeout_s is None else timeout_s)
-        while any(m.inflight_sequences for m in models) and time.monotonic() < deadline:
+        # running sequences, and requests whose responses are still streaming
+        while any(m.inflight_sequences or m.open_responses for m in models) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         forced = any(m.inflight_sequences for m in models)
         for m in models:
@@ -317,13 +319,9 @@ class Server:
 
         Run one request. Sequence models need `sequence_id` (uint64 or str; 5 and "5" are
         different sequences) and START on the first request; without an id a new sequence
-        starts under a generated id (see `auto_sequence_ids`). Raises InferenceError."""
-        m = self.model(model, version)
-        response_parameters = None
-        if m.is_sequence and not sequence_id and self.auto_sequence_ids:
-            sequence_id = m.new_sequence_id()
-            sequence_start = True
-            response_parameters = {"sequence_id": sequence_id}
+        starts under a generated id (see `auto_sequence_ids`). Raises InferenceError;
+        decoupled models refuse it (DecoupledModelError): use `stream` or `submit_streaming`."""
+        m, sequence_id, sequence_start, response_parameters = self._route(model, version, sequence_id, sequence_start)
         return m.submit(
             inputs,
             sequence_id=sequence_id,
@@ -335,6 +333,89 @@ class Server:
             priority=priority,
             response_parameters=response_parameters,
         )
+
+    def submit_streaming(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        on_response: ResponseCallback,
+        *,
+        version: str | int = "",
+        sequence_id: SequenceId = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
+        outputs: Sequence[str] | None = None,
+        request_id: str = "",
+        timeout_us: int = 0,
+        priority: int = 0,
+    ) -> None:
+        """Queue one request now; ``on_response(response, final)`` gets its responses on the
+        event loop: an InferResult, an InferenceError, or None (a final flag alone, from
+        decoupled models). Most models answer once, with final=True; decoupled models any
+        number of times, the last with final=True. Works for every model. Raises
+        InferenceError at once for requests the scheduler refuses (no callback then)."""
+        m, sequence_id, sequence_start, response_parameters = self._route(model, version, sequence_id, sequence_start)
+        m.submit_streaming(
+            inputs,
+            on_response,
+            sequence_id=sequence_id,
+            start=sequence_start,
+            end=sequence_end,
+            outputs=outputs,
+            request_id=request_id,
+            timeout_us=timeout_us,
+            priority=priority,
+            response_parameters=response_parameters,
+        )
+
+    async def stream(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        version: str | int = "",
+        sequence_id: SequenceId = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
+        outputs: Sequence[str] | None = None,
+        request_id: str = "",
+        timeout_us: int = 0,
+        priority: int = 0,
+    ) -> AsyncIterator[InferResult]:
+        """Run one request and yield its responses as they come (one for most models, any
+        number for decoupled ones). An error response is raised, which ends the iteration."""
+        queue: asyncio.Queue[tuple[InferResult | InferenceError | None, bool]] = asyncio.Queue()
+        self.submit_streaming(
+            model,
+            inputs,
+            lambda response, final: queue.put_nowait((response, final)),
+            version=version,
+            sequence_id=sequence_id,
+            sequence_start=sequence_start,
+            sequence_end=sequence_end,
+            outputs=outputs,
+            request_id=request_id,
+            timeout_us=timeout_us,
+            priority=priority,
+        )
+        final = False
+        while not final:
+            response, final = await queue.get()
+            if isinstance(response, InferenceError):
+                raise response
+            if response is not None:
+                yield response
+
+    def _route(
+        self, model: str, version: str | int, sequence_id: SequenceId, start: bool
+    ) -> tuple[LoadedModel, SequenceId, bool, dict[str, Any] | None]:
+        """The model version a request goes to, and its sequence id (a generated one starts
+        a new sequence when the client named none and `auto_sequence_ids` is on)."""
+        m = self.model(model, version)
+        if m.is_sequence and not sequence_id and self.auto_sequence_ids:
+            sequence_id = m.new_sequence_id()
+            return m, sequence_id, True, {"sequence_id": sequence_id}
+        return m, sequence_id, start, None
 
     async def infer(
         self,

@@ -49,8 +49,10 @@ class RequestResults(dict[str, np.ndarray]):
     ``outcomes`` has one entry per request of the batch, aligned with ``batch.request_rows``:
     either a dict of that request's outputs, shaped as its reply (no batch slicing; the
     dtype must match the config; a requested output that is absent is left out of the
-    reply, as Triton does), or an ``InferenceError`` that fails that request only. Entries
-    of rows that get no reply (padding, final END steps) are ignored.
+    reply, as Triton does), an ``InferenceError`` that fails that request only, or
+    ``DEFERRED`` when the request is answered through its responder (instances with
+    ``uses_responders``). Entries of rows that get no reply (padding, final END steps) are
+    ignored.
     """
 
     __slots__ = ("outcomes",)
@@ -65,6 +67,10 @@ class RequestResults(dict[str, np.ndarray]):
 
 
 class BackendInstance(ABC):
+    #: true when ``execute`` may answer requests through ``batch.responder`` (late, or
+    #: several times for decoupled models); the engine then provides one per batch
+    uses_responders: ClassVar[bool] = False
+
     @abstractmethod
     def execute(self, batch: ExecuteBatch) -> Mapping[str, np.ndarray]:
         """Run one batch; return every output and every output state, batched [B, ...].

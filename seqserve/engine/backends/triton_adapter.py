@@ -18,17 +18,29 @@ named by ``output_name`` becomes the request's next state (same shape as the inp
 without one the state is kept). The final END step of a ``TIMEOUT_COMPLETE`` sequence is
 delivered as a request with the END flag and zero-filled inputs; its response is dropped.
 
-Response senders: a request's sender collects what the model sends. Decoupled models (and
-non-decoupled ones that answer through the sender and return None for that request) must
-send the final flag before ``execute`` returns, and at most one response per request: the
-engine has one reply per request for now, so a second response fails the request with a
-clear error. Streaming several responses is not supported yet.
+Response senders, as in Triton: ``request.get_response_sender()`` answers the request from
+any thread, during ``execute`` or after it returns. A decoupled model
+(``model_transaction_policy { decoupled: true }``) sends any number of responses, each to
+the client as it is sent, then the final flag (with a last response or alone); its
+``execute`` returns None. A non-decoupled model may answer a request through the sender
+instead of returning its response (None in its place): exactly one response, then the
+final flag. It must take the sender before ``execute`` returns; otherwise the request fails
+at once with a clear error, where Triton would leave the client waiting. Triton's errors
+apply ("Non-decoupled model cannot send more than one response.", "Response sender has
+been closed.", ...). Implicit state of a request answered through its sender comes from the
+last response that carried it before ``execute`` returned (kept when none did): the next
+step of the sequence may run as soon as ``execute`` returns. A decoupled request that never
+gets its final flag keeps its client waiting, as in Triton, until the model is unloaded,
+which fails it; shutdown waits for such requests up to the exit timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,6 +50,9 @@ from seqserve.engine.backends.base import BackendInstance, InstanceContext, Requ
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.config import config_to_json
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.responses import DEFERRED, Responder
+
+log = logging.getLogger("seqserve.model")
 
 _KINDS = {"cpu": "CPU", "model": "MODEL"}
 
@@ -61,6 +76,8 @@ def initialize_args(ictx: InstanceContext) -> dict[str, str]:
 
 class TritonInstance(BackendInstance):
     """One TritonPythonModel object behind the batch-level BackendInstance interface."""
+
+    uses_responders = True
 
     def __init__(self, obj: Any, ictx: InstanceContext) -> None:
         cfg = ictx.model.config
@@ -95,20 +112,30 @@ class TritonInstance(BackendInstance):
         responses = self._check_returned(requests, returned)
 
         outcomes: list[Any] = [None] * len(batch.request_rows)
-        picked: list[pb.InferenceResponse | None] = [None] * len(batch.request_rows)
-        for req, owner, resp in zip(requests, owners, responses, strict=True):
-            response = resp if resp is not None else self._sent_response(req)
-            if isinstance(response, InferenceError):
-                outcomes[owner] = response
-            elif response is not None and response.has_error():
+        picked: list[dict[str, np.ndarray] | None] = [None] * len(batch.request_rows)
+        for req, owner, response in zip(requests, owners, responses, strict=True):
+            sender = req._sender
+            if response is None:  # answered through its sender, now or later (from any thread)
+                if sender is None and self._decoupled:
+                    # made now, so that the request is tracked: drained at shutdown, failed at
+                    # unload if the model never answers it
+                    sender = req.get_response_sender()
+                if sender is None:  # a non-decoupled model that forgot the request
+                    outcomes[owner] = InferenceError(
+                        Code.INTERNAL,
+                        f"model '{self._name}' returned from execute without a response for this request: return "
+                        "one, or take the request's sender (request.get_response_sender()) before execute returns",
+                    )
+                    continue
+                outcomes[owner] = DEFERRED
+                picked[owner] = sender.stop_recording()  # states sent during execute
+            elif response.has_error():
                 err = response.error()
                 assert err is not None
                 outcomes[owner] = InferenceError(err.code(), err.message())
-            elif response is not None:
-                outcomes[owner] = {t.name(): t.as_numpy() for t in response.output_tensors()}
-                picked[owner] = response
             else:
-                outcomes[owner] = {}
+                outcomes[owner] = {t.name(): t.as_numpy() for t in response.output_tensors()}
+                picked[owner] = outcomes[owner]
         return RequestResults(outcomes, self._next_states(batch, spans, picked, outcomes))
 
     def _requests(self, batch: ExecuteBatch) -> tuple[list[pb.InferenceRequest], list[int], list[tuple[int, int]]]:
@@ -119,6 +146,7 @@ class TritonInstance(BackendInstance):
         owners: list[int] = []
         spans: list[tuple[int, int]] = []
         row = 0
+        responder = batch.responder
         # start/end/ready/corrid hold one entry per request (not per row)
         for i, rows in enumerate(batch.request_rows):
             lo, hi = row, row + rows
@@ -135,16 +163,17 @@ class TritonInstance(BackendInstance):
                 pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if batch.end[i] else 0
             )
             cid = corrid[i]
-            requests.append(
-                pb.InferenceRequest(
-                    request_id=batch.request_ids[i] if i < len(batch.request_ids) else "",
-                    correlation_id=cid if isinstance(cid, str) else int(cid),
-                    inputs=inputs,
-                    requested_output_names=list(wanted or ()),
-                    model_name=self._name,
-                    flags=flags,
-                )
+            request = pb.InferenceRequest(
+                request_id=batch.request_ids[i] if i < len(batch.request_ids) else "",
+                correlation_id=cid if isinstance(cid, str) else int(cid),
+                inputs=inputs,
+                requested_output_names=list(wanted or ()),
+                model_name=self._name,
+                flags=flags,
             )
+            if responder is not None:
+                request._make_sender = functools.partial(self._new_sender, responder, i)
+            requests.append(request)
             owners.append(i)
         return requests, owners, spans
 
@@ -177,30 +206,14 @@ class TritonInstance(BackendInstance):
                 )
         return returned
 
-    def _sent_response(self, req: pb.InferenceRequest) -> pb.InferenceResponse | InferenceError | None:
-        """The single response a request's sender collected, or why there is none."""
-        sender = req._sender
-        if sender is None or not sender.closed:
-            return InferenceError(
-                Code.INTERNAL,
-                f"model '{self._name}' returned from execute without a response for this request: a response must "
-                "be returned, or sent with TRITONSERVER_RESPONSE_COMPLETE_FINAL before execute returns "
-                "(sending after execute returns is not supported yet)",
-            )
-        sent = sender.responses
-        if len(sent) > 1:
-            return InferenceError(
-                Code.UNSUPPORTED,
-                f"model '{self._name}' sent {len(sent)} responses for one request: multi-response decoupled models "
-                "are not supported yet (seqserve delivers one response per request)",
-            )
-        return sent[0] if sent else None
+    def _new_sender(self, responder: Callable[[int], Responder], i: int) -> pb.InferenceResponseSender:
+        return pb.InferenceResponseSender(responder(i), tuple(self._states.values()))
 
     def _next_states(
         self,
         batch: ExecuteBatch,
         spans: list[tuple[int, int]],
-        picked: list[pb.InferenceResponse | None],
+        picked: list[dict[str, np.ndarray] | None],
         outcomes: list[Any],
     ) -> dict[str, np.ndarray]:
         """Output states, batched: a request's response tensor named by the state's output name,
@@ -211,11 +224,10 @@ class TritonInstance(BackendInstance):
             if current is None:
                 continue
             new: np.ndarray | None = None
-            for i, response in enumerate(picked):
-                tensor = None if response is None else pb.get_output_tensor_by_name(response, out_name)
-                if tensor is None:
+            for i, tensors in enumerate(picked):
+                value = None if tensors is None else tensors.get(out_name)
+                if value is None:
                     continue
-                value = tensor.as_numpy()
                 if not self._batched:
                     new = value
                     continue
@@ -223,11 +235,14 @@ class TritonInstance(BackendInstance):
                 if new is None:
                     new = np.array(current)
                 if value.shape != new[lo:hi].shape:
-                    outcomes[i] = InferenceError(
-                        Code.INTERNAL,
+                    msg = (
                         f"model '{self._name}' produced state '{out_name}' with shape {list(value.shape)}; "
-                        f"expected {list(new[lo:hi].shape)}",
+                        f"expected {list(new[lo:hi].shape)}"
                     )
+                    if outcomes[i] is DEFERRED:  # its responses are out already: keep the state
+                        log.error("%s; the sequence keeps its previous state", msg)
+                    else:
+                        outcomes[i] = InferenceError(Code.INTERNAL, msg)
                     continue
                 new[lo:hi] = value
             if new is not None:

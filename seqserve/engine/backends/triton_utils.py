@@ -8,8 +8,8 @@ as it is. The names and behaviour follow Triton's python_backend (``Tensor``,
 flag constants and the helper functions of ``triton_python_backend_utils.py``).
 
 Not provided: BLS (``InferenceRequest.exec``/``async_exec`` raise), GPU tensors, custom
-metrics, ``auto_complete_config``, request rescheduling. A response sender may send one
-response per request (see ``seqserve.engine.backends.triton_adapter``).
+metrics, ``auto_complete_config``, request rescheduling. Response senders work as in Triton
+(decoupled models stream any number of responses; see ``seqserve.engine.backends.triton_adapter``).
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ from __future__ import annotations
 import json
 import logging
 import struct
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from seqserve.engine.errors import Code
+from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.responses import Responder
 
 __all__ = [
     "TRITONSERVER_MEMORY_CPU",
@@ -109,6 +111,7 @@ _TRITON_TO_NUMPY: dict[int, Any] = {
 }
 
 _log = logging.getLogger("seqserve.model")
+_sender_lock = threading.Lock()
 
 
 # ------------------------------------------------------------------------------ errors
@@ -242,31 +245,56 @@ class InferenceResponse:
 
 
 class InferenceResponseSender:
-    """Collects what a model sends for one request (decoupled models, or a non-decoupled
-    model that answers through the sender and returns None from execute)."""
+    """Sends one request's responses to the client, from any thread, during or after
+    ``execute``: any number then the final flag for decoupled models; exactly one response
+    and the final flag for other models (which then return None for that request)."""
 
-    __slots__ = ("_closed", "responses")
+    __slots__ = ("_closed", "_recording", "_responder", "_state_names", "_states")
 
-    def __init__(self) -> None:
-        self.responses: list[InferenceResponse] = []
+    def __init__(self, responder: Responder, state_names: tuple[str, ...] = ()) -> None:
+        self._responder = responder
         self._closed = False
+        self._recording = bool(state_names)
+        self._state_names = state_names
+        # implicit-state outputs sent while execute runs; the sequence's next state
+        self._states: dict[str, np.ndarray] = {}
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        if self._closed:
-            raise TritonModelException("Unable to send response. Response sender has been closed.")
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException(f"Unknown response flags {flags}")
+        outcome: Any = None
         if response is not None:
             if not isinstance(response, InferenceResponse):
                 raise TritonModelException(
                     f"Expected an 'InferenceResponse' object to send, found type '{type(response).__name__}'"
                 )
-            self.responses.append(response)
-        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            err = response.error()
+            if err is not None:
+                outcome = InferenceError(err.code(), err.message())
+            else:
+                outcome = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            self._responder.send(outcome, final=final)
+        except InferenceError as e:
+            raise TritonModelException(e.message) from None
+        if final:
             self._closed = True
-        elif flags:
-            raise TritonModelException(f"Unknown response flags {flags}")
+        if self._recording and isinstance(outcome, dict):
+            for name in self._state_names:
+                if name in outcome:
+                    self._states[name] = outcome[name]
+
+    def stop_recording(self) -> dict[str, np.ndarray]:
+        """Called when execute returns: the state outputs sent until then (the last of each)."""
+        self._recording = False
+        return self._states
 
     def is_cancelled(self) -> bool:
         return False
+
+    def is_closed(self) -> bool:
+        return self._closed
 
     @property
     def closed(self) -> bool:
@@ -280,6 +308,7 @@ class InferenceRequest:
         "_correlation_id",
         "_flags",
         "_inputs",
+        "_make_sender",
         "_model_name",
         "_model_version",
         "_request_id",
@@ -311,6 +340,8 @@ class InferenceRequest:
         self._flags = flags
         self._timeout = timeout
         self._sender: InferenceResponseSender | None = None
+        #: set by seqserve on the requests it passes to execute
+        self._make_sender: Callable[[], InferenceResponseSender] | None = None
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -339,9 +370,12 @@ class InferenceRequest:
         return self._requested
 
     def get_response_sender(self) -> InferenceResponseSender:
-        if self._sender is None:
-            self._sender = InferenceResponseSender()
-        return self._sender
+        with _sender_lock:  # models may ask from several threads
+            if self._sender is None:
+                if self._make_sender is None:
+                    raise TritonModelException("a response sender exists only for the requests passed to execute")
+                self._sender = self._make_sender()
+            return self._sender
 
     def is_cancelled(self) -> bool:
         return False

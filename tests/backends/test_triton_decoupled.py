@@ -1,0 +1,351 @@
+"""Triton-style Python models answering through response senders: decoupled models streaming
+several responses per request (during or after execute, from other threads), and
+non-decoupled models answering late. In-process API here; the wire framing (gRPC stream,
+unary refusals) is in tests/integration/test_decoupled.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+import pytest
+
+from seqserve.engine import Code, InferenceError, InferResult, Server
+from seqserve.engine.errors import DecoupledModelError
+from tests.conftest import expect_error, write_model
+
+# IN (int32 [n]) -> n responses OUT=[IN[k]], IDX=[k], sent by a thread after execute returns.
+# MODE: 0 = a bare final flag after the last response, 1 = the last response carries the
+# final flag. IN[k] < 0 sends an error response for k and goes on. IN[0] == 99 sends one
+# response from execute, then execute raises. IN[0] == 77 never answers.
+REPEAT = """
+import threading
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.threads = []
+        self.logger = pb_utils.Logger
+
+    def execute(self, requests):
+        for request in requests:
+            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            mode = int(pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0])
+            if len(values) and values[0] == 99:
+                request.get_response_sender().send(self.response(5, 0))
+                raise ValueError("boom")
+            if len(values) and values[0] == 77:
+                continue
+            t = threading.Thread(target=self.stream, args=(request.get_response_sender(), values, mode))
+            t.start()
+            self.threads.append(t)
+        return None
+
+    @staticmethod
+    def response(value, k):
+        return pb_utils.InferenceResponse([
+            pb_utils.Tensor("OUT", np.array([value], np.int32)),
+            pb_utils.Tensor("IDX", np.array([k], np.uint32)),
+        ])
+
+    def stream(self, sender, values, mode):
+        for k, v in enumerate(values):
+            time.sleep(0.002)
+            last = k == len(values) - 1
+            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if (last and mode == 1) else 0
+            if v < 0:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"negative value at {k}")), flags)
+            else:
+                sender.send(self.response(int(v), k), flags)
+        if mode != 1 or not len(values):
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        try:
+            sender.send(self.response(0, 0))
+        except pb_utils.TritonModelException as e:
+            self.logger.log_error(f"after final: {e}")
+
+    def finalize(self):
+        for t in self.threads:
+            t.join()
+"""
+
+REPEAT_CONFIG = """
+name: "repeat"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] },
+        { name: "MODE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
+         { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+# A decoupled sequence model with implicit state: each step adds IN to the running total
+# (state ACC) and sends two responses from execute, OUT=total and OUT=-total, the first
+# carrying the new state; the final flag comes alone.
+ACCUMULATE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            acc = pb_utils.get_input_tensor_by_name(request, "ACC").as_numpy()
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            total = acc + x
+            sender = request.get_response_sender()
+            sender.send(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUT", total), pb_utils.Tensor("ACC_OUT", total)]))
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", -total)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+ACCUMULATE_CONFIG = """
+name: "acc"
+backend: "python"
+max_batch_size: 4
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+sequence_batching {
+  oldest { max_candidate_sequences: 4 max_queue_delay_microseconds: 2000 }
+  max_sequence_idle_microseconds: 10000000
+  state [ { input_name: "ACC" output_name: "ACC_OUT" data_type: TYPE_INT32 dims: [ 1 ]
+            initial_state: { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "zero" } } ]
+}
+"""
+
+# Not decoupled: takes each request's sender in execute and answers through it from a
+# thread, after execute returns. MODE 1 also tries a second response; MODE 2 first tries a bare final flag. Both
+# misuses raise in the model (logged), and the proper response still goes out.
+LATE = """
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.threads = []
+
+    def execute(self, requests):
+        for request in requests:
+            t = threading.Thread(target=self.answer, args=(request, request.get_response_sender()))
+            t.start()
+            self.threads.append(t)
+        return None
+
+    def answer(self, request, sender):
+        x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+        mode = int(pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0])
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if mode == 2:
+            try:
+                sender.send(flags=final)
+            except pb_utils.TritonModelException as e:
+                pb_utils.Logger.log_error(f"late: {e}")
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x * 2)]))
+        if mode == 1:
+            try:
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x * 3)]))
+            except pb_utils.TritonModelException as e:
+                pb_utils.Logger.log_error(f"late: {e}")
+        sender.send(flags=final)
+
+    def finalize(self):
+        for t in self.threads:
+            t.join()
+"""
+
+LATE_CONFIG = """
+name: "late"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] },
+        { name: "MODE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+
+def repeat_inputs(values: list[int], mode: int = 0) -> dict[str, np.ndarray]:
+    return {"IN": np.array(values, np.int32), "MODE": np.array([mode], np.int32)}
+
+
+async def collect(s: Server, model: str, inputs: dict[str, np.ndarray], **kw: object) -> list[tuple[object, bool]]:
+    """Every (response, final) a streaming submit gets, up to the final one."""
+    got: asyncio.Queue[tuple[object, bool]] = asyncio.Queue()
+    s.submit_streaming(model, inputs, lambda r, final: got.put_nowait((r, final)), **kw)  # type: ignore[arg-type]
+    out = []
+    while True:
+        item = await asyncio.wait_for(got.get(), 10)
+        out.append(item)
+        if item[1]:
+            return out
+
+
+def values(responses: list[tuple[object, bool]]) -> list[tuple[int, int] | str | None]:
+    out: list[tuple[int, int] | str | None] = []
+    for r, _ in responses:
+        if isinstance(r, InferResult):
+            out.append((int(r.outputs["OUT"][0]), int(r.outputs["IDX"][0])))
+        elif isinstance(r, InferenceError):
+            out.append(str(r))
+        else:
+            out.append(r)
+    return out
+
+
+@pytest.fixture
+async def repeat(repo, serve) -> Server:
+    write_model(repo, "repeat", REPEAT_CONFIG, REPEAT)
+    return await serve()
+
+
+# ------------------------------------------------------------------------ decoupled
+
+
+async def test_responses_stream_after_execute_returns(repeat: Server) -> None:
+    responses = await collect(repeat, "repeat", repeat_inputs([4, 5, 6]), request_id="r1")
+    assert values(responses) == [(4, 0), (5, 1), (6, 2), None]  # a bare final flag comes as None
+    assert [final for _, final in responses] == [False, False, False, True]
+    assert all(r.id == "r1" and r.model_version == "1" for r, _ in responses[:3])  # type: ignore[attr-defined]
+
+
+async def test_final_flag_on_the_last_response(repeat: Server) -> None:
+    responses = await collect(repeat, "repeat", repeat_inputs([4, 5], mode=1))
+    assert values(responses) == [(4, 0), (5, 1)]
+    assert [final for _, final in responses] == [False, True]
+
+
+async def test_zero_responses(repeat: Server) -> None:
+    assert values(await collect(repeat, "repeat", repeat_inputs([]))) == [None]
+
+
+async def test_concurrent_requests_keep_their_own_order(repeat: Server) -> None:
+    runs = await asyncio.gather(*(collect(repeat, "repeat", repeat_inputs(list(range(i, i + 20)))) for i in range(8)))
+    for i, responses in enumerate(runs):
+        assert values(responses) == [(i + k, k) for k in range(20)] + [None]
+
+
+async def test_error_response_does_not_end_the_stream(repeat: Server) -> None:
+    responses = await collect(repeat, "repeat", repeat_inputs([1, -1, 3]))
+    assert values(responses) == [(1, 0), "negative value at 1", (3, 2), None]
+    # Server.stream raises the error response
+    got = []
+    with pytest.raises(InferenceError, match="negative value at 1"):
+        async for r in repeat.stream("repeat", repeat_inputs([1, -1, 3])):
+            got.append(int(r.outputs["OUT"][0]))
+    assert got == [1]
+
+
+async def test_stream_yields_every_response(repeat: Server) -> None:
+    got = [int(r.outputs["OUT"][0]) async for r in repeat.stream("repeat", repeat_inputs([7, 8, 9]))]
+    assert got == [7, 8, 9]
+
+
+async def test_send_after_final_raises_in_the_model(repeat: Server, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.ERROR):
+        await collect(repeat, "repeat", repeat_inputs([1]))
+        for _ in range(100):
+            if "after final" in caplog.text:
+                break
+            await asyncio.sleep(0.01)
+    assert "after final: Unable to send response. Response sender has been closed." in caplog.text
+
+
+async def test_execute_failure_after_a_response(repeat: Server) -> None:
+    responses = await collect(repeat, "repeat", repeat_inputs([99, 1]))
+    assert values(responses)[0] == (5, 0)
+    err = responses[1][0]
+    assert isinstance(err, InferenceError) and responses[1][1]
+    assert str(err) == "Failed to process the request(s) for model 'repeat', message: ValueError: boom"
+    # the model keeps serving
+    assert values(await collect(repeat, "repeat", repeat_inputs([3]))) == [(3, 0), None]
+
+
+async def test_single_response_calls_are_refused(repeat: Server) -> None:
+    e = await expect_error(repeat.infer("repeat", repeat_inputs([1])), Code.UNSUPPORTED)
+    assert isinstance(e, DecoupledModelError)
+    assert "uses the decoupled transaction policy" in str(e)
+
+
+async def test_unload_fails_a_request_that_never_ends(repo, serve) -> None:
+    write_model(repo, "repeat", REPEAT_CONFIG, REPEAT)
+    s = await serve(exit_timeout_s=0.2)
+    got: asyncio.Queue[tuple[object, bool]] = asyncio.Queue()
+    s.submit_streaming("repeat", repeat_inputs([77]), lambda r, f: got.put_nowait((r, f)))
+    for _ in range(200):  # until the model has executed it
+        if s.model("repeat").open_responses:
+            break
+        await asyncio.sleep(0.01)
+    await s.unload_model("repeat")
+    r, final = await asyncio.wait_for(got.get(), 5)
+    assert final and isinstance(r, InferenceError) and r.code == Code.UNAVAILABLE
+    assert str(r) == "model 'repeat' was unloaded before it sent the final response for this request"
+
+
+async def test_shutdown_waits_for_streaming_requests(repo, serve) -> None:
+    write_model(repo, "repeat", REPEAT_CONFIG, REPEAT)
+    s = await serve(exit_timeout_s=10)
+    got: asyncio.Queue[tuple[object, bool]] = asyncio.Queue()
+    s.submit_streaming("repeat", repeat_inputs(list(range(50))), lambda r, f: got.put_nowait((r, f)))
+    await asyncio.sleep(0.02)
+    await s.shutdown()
+    items = [got.get_nowait() for _ in range(got.qsize())]
+    assert len(items) == 51 and items[-1] == (None, True)
+
+
+async def test_decoupled_sequence_with_implicit_state(repo, serve) -> None:
+    write_model(repo, "acc", ACCUMULATE_CONFIG, ACCUMULATE)
+    s = await serve()
+
+    async def run(sid: int, xs: list[int]) -> list[list[int]]:
+        steps = []
+        for k, x in enumerate(xs):
+            responses = await collect(
+                s,
+                "acc",
+                {"IN": np.array([[x]], np.int32)},
+                sequence_id=sid,
+                sequence_start=k == 0,
+                sequence_end=k == len(xs) - 1,
+            )
+            steps.append([int(r.outputs["OUT"][0, 0]) for r, _ in responses if r is not None])  # type: ignore[attr-defined]
+        return steps
+
+    a, b = await asyncio.gather(run(1, [1, 2, 3]), run(2, [10, 20, 30]))
+    assert a == [[1, -1], [3, -3], [6, -6]]
+    assert b == [[10, -10], [30, -30], [60, -60]]
+    stats = s.statistics("acc")[0]["inference_stats"]
+    assert stats["success"]["count"] == 6 and stats["fail"]["count"] == 0
+
+
+# ------------------------------------------------------------- non-decoupled, late
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2])
+async def test_non_decoupled_answers_after_execute(repo, serve, caplog, mode) -> None:
+    write_model(repo, "late", LATE_CONFIG, LATE)
+    s = await serve()
+    with caplog.at_level(logging.ERROR):
+        results = await asyncio.gather(
+            *(s.infer("late", {"IN": np.array([i], np.int32), "MODE": np.array([mode], np.int32)}) for i in range(5))
+        )
+    assert [int(r.outputs["OUT"][0]) for r in results] == [0, 2, 4, 6, 8]
+    expected = {
+        0: None,
+        1: "late: Unable to send response. Non-decoupled model cannot send more than one response.",
+        2: "late: Unable to send response. Non-decoupled model cannot send complete final before sending a response.",
+    }[mode]
+    if expected is not None:
+        assert expected in caplog.text
+    # a streaming submit to a non-decoupled model gets its single response as final
+    responses = await collect(s, "late", {"IN": np.array([4], np.int32), "MODE": np.array([0], np.int32)})
+    assert len(responses) == 1 and responses[0][1]
+    assert int(responses[0][0].outputs["OUT"][0]) == 8  # type: ignore[attr-defined]
