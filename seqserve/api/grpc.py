@@ -288,9 +288,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         comes without a response is sent as an empty response only when the request set
         ``triton_enable_empty_final_response``. A failing request gets an error_message
         response and the stream stays open."""
-        # None marks the end of the request stream; _NOTHING wakes the writer to recount.
-        replies: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        outstanding = 0  # submitted requests whose final response has not come yet
+        # (reply or None, ends_a_request); a bare None marks the end of the request stream.
+        # The writer counts requests down as it dequeues, so no reply is left behind.
+        replies: asyncio.Queue[tuple[pb.ModelStreamInferResponse | None, bool] | None] = asyncio.Queue()
+        outstanding = 0  # submitted requests whose final response has not been written
 
         def on_response(
             req: pb.ModelInferRequest,
@@ -298,19 +299,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             response: InferResult | InferenceError | None,
             final: bool,
         ) -> None:
-            nonlocal outstanding
-            if final:
-                outstanding -= 1
             if isinstance(response, InferenceError):
-                replies.put_nowait(_stream_error(req, response))
+                replies.put_nowait((_stream_error(req, response), final))
             elif response is not None:
                 resp = encode_response(response)
                 resp.parameters["triton_final_response"].bool_param = final
-                replies.put_nowait(pb.ModelStreamInferResponse(infer_response=resp))
+                replies.put_nowait((pb.ModelStreamInferResponse(infer_response=resp), final))
             elif empty_final is not None:
-                replies.put_nowait(pb.ModelStreamInferResponse(infer_response=empty_final))
-            else:
-                replies.put_nowait(_NOTHING)
+                replies.put_nowait((pb.ModelStreamInferResponse(infer_response=empty_final), final))
+            else:  # a bare final flag: nothing to write
+                replies.put_nowait((None, final))
 
         async def read() -> None:
             nonlocal outstanding
@@ -328,7 +326,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                         functools.partial(on_response, req, empty_final),
                     )
                 except InferenceError as e:
-                    replies.put_nowait(_stream_error(req, e))
+                    replies.put_nowait((_stream_error(req, e), False))
                     continue
                 outstanding += 1
             replies.put_nowait(None)
@@ -340,8 +338,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 item = await replies.get()
                 if item is None:
                     reading = False
-                elif item is not _NOTHING:
-                    yield item
+                    continue
+                reply, ends_request = item
+                if ends_request:
+                    outstanding -= 1
+                if reply is not None:
+                    yield reply
         finally:
             reader.cancel()
 
@@ -351,9 +353,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         resp = pb.ModelInferResponse(id=req.id, model_name=req.model_name, model_version=version)
         resp.parameters["triton_final_response"].bool_param = True
         return resp
-
-
-_NOTHING = pb.ModelStreamInferResponse()
 
 
 def _stream_error(req: pb.ModelInferRequest, err: BaseException) -> pb.ModelStreamInferResponse:

@@ -1,0 +1,172 @@
+"""Decoupled models through a real `seqserve serve` and tritonclient: several responses per
+request on the gRPC stream with `triton_final_response`, `enable_empty_final_response`, error
+responses that leave the stream open, a decoupled sequence model with implicit state, and
+Triton's refusal of decoupled models on unary HTTP and gRPC infer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.backends.test_triton_decoupled import ACCUMULATE, ACCUMULATE_CONFIG, REPEAT, REPEAT_CONFIG
+from tests.integration._util import SyncStream
+from tests.integration.conftest import ServerProcess, start_server, write_model
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo: Path = tmp_path_factory.mktemp("decoupled-repo")
+    write_model(repo, "repeat", REPEAT_CONFIG, REPEAT)
+    write_model(repo, "acc", ACCUMULATE_CONFIG, ACCUMULATE)
+    s = start_server(repo, log_dir=repo)
+    yield s
+    rc = s.stop()
+    assert rc == 0, f"server exited with {rc}\n{s.log()}"
+
+
+def repeat_inputs(values: list[int], mode: int = 0, cls: Any = grpcclient) -> list[Any]:
+    x = cls.InferInput("IN", [len(values)], "INT32")
+    x.set_data_from_numpy(np.array(values, np.int32))
+    m = cls.InferInput("MODE", [1], "INT32")
+    m.set_data_from_numpy(np.array([mode], np.int32))
+    return [x, m]
+
+
+def final_flag(result: Any) -> bool:
+    return bool(result.get_response().parameters["triton_final_response"].bool_param)
+
+
+def read(stream: SyncStream, n: int) -> list[tuple[Any, InferenceServerException | None]]:
+    return [stream.get() for _ in range(n)]
+
+
+def nothing_more(stream: SyncStream) -> bool:
+    try:
+        stream.get(timeout=0.3)
+    except Exception:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("empty_final", [False, True])
+def test_stream_several_responses(srv: ServerProcess, empty_final: bool) -> None:
+    stream = SyncStream(srv)
+    try:
+        stream.send("repeat", repeat_inputs([4, 5, 6]), request_id="r1", enable_empty_final_response=empty_final)
+        got = read(stream, 4 if empty_final else 3)
+        assert all(err is None for _, err in got)
+        results = [r for r, _ in got]
+        assert [r.as_numpy("OUT").tolist() for r in results[:3]] == [[4], [5], [6]]
+        assert [r.as_numpy("IDX").tolist() for r in results[:3]] == [[0], [1], [2]]
+        assert [final_flag(r) for r in results[:3]] == [False, False, False]
+        assert all(r.get_response().id == "r1" for r in results)
+        if empty_final:  # the final flag arrives as a response without outputs
+            last = results[3].get_response()
+            assert final_flag(results[3]) and len(last.outputs) == 0
+            assert (last.model_name, last.model_version) == ("repeat", "1")
+        assert nothing_more(stream)
+    finally:
+        stream.close()
+
+
+def test_final_flag_on_the_last_response(srv: ServerProcess) -> None:
+    stream = SyncStream(srv)
+    try:
+        stream.send("repeat", repeat_inputs([1, 2], mode=1), enable_empty_final_response=True)
+        results = [r for r, _ in read(stream, 2)]
+        assert [final_flag(r) for r in results] == [False, True]
+        assert nothing_more(stream)  # no separate empty final response
+    finally:
+        stream.close()
+
+
+def test_error_response_keeps_the_stream(srv: ServerProcess) -> None:
+    stream = SyncStream(srv)
+    try:
+        stream.send("repeat", repeat_inputs([1, -1, 3]), request_id="e")
+        got = read(stream, 3)
+        assert got[0][0].as_numpy("OUT").tolist() == [1]
+        assert got[1][1] is not None and "negative value at 1" in str(got[1][1])
+        assert got[2][0].as_numpy("OUT").tolist() == [3]
+        # a model failure after a response: the response, then the error
+        stream.send("repeat", repeat_inputs([99]))
+        got = read(stream, 2)
+        assert got[0][0].as_numpy("OUT").tolist() == [5]
+        assert "Failed to process the request(s) for model 'repeat', message: ValueError: boom" in str(got[1][1])
+        stream.send("repeat", repeat_inputs([8]))
+        assert stream.get()[0].as_numpy("OUT").tolist() == [8]
+    finally:
+        stream.close()
+
+
+def test_interleaved_requests_on_one_stream(srv: ServerProcess) -> None:
+    stream = SyncStream(srv)
+    try:
+        for i in range(4):
+            stream.send("repeat", repeat_inputs(list(range(10 * i, 10 * i + 10))), request_id=str(i))
+        by_id: dict[str, list[int]] = {}
+        for r, err in read(stream, 40):
+            assert err is None
+            by_id.setdefault(r.get_response().id, []).append(int(r.as_numpy("OUT")[0]))
+        assert by_id == {str(i): list(range(10 * i, 10 * i + 10)) for i in range(4)}
+    finally:
+        stream.close()
+
+
+def test_decoupled_sequences_with_implicit_state(srv: ServerProcess) -> None:
+    stream = SyncStream(srv)
+    try:
+        outs: dict[int, list[int]] = {1: [], 2: []}
+        for k, (a, b) in enumerate([(1, 10), (2, 20), (3, 30)]):
+            for sid, x in ((1, a), (2, b)):
+                inp = grpcclient.InferInput("IN", [1, 1], "INT32")
+                inp.set_data_from_numpy(np.array([[x]], np.int32))
+                stream.send(
+                    "acc", [inp], request_id=str(sid), sequence_id=sid, sequence_start=k == 0, sequence_end=k == 2
+                )
+            for r, err in read(stream, 4):
+                assert err is None
+                outs[int(r.get_response().id)].append(int(r.as_numpy("OUT")[0, 0]))
+        assert outs == {1: [1, -1, 3, -3, 6, -6], 2: [10, -10, 30, -30, 60, -60]}
+    finally:
+        stream.close()
+
+
+async def test_aio_stream(srv: ServerProcess) -> None:
+    async with grpcaio.InferenceServerClient(srv.grpc_url) as client:
+
+        async def requests() -> Any:
+            yield {"model_name": "repeat", "inputs": repeat_inputs([7, 8], cls=grpcaio), "request_id": "a"}
+            await asyncio.sleep(0.2)
+
+        got = []
+        async for result, err in client.stream_infer(requests()):
+            assert err is None
+            got.append(int(result.as_numpy("OUT")[0]))
+            if len(got) == 2:
+                break
+        assert got == [7, 8]
+
+
+def test_unary_infer_is_refused(srv: ServerProcess) -> None:
+    with grpcclient.InferenceServerClient(srv.grpc_url) as g:
+        with pytest.raises(InferenceServerException) as e:
+            g.infer("repeat", repeat_inputs([1]))
+        assert e.value.status() == "StatusCode.UNIMPLEMENTED"
+        assert e.value.message() == "ModelInfer RPC doesn't support models with decoupled transaction policy"
+    with httpclient.InferenceServerClient(srv.http_url) as h:
+        with pytest.raises(InferenceServerException) as e:
+            h.infer("repeat", repeat_inputs([1], cls=httpclient))
+        assert e.value.status() == "501"
+        assert e.value.message() == "HTTP end point doesn't support models with decoupled transaction policy"
+        # the config says so, for clients that pick the call by it
+        assert h.get_model_config("repeat")["model_transaction_policy"] == {"decoupled": True}
