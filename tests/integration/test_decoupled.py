@@ -170,3 +170,34 @@ def test_unary_infer_is_refused(srv: ServerProcess) -> None:
         assert e.value.message() == "HTTP end point doesn't support models with decoupled transaction policy"
         # the config says so, for clients that pick the call by it
         assert h.get_model_config("repeat")["model_transaction_policy"] == {"decoupled": True}
+
+
+def test_demo_streaming_sum(server: ServerProcess) -> None:
+    """The demo repository's decoupled sequence model, as the README shows it."""
+    stream = SyncStream(server)
+    try:
+        partials: list[list[int]] = []
+        for k, chunk in enumerate([[1, 2, 3], [], [10, 20]]):
+            inp = grpcclient.InferInput("CHUNK", [len(chunk)], "INT32")
+            inp.set_data_from_numpy(np.array(chunk, np.int32))
+            stream.send(
+                "streaming_sum",
+                [inp],
+                sequence_id="demo-stream",
+                sequence_start=k == 0,
+                sequence_end=k == 2,
+                enable_empty_final_response=True,
+            )
+            got = []
+            while True:
+                result, err = stream.get()
+                assert err is None
+                if result.get_response().outputs:
+                    got.append(int(result.as_numpy("PARTIAL")[0]))
+                    assert "TOTAL_OUT" not in [o.name for o in result.get_response().outputs]
+                if final_flag(result):
+                    break
+            partials.append(got)
+        assert partials == [[1, 3, 6], [], [16, 36]]
+    finally:
+        stream.close()
