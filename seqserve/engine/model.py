@@ -608,6 +608,8 @@ class LoadedModel:
                 if value is not None:
                     cb.set_state(index, np.asarray(value))
             replies = self._split(cb.size, recs, produced)
+            if batch.responder is not None:
+                replies = self._close_answered(replies)
         except Exception as e:  # the model's failure fails this batch only
             err = (
                 e
@@ -712,6 +714,18 @@ class LoadedModel:
             if not rec.closed:
                 self._open.add(rec)
         return Responder(functools.partial(self._respond, rec))
+
+    def _close_answered(
+        self, replies: list[tuple[_Pending, dict[str, np.ndarray] | InferenceError]]
+    ) -> list[tuple[_Pending, dict[str, np.ndarray] | InferenceError]]:
+        """Requests answered by execute's return are closed to their responders; one that a
+        responder already ended keeps that answer (a request is answered once)."""
+        with self._respond_lock:
+            kept = [(rec, reply) for rec, reply in replies if not rec.closed]
+            for rec, _ in kept:
+                rec.closed = True
+                self._open.discard(rec)
+        return kept
 
     def _respond(self, rec: _Pending, outcome: Outcome, final: bool) -> None:
         """Any thread: check and copy one response, then hand it to the event loop."""

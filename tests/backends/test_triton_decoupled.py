@@ -349,3 +349,68 @@ async def test_non_decoupled_answers_after_execute(repo, serve, caplog, mode) ->
     responses = await collect(s, "late", {"IN": np.array([4], np.int32), "MODE": np.array([0], np.int32)})
     assert len(responses) == 1 and responses[0][1]
     assert int(responses[0][0].outputs["OUT"][0]) == 8  # type: ignore[attr-defined]
+
+
+# Not decoupled, answering twice: MODE 0 sends OUT=1 with the final flag and also returns
+# OUT=2; MODE 1 returns OUT=2 and sends OUT=1 through the sender afterwards (from a thread).
+TWICE = """
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.threads = []
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            mode = int(pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0])
+            sender = request.get_response_sender()
+            if mode == 0:
+                sender.send(self.response(1), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                t = threading.Thread(target=self.late, args=(sender,))
+                self.threads.append(t)
+            out.append(self.response(2))
+        return out
+
+    def late(self, sender):
+        try:
+            sender.send(self.response(1), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except pb_utils.TritonModelException as e:
+            pb_utils.Logger.log_error(f"twice: {e}")
+
+    @staticmethod
+    def response(v):
+        return pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([v], np.int32))])
+
+    def finalize(self):
+        for t in self.threads:
+            t.join()
+"""
+
+
+@pytest.mark.parametrize(("mode", "expected"), [(0, 1), (1, 2)])
+async def test_a_request_is_answered_once(repo, serve, caplog, mode, expected) -> None:
+    write_model(repo, "twice", LATE_CONFIG.replace('"late"', '"twice"'), TWICE)
+    s = await serve()
+    inputs = {"IN": np.array([0], np.int32), "MODE": np.array([mode], np.int32)}
+    responses: list[tuple[object, bool]] = []
+    s.submit_streaming("twice", inputs, lambda r, final: responses.append((r, final)))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if responses:
+            break
+    await asyncio.sleep(0.1)  # a second answer would have arrived by now
+    assert len(responses) == 1 and responses[0][1]
+    assert int(responses[0][0].outputs["OUT"][0]) == expected  # type: ignore[attr-defined]
+    if mode == 1:
+        model = s.model("twice")._instances[0]._obj  # type: ignore[attr-defined]
+        with caplog.at_level(logging.ERROR):
+            for t in model.threads:
+                t.start()
+                t.join()
+        assert "twice: Unable to send response. Response sender has been closed." in caplog.text
+    assert len(responses) == 1
+    assert s.model("twice").open_responses == 0
