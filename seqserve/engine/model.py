@@ -603,6 +603,8 @@ class LoadedModel:
                 batch.responder = functools.partial(self._responder, recs)
             produced = instance.execute(batch)
             cb.mark_executed()
+            if self.decoupled:
+                produced = self._decoupled_results(recs, produced)
             for index, out_name in self._state_outputs:
                 value = produced.get(out_name)
                 if value is not None:
@@ -714,6 +716,19 @@ class LoadedModel:
             if not rec.closed:
                 self._open.add(rec)
         return Responder(functools.partial(self._respond, rec))
+
+    def _decoupled_results(
+        self, recs: list[_Pending | None], produced: Mapping[str, np.ndarray] | None
+    ) -> Mapping[str, np.ndarray]:
+        """A decoupled model answers through responders: what execute returned holds output
+        states only, and every request stays open (tracked) until its final response."""
+        with self._respond_lock:
+            for r in recs:
+                if r is not None and not r.closed:
+                    self._open.add(r)
+        if isinstance(produced, RequestResults):
+            return produced
+        return RequestResults([DEFERRED] * len(recs), produced)
 
     def _close_answered(
         self, replies: list[tuple[_Pending, dict[str, np.ndarray] | InferenceError]]

@@ -414,3 +414,63 @@ async def test_a_request_is_answered_once(repo, serve, caplog, mode, expected) -
         assert "twice: Unable to send response. Response sender has been closed." in caplog.text
     assert len(responses) == 1
     assert s.model("twice").open_responses == 0
+
+
+# ------------------------------------------------------------ batch-level decoupled
+
+# seqserve's batch-level API, decoupled: every row's request gets IN+k for k in 0..2, the
+# first from execute, the others from a thread after it returns; the state (ACC) is returned.
+BATCH_LEVEL = """
+import threading
+import numpy as np
+
+class Model:
+    def initialize(self, ctx):
+        self.threads = []
+
+    def execute(self, batch):
+        total = batch.states["ACC"] + batch.inputs["IN"]
+        for i in range(len(batch.request_rows)):
+            if not batch.ready[i]:
+                continue
+            r = batch.responder(i)
+            r.send({"OUT": total[i : i + 1].copy()})
+            t = threading.Thread(target=self.rest, args=(r, total[i : i + 1].copy()))
+            t.start()
+            self.threads.append(t)
+        return {"ACC_OUT": total}
+
+    def rest(self, responder, value):
+        responder.send({"OUT": value + 1})
+        responder.send({"OUT": value + 2}, final=True)
+
+    def finalize(self):
+        for t in self.threads:
+            t.join()
+"""
+
+
+async def test_batch_level_decoupled_model(repo, serve) -> None:
+    write_model(repo, "acc", ACCUMULATE_CONFIG, BATCH_LEVEL)
+    s = await serve()
+
+    async def run(sid: int, xs: list[int]) -> list[list[int]]:
+        steps = []
+        for k, x in enumerate(xs):
+            got = [
+                int(r.outputs["OUT"][0, 0])
+                async for r in s.stream(
+                    "acc",
+                    {"IN": np.array([[x]], np.int32)},
+                    sequence_id=sid,
+                    sequence_start=k == 0,
+                    sequence_end=k == len(xs) - 1,
+                )
+            ]
+            steps.append(got)
+        return steps
+
+    a, b = await asyncio.gather(run(1, [1, 2]), run(2, [10, 20]))
+    assert a == [[1, 2, 3], [3, 4, 5]]
+    assert b == [[10, 11, 12], [30, 31, 32]]
+    await expect_error(s.infer("acc", {"IN": np.array([[1]], np.int32)}, sequence_id=3), Code.UNSUPPORTED)

@@ -15,6 +15,11 @@ The batch-level API:
 `execute` is called once per batch with batched inputs, control tensors and implicit state,
 and returns every output and every output state batched. One object is created per model
 instance; the engine never calls one object from two threads at once.
+
+A decoupled model (``model_transaction_policy { decoupled: true }``) answers each request
+through ``batch.responder(i)`` instead (``send(outputs)`` any number of times, from any
+thread, then ``send(final=True)``; outputs shaped as that request's reply), and returns
+only its output states (or None).
 """
 
 from __future__ import annotations
@@ -76,6 +81,11 @@ class _Instance(BackendInstance):
             fin()
 
 
+class _DecoupledInstance(_Instance):
+    __slots__ = ()
+    uses_responders = True
+
+
 class PythonBackend(Backend):
     names = ("python",)
     supports_implicit_state = True
@@ -105,6 +115,8 @@ class PythonBackend(Backend):
         init = getattr(obj, "initialize", None)
         if init is not None:
             init(ictx)
+        if self.ctx.config.model_transaction_policy.decoupled:
+            return _DecoupledInstance(obj)
         return _Instance(obj)
 
     def describe(self) -> dict[str, Any]:
