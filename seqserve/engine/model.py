@@ -73,7 +73,6 @@ class _Pending:
     # Responder bookkeeping (under LoadedModel._respond_lock):
     sent: int = 0  # responses sent
     closed: bool = False  # final response sent, or failed with its batch
-    last: InferResult | InferenceError | None = None  # non-decoupled: the response, until the final flag
 
 
 def _shape_str(shape: Sequence[int]) -> str:
@@ -620,9 +619,11 @@ class LoadedModel:
             )
             cb.finish(False)
             with self._respond_lock:  # a responder may have answered some already
-                failed = [r for r in recs if r is not None and not r.closed]
-                for r in failed:
-                    r.closed = True
+                failed = [r for r in recs if r is not None and not r.closed and not self._answered(r)]
+                for r in recs:
+                    if r is not None:
+                        r.closed = True
+                        self._open.discard(r)
             self._loop.call_soon_threadsafe(self._fail_all, failed, err)
             return False
         cb.finish(True)
@@ -736,11 +737,15 @@ class LoadedModel:
         """Requests answered by execute's return are closed to their responders; one that a
         responder already ended keeps that answer (a request is answered once)."""
         with self._respond_lock:
-            kept = [(rec, reply) for rec, reply in replies if not rec.closed]
+            kept = [(rec, reply) for rec, reply in replies if not rec.closed and not self._answered(rec)]
             for rec, _ in kept:
                 rec.closed = True
                 self._open.discard(rec)
         return kept
+
+    def _answered(self, rec: _Pending) -> bool:
+        """A non-decoupled request is answered by its one response, final flag or not."""
+        return rec.sent > 0 and not self.decoupled
 
     def _respond(self, rec: _Pending, outcome: Outcome, final: bool) -> None:
         """Any thread: check and copy one response, then hand it to the event loop."""
@@ -780,14 +785,8 @@ class LoadedModel:
             if rec.on_response is not None:
                 _call(rec.on_response, result, final)
             return
-        if result is not None:  # the single response waits for the final flag
-            rec.last = result
-        if final:
-            last = rec.last
-            rec.last = None
-            if last is None:  # unreachable through the sender's rules; kept safe for other backends
-                last = InferResult(self.name, self.version_str, rec.request_id, {}, rec.parameters or {})
-            self._settle(rec, last)
+        if result is not None:  # its one response answers it now; a final flag may follow
+            self._settle(rec, result)
             if self._preserve_ordering:
                 self._flush_ordered()
 
@@ -848,7 +847,7 @@ class LoadedModel:
             except Exception:
                 log.exception("model '%s': finalize failed", self.name)
         with self._respond_lock:  # requests still waiting for their final response
-            unanswered = [r for r in self._open if not r.closed]
+            unanswered = [r for r in self._open if not r.closed and not self._answered(r)]
             for r in unanswered:
                 r.closed = True
             self._open.clear()

@@ -264,7 +264,7 @@ async def test_execute_failure_after_a_response(repeat: Server) -> None:
     assert values(responses)[0] == (5, 0)
     err = responses[1][0]
     assert isinstance(err, InferenceError) and responses[1][1]
-    assert str(err) == "Failed to process the request(s) for model 'repeat', message: ValueError: boom"
+    assert str(err) == "Failed to process the request(s) for model 'repeat_0_0', message: ValueError: boom"
     # the model keeps serving
     assert values(await collect(repeat, "repeat", repeat_inputs([3]))) == [(3, 0), None]
 
@@ -474,3 +474,80 @@ async def test_batch_level_decoupled_model(repo, serve) -> None:
     assert a == [[1, 2, 3], [3, 4, 5]]
     assert b == [[10, 11, 12], [30, 31, 32]]
     await expect_error(s.infer("acc", {"IN": np.array([[1]], np.int32)}, sequence_id=3), Code.UNSUPPORTED)
+
+
+# ------------------------------------------------- Triton's stub behaviours, one by one
+
+ASYNC_LATE = """
+import asyncio
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from decoupled_helper_mod import OFFSET  # a module next to model.py, as Triton allows
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        for request in requests:
+            # answered by a task that outlives execute, on the instance's own event loop
+            asyncio.get_running_loop().create_task(self.answer(request.get_response_sender()))
+        return None
+
+    async def answer(self, sender):
+        await asyncio.sleep(0.2)
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([OFFSET], np.int32))]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
+async def test_async_execute_tasks_outlive_execute(repo, serve) -> None:
+    d = write_model(repo, "alate", REPEAT_CONFIG.replace('"repeat"', '"alate"'), ASYNC_LATE)
+    (d / "1" / "decoupled_helper_mod.py").write_text("OFFSET = 41\n")
+    s = await serve()
+    # one request alone: nothing else drives the model, yet its answer comes
+    responses = await asyncio.wait_for(collect(s, "alate", repeat_inputs([1])), 5)
+    assert [int(r.outputs["OUT"][0]) for r, _ in responses] == [41]  # type: ignore[attr-defined]
+
+
+SEND_THEN_RAISE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1000], np.int32))]))
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1001], np.int32))]))
+        return None
+"""
+
+
+async def test_non_decoupled_response_stands_when_execute_raises(repo, serve) -> None:
+    """The second send raises out of execute; the first response was already the answer."""
+    write_model(repo, "sr", LATE_CONFIG.replace('"late"', '"sr"'), SEND_THEN_RAISE)
+    s = await serve()
+    r = await s.infer("sr", {"IN": np.array([0], np.int32), "MODE": np.array([0], np.int32)})
+    assert r.outputs["OUT"].tolist() == [1000]
+    for _ in range(100):  # the answer can overtake the executor's clean-up of the batch
+        if s.model("sr").open_responses == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert s.model("sr").open_responses == 0
+    assert s.statistics("sr")[0]["inference_stats"]["fail"]["count"] == 1  # the batch failed
+
+
+RETURNS_LIST = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([]) for _ in requests]
+"""
+
+
+async def test_decoupled_execute_must_return_none(repo, serve) -> None:
+    write_model(repo, "rl", REPEAT_CONFIG.replace('"repeat"', '"rl"'), RETURNS_LIST)
+    s = await serve()
+    responses = await collect(s, "rl", repeat_inputs([1]))
+    (err, final), = responses
+    assert final and isinstance(err, InferenceError)
+    assert str(err) == "Python model 'rl_0_0' is using the decoupled mode and the execute function must return None."

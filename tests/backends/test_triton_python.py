@@ -206,7 +206,7 @@ async def test_sequence_py_exception_fails_the_batch(repo, serve):
         await seq_step(s, "seq", 5, start=True)
     assert e.value.code == Code.INTERNAL
     assert str(e.value) == (
-        "Failed to process the request(s) for model 'seq', message: "
+        "Failed to process the request(s) for model 'seq_0_0', message: "
         "TritonModelException: Can't start a new sequence with existing ID"
     )
     # the server and the model's other state are fine

@@ -101,7 +101,7 @@ def test_error_response_keeps_the_stream(srv: ServerProcess) -> None:
         stream.send("repeat", repeat_inputs([99]))
         got = read(stream, 2)
         assert got[0][0].as_numpy("OUT").tolist() == [5]
-        assert "Failed to process the request(s) for model 'repeat', message: ValueError: boom" in str(got[1][1])
+        assert "Failed to process the request(s) for model 'repeat_0_0', message: ValueError: boom" in str(got[1][1])
         stream.send("repeat", repeat_inputs([8]))
         assert stream.get()[0].as_numpy("OUT").tolist() == [8]
     finally:

@@ -57,6 +57,12 @@ def _load_module(ctx: ModelContext) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
     _install_pb_utils()
+    # As Triton does: a model imports modules that sit next to model.py (its version folder)
+    # or in its model folder. seqserve runs every model in one process, so two models' helper
+    # modules of the same name are one module (the first imported).
+    for folder in (str(ctx.version_dir), str(ctx.model_dir)):
+        if folder not in sys.path:
+            sys.path.append(folder)
     try:
         spec.loader.exec_module(module)
     except Exception as e:

@@ -40,6 +40,7 @@ import asyncio
 import functools
 import json
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -83,11 +84,15 @@ class TritonInstance(BackendInstance):
         cfg = ictx.model.config
         self._obj = obj
         self._name = ictx.model.name
+        self._instance_name = ictx.name  # Triton names the instance in execute's errors
         self._batched = cfg.max_batch_size > 0
         self._decoupled = cfg.model_transaction_policy.decoupled
         # state input name -> output name
         self._states = {(s.input_name or s.name): (s.output_name or s.name) for s in cfg.sequence_batching.state}
+        # `async def execute`: one event loop per instance, running on its own thread for the
+        # instance's lifetime (as in Triton), so tasks a model starts outlive the execute call
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
         init = getattr(obj, "initialize", None)
         if init is not None:
             init(initialize_args(ictx))
@@ -101,13 +106,11 @@ class TritonInstance(BackendInstance):
         try:
             returned = self._obj.execute(requests)
             if asyncio.iscoroutine(returned):
-                if self._loop is None:
-                    self._loop = asyncio.new_event_loop()
-                returned = self._loop.run_until_complete(returned)
+                returned = asyncio.run_coroutine_threadsafe(returned, self._event_loop()).result()
         except Exception as e:  # fails the whole batch, with Triton's wording
             raise InferenceError(
                 Code.INTERNAL,
-                f"Failed to process the request(s) for model '{self._name}', message: {type(e).__name__}: {e}",
+                f"Failed to process the request(s) for model '{self._instance_name}', message: {type(e).__name__}: {e}",
             ) from e
         responses = self._check_returned(requests, returned)
 
@@ -137,6 +140,16 @@ class TritonInstance(BackendInstance):
                 outcomes[owner] = {t.name(): t.as_numpy() for t in response.output_tensors()}
                 picked[owner] = outcomes[owner]
         return RequestResults(outcomes, self._next_states(batch, spans, picked, outcomes))
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            self._loop_thread = threading.Thread(
+                target=loop.run_forever, name=f"{self._instance_name}-asyncio", daemon=True
+            )
+            self._loop_thread.start()
+            self._loop = loop
+        return self._loop
 
     def _requests(self, batch: ExecuteBatch) -> tuple[list[pb.InferenceRequest], list[int], list[tuple[int, int]]]:
         """The requests of a batch, the batch position of each, and every position's rows."""
@@ -184,7 +197,8 @@ class TritonInstance(BackendInstance):
         if self._decoupled:
             raise InferenceError(
                 Code.INTERNAL,
-                f"Python model '{self._name}' is using the decoupled mode and the execute function must return None.",
+                f"Python model '{self._instance_name}' is using the decoupled mode and the execute function must "
+                "return None.",
             )
         if not isinstance(returned, list):
             raise InferenceError(
@@ -255,5 +269,9 @@ class TritonInstance(BackendInstance):
             if fin is not None:
                 fin()
         finally:
-            if self._loop is not None:
-                self._loop.close()
+            loop, thread = self._loop, self._loop_thread
+            if loop is not None and thread is not None:
+                loop.call_soon_threadsafe(loop.stop)
+                thread.join(timeout=5)
+                if not thread.is_alive():
+                    loop.close()
