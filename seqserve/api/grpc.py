@@ -287,10 +287,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         decoupled ones. Every response carries ``triton_final_response``. A final flag that
         comes without a response is sent as an empty response only when the request set
         ``triton_enable_empty_final_response``. A failing request gets an error_message
-        response and the stream stays open."""
+        response and the stream stays open, unless the client sent the ``triton_grpc_error:
+        true`` header: then the first error ends the stream with its gRPC status."""
+        grpc_errors = any(k == "triton_grpc_error" and v == "true" for k, v in context.invocation_metadata() or ())
         # (reply or None, ends_a_request); a bare None marks the end of the request stream.
         # The writer counts requests down as it dequeues, so no reply is left behind.
-        replies: asyncio.Queue[tuple[pb.ModelStreamInferResponse | None, bool] | None] = asyncio.Queue()
+        replies: asyncio.Queue[tuple[pb.ModelStreamInferResponse | InferenceError | None, bool] | None] = (
+            asyncio.Queue()
+        )
         outstanding = 0  # submitted requests whose final response has not been written
 
         def on_response(
@@ -300,7 +304,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             final: bool,
         ) -> None:
             if isinstance(response, InferenceError):
-                replies.put_nowait((_stream_error(req, response), final))
+                replies.put_nowait((response if grpc_errors else _stream_error(req, response), final))
             elif response is not None:
                 resp = encode_response(response)
                 resp.parameters["triton_final_response"].bool_param = final
@@ -326,7 +330,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                         functools.partial(on_response, req, empty_final),
                     )
                 except InferenceError as e:
-                    replies.put_nowait((_stream_error(req, e), False))
+                    replies.put_nowait((e if grpc_errors else _stream_error(req, e), False))
                     continue
                 outstanding += 1
             replies.put_nowait(None)
@@ -342,7 +346,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 reply, ends_request = item
                 if ends_request:
                     outstanding -= 1
-                if reply is not None:
+                if isinstance(reply, InferenceError):  # triton_grpc_error: the stream ends here
+                    await self._fail(context, reply)
+                elif reply is not None:
                     yield reply
         finally:
             reader.cancel()

@@ -201,3 +201,24 @@ def test_demo_streaming_sum(server: ServerProcess) -> None:
         assert partials == [[1, 3, 6], [], [16, 36]]
     finally:
         stream.close()
+
+
+def test_triton_grpc_error_header_ends_the_stream(srv: ServerProcess) -> None:
+    """With `triton_grpc_error: true` the first error closes the stream with its status."""
+    import queue
+
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)), headers={"triton_grpc_error": "true"})
+    try:
+        client.async_stream_infer("repeat", repeat_inputs([1, -1, 3]))
+        first, err = got.get(timeout=10)
+        assert err is None and first.as_numpy("OUT").tolist() == [1]
+        _, err = got.get(timeout=10)
+        assert err is not None and err.status() == "StatusCode.INTERNAL"
+        assert "negative value at 1" in err.message()
+        with pytest.raises(queue.Empty):  # nothing after the error: the stream is closed
+            got.get(timeout=0.5)
+    finally:
+        client.stop_stream()
+        client.close()
