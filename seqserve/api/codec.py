@@ -11,6 +11,7 @@ import asyncio
 import gzip
 import json
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,10 +104,10 @@ def submit(server: Server, model: str, version: str | int, req: Request, endpoin
 
 def submit_streaming(
     server: Server, model: str, version: str | int, req: Request, on_response: ResponseCallback
-) -> None:
+) -> Callable[[], None]:
     """Queue a decoded request whose responses (one, or many from decoupled models) go to
-    ``on_response``."""
-    server.submit_streaming(
+    ``on_response``; returns its ``cancel()``."""
+    return server.submit_streaming(
         model,
         req.inputs,
         on_response,

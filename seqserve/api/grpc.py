@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -288,7 +289,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         comes without a response is sent as an empty response only when the request set
         ``triton_enable_empty_final_response``. A failing request gets an error_message
         response and the stream stays open, unless the client sent the ``triton_grpc_error:
-        true`` header: then the first error ends the stream with its gRPC status."""
+        true`` header: then the first error ends the stream with its gRPC status. Requests
+        still running when the stream ends early (client cancel or disconnect) are cancelled:
+        models see ``is_cancelled()``."""
         grpc_errors = any(k == "triton_grpc_error" and v == "true" for k, v in context.invocation_metadata() or ())
         # (reply or None, ends_a_request); a bare None marks the end of the request stream.
         # The writer counts requests down as it dequeues, so no reply is left behind.
@@ -296,13 +299,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             asyncio.Queue()
         )
         outstanding = 0  # submitted requests whose final response has not been written
+        live: dict[int, Callable[[], None]] = {}  # cancel() of requests without their final response yet
 
         def on_response(
             req: pb.ModelInferRequest,
             empty_final: pb.ModelInferResponse | None,
+            key: int,
             response: InferResult | InferenceError | None,
             final: bool,
         ) -> None:
+            if final:
+                live.pop(key, None)
             if isinstance(response, InferenceError):
                 replies.put_nowait((response if grpc_errors else _stream_error(req, response), final))
             elif response is not None:
@@ -314,6 +321,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             else:  # a bare final flag: nothing to write
                 replies.put_nowait((None, final))
 
+        keys = itertools.count()
+
         async def read() -> None:
             nonlocal outstanding
             async for req in request_iterator:
@@ -322,12 +331,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     empty_final = None
                     if decoded.parameters.pop("triton_enable_empty_final_response", False) is True:
                         empty_final = self._empty_final(req)
-                    codec.submit_streaming(
+                    key = next(keys)
+                    live[key] = codec.submit_streaming(
                         self.server,
                         req.model_name,
                         req.model_version,
                         decoded,
-                        functools.partial(on_response, req, empty_final),
+                        functools.partial(on_response, req, empty_final, key),
                     )
                 except InferenceError as e:
                     replies.put_nowait((e if grpc_errors else _stream_error(req, e), False))
@@ -352,6 +362,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     yield reply
         finally:
             reader.cancel()
+            for cancel in live.values():  # the stream ended before these did
+                cancel()
 
     def _empty_final(self, req: pb.ModelInferRequest) -> pb.ModelInferResponse:
         """The response that stands for a final flag sent without a response."""

@@ -17,7 +17,7 @@ import os
 import secrets
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,7 @@ class _Pending:
     # Responder bookkeeping (under LoadedModel._respond_lock):
     sent: int = 0  # responses sent
     closed: bool = False  # final response sent, or failed with its batch
+    cancelled: bool = False  # the client is gone
 
 
 def _shape_str(shape: Sequence[int]) -> str:
@@ -434,12 +435,15 @@ class LoadedModel:
         timeout_us: int = 0,
         priority: int = 0,
         response_parameters: dict[str, Any] | None = None,
-    ) -> None:
+    ) -> Callable[[], None]:
         """Validate and queue one request whose responses go to ``on_response`` (called on
         this model's event loop): one final response for most models; for decoupled models
         any number, then the final one (which may be None: a final flag without a response).
-        An error raised here means the request was refused and ``on_response`` is never called."""
-        self._queue(
+        An error raised here means the request was refused and ``on_response`` is never called.
+
+        Returns ``cancel()``: call it when the client is gone; the model sees it through
+        ``is_cancelled()`` and may stop early (responses still go to ``on_response``)."""
+        rec = self._queue(
             inputs,
             sequence_id,
             start,
@@ -452,6 +456,7 @@ class LoadedModel:
             None,
             on_response,
         )
+        return functools.partial(_cancel, rec)
 
     def _queue(
         self,
@@ -466,7 +471,7 @@ class LoadedModel:
         response_parameters: dict[str, Any] | None,
         fut: asyncio.Future[InferResult] | None,
         on_response: ResponseCallback | None,
-    ) -> None:
+    ) -> _Pending:
         name = self.name
         mbs = self.max_batch_size
         ordered: list[Any] = [None] * len(self._inputs)
@@ -575,6 +580,7 @@ class LoadedModel:
             raise InferenceError(Code(err[0]), msg)
         if in_order:
             self._ordered.append(rec)
+        return rec
 
     # ------------------------------------------------------------------ executor side
 
@@ -712,11 +718,11 @@ class LoadedModel:
     def _responder(self, recs: list[_Pending | None], i: int) -> Responder:
         rec = recs[i]
         if rec is None:  # a final END step: nobody waits for its responses
-            return Responder(_drop)
+            return Responder(_drop, _true)
         with self._respond_lock:
             if not rec.closed:
                 self._open.add(rec)
-        return Responder(functools.partial(self._respond, rec))
+        return Responder(functools.partial(self._respond, rec), functools.partial(_is_cancelled, rec))
 
     def _decoupled_results(
         self, recs: list[_Pending | None], produced: Mapping[str, np.ndarray] | None
@@ -882,6 +888,18 @@ def _call(on_response: ResponseCallback, outcome: InferResult | InferenceError |
 
 def _drop(outcome: Outcome, final: bool) -> None:
     pass
+
+
+def _true() -> bool:
+    return True
+
+
+def _cancel(rec: _Pending) -> None:
+    rec.cancelled = True
+
+
+def _is_cancelled(rec: _Pending) -> bool:
+    return rec.cancelled
 
 
 def _name_list(names: list[str]) -> str:

@@ -55,10 +55,16 @@ class Responder:
     copied before ``send`` returns, so the caller may reuse its buffers.
     """
 
-    __slots__ = ("_post",)
+    __slots__ = ("_cancelled", "_post")
 
-    def __init__(self, post: Callable[[Outcome, bool], None]) -> None:
+    def __init__(self, post: Callable[[Outcome, bool], None], cancelled: Callable[[], bool]) -> None:
         self._post = post
+        self._cancelled = cancelled
 
     def send(self, outcome: Outcome = None, *, final: bool = False) -> None:
         self._post(outcome, final)
+
+    def is_cancelled(self) -> bool:
+        """True once the client has gone (its stream closed or cancelled): a model may stop
+        producing. Sending stays allowed; the responses go nowhere."""
+        return self._cancelled()

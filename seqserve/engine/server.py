@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -348,14 +348,15 @@ class Server:
         request_id: str = "",
         timeout_us: int = 0,
         priority: int = 0,
-    ) -> None:
+    ) -> Callable[[], None]:
         """Queue one request now; ``on_response(response, final)`` gets its responses on the
         event loop: an InferResult, an InferenceError, or None (a final flag alone, from
         decoupled models). Most models answer once, with final=True; decoupled models any
         number of times, the last with final=True. Works for every model. Raises
-        InferenceError at once for requests the scheduler refuses (no callback then)."""
+        InferenceError at once for requests the scheduler refuses (no callback then).
+        Returns ``cancel()``, to call when the client is gone (models see ``is_cancelled()``)."""
         m, sequence_id, sequence_start, response_parameters = self._route(model, version, sequence_id, sequence_start)
-        m.submit_streaming(
+        return m.submit_streaming(
             inputs,
             on_response,
             sequence_id=sequence_id,
@@ -383,9 +384,10 @@ class Server:
         priority: int = 0,
     ) -> AsyncIterator[InferResult]:
         """Run one request and yield its responses as they come (one for most models, any
-        number for decoupled ones). An error response is raised, which ends the iteration."""
+        number for decoupled ones). An error response is raised, which ends the iteration.
+        Leaving the iteration early cancels the request (models see ``is_cancelled()``)."""
         queue: asyncio.Queue[tuple[InferResult | InferenceError | None, bool]] = asyncio.Queue()
-        self.submit_streaming(
+        cancel = self.submit_streaming(
             model,
             inputs,
             lambda response, final: queue.put_nowait((response, final)),
@@ -399,12 +401,16 @@ class Server:
             priority=priority,
         )
         final = False
-        while not final:
-            response, final = await queue.get()
-            if isinstance(response, InferenceError):
-                raise response
-            if response is not None:
-                yield response
+        try:
+            while not final:
+                response, final = await queue.get()
+                if isinstance(response, InferenceError):
+                    raise response
+                if response is not None:
+                    yield response
+        finally:
+            if not final:
+                cancel()
 
     def _route(
         self, model: str, version: str | int, sequence_id: SequenceId, start: bool

@@ -551,3 +551,57 @@ async def test_decoupled_execute_must_return_none(repo, serve) -> None:
     (err, final), = responses
     assert final and isinstance(err, InferenceError)
     assert str(err) == "Python model 'rl_0_0' is using the decoupled mode and the execute function must return None."
+
+
+# Streams OUT=0,1,2,... every 5 ms until the client goes, then logs and ends the request.
+UNTIL_CANCELLED = """
+import threading
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.threads = []
+        self.cancelled_seen = []
+
+    def execute(self, requests):
+        for request in requests:
+            t = threading.Thread(target=self.stream, args=(request, request.get_response_sender()))
+            t.start()
+            self.threads.append(t)
+        return None
+
+    def stream(self, request, sender):
+        k = 0
+        while not sender.is_cancelled() and k < 2000:
+            sender.send(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUT", np.array([k], np.int32)), pb_utils.Tensor("IDX", np.array([k], np.uint32))]))
+            k += 1
+            time.sleep(0.005)
+        self.cancelled_seen.append(request.is_cancelled())
+        pb_utils.Logger.log_info(f"until_cancelled: stopped after {k} responses, cancelled={sender.is_cancelled()}")
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def finalize(self):
+        for t in self.threads:
+            t.join()
+"""
+
+
+async def test_leaving_a_stream_cancels_the_request(repo, serve) -> None:
+    write_model(repo, "uc", REPEAT_CONFIG.replace('"repeat"', '"uc"'), UNTIL_CANCELLED)
+    s = await serve()
+    got = []
+    async for r in s.stream("uc", repeat_inputs([0])):
+        got.append(int(r.outputs["OUT"][0]))
+        if len(got) == 3:
+            break
+    assert got == [0, 1, 2]
+    for _ in range(300):  # the model notices, stops and ends the request
+        if s.model("uc").open_responses == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert s.model("uc").open_responses == 0
+    model = s.model("uc")._instances[0]._obj  # type: ignore[attr-defined]
+    assert model.cancelled_seen == [True]

@@ -17,7 +17,7 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.backends.test_triton_decoupled import ACCUMULATE, ACCUMULATE_CONFIG, REPEAT, REPEAT_CONFIG
+from tests.backends.test_triton_decoupled import ACCUMULATE, ACCUMULATE_CONFIG, REPEAT, REPEAT_CONFIG, UNTIL_CANCELLED
 from tests.integration._util import SyncStream
 from tests.integration.conftest import ServerProcess, start_server, write_model
 
@@ -27,6 +27,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo: Path = tmp_path_factory.mktemp("decoupled-repo")
     write_model(repo, "repeat", REPEAT_CONFIG, REPEAT)
     write_model(repo, "acc", ACCUMULATE_CONFIG, ACCUMULATE)
+    write_model(repo, "uc", REPEAT_CONFIG.replace('"repeat"', '"uc"'), UNTIL_CANCELLED)
     s = start_server(repo, log_dir=repo)
     yield s
     rc = s.stop()
@@ -222,3 +223,23 @@ def test_triton_grpc_error_header_ends_the_stream(srv: ServerProcess) -> None:
     finally:
         client.stop_stream()
         client.close()
+
+
+def test_cancelled_stream_cancels_its_requests(srv: ServerProcess) -> None:
+    """stop_stream(cancel_requests=True): the model sees is_cancelled() and stops."""
+    import queue
+    import time
+
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    client.async_stream_infer("uc", repeat_inputs([0]))
+    for _ in range(3):
+        assert got.get(timeout=10)[1] is None
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    deadline = time.monotonic() + 10
+    while "until_cancelled: stopped after" not in srv.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    line = next(x for x in srv.log().splitlines() if "until_cancelled: stopped after" in x)
+    assert line.endswith("cancelled=True")

@@ -41,7 +41,6 @@ import functools
 import json
 import logging
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -51,7 +50,7 @@ from seqserve.engine.backends.base import BackendInstance, InstanceContext, Requ
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.config import config_to_json
 from seqserve.engine.errors import Code, InferenceError
-from seqserve.engine.responses import DEFERRED, Responder
+from seqserve.engine.responses import DEFERRED
 
 log = logging.getLogger("seqserve.model")
 
@@ -89,6 +88,7 @@ class TritonInstance(BackendInstance):
         self._decoupled = cfg.model_transaction_policy.decoupled
         # state input name -> output name
         self._states = {(s.input_name or s.name): (s.output_name or s.name) for s in cfg.sequence_batching.state}
+        self._state_outputs = tuple(self._states.values())
         # `async def execute`: one event loop per instance, running on its own thread for the
         # instance's lifetime (as in Triton), so tasks a model starts outlive the execute call
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -185,7 +185,8 @@ class TritonInstance(BackendInstance):
                 flags=flags,
             )
             if responder is not None:
-                request._make_sender = functools.partial(self._new_sender, responder, i)
+                request._make_responder = functools.partial(responder, i)
+                request._state_names = self._state_outputs
             requests.append(request)
             owners.append(i)
         return requests, owners, spans
@@ -219,9 +220,6 @@ class TritonInstance(BackendInstance):
                     f"found type '{type(r)}'.",
                 )
         return returned
-
-    def _new_sender(self, responder: Callable[[int], Responder], i: int) -> pb.InferenceResponseSender:
-        return pb.InferenceResponseSender(responder(i), tuple(self._states.values()))
 
     def _next_states(
         self,

@@ -291,7 +291,8 @@ class InferenceResponseSender:
         return self._states
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the client has gone (e.g. its gRPC stream was cancelled)."""
+        return self._responder.is_cancelled()
 
     def is_closed(self) -> bool:
         return self._closed
@@ -308,12 +309,14 @@ class InferenceRequest:
         "_correlation_id",
         "_flags",
         "_inputs",
-        "_make_sender",
+        "_make_responder",
         "_model_name",
         "_model_version",
         "_request_id",
         "_requested",
+        "_responder",
         "_sender",
+        "_state_names",
         "_timeout",
     )
 
@@ -341,7 +344,9 @@ class InferenceRequest:
         self._timeout = timeout
         self._sender: InferenceResponseSender | None = None
         #: set by seqserve on the requests it passes to execute
-        self._make_sender: Callable[[], InferenceResponseSender] | None = None
+        self._make_responder: Callable[[], Responder] | None = None
+        self._responder: Responder | None = None
+        self._state_names: tuple[str, ...] = ()  # implicit-state outputs a sender records
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -372,13 +377,22 @@ class InferenceRequest:
     def get_response_sender(self) -> InferenceResponseSender:
         with _sender_lock:  # models may ask from several threads
             if self._sender is None:
-                if self._make_sender is None:
-                    raise TritonModelException("a response sender exists only for the requests passed to execute")
-                self._sender = self._make_sender()
+                self._sender = InferenceResponseSender(self._get_responder(), self._state_names)
             return self._sender
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the client has gone (e.g. its gRPC stream was cancelled)."""
+        if self._make_responder is None:
+            return False
+        with _sender_lock:
+            return self._get_responder().is_cancelled()
+
+    def _get_responder(self) -> Responder:
+        if self._responder is None:
+            if self._make_responder is None:
+                raise TritonModelException("a response sender exists only for the requests passed to execute")
+            self._responder = self._make_responder()
+        return self._responder
 
     def set_release_flags(self, flags: int) -> None:
         if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
