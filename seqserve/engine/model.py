@@ -73,7 +73,7 @@ class _Pending:
     # Responder bookkeeping (under LoadedModel._respond_lock):
     sent: int = 0  # responses sent
     closed: bool = False  # final response sent, or failed with its batch
-    cancelled: bool = False  # the client is gone
+    cancelled: bool = False  # the client is gone (streaming submits; see _is_cancelled)
 
 
 def _shape_str(shape: Sequence[int]) -> str:
@@ -899,7 +899,8 @@ def _cancel(rec: _Pending) -> None:
 
 
 def _is_cancelled(rec: _Pending) -> bool:
-    return rec.cancelled
+    # a unary caller that went away cancelled the future it was awaiting
+    return rec.cancelled or (rec.future is not None and rec.future.cancelled())
 
 
 def _name_list(names: list[str]) -> str:

@@ -548,7 +548,7 @@ async def test_decoupled_execute_must_return_none(repo, serve) -> None:
     write_model(repo, "rl", REPEAT_CONFIG.replace('"repeat"', '"rl"'), RETURNS_LIST)
     s = await serve()
     responses = await collect(s, "rl", repeat_inputs([1]))
-    (err, final), = responses
+    ((err, final),) = responses
     assert final and isinstance(err, InferenceError)
     assert str(err) == "Python model 'rl_0_0' is using the decoupled mode and the execute function must return None."
 
@@ -605,3 +605,41 @@ async def test_leaving_a_stream_cancels_the_request(repo, serve) -> None:
     assert s.model("uc").open_responses == 0
     model = s.model("uc")._instances[0]._obj  # type: ignore[attr-defined]
     assert model.cancelled_seen == [True]
+
+
+# Not decoupled: execute polls request.is_cancelled() for up to 5 s.
+POLLS_CANCEL = """
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.seen = []
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            for _ in range(500):
+                if request.is_cancelled():
+                    break
+                time.sleep(0.01)
+            self.seen.append(request.is_cancelled())
+            err = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
+            out.append(pb_utils.InferenceResponse(error=err))
+        return out
+"""
+
+
+async def test_unary_caller_that_leaves_cancels_the_request(repo, serve) -> None:
+    write_model(repo, "pc", LATE_CONFIG.replace('"late"', '"pc"'), POLLS_CANCEL)
+    s = await serve()
+    task = asyncio.create_task(s.infer("pc", {"IN": np.array([0], np.int32), "MODE": np.array([0], np.int32)}))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    model = s.model("pc")._instances[0]._obj  # type: ignore[attr-defined]
+    for _ in range(200):
+        if model.seen:
+            break
+        await asyncio.sleep(0.01)
+    assert model.seen == [True]
