@@ -775,6 +775,7 @@ class LoadedModel:
                 rec.sent += 1
             if final:
                 rec.closed = True
+            if final or self._answered(rec):  # nothing left to wait for at shutdown
                 self._open.discard(rec)
             # posted under the lock so that a request's responses keep their order
             self._loop.call_soon_threadsafe(self._on_response, rec, reply, final)
@@ -785,13 +786,13 @@ class LoadedModel:
             if isinstance(reply, dict)
             else reply
         )
-        if isinstance(result, InferenceError):
-            self._request_fail += 1
-        if self.decoupled:
+        if self.decoupled:  # an error response is one of many: the request's outcome is its batch's
             if rec.on_response is not None:
                 _call(rec.on_response, result, final)
             return
         if result is not None:  # its one response answers it now; a final flag may follow
+            if isinstance(result, InferenceError):
+                self._request_fail += 1
             self._settle(rec, result)
             if self._preserve_ordering:
                 self._flush_ordered()

@@ -122,8 +122,9 @@ sequence_batching {
 """
 
 # Not decoupled: takes each request's sender in execute and answers through it from a
-# thread, after execute returns. MODE 1 also tries a second response; MODE 2 first tries a bare final flag. Both
-# misuses raise in the model (logged), and the proper response still goes out.
+# thread, after execute returns. MODE 1 also tries a second response; MODE 2 first tries a
+# bare final flag. Both misuses raise in the model (logged), and the proper response still
+# goes out. MODE 3 never sends the final flag.
 LATE = """
 import threading
 import numpy as np
@@ -150,6 +151,8 @@ class TritonPythonModel:
             except pb_utils.TritonModelException as e:
                 pb_utils.Logger.log_error(f"late: {e}")
         sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x * 2)]))
+        if mode == 3:  # never sends the final flag: the response alone answers the request
+            return
         if mode == 1:
             try:
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x * 3)]))
@@ -329,7 +332,7 @@ async def test_decoupled_sequence_with_implicit_state(repo, serve) -> None:
 # ------------------------------------------------------------- non-decoupled, late
 
 
-@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("mode", [0, 1, 2, 3])
 async def test_non_decoupled_answers_after_execute(repo, serve, caplog, mode) -> None:
     write_model(repo, "late", LATE_CONFIG, LATE)
     s = await serve()
@@ -342,6 +345,7 @@ async def test_non_decoupled_answers_after_execute(repo, serve, caplog, mode) ->
         0: None,
         1: "late: Unable to send response. Non-decoupled model cannot send more than one response.",
         2: "late: Unable to send response. Non-decoupled model cannot send complete final before sending a response.",
+        3: None,
     }[mode]
     if expected is not None:
         assert expected in caplog.text
@@ -349,6 +353,11 @@ async def test_non_decoupled_answers_after_execute(repo, serve, caplog, mode) ->
     responses = await collect(s, "late", {"IN": np.array([4], np.int32), "MODE": np.array([0], np.int32)})
     assert len(responses) == 1 and responses[0][1]
     assert int(responses[0][0].outputs["OUT"][0]) == 8  # type: ignore[attr-defined]
+    for _ in range(100):  # answered requests are not waited for at shutdown
+        if s.model("late").open_responses == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert s.model("late").open_responses == 0
 
 
 # Not decoupled, answering twice: MODE 0 sends OUT=1 with the final flag and also returns
@@ -528,11 +537,11 @@ async def test_non_decoupled_response_stands_when_execute_raises(repo, serve) ->
     r = await s.infer("sr", {"IN": np.array([0], np.int32), "MODE": np.array([0], np.int32)})
     assert r.outputs["OUT"].tolist() == [1000]
     for _ in range(100):  # the answer can overtake the executor's clean-up of the batch
-        if s.model("sr").open_responses == 0:
+        if s.statistics("sr")[0]["inference_stats"]["fail"]["count"] == 1:  # the batch failed
             break
         await asyncio.sleep(0.01)
+    assert s.statistics("sr")[0]["inference_stats"]["fail"]["count"] == 1
     assert s.model("sr").open_responses == 0
-    assert s.statistics("sr")[0]["inference_stats"]["fail"]["count"] == 1  # the batch failed
 
 
 RETURNS_LIST = """
