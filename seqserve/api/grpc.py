@@ -302,8 +302,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         live: dict[int, Callable[[], None]] = {}  # cancel() of requests without their final response yet
 
         def on_response(
-            req: pb.ModelInferRequest,
-            empty_final: pb.ModelInferResponse | None,
+            head: tuple[str, str, str],  # the request's id, model name and version (as requested)
+            empty_final: bool,
             key: int,
             response: InferResult | InferenceError | None,
             final: bool,
@@ -311,13 +311,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if final:
                 live.pop(key, None)
             if isinstance(response, InferenceError):
-                replies.put_nowait((response if grpc_errors else _stream_error(req, response), final))
+                replies.put_nowait((response if grpc_errors else _stream_error(*head, response, final), final))
             elif response is not None:
                 resp = encode_response(response)
                 resp.parameters["triton_final_response"].bool_param = final
                 replies.put_nowait((pb.ModelStreamInferResponse(infer_response=resp), final))
-            elif empty_final is not None:
-                replies.put_nowait((pb.ModelStreamInferResponse(infer_response=empty_final), final))
+            elif empty_final:  # a final flag alone, written only when the client asked for it
+                resp = pb.ModelInferResponse(id=head[0], model_name=head[1], model_version=head[2])
+                resp.parameters["triton_final_response"].bool_param = True
+                replies.put_nowait((pb.ModelStreamInferResponse(infer_response=resp), final))
             else:  # a bare final flag: nothing to write
                 replies.put_nowait((None, final))
 
@@ -328,19 +330,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             async for req in request_iterator:
                 try:
                     decoded = decode_request(req)
-                    empty_final = None
-                    if decoded.parameters.pop("triton_enable_empty_final_response", False) is True:
-                        empty_final = self._empty_final(req)
+                    empty_final = decoded.parameters.pop("triton_enable_empty_final_response", False) is True
                     key = next(keys)
                     live[key] = codec.submit_streaming(
                         self.server,
                         req.model_name,
                         req.model_version,
                         decoded,
-                        functools.partial(on_response, req, empty_final, key),
+                        functools.partial(on_response, (req.id, req.model_name, req.model_version), empty_final, key),
                     )
-                except InferenceError as e:
-                    replies.put_nowait((e if grpc_errors else _stream_error(req, e), False))
+                except Exception as e:  # refused: one error reply, and the stream goes on
+                    err = e if isinstance(e, InferenceError) else _internal(e)
+                    replies.put_nowait(
+                        (err if grpc_errors else _stream_error(req.id, req.model_name, req.model_version, err), False)
+                    )
                     continue
                 outstanding += 1
             replies.put_nowait(None)
@@ -365,20 +368,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             for cancel in live.values():  # the stream ended before these did
                 cancel()
 
-    def _empty_final(self, req: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        """The response that stands for a final flag sent without a response."""
-        version = self.server.model(req.model_name, req.model_version).version_str
-        resp = pb.ModelInferResponse(id=req.id, model_name=req.model_name, model_version=version)
-        resp.parameters["triton_final_response"].bool_param = True
-        return resp
+
+def _stream_error(
+    request_id: str, model: str, version: str, err: InferenceError, final: bool | None = None
+) -> pb.ModelStreamInferResponse:
+    """An error on the stream; ``final`` (for errors a model sent) marks whether the request
+    is over, as on every response."""
+    resp = pb.ModelInferResponse(id=request_id, model_name=model, model_version=version)
+    if final is not None:
+        resp.parameters["triton_final_response"].bool_param = final
+    return pb.ModelStreamInferResponse(error_message=err.message, infer_response=resp)
 
 
-def _stream_error(req: pb.ModelInferRequest, err: BaseException) -> pb.ModelStreamInferResponse:
-    msg = err.message if isinstance(err, InferenceError) else f"{type(err).__name__}: {err}"
-    return pb.ModelStreamInferResponse(
-        error_message=msg,
-        infer_response=pb.ModelInferResponse(id=req.id, model_name=req.model_name, model_version=req.model_version),
-    )
+def _internal(e: Exception) -> InferenceError:
+    log.exception("stream request failed")
+    return InferenceError(Code.INTERNAL, f"{type(e).__name__}: {e}")
 
 
 def _unimplemented(what: str) -> Any:

@@ -41,5 +41,5 @@ class ExecuteBatch:
     #: per request, the client's request id ("" when none was given)
     request_ids: list[str] = field(default_factory=list)
     #: for instances with ``uses_responders``: request i's Responder (see
-    #: ``seqserve.engine.responses``); valid after ``execute`` returns, from any thread
+    #: ``seqserve.engine.responses``); usable during ``execute`` and after it returns, from any thread
     responder: Callable[[int], Responder] | None = None

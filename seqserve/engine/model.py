@@ -72,7 +72,7 @@ class _Pending:
     outcome: Any = None  # preserve_ordering: the result or error, once known
     # Responder bookkeeping (under LoadedModel._respond_lock):
     sent: int = 0  # responses sent
-    closed: bool = False  # final response sent, or failed with its batch
+    closed: bool = False  # answered for good: final response sent, answered by execute's return, or failed
     cancelled: bool = False  # the client is gone (streaming submits; see _is_cancelled)
 
 
@@ -149,6 +149,12 @@ class LoadedModel:
         if states and not backend_cls.supports_implicit_state:
             raise InferenceError(
                 Code.INVALID_ARG, f"backend '{cfg.backend or cfg.platform}' does not support implicit state"
+            )
+        if self.decoupled and not backend_cls.supports_decoupled:
+            raise InferenceError(
+                Code.INVALID_ARG,
+                f"backend '{cfg.backend or cfg.platform}' does not support decoupled models "
+                "(model_transaction_policy { decoupled: true }); the python backend does",
             )
         ctx = ModelContext(
             name=self.name,
@@ -687,7 +693,7 @@ class LoadedModel:
         return replies
 
     def _request_reply(
-        self, rec: _Pending, outcome: Mapping[str, np.ndarray] | None
+        self, rec: _Pending, outcome: Mapping[str, np.ndarray] | None, *, copy: bool = False
     ) -> dict[str, np.ndarray] | InferenceError:
         outs: dict[str, np.ndarray] = {}
         for o in rec.outputs:
@@ -695,14 +701,14 @@ class LoadedModel:
             if value is None:  # not produced: left out of the reply, as Triton does
                 continue
             try:
-                outs[o] = self._owned_output(o, value)
+                outs[o] = self._owned_output(o, value, copy)
             except InferenceError as e:  # fails this request only
                 return e
         return outs
 
-    def _owned_output(self, name: str, value: Any) -> np.ndarray:
+    def _owned_output(self, name: str, value: Any, copy: bool = False) -> np.ndarray:
         """A produced output checked against its configured dtype, owning its data: a view may
-        alias an engine buffer that the next batch overwrites."""
+        alias an engine buffer that the next batch overwrites (``copy``: always a copy)."""
         arr = np.asarray(value)
         want = self._output_dtypes[name]
         if arr.dtype != want and not (want.kind == "O" and arr.dtype.kind in "OSU"):
@@ -711,7 +717,7 @@ class LoadedModel:
                 f"model '{self.name}' produced output '{name}' as {arr.dtype}, but its config says "
                 f"{wire_dtype_name(self._outputs[name].data_type)}",
             )
-        return arr if arr.base is None else arr.copy()
+        return arr.copy() if copy or arr.base is not None else arr
 
     # Responders: a request answered late, or several times (decoupled models).
 
@@ -755,11 +761,12 @@ class LoadedModel:
 
     def _respond(self, rec: _Pending, outcome: Outcome, final: bool) -> None:
         """Any thread: check and copy one response, then hand it to the event loop."""
-        reply = self._request_reply(rec, outcome) if isinstance(outcome, Mapping) else outcome
+        if rec.closed:  # checked again under the lock; this only saves the copy
+            raise InferenceError(Code.INTERNAL, "Unable to send response. Response sender has been closed.")
+        # always a copy: a model may reuse its buffer for the next response
+        reply = self._request_reply(rec, outcome, copy=True) if isinstance(outcome, Mapping) else outcome
         with self._respond_lock:
-            if rec.closed:
-                raise InferenceError(Code.INTERNAL, "Unable to send response. Response sender has been closed.")
-            if not self.decoupled:  # exactly one response, as Triton requires
+            if not self.decoupled:  # exactly one response, as Triton requires (checked first, as there)
                 if outcome is not None and rec.sent:
                     raise InferenceError(
                         Code.INTERNAL,
@@ -771,14 +778,20 @@ class LoadedModel:
                         "Unable to send response. Non-decoupled model cannot send complete final before "
                         "sending a response.",
                     )
+            if rec.closed:
+                raise InferenceError(Code.INTERNAL, "Unable to send response. Response sender has been closed.")
+            try:  # posted under the lock so that a request's responses keep their order
+                self._loop.call_soon_threadsafe(self._on_response, rec, reply, final)
+            except RuntimeError:  # the event loop is gone: the server has stopped
+                rec.closed = True
+                self._open.discard(rec)
+                raise InferenceError(Code.UNAVAILABLE, "Unable to send response. The server has stopped.") from None
             if outcome is not None:
                 rec.sent += 1
             if final:
                 rec.closed = True
             if final or self._answered(rec):  # nothing left to wait for at shutdown
                 self._open.discard(rec)
-            # posted under the lock so that a request's responses keep their order
-            self._loop.call_soon_threadsafe(self._on_response, rec, reply, final)
 
     def _on_response(self, rec: _Pending, reply: dict[str, np.ndarray] | InferenceError | None, final: bool) -> None:
         result: InferResult | InferenceError | None = (

@@ -353,6 +353,20 @@ async def test_bad_parameters(repo, serve):
         await s.load_model("threads")
 
 
+async def test_decoupled_is_refused(repo, serve):
+    """Only the python backend answers through responders: a decoupled ONNX model would hang."""
+    fx.add_sub_model(
+        repo,
+        "dec",
+        config='name: "dec" backend: "onnxruntime" max_batch_size: 2\n'
+        "model_transaction_policy { decoupled: true }\n",
+    )
+    s = await serve()
+    with pytest.raises(InferenceError) as ei:
+        await s.load_model("dec")
+    assert "backend 'onnxruntime' does not support decoupled models" in str(ei.value)
+
+
 async def test_thread_parameters_and_graph_level(repo, serve):
     fx.add_sub_model(
         repo,

@@ -652,3 +652,42 @@ async def test_unary_caller_that_leaves_cancels_the_request(repo, serve) -> None
             break
         await asyncio.sleep(0.01)
     assert model.seen == [True]
+
+
+# Reuses one buffer for every response, and checks the sender's argument rules.
+REUSES_BUFFER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.errors = []
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            buf = np.zeros(1, np.int32)
+            idx = np.zeros(1, np.uint32)
+            for k in range(3):
+                buf[0] = 10 * k
+                idx[0] = k
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", buf), pb_utils.Tensor("IDX", idx)]))
+            for args in ((None, 0), (None, 7)):
+                try:
+                    sender.send(*args)
+                except pb_utils.TritonModelException as e:
+                    self.errors.append(str(e))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+async def test_each_response_is_a_copy(repo, serve) -> None:
+    write_model(repo, "rb", REPEAT_CONFIG.replace('"repeat"', '"rb"'), REUSES_BUFFER)
+    s = await serve()
+    responses = await collect(s, "rb", repeat_inputs([0]))
+    assert values(responses) == [(0, 0), (10, 1), (20, 2), None]
+    assert s.model("rb")._instances[0]._obj.errors == [  # type: ignore[attr-defined]
+        "Inference Response object must be provided when the response flags is set to zero.",
+        "Unable to send response. Unsupported flag provided.",
+    ]

@@ -73,7 +73,7 @@ def test_stream_several_responses(srv: ServerProcess, empty_final: bool) -> None
         if empty_final:  # the final flag arrives as a response without outputs
             last = results[3].get_response()
             assert final_flag(results[3]) and len(last.outputs) == 0
-            assert (last.model_name, last.model_version) == ("repeat", "1")
+            assert (last.model_name, last.model_version) == ("repeat", "")  # the version as requested
         assert nothing_more(stream)
     finally:
         stream.close()
@@ -243,3 +243,31 @@ def test_cancelled_stream_cancels_its_requests(srv: ServerProcess) -> None:
         time.sleep(0.05)
     line = next(x for x in srv.log().splitlines() if "until_cancelled: stopped after" in x)
     assert line.endswith("cancelled=True")
+
+
+def test_error_responses_say_whether_they_are_final(srv: ServerProcess) -> None:
+    """triton_final_response is on error responses too: false for an error the model sends
+    mid-stream, true for the error that ends a request (its batch failed)."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    def request(values: list[int], rid: str) -> service_pb2.ModelInferRequest:
+        r = service_pb2.ModelInferRequest(model_name="repeat", id=rid)
+        r.inputs.add(name="IN", datatype="INT32", shape=[len(values)])
+        r.inputs.add(name="MODE", datatype="INT32", shape=[1])
+        r.raw_input_contents.extend([np.array(values, np.int32).tobytes(), np.array([1], np.int32).tobytes()])
+        return r
+
+    with grpc.insecure_channel(srv.grpc_url) as ch:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
+        replies = list(stub.ModelStreamInfer(iter([request([-1, 2], "a"), request([99], "b")]), timeout=20))
+    flags = {
+        (r.infer_response.id, r.error_message or "ok"): r.infer_response.parameters["triton_final_response"].bool_param
+        for r in replies
+    }
+    assert flags == {
+        ("a", "negative value at 0"): False,
+        ("a", "ok"): True,
+        ("b", "ok"): False,
+        ("b", "Failed to process the request(s) for model 'repeat_0_0', message: ValueError: boom"): True,
+    }

@@ -88,6 +88,8 @@ class Backend(ABC):
     names: ClassVar[tuple[str, ...]] = ()
     platforms: ClassVar[tuple[str, ...]] = ()
     supports_implicit_state: ClassVar[bool] = False
+    #: its instances answer decoupled models' requests through responders (``uses_responders``)
+    supports_decoupled: ClassVar[bool] = False
 
     def __init__(self, ctx: ModelContext) -> None:
         self.ctx = ctx

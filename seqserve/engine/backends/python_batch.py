@@ -95,6 +95,7 @@ class _DecoupledInstance(_Instance):
 class PythonBackend(Backend):
     names = ("python",)
     supports_implicit_state = True
+    supports_decoupled = True
 
     def __init__(self, ctx: ModelContext) -> None:
         super().__init__(ctx)

@@ -249,11 +249,10 @@ class InferenceResponseSender:
     ``execute``: any number then the final flag for decoupled models; exactly one response
     and the final flag for other models (which then return None for that request)."""
 
-    __slots__ = ("_closed", "_recording", "_responder", "_state_names", "_states")
+    __slots__ = ("_recording", "_responder", "_state_names", "_states")
 
     def __init__(self, responder: Responder, state_names: tuple[str, ...] = ()) -> None:
         self._responder = responder
-        self._closed = False
         self._recording = bool(state_names)
         self._state_names = state_names
         # implicit-state outputs sent while execute runs; the sequence's next state
@@ -261,7 +260,11 @@ class InferenceResponseSender:
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
-            raise TritonModelException(f"Unknown response flags {flags}")
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if response is None and flags == 0:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
         outcome: Any = None
         if response is not None:
             if not isinstance(response, InferenceResponse):
@@ -278,8 +281,6 @@ class InferenceResponseSender:
             self._responder.send(outcome, final=final)
         except InferenceError as e:
             raise TritonModelException(e.message) from None
-        if final:
-            self._closed = True
         if self._recording and isinstance(outcome, dict):
             for name in self._state_names:
                 if name in outcome:
@@ -293,13 +294,6 @@ class InferenceResponseSender:
     def is_cancelled(self) -> bool:
         """True once the client has gone (e.g. its gRPC stream was cancelled)."""
         return self._responder.is_cancelled()
-
-    def is_closed(self) -> bool:
-        return self._closed
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
 
 class InferenceRequest:
@@ -382,10 +376,13 @@ class InferenceRequest:
 
     def is_cancelled(self) -> bool:
         """True once the client has gone (e.g. its gRPC stream was cancelled)."""
-        if self._make_responder is None:
-            return False
-        with _sender_lock:
-            return self._get_responder().is_cancelled()
+        responder = self._responder
+        if responder is None:
+            if self._make_responder is None:
+                return False
+            with _sender_lock:
+                responder = self._get_responder()
+        return responder.is_cancelled()
 
     def _get_responder(self) -> Responder:
         if self._responder is None:
