@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import itertools
 import logging
@@ -295,40 +296,55 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         grpc_errors = any(k == "triton_grpc_error" and v == "true" for k, v in context.invocation_metadata() or ())
         # (reply or None, ends_a_request); a bare None marks the end of the request stream.
         # The writer counts requests down as it dequeues, so no reply is left behind.
-        replies: asyncio.Queue[tuple[pb.ModelStreamInferResponse | InferenceError | None, bool] | None] = (
-            asyncio.Queue()
-        )
-        outstanding = 0  # submitted requests whose final response has not been written
+        replies: asyncio.Queue[_StreamItem | None] = asyncio.Queue()
+        outstanding = 0  # requests read whose final reply has not been written
         live: dict[int, Callable[[], None]] = {}  # cancel() of requests without their final response yet
+        # As in Triton, replies to non-decoupled requests (and refusals) go out in the order the
+        # requests came; a decoupled request's responses go out as they come.
+        in_order: collections.deque[list[_StreamItem | None]] = collections.deque()
+
+        def put(slot: list[_StreamItem | None] | None, item: _StreamItem) -> None:
+            if slot is None:
+                replies.put_nowait(item)
+                return
+            slot[0] = item
+            while in_order and in_order[0][0] is not None:
+                replies.put_nowait(in_order.popleft()[0])
 
         def on_response(
             head: tuple[str, str, str],  # the request's id, model name and version (as requested)
             empty_final: bool,
             key: int,
+            slot: list[_StreamItem | None] | None,
             response: InferResult | InferenceError | None,
             final: bool,
         ) -> None:
             if final:
                 live.pop(key, None)
             if isinstance(response, InferenceError):
-                replies.put_nowait((response if grpc_errors else _stream_error(*head, response, final), final))
+                put(slot, (response if grpc_errors else _stream_error(*head, response, final), final))
             elif response is not None:
                 resp = encode_response(response)
                 resp.parameters["triton_final_response"].bool_param = final
-                replies.put_nowait((pb.ModelStreamInferResponse(infer_response=resp), final))
+                put(slot, (pb.ModelStreamInferResponse(infer_response=resp), final))
             elif empty_final:  # a final flag alone, written only when the client asked for it
                 resp = pb.ModelInferResponse(id=head[0], model_name=head[1], model_version=head[2])
                 resp.parameters["triton_final_response"].bool_param = True
-                replies.put_nowait((pb.ModelStreamInferResponse(infer_response=resp), final))
+                put(slot, (pb.ModelStreamInferResponse(infer_response=resp), final))
             else:  # a bare final flag: nothing to write
-                replies.put_nowait((None, final))
+                put(slot, (None, final))
 
         keys = itertools.count()
 
         async def read() -> None:
             nonlocal outstanding
             async for req in request_iterator:
+                outstanding += 1
+                slot: list[_StreamItem | None] | None = None
                 try:
+                    if not self.server.model(req.model_name, req.model_version).decoupled:
+                        slot = [None]
+                        in_order.append(slot)
                     decoded = decode_request(req)
                     empty_final = decoded.parameters.pop("triton_enable_empty_final_response", False) is True
                     key = next(keys)
@@ -337,15 +353,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                         req.model_name,
                         req.model_version,
                         decoded,
-                        functools.partial(on_response, (req.id, req.model_name, req.model_version), empty_final, key),
+                        functools.partial(
+                            on_response, (req.id, req.model_name, req.model_version), empty_final, key, slot
+                        ),
                     )
                 except Exception as e:  # refused: one error reply, and the stream goes on
                     err = e if isinstance(e, InferenceError) else _internal(e)
-                    replies.put_nowait(
-                        (err if grpc_errors else _stream_error(req.id, req.model_name, req.model_version, err), False)
+                    if slot is None:  # an unknown model: Triton orders its reply too
+                        slot = [None]
+                        in_order.append(slot)
+                    put(
+                        slot,
+                        (err if grpc_errors else _stream_error(req.id, req.model_name, req.model_version, err), True),
                     )
-                    continue
-                outstanding += 1
             replies.put_nowait(None)
 
         reader = asyncio.create_task(read())
@@ -367,6 +387,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             reader.cancel()
             for cancel in live.values():  # the stream ended before these did
                 cancel()
+
+
+_StreamItem = tuple[pb.ModelStreamInferResponse | InferenceError | None, bool]
 
 
 def _stream_error(

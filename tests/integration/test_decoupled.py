@@ -22,12 +22,32 @@ from tests.integration._util import SyncStream
 from tests.integration.conftest import ServerProcess, start_server, write_model
 
 
+# Not decoupled, batch-level: OUT = IN after 0.3 s.
+SLOW = """
+import time
+
+class Model:
+    def execute(self, batch):
+        time.sleep(0.3)
+        return {"OUT": batch.inputs["IN"].copy()}
+"""
+
+SLOW_CONFIG = """
+name: "slow"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo: Path = tmp_path_factory.mktemp("decoupled-repo")
     write_model(repo, "repeat", REPEAT_CONFIG, REPEAT)
     write_model(repo, "acc", ACCUMULATE_CONFIG, ACCUMULATE)
     write_model(repo, "uc", REPEAT_CONFIG.replace('"repeat"', '"uc"'), UNTIL_CANCELLED)
+    write_model(repo, "slow", SLOW_CONFIG, SLOW)
     s = start_server(repo, log_dir=repo)
     yield s
     rc = s.stop()
@@ -271,3 +291,24 @@ def test_error_responses_say_whether_they_are_final(srv: ServerProcess) -> None:
         ("b", "ok"): False,
         ("b", "Failed to process the request(s) for model 'repeat_0_0', message: ValueError: boom"): True,
     }
+
+
+def test_stream_reply_order(srv: ServerProcess) -> None:
+    """As in Triton: replies to non-decoupled requests and refusals keep the stream's request
+    order (a fast refusal waits for a slow model's reply); decoupled responses go out at once."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    slow = service_pb2.ModelInferRequest(model_name="slow", id="slow")
+    slow.inputs.add(name="IN", datatype="INT32", shape=[1])
+    slow.raw_input_contents.append(np.array([7], np.int32).tobytes())
+    unknown = service_pb2.ModelInferRequest(model_name="no_such_model", id="unknown")
+    streamed = service_pb2.ModelInferRequest(model_name="repeat", id="decoupled")
+    streamed.inputs.add(name="IN", datatype="INT32", shape=[1])
+    streamed.inputs.add(name="MODE", datatype="INT32", shape=[1])
+    streamed.raw_input_contents.extend([np.array([5], np.int32).tobytes(), np.array([1], np.int32).tobytes()])
+    with grpc.insecure_channel(srv.grpc_url) as ch:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
+        replies = list(stub.ModelStreamInfer(iter([slow, unknown, streamed]), timeout=20))
+    assert [r.infer_response.id for r in replies] == ["decoupled", "slow", "unknown"]
+    assert "no_such_model" in replies[2].error_message
