@@ -21,7 +21,6 @@ from tests.backends.test_triton_decoupled import ACCUMULATE, ACCUMULATE_CONFIG, 
 from tests.integration._util import SyncStream
 from tests.integration.conftest import ServerProcess, start_server, write_model
 
-
 # Not decoupled, batch-level: OUT = IN after 0.3 s.
 SLOW = """
 import time
