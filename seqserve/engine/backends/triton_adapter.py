@@ -119,19 +119,17 @@ class TritonInstance(BackendInstance):
         for req, owner, response in zip(requests, owners, responses, strict=True):
             sender = req._sender
             if response is None:  # answered through its sender, now or later (from any thread)
-                if sender is None and self._decoupled:
-                    # made now, so that the request is tracked: drained at shutdown, failed at
-                    # unload if the model never answers it
-                    sender = req.get_response_sender()
-                if sender is None:  # a non-decoupled model that forgot the request
+                if sender is not None:
+                    outcomes[owner] = DEFERRED
+                    picked[owner] = sender.stop_recording()  # states sent during execute
+                elif self._decoupled:  # the engine tracks it until the model answers it
+                    outcomes[owner] = DEFERRED
+                else:  # a non-decoupled model that forgot the request
                     outcomes[owner] = InferenceError(
                         Code.INTERNAL,
                         f"model '{self._name}' returned from execute without a response for this request: return "
                         "one, or take the request's sender (request.get_response_sender()) before execute returns",
                     )
-                    continue
-                outcomes[owner] = DEFERRED
-                picked[owner] = sender.stop_recording()  # states sent during execute
             elif response.has_error():
                 err = response.error()
                 assert err is not None
