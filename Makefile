@@ -3,11 +3,11 @@
 
 PYTHON ?= python
 PROTO_DIR := protos
-PROTO_OUT := seqserve/_proto
+PROTO_OUT := src/seqserve/_proto
 PROTOS := $(wildcard $(PROTO_DIR)/*.proto)
 
 .PHONY: protos
-# Regenerate seqserve/_proto from protos/*.proto, then fix up what protoc
+# Regenerate src/seqserve/_proto from protos/*.proto, then fix up what protoc
 # writes for a top-level module:
 #  * `import x_pb2` between our protos -> `from seqserve._proto import x_pb2`;
 #  * register descriptors in seqserve._proto.POOL instead of protobuf's default

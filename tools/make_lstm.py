@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build the demo LSTM: seqserve/examples/models/lstm/1/model.onnx (and its TorchScript twin).
+"""Build the demo LSTM: src/seqserve/examples/models/lstm/1/model.onnx (and its TorchScript twin).
 
 One LSTM cell step per request (input 8, hidden 16), written with MatMul / Sigmoid / Tanh
 ops so the graph is easy to read and to check:
@@ -18,7 +18,7 @@ TorchScript for the pytorch backend, by default to bench/models/lstm_torchscript
 (config.pbtxt there is a committed file: same input/output/state names and shapes as the ONNX
 model). forward(INPUT, H_IN, C_IN) returns (OUTPUT, H_OUT, C_OUT). bench/models/lstm_onnx is a
 copy of the demo model under another name, so one server (--model-repository bench/models)
-serves both; refresh it with `cp seqserve/examples/models/lstm/1/model.onnx bench/models/lstm_onnx/1/`.
+serves both; refresh it with `cp src/seqserve/examples/models/lstm/1/model.onnx bench/models/lstm_onnx/1/`.
 
 Needs the `onnx` package (pip install onnx), only to regenerate the files:
     python tools/make_lstm.py [--out PATH] [--torchscript PATH | --no-torchscript]
@@ -41,7 +41,7 @@ SEED = 20240607
 IR_VERSION = 8  # loadable by onnxruntime >= 1.17
 OPSET = 17
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "seqserve" / "examples" / "models" / "lstm" / "1" / "model.onnx"
+OUT = ROOT / "src" / "seqserve" / "examples" / "models" / "lstm" / "1" / "model.onnx"
 TORCHSCRIPT_OUT = ROOT / "bench" / "models" / "lstm_torchscript" / "1" / "model.pt"
 
 

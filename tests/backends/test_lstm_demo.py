@@ -1,4 +1,4 @@
-"""The demo LSTM (seqserve/examples/models/lstm) through the real server.
+"""The demo LSTM (src/seqserve/examples/models/lstm) through the real server.
 
 50 sequences of random length are streamed step by step over one gRPC stream
 (tritonclient), their steps interleaved, so the server batches steps of different sequences

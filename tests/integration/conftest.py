@@ -26,7 +26,7 @@ import pytest
 from tests.integration._util import FLAVOURS, Client
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO_REPO = ROOT / "seqserve" / "examples" / "models"
+DEMO_REPO = ROOT / "src" / "seqserve" / "examples" / "models"
 STARTUP_TIMEOUT_S = 30.0
 EXIT_TIMEOUT_S = 20.0
 
