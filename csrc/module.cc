@@ -12,6 +12,12 @@ using namespace seqserve;
 
 namespace {
 
+// model_config.proto DataType numbers: this binding's arguments still carry them.
+enum DType : int {
+  kBool = 1, kUint8 = 2, kUint16 = 3, kUint32 = 4, kUint64 = 5, kInt8 = 6, kInt16 = 7, kInt32 = 8,
+  kInt64 = 9, kFp16 = 10, kFp32 = 11, kFp64 = 12, kString = 13, kBf16 = 14,
+};
+
 py::dtype numpy_dtype(int dt) {
   switch (dt) {
     case kBool: return py::dtype("?");
@@ -29,6 +35,25 @@ py::dtype numpy_dtype(int dt) {
     case kString: return py::dtype("O");
     default: throw std::invalid_argument("unsupported data type " + std::to_string(dt));
   }
+}
+
+// The core's element type for a config data type.
+ElemType elem_type(int dt) {
+  ElemType t;
+  if (dt == kString) {
+    t.numpy = "|O";
+    t.is_bytes = true;
+    return t;
+  }
+  if (dt == kBf16) {  // numpy has no bfloat16: its bits as uint16
+    t.numpy = "<u2";
+    t.itemsize = 2;
+    return t;
+  }
+  py::dtype d = numpy_dtype(dt);
+  t.numpy = d.attr("str").cast<std::string>();
+  t.itemsize = static_cast<size_t>(d.itemsize());
+  return t;
 }
 
 // BYTES wire format: per element a 4-byte little-endian length and the bytes, row-major.
@@ -125,10 +150,10 @@ class PyScheduler {
     h.enter = enter_runtime;
     h.leave = leave_runtime;
     h.run = [this](Instance& inst) { return run(inst); };
-    h.fail = [this](const std::vector<uint64_t>& handles, int code, const std::string& msg) {
+    h.fail = [this](const std::vector<uint64_t>& handles, Code code, const std::string& msg) {
       py::gil_scoped_acquire g;
       try {
-        on_fail_(handles, code, msg);
+        on_fail_(handles, static_cast<int>(code), msg);
       } catch (py::error_already_set& e) {
         e.discard_as_unraisable("seqserve scheduler on_fail hook");
       }
@@ -159,7 +184,7 @@ class PyScheduler {
         }
       };
     }
-    sched_ = std::make_unique<Scheduler>(std::move(spec), std::move(h));
+    sched_ = Scheduler::create(std::move(spec), std::move(h));
   }
 
   ~PyScheduler() { close(true); }
@@ -238,8 +263,8 @@ class PyScheduler {
       throw;
     }
     SubmitResult res = sched_->submit(r, priority);
-    if (res.code < 0) return py::none();
-    return py::make_tuple(res.code, res.message);
+    if (res.accepted) return py::none();
+    return py::make_tuple(static_cast<int>(res.code), res.message);
   }
 
   Scheduler& sched() { return *sched_; }
@@ -250,17 +275,20 @@ class PyScheduler {
   py::object on_expire_;
 };
 
-py::array view_array(py::object base, int dtype, const std::vector<int64_t>& shape, uint8_t* data,
+py::array view_array(py::object base, const ElemType& type, const std::vector<int64_t>& shape, uint8_t* data,
                      size_t nbytes, bool writeable) {
-  if (dtype == kString) return deserialize(data, nbytes, shape);
-  py::array arr(numpy_dtype(dtype), shape, {}, data, base);
+  if (type.is_bytes) return deserialize(data, nbytes, shape);
+  py::array arr(py::dtype(type.numpy), shape, {}, data, base);
   if (!writeable) py::detail::array_proxy(arr.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
   return arr;
 }
 
 std::vector<int64_t> row_shape(const Instance& inst, bool batched) {
-  return batched ? std::vector<int64_t>{inst.batch_size, 1} : std::vector<int64_t>{1};
+  return batched ? std::vector<int64_t>{inst.batch.size, 1} : std::vector<int64_t>{1};
 }
+
+const ElemType kFlagType{"|b1", 1, false};
+const ElemType kCorridType{"<u8", 8, false};
 
 py::dict stats_dict(const Stats& s) {
   auto dur = [](const DurationStat& d) {
@@ -313,14 +341,14 @@ PYBIND11_MODULE(_core, m) {
       py::arg("data"), py::arg("shape"), "Parse wire-format BYTES data into an object array of bytes.");
 
   py::class_<BatchView>(m, "Batch", "One batch formed by the scheduler, valid during the runner call.")
-      .def_property_readonly("size", [](BatchView& v) { return v.get().batch_size; })
+      .def_property_readonly("size", [](BatchView& v) { return v.get().batch.size; })
       .def_property_readonly("instance", [](BatchView& v) { return v.get().index; })
       .def_property_readonly("handles",
                              [](BatchView& v) {
-                               Instance& inst = v.get();
-                               py::list out(inst.rows.size());
-                               for (size_t i = 0; i < inst.rows.size(); ++i)
-                                 out[i] = py::int_(inst.rows[i].req ? inst.rows[i].req->handle : 0);
+                               const std::vector<Row>& rows = v.get().batch.rows;
+                               py::list out(rows.size());
+                               for (size_t i = 0; i < rows.size(); ++i)
+                                 out[i] = py::int_(rows[i].req ? rows[i].req->handle : 0);
                                return out;
                              })
       .def("inputs",
@@ -330,8 +358,8 @@ PYBIND11_MODULE(_core, m) {
              const ModelSpec& spec = v.owner->sched().spec();
              py::dict out;
              for (size_t k = 0; k < spec.inputs.size(); ++k)
-               out[py::str(spec.inputs[k].name)] = view_array(self, spec.inputs[k].dtype, inst.input_shapes[k],
-                                                              inst.input_bufs[k].data(), inst.input_nbytes[k], false);
+               out[py::str(spec.inputs[k].name)] = view_array(self, spec.inputs[k].type, inst.batch.input_shapes[k],
+                                                              inst.batch.inputs[k].data(), inst.batch.input_nbytes[k], false);
              return out;
            })
       .def("controls",
@@ -342,8 +370,8 @@ PYBIND11_MODULE(_core, m) {
              const auto shape = row_shape(inst, spec.max_batch_size > 0);
              py::dict out;
              for (size_t c = 0; c < spec.controls.size(); ++c)
-               out[py::str(spec.controls[c].name)] = view_array(self, spec.controls[c].dtype, shape,
-                                                                inst.control_bufs[c].data(), inst.control_bytes[c], false);
+               out[py::str(spec.controls[c].name)] = view_array(self, spec.controls[c].type, shape,
+                                                                inst.batch.controls[c].data(), inst.batch.control_nbytes[c], false);
              return out;
            })
       .def("states",
@@ -354,48 +382,48 @@ PYBIND11_MODULE(_core, m) {
              py::dict out;
              for (size_t k = 0; k < spec.states.size(); ++k) {
                const StateSpec& st = spec.states[k];
-               uint8_t* data = inst.state_gathered[k] ? inst.state_gather[k].data() : inst.state_store[k].data();
-               out[py::str(st.input_name)] = view_array(self, st.dtype, inst.state_shapes[k], data,
-                                                        inst.state_nbytes[k], false);
+               out[py::str(st.input_name)] = view_array(self, st.type, inst.state.shape(k), inst.state.data(k),
+                                                        inst.state.nbytes(k), false);
              }
              return out;
            })
       .def_property_readonly("start",
                              [](py::object self) {
                                Instance& inst = self.cast<BatchView&>().get();
-                               return view_array(self, kBool, {inst.batch_size}, inst.flag_start.data(), inst.batch_size, false);
+                               return view_array(self, kFlagType, {inst.batch.size}, inst.batch.start.data(), inst.batch.size, false);
                              })
       .def_property_readonly("end",
                              [](py::object self) {
                                Instance& inst = self.cast<BatchView&>().get();
-                               return view_array(self, kBool, {inst.batch_size}, inst.flag_end.data(), inst.batch_size, false);
+                               return view_array(self, kFlagType, {inst.batch.size}, inst.batch.end.data(), inst.batch.size, false);
                              })
       .def_property_readonly("ready",
                              [](py::object self) {
                                Instance& inst = self.cast<BatchView&>().get();
-                               return view_array(self, kBool, {inst.batch_size}, inst.flag_ready.data(), inst.batch_size, false);
+                               return view_array(self, kFlagType, {inst.batch.size}, inst.batch.ready.data(), inst.batch.size, false);
                              })
       .def_property_readonly("corrid",
                              [](py::object self) -> py::array {
                                Instance& inst = self.cast<BatchView&>().get();
-                               const size_t n = static_cast<size_t>(inst.batch_size);
+                               Batch& b = inst.batch;
+                               const size_t n = static_cast<size_t>(b.size);
                                bool any_str = false;
-                               for (size_t i = 0; i < n && i < inst.rows.size(); ++i)
-                                 any_str |= inst.rows[i].req && inst.rows[i].req->id.is_str;
+                               for (size_t i = 0; i < n && i < b.rows.size(); ++i)
+                                 any_str |= b.rows[i].req && b.rows[i].req->id.is_str;
                                if (!any_str)
-                                 return view_array(self, kUint64, {static_cast<int64_t>(n)},
-                                                   reinterpret_cast<uint8_t*>(inst.corrid_num.data()), n * 8, false);
+                                 return view_array(self, kCorridType, {static_cast<int64_t>(n)},
+                                                   reinterpret_cast<uint8_t*>(b.corrid_num.data()), n * 8, false);
                                // Mixed batch: str for string ids, int for numeric ids and padding.
                                py::array out(py::dtype("O"), std::vector<int64_t>{static_cast<int64_t>(n)});
                                auto** slots = static_cast<PyObject**>(out.mutable_data());
                                for (size_t i = 0; i < n; ++i) {
                                  Py_XDECREF(slots[i]);
-                                 const Request* r = inst.rows[i].req;
+                                 const Request* r = b.rows[i].req;
                                  if (r && r->id.is_str) {
-                                   const std::string& s = inst.corrid_str[i];
+                                   const std::string& s = b.corrid_str[i];
                                    slots[i] = PyUnicode_DecodeUTF8(s.data(), s.size(), "surrogateescape");
                                  } else {
-                                   slots[i] = PyLong_FromUnsignedLongLong(inst.corrid_num[i]);
+                                   slots[i] = PyLong_FromUnsignedLongLong(b.corrid_num[i]);
                                  }
                                  if (!slots[i]) throw py::error_already_set();
                                }
@@ -409,15 +437,16 @@ PYBIND11_MODULE(_core, m) {
             if (index >= s.spec().states.size()) throw py::index_error("state index out of range");
             const StateSpec& st = s.spec().states[index];
             std::vector<int64_t> shape(value.shape(), value.shape() + value.ndim());
-            if (st.dtype == kString) {
+            if (st.type.is_bytes) {
               std::string blob = serialize(value);
               s.set_output_state(inst, index, reinterpret_cast<const uint8_t*>(blob.data()), blob.size(),
                                  shape.data(), static_cast<int>(shape.size()));
               return;
             }
             py::array arr = py::array::ensure(value, py::array::c_style);
-            if (!arr || !arr.dtype().is(numpy_dtype(st.dtype)))
-              arr = py::array(py::module_::import("numpy").attr("ascontiguousarray")(value, numpy_dtype(st.dtype)));
+            const py::dtype dt(st.type.numpy);
+            if (!arr || !arr.dtype().is(dt))
+              arr = py::array(py::module_::import("numpy").attr("ascontiguousarray")(value, dt));
             s.set_output_state(inst, index, static_cast<const uint8_t*>(arr.data()), arr.nbytes(), shape.data(),
                                static_cast<int>(shape.size()));
           },
@@ -451,20 +480,29 @@ PYBIND11_MODULE(_core, m) {
              ModelSpec spec;
              spec.name = std::move(name);
              if (strategy < kStateless || strategy > kDynamic) throw py::value_error("unknown strategy");
-             spec.strategy = strategy;
+             spec.strategy = static_cast<Strategy>(strategy);
              spec.max_batch_size = max_batch_size;
              spec.instance_count = instance_count;
              spec.slots_per_instance = slots_per_instance;
              spec.idle_ns = static_cast<int64_t>(idle_us) * 1000;
              spec.max_queue_delay_ns = static_cast<int64_t>(max_queue_delay_us) * 1000;
              spec.min_slot_utilization = min_slot_utilization;
-             for (auto& [n, dt, mm, dflt] : inputs) spec.inputs.push_back(InputSpec{n, dt, mm, dflt});
-             for (auto& [n, kind, dt, f, t] : controls) spec.controls.push_back(ControlSpec{n, kind, dt, f, t});
+             for (auto& [n, dt, mm, dflt] : inputs) spec.inputs.push_back(InputSpec{n, elem_type(dt), mm, dflt});
+             for (auto& [n, kind, dt, f, t] : controls) {
+               ControlSpec c{n, static_cast<ControlKind>(kind), elem_type(dt), f, t, {}, {}};
+               if (!c.type.is_bytes) {  // the two values as elements of the dtype
+                 py::array v = py::module_::import("numpy").attr("array")(py::make_tuple(f, t), numpy_dtype(dt));
+                 const auto* p = static_cast<const char*>(v.data());
+                 c.false_bytes.assign(p, c.type.itemsize);
+                 c.true_bytes.assign(p + c.type.itemsize, c.type.itemsize);
+               }
+               spec.controls.push_back(std::move(c));
+             }
              for (auto& [in, out, dt, dims, var, init, init_dims] : states) {
                StateSpec st;
                st.input_name = in;
                st.output_name = out;
-               st.dtype = dt;
+               st.type = elem_type(dt);
                st.dims = dims;
                st.variable = var;
                st.initial = std::string(init);
@@ -478,7 +516,7 @@ PYBIND11_MODULE(_core, m) {
              spec.priority_levels = priority_levels;
              spec.default_priority = default_priority;
              for (auto& [delay, timeout_us, override_ok, max_size] : queue_policies)
-               spec.policies.push_back(
+               spec.queue_policies.push_back(
                    QueuePolicy{delay, static_cast<int64_t>(timeout_us) * 1000, override_ok, max_size});
              spec.timeout_complete = timeout_complete;
              spec.describe_on_expiry = !on_expire.is_none();
