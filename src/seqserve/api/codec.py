@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from seqserve.engine import InferRequest, InferResult, Server, _core
+from seqserve.engine import InferRequest, InferResult, Server
 from seqserve.engine.config import numpy_wire_name
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
 from seqserve.engine.responses import ResponseCallback
+from seqserve.engine.tensors import deserialize_bytes, serialize_bytes
 
 # Protocol datatype -> numpy dtype (BYTES are object arrays of bytes; BF16 has no numpy type).
 NP_DTYPE: dict[str, np.dtype[Any]] = {
@@ -224,7 +225,7 @@ def _flatten(data: Any) -> list[Any]:
 def binary_tensor(name: str, datatype: str, shape: list[int], chunk: memoryview) -> np.ndarray:
     if datatype == "BYTES":
         try:
-            return _core.deserialize_bytes(chunk, list(shape))
+            return deserialize_bytes(chunk, list(shape))
         except ValueError as e:
             raise bad(f"input '{name}': {e}") from None
     dtype = NP_DTYPE.get(datatype)
@@ -333,7 +334,7 @@ def _json_data(name: str, arr: np.ndarray) -> Any:
 
 def raw_bytes(arr: np.ndarray) -> bytes:
     if arr.dtype.kind in "OSU":
-        return _core.serialize_bytes(arr)
+        return serialize_bytes(arr)
     return arr.tobytes()
 
 
