@@ -57,9 +57,9 @@ class SequenceTable {
   Seqs::iterator find(const CorrId& id) { return seqs_.find(id); }
   bool found(Seqs::iterator it) const { return it != seqs_.end(); }
 
-  // Queues `r` (not END-checked, id not live) as a new sequence: the lowest free slot, else the
-  // back of the backlog. `queued(instance, slot)` runs once r is in a slot's queue. Returns the
-  // global slot, or -1 when backlogged.
+  // Queues `r`, the first request of a sequence not in the table: into the lowest free slot,
+  // else at the back of the backlog. `queued(instance, slot)` runs once r is in a slot's queue.
+  // Returns the global slot, or -1 when backlogged.
   template <class Queued>
   int queue_new(Request* r, Queued queued);
   // Queues `r` behind its live sequence `it` (in its slot or in the backlog); END forgets the id.
