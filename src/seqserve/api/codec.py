@@ -19,9 +19,9 @@ import numpy as np
 import orjson
 
 from seqserve.engine import InferRequest, InferResult, Server, _core
-from seqserve.engine.config import numpy_wire_name
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
 from seqserve.engine.responses import ResponseCallback
+from seqserve.engine.tensors import numpy_wire_name
 
 # Protocol datatype -> numpy dtype (BYTES are object arrays of bytes; BF16 has no numpy type).
 NP_DTYPE: dict[str, np.dtype[Any]] = {
