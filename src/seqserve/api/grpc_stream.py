@@ -4,6 +4,7 @@ written back, as Triton writes them."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 
@@ -54,13 +55,13 @@ class StreamSession:
     def submit(self, msg: pb.ModelInferRequest) -> None:
         """Decode and queue one request; a refusal is its one (error) reply."""
         self._unfinished += 1
-        req = _StreamRequest(self, msg.id, msg.model_name, msg.model_version)
+        req = _StreamRequest(msg.id, msg.model_name, msg.model_version)
         try:
             if not self._server.model(msg.model_name, msg.model_version).decoupled:
                 self._hold_place(req)
             request, options = grpc_codec.decode_request(msg)
             req.empty_final = options.empty_final
-            req.cancel = self._server.enqueue_streaming(request, req.on_response)
+            req.cancel = self._server.enqueue_streaming(request, functools.partial(self._respond, req))
             self._open.add(req)
         except Exception as e:  # refused: one error reply, and the stream goes on
             err = e if isinstance(e, InferenceError) else _internal(e)
@@ -91,6 +92,7 @@ class StreamSession:
     # ------------------------------------------------------------------ internals
 
     def _respond(self, req: _StreamRequest, response: InferResult | InferenceError | None, final: bool) -> None:
+        """The engine's callback (on the event loop) for each of ``req``'s responses."""
         if final:
             self._open.discard(req)
         reply: Reply | None
@@ -122,10 +124,9 @@ class StreamSession:
 class _StreamRequest:
     """One request of the stream, from submit to its last reply."""
 
-    __slots__ = ("cancel", "empty_final", "id", "model", "ordered", "outcome", "session", "version")
+    __slots__ = ("cancel", "empty_final", "id", "model", "ordered", "outcome", "version")
 
-    def __init__(self, session: StreamSession, request_id: str, model: str, version: str) -> None:
-        self.session = session
+    def __init__(self, request_id: str, model: str, version: str) -> None:
         self.id = request_id
         self.model = model  # as requested, for the replies that carry no result
         self.version = version
@@ -133,10 +134,6 @@ class _StreamRequest:
         self.ordered = False  # its reply waits for those of the requests before it
         self.outcome: _Item | None = None  # ordered: its reply, once known
         self.cancel: Callable[[], None] = _nothing
-
-    def on_response(self, response: InferResult | InferenceError | None, final: bool) -> None:
-        """The engine's callback (on the event loop) for each of this request's responses."""
-        self.session._respond(self, response, final)
 
     def error(self, err: InferenceError, final: bool | None = None) -> pb.ModelStreamInferResponse:
         return grpc_codec.stream_error(self.id, self.model, self.version, err, final)
