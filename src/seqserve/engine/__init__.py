@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
+from seqserve.engine.model_control import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, startup_models
 from seqserve.engine.ordering import OrderedRelease
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
 from seqserve.engine.server import Server
 
 __all__ = [
+    "DEFAULT_REPOSITORY_POLL_SECS",
     "Code",
     "DecoupledModelError",
     "ExecuteBatch",
@@ -22,8 +24,10 @@ __all__ = [
     "InferResult",
     "InferenceError",
     "ModelConfigError",
+    "ModelControlMode",
     "OrderedRelease",
     "ResponseCallback",
     "SequenceId",
     "Server",
+    "startup_models",
 ]
