@@ -13,8 +13,7 @@ from typing import Any
 
 from seqserve import __version__
 from seqserve.api.http import DEFAULT_MAX_BODY_BYTES, HttpFrontend
-from seqserve.engine import Server
-from seqserve.engine.model_control import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode
+from seqserve.engine import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, Server
 
 log = logging.getLogger("seqserve")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from seqserve import __version__
 from seqserve.api.app import ServeOptions, run
 from seqserve.api.http import DEFAULT_MAX_BODY_BYTES
-from seqserve.engine.model_control import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, startup_models
+from seqserve.engine import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, startup_models
 
 DEMO_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
 

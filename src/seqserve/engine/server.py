@@ -80,16 +80,6 @@ class ModelState:
 class Server:
     """Serves a model repository in this process. All methods run on one asyncio loop."""
 
-    #: the extensions the front-ends implement; they may narrow it to what they serve
-    extensions: tuple[str, ...] = (
-        "sequence",
-        "sequence(string_id)",
-        "model_configuration",
-        "statistics",
-        "model_repository",
-        "parameters",
-    )
-
     def __init__(
         self,
         model_repository: str | Path,
@@ -397,8 +387,9 @@ class Server:
 
     # ------------------------------------------------------------------------- metadata
 
-    def metadata(self) -> dict[str, Any]:
-        return {"name": "seqserve", "version": __version__, "extensions": list(self.extensions)}
+    def metadata(self) -> dict[str, str]:
+        """The server's name and version; the front-ends add the protocol extensions they serve."""
+        return {"name": "seqserve", "version": __version__}
 
     def model_metadata(self, name: str, version: str | int = "") -> dict[str, Any]:
         m = self.model(name, version)
