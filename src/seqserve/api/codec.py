@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from seqserve.engine import InferResult, Server, _core
-from seqserve.engine.config import numpy_wire_name
+from seqserve.engine import InferRequest, InferResult, Server, _core
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
 from seqserve.engine.responses import ResponseCallback
+from seqserve.engine.tensors import numpy_wire_name
 
 # Protocol datatype -> numpy dtype (BYTES are object arrays of bytes; BF16 has no numpy type).
 NP_DTYPE: dict[str, np.dtype[Any]] = {
@@ -80,22 +80,28 @@ class Request:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
+def to_engine(req: Request, model: str, version: str) -> InferRequest:
+    """The engine's request for a decoded one."""
+    return InferRequest(
+        model,
+        req.inputs,
+        version,
+        req.id,
+        req.sequence_id,
+        req.sequence_start,
+        req.sequence_end,
+        tuple(req.outputs),
+        req.priority,
+        req.timeout_us,
+        req.parameters,
+    )
+
+
 def submit(server: Server, model: str, version: str | int, req: Request, endpoint: str) -> asyncio.Future[InferResult]:
     """Queue a decoded single-response request on the engine (both front-ends go through
     here). ``endpoint`` names the caller in Triton's refusal of decoupled models."""
     try:
-        return server.submit(
-            model,
-            req.inputs,
-            version=version,
-            sequence_id=req.sequence_id,
-            sequence_start=req.sequence_start,
-            sequence_end=req.sequence_end,
-            outputs=list(req.outputs) or None,
-            request_id=req.id,
-            timeout_us=req.timeout_us,
-            priority=req.priority,
-        )
+        return server.enqueue(to_engine(req, model, str(version)))
     except DecoupledModelError:
         raise InferenceError(
             Code.UNSUPPORTED, f"{endpoint} doesn't support models with decoupled transaction policy"
@@ -107,19 +113,7 @@ def submit_streaming(
 ) -> Callable[[], None]:
     """Queue a decoded request whose responses (one, or many from decoupled models) go to
     ``on_response``; returns its ``cancel()``."""
-    return server.submit_streaming(
-        model,
-        req.inputs,
-        on_response,
-        version=version,
-        sequence_id=req.sequence_id,
-        sequence_start=req.sequence_start,
-        sequence_end=req.sequence_end,
-        outputs=list(req.outputs) or None,
-        request_id=req.id,
-        timeout_us=req.timeout_us,
-        priority=req.priority,
-    )
+    return server.enqueue_streaming(to_engine(req, model, str(version)), on_response)
 
 
 def decompress(body: bytes, encoding: str) -> bytes:

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.errors import Code, InferenceError, ModelConfigError
-from seqserve.engine.model import InferResult
+from seqserve.engine.request import InferRequest, SequenceId
+from seqserve.engine.responses import InferResult
 from seqserve.engine.server import Server
 
-__all__ = ["Code", "ExecuteBatch", "InferResult", "InferenceError", "ModelConfigError", "Server"]
+__all__ = [
+    "Code",
+    "ExecuteBatch",
+    "InferRequest",
+    "InferResult",
+    "InferenceError",
+    "ModelConfigError",
+    "SequenceId",
+    "Server",
+]

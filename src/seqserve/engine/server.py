@@ -24,9 +24,10 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends import find_backend
 from seqserve.engine.config import config_to_json, finish_model_config, parse_config_json, parse_model_config
 from seqserve.engine.errors import Code, InferenceError
-from seqserve.engine.model import InferResult, LoadedModel, SequenceId
+from seqserve.engine.model import LoadedModel
 from seqserve.engine.repository import available_versions, discover_models, select_versions, write_override_files
-from seqserve.engine.responses import ResponseCallback
+from seqserve.engine.request import InferRequest, SequenceId
+from seqserve.engine.responses import InferResult, ResponseCallback
 
 log = logging.getLogger("seqserve.server")
 
@@ -300,6 +301,39 @@ class Server:
 
     # ---------------------------------------------------------------------------- infer
 
+    def enqueue(self, request: InferRequest) -> asyncio.Future[InferResult]:
+        """Queue one request now and return its future (so callers keep arrival order).
+        Raises InferenceError at once for requests the scheduler refuses.
+
+        Sequence models need ``request.sequence_id`` (uint64 or str; 5 and "5" are different
+        sequences) and START on the first request; without an id a new sequence starts under
+        a generated id (see ``auto_sequence_ids``; the request is updated with it). Decoupled
+        models refuse it (DecoupledModelError): use ``enqueue_streaming``."""
+        m, response_parameters = self._route(request)
+        return m.submit(request, response_parameters=response_parameters)
+
+    def enqueue_streaming(self, request: InferRequest, on_response: ResponseCallback) -> Callable[[], None]:
+        """Queue one request now; ``on_response(response, final)`` gets its responses on the
+        event loop: an InferResult, an InferenceError, or None (a final flag alone, from
+        decoupled models). Most models answer once, with final=True; decoupled models any
+        number of times, the last with final=True. Works for every model. Raises
+        InferenceError at once for requests the scheduler refuses (no callback then).
+        Returns ``cancel()``, to call when the client is gone (models see ``is_cancelled()``)."""
+        m, response_parameters = self._route(request)
+        return m.submit_streaming(request, on_response, response_parameters=response_parameters)
+
+    def _route(self, request: InferRequest) -> tuple[LoadedModel, dict[str, Any] | None]:
+        """The model version a request goes to; a request to a sequence model that names no
+        sequence starts a new one under a generated id when `auto_sequence_ids` is on."""
+        m = self.model(request.model, request.version)
+        if m.is_sequence and not request.sequence_id and self.auto_sequence_ids:
+            request.sequence_id = m.new_sequence_id()
+            request.sequence_start = True
+            return m, {"sequence_id": request.sequence_id}
+        return m, None
+
+    # Keyword conveniences for embedding applications: each builds one InferRequest.
+
     def submit(
         self,
         model: str,
@@ -314,24 +348,20 @@ class Server:
         timeout_us: int = 0,
         priority: int = 0,
     ) -> asyncio.Future[InferResult]:
-        """Queue one request now and return its future (so callers keep arrival order).
-        Raises InferenceError at once for requests the scheduler refuses.
-
-        Run one request. Sequence models need `sequence_id` (uint64 or str; 5 and "5" are
-        different sequences) and START on the first request; without an id a new sequence
-        starts under a generated id (see `auto_sequence_ids`). Raises InferenceError;
-        decoupled models refuse it (DecoupledModelError): use `stream` or `submit_streaming`."""
-        m, sequence_id, sequence_start, response_parameters = self._route(model, version, sequence_id, sequence_start)
-        return m.submit(
-            inputs,
-            sequence_id=sequence_id,
-            start=sequence_start,
-            end=sequence_end,
-            outputs=outputs,
-            request_id=request_id,
-            timeout_us=timeout_us,
-            priority=priority,
-            response_parameters=response_parameters,
+        """``enqueue`` with the request given as keywords."""
+        return self.enqueue(
+            InferRequest(
+                model,
+                dict(inputs),
+                _version_str(version),
+                request_id,
+                sequence_id,
+                sequence_start,
+                sequence_end,
+                tuple(outputs or ()),
+                priority,
+                timeout_us,
+            )
         )
 
     def submit_streaming(
@@ -349,24 +379,21 @@ class Server:
         timeout_us: int = 0,
         priority: int = 0,
     ) -> Callable[[], None]:
-        """Queue one request now; ``on_response(response, final)`` gets its responses on the
-        event loop: an InferResult, an InferenceError, or None (a final flag alone, from
-        decoupled models). Most models answer once, with final=True; decoupled models any
-        number of times, the last with final=True. Works for every model. Raises
-        InferenceError at once for requests the scheduler refuses (no callback then).
-        Returns ``cancel()``, to call when the client is gone (models see ``is_cancelled()``)."""
-        m, sequence_id, sequence_start, response_parameters = self._route(model, version, sequence_id, sequence_start)
-        return m.submit_streaming(
-            inputs,
+        """``enqueue_streaming`` with the request given as keywords."""
+        return self.enqueue_streaming(
+            InferRequest(
+                model,
+                dict(inputs),
+                _version_str(version),
+                request_id,
+                sequence_id,
+                sequence_start,
+                sequence_end,
+                tuple(outputs or ()),
+                priority,
+                timeout_us,
+            ),
             on_response,
-            sequence_id=sequence_id,
-            start=sequence_start,
-            end=sequence_end,
-            outputs=outputs,
-            request_id=request_id,
-            timeout_us=timeout_us,
-            priority=priority,
-            response_parameters=response_parameters,
         )
 
     async def stream(
@@ -412,17 +439,6 @@ class Server:
             if not final:
                 cancel()
 
-    def _route(
-        self, model: str, version: str | int, sequence_id: SequenceId, start: bool
-    ) -> tuple[LoadedModel, SequenceId, bool, dict[str, Any] | None]:
-        """The model version a request goes to, and its sequence id (a generated one starts
-        a new sequence when the client named none and `auto_sequence_ids` is on)."""
-        m = self.model(model, version)
-        if m.is_sequence and not sequence_id and self.auto_sequence_ids:
-            sequence_id = m.new_sequence_id()
-            return m, sequence_id, True, {"sequence_id": sequence_id}
-        return m, sequence_id, start, None
-
     async def infer(
         self,
         model: str,
@@ -450,3 +466,7 @@ class Server:
             timeout_us=timeout_us,
             priority=priority,
         )
+
+
+def _version_str(version: str | int | None) -> str:
+    return "" if version in ("", None, -1, "-1") else str(version)

@@ -41,6 +41,7 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends.base import Backend, BackendInstance, InstanceContext, ModelContext
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.tensors import DATA_TYPES
 
 log = logging.getLogger("seqserve.onnxruntime")
 
@@ -49,22 +50,7 @@ DEFAULT_MODEL_FILENAME = "model.onnx"
 #: `--backend-config=default-max-batch-size`, default 4)
 DEFAULT_MAX_BATCH_SIZE = 4
 
-_ORT_TYPE: dict[int, str] = {
-    mc.TYPE_BOOL: "tensor(bool)",
-    mc.TYPE_UINT8: "tensor(uint8)",
-    mc.TYPE_UINT16: "tensor(uint16)",
-    mc.TYPE_UINT32: "tensor(uint32)",
-    mc.TYPE_UINT64: "tensor(uint64)",
-    mc.TYPE_INT8: "tensor(int8)",
-    mc.TYPE_INT16: "tensor(int16)",
-    mc.TYPE_INT32: "tensor(int32)",
-    mc.TYPE_INT64: "tensor(int64)",
-    mc.TYPE_FP16: "tensor(float16)",
-    mc.TYPE_FP32: "tensor(float)",
-    mc.TYPE_FP64: "tensor(double)",
-    mc.TYPE_STRING: "tensor(string)",
-    mc.TYPE_BF16: "tensor(bfloat16)",
-}
+_ORT_TYPE: dict[int, str] = {d.config: d.onnx for d in DATA_TYPES}
 _FROM_ORT_TYPE = {v: k for k, v in _ORT_TYPE.items()}
 
 _Control = mc.ModelSequenceBatching.Control
