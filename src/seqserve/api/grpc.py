@@ -255,7 +255,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             elif key.startswith("file:"):
                 files[key[len("file:") :]] = p.bytes_param
         try:
-            await self.server.load_model(request.model_name, config_json=config, files=files or None)
+            await self.server.request_load_model(request.model_name, config_json=config, files=files or None)
         except InferenceError as e:
             await self._fail(context, e)
         return pb.RepositoryModelLoadResponse()
@@ -264,7 +264,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.RepositoryModelUnloadRequest, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
         try:
-            await self.server.unload_model(request.model_name)
+            await self.server.request_unload_model(request.model_name)
         except InferenceError as e:
             await self._fail(context, e)
         return pb.RepositoryModelUnloadResponse()

@@ -168,6 +168,7 @@ class HttpFrontend:
     @_errors
     async def load(self, request: Request) -> Response:
         body = await self._body(request)
+        self.server.check_model_control()  # before anything of the request is decoded
         params: dict[str, Any] = {}
         if body.strip():
             try:
@@ -185,13 +186,13 @@ class HttpFrontend:
                     raise InferenceError(Code.INVALID_ARG, f"'{key}' is not valid base64: {e}") from None
         if config is not None and not isinstance(config, str):
             raise InferenceError(Code.INVALID_ARG, "the 'config' load parameter must be a string of JSON")
-        await self.server.load_model(request.path_params["model"], config_json=config, files=files or None)
+        await self.server.request_load_model(request.path_params["model"], config_json=config, files=files or None)
         return _empty()
 
     @_errors
     async def unload(self, request: Request) -> Response:
         await self._body(request)
-        await self.server.unload_model(request.path_params["model"])
+        await self.server.request_unload_model(request.path_params["model"])
         return _empty()
 
     # -------------------------------------------------------------------------- infer
