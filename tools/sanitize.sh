@@ -11,7 +11,8 @@ trap 'rm -rf "$work"' EXIT
 (cd "$root" && git ls-files -co --exclude-standard | grep -v '\.so$' | tar -cf - -T -) | tar -xf - -C "$work"
 cd "$work"
 SEQSERVE_SANITIZE=$kind "$py" setup.py -q build_ext --inplace
-# The scratch tree's package, not the one an editable install of the checkout points at.
+# The scratch copy's src/ must come before the checkout's editable install on sys.path, or the
+# tests would import the normal build.
 export PYTHONPATH="$work/src${PYTHONPATH:+:$PYTHONPATH}"
 case $kind in
   address)

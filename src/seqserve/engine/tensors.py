@@ -2,7 +2,7 @@
 
 Every layer derives its view of a datatype from ``DATA_TYPES``: config parsing (the config
 enum), the KServe codecs (the wire name), the Triton shim (``TYPE_*`` strings), the backends
-(ONNX and torch names) and the compiled core (item size and numpy dtype, passed in its specs).
+(ONNX names) and the compiled core (item size and numpy dtype, passed in its specs).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ class DataType:
     numpy: np.dtype[Any] | None  # object for BYTES; None where numpy has no type (BF16)
     itemsize: int  # bytes per element; 0 for BYTES (variable size)
     onnx: str  # onnxruntime's type string
-    torch: str  # attribute of the torch module ("" if torch has none)
 
     @property
     def config_name(self) -> str:
@@ -37,25 +36,25 @@ class DataType:
         return self.config == _DT.TYPE_STRING
 
 
-def _dt(config: int, wire: str, numpy: str | None, itemsize: int, onnx: str, torch: str) -> DataType:
-    return DataType(config, wire, None if numpy is None else np.dtype(numpy), itemsize, f"tensor({onnx})", torch)
+def _dt(config: int, wire: str, numpy: str | None, itemsize: int, onnx: str) -> DataType:
+    return DataType(config, wire, None if numpy is None else np.dtype(numpy), itemsize, f"tensor({onnx})")
 
 
 DATA_TYPES: tuple[DataType, ...] = (
-    _dt(_DT.TYPE_BOOL, "BOOL", "?", 1, "bool", "bool"),
-    _dt(_DT.TYPE_UINT8, "UINT8", "u1", 1, "uint8", "uint8"),
-    _dt(_DT.TYPE_UINT16, "UINT16", "<u2", 2, "uint16", "uint16"),
-    _dt(_DT.TYPE_UINT32, "UINT32", "<u4", 4, "uint32", "uint32"),
-    _dt(_DT.TYPE_UINT64, "UINT64", "<u8", 8, "uint64", "uint64"),
-    _dt(_DT.TYPE_INT8, "INT8", "i1", 1, "int8", "int8"),
-    _dt(_DT.TYPE_INT16, "INT16", "<i2", 2, "int16", "int16"),
-    _dt(_DT.TYPE_INT32, "INT32", "<i4", 4, "int32", "int32"),
-    _dt(_DT.TYPE_INT64, "INT64", "<i8", 8, "int64", "int64"),
-    _dt(_DT.TYPE_FP16, "FP16", "<f2", 2, "float16", "float16"),
-    _dt(_DT.TYPE_FP32, "FP32", "<f4", 4, "float", "float32"),
-    _dt(_DT.TYPE_FP64, "FP64", "<f8", 8, "double", "float64"),
-    _dt(_DT.TYPE_STRING, "BYTES", "O", 0, "string", ""),
-    _dt(_DT.TYPE_BF16, "BF16", None, 2, "bfloat16", "bfloat16"),
+    _dt(_DT.TYPE_BOOL, "BOOL", "?", 1, "bool"),
+    _dt(_DT.TYPE_UINT8, "UINT8", "u1", 1, "uint8"),
+    _dt(_DT.TYPE_UINT16, "UINT16", "<u2", 2, "uint16"),
+    _dt(_DT.TYPE_UINT32, "UINT32", "<u4", 4, "uint32"),
+    _dt(_DT.TYPE_UINT64, "UINT64", "<u8", 8, "uint64"),
+    _dt(_DT.TYPE_INT8, "INT8", "i1", 1, "int8"),
+    _dt(_DT.TYPE_INT16, "INT16", "<i2", 2, "int16"),
+    _dt(_DT.TYPE_INT32, "INT32", "<i4", 4, "int32"),
+    _dt(_DT.TYPE_INT64, "INT64", "<i8", 8, "int64"),
+    _dt(_DT.TYPE_FP16, "FP16", "<f2", 2, "float16"),
+    _dt(_DT.TYPE_FP32, "FP32", "<f4", 4, "float"),
+    _dt(_DT.TYPE_FP64, "FP64", "<f8", 8, "double"),
+    _dt(_DT.TYPE_STRING, "BYTES", "O", 0, "string"),
+    _dt(_DT.TYPE_BF16, "BF16", None, 2, "bfloat16"),
 )
 
 BY_CONFIG: dict[int, DataType] = {d.config: d for d in DATA_TYPES}
@@ -73,6 +72,8 @@ def of_wire(name: str) -> DataType | None:
 
 def of_numpy(dtype: np.dtype[Any]) -> DataType | None:
     """The datatype of a numpy array; str/bytes arrays count as BYTES."""
+    if dtype.byteorder == ">":  # the table is little-endian; a big-endian array has the same type
+        dtype = dtype.newbyteorder("<")
     found = BY_NUMPY.get(dtype)
     if found is None and dtype.kind in "SU":
         return BY_CONFIG[_DT.TYPE_STRING]
@@ -80,15 +81,18 @@ def of_numpy(dtype: np.dtype[Any]) -> DataType | None:
 
 
 def to_numpy_dtype(config: int) -> np.dtype[Any] | None:
-    """numpy dtype for a config DataType; object for TYPE_STRING, None for BF16 and unknowns."""
+    """numpy dtype for a config DataType; object for TYPE_STRING, None for BF16 (numpy has
+    no bfloat16). ValueError for a value that is not a tensor datatype."""
     d = BY_CONFIG.get(config)
-    return None if d is None else d.numpy
+    if d is None:
+        raise ValueError(f"no numpy dtype for {_config_name(config)}")
+    return d.numpy
 
 
 def wire_dtype_name(config: int) -> str:
     """Protocol datatype name: TYPE_STRING -> "BYTES", TYPE_FP32 -> "FP32"."""
     d = BY_CONFIG.get(config)
-    return d.wire if d is not None else _DT.Name(config).removeprefix("TYPE_")
+    return d.wire if d is not None else "INVALID"
 
 
 def numpy_wire_name(dtype: np.dtype[Any]) -> str:
@@ -111,3 +115,10 @@ def serialize_bytes(arr: np.ndarray) -> bytes:
 def deserialize_bytes(data: bytes | memoryview, shape: list[int]) -> np.ndarray:
     """Wire-format BYTES -> object array of bytes; ValueError when data and shape disagree."""
     return _core.deserialize_bytes(data, shape)
+
+
+def _config_name(config: int) -> str:
+    try:
+        return _DT.Name(config)
+    except ValueError:
+        return str(config)
