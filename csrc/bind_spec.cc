@@ -164,7 +164,9 @@ void bind_model_spec(py::module_& m) {
                        double min_slot_utilization, std::vector<InputSpec> inputs, std::vector<ControlSpec> controls,
                        std::vector<StateSpec> states, int64_t delay_requests, int64_t delay_backlog_requests,
                        std::vector<int64_t> preferred_batch_sizes, uint64_t batch_delay_us, int priority_levels,
-                       int default_priority, std::vector<QueuePolicy> queue_policies, bool timeout_complete) {
+                       int default_priority, std::vector<QueuePolicy> queue_policies, bool timeout_complete,
+                       int64_t max_backlog_sequences) {
+             if (max_backlog_sequences < 0) throw py::value_error("max_backlog_sequences must be >= 0 (0: no bound)");
              ModelSpec s;
              s.name = std::move(name);
              s.strategy = strategy;
@@ -185,6 +187,7 @@ void bind_model_spec(py::module_& m) {
              s.default_priority = default_priority;
              s.queue_policies = std::move(queue_policies);
              s.timeout_complete = timeout_complete;
+             s.max_backlog_sequences = max_backlog_sequences;
              return s;
            }),
            py::kw_only(), py::arg("name"), py::arg("strategy") = kStateless, py::arg("max_batch_size") = 0,
@@ -194,7 +197,8 @@ void bind_model_spec(py::module_& m) {
            py::arg("states") = std::vector<StateSpec>{}, py::arg("delay_requests") = 0,
            py::arg("delay_backlog_requests") = 0, py::arg("preferred_batch_sizes") = std::vector<int64_t>{},
            py::arg("batch_delay_us") = 0, py::arg("priority_levels") = 1, py::arg("default_priority") = 1,
-           py::arg("queue_policies") = std::vector<QueuePolicy>{}, py::arg("timeout_complete") = false)
+           py::arg("queue_policies") = std::vector<QueuePolicy>{}, py::arg("timeout_complete") = false,
+           py::arg("max_backlog_sequences") = 0)
       .def_readonly("name", &ModelSpec::name)
       .def_readonly("strategy", &ModelSpec::strategy)
       .def_readonly("max_batch_size", &ModelSpec::max_batch_size)
@@ -213,17 +217,20 @@ void bind_model_spec(py::module_& m) {
       .def_readonly("priority_levels", &ModelSpec::priority_levels)
       .def_readonly("default_priority", &ModelSpec::default_priority)
       .def_readonly("queue_policies", &ModelSpec::queue_policies)
-      .def_readonly("timeout_complete", &ModelSpec::timeout_complete);
+      .def_readonly("timeout_complete", &ModelSpec::timeout_complete)
+      .def_readonly("max_backlog_sequences", &ModelSpec::max_backlog_sequences);
   add_repr(model, {"name", "strategy", "max_batch_size", "instance_count", "slots_per_instance", "idle_us",
                    "max_queue_delay_us", "min_slot_utilization", "inputs", "controls", "states", "delay_requests",
                    "delay_backlog_requests", "preferred_batch_sizes", "batch_delay_us", "priority_levels",
-                   "default_priority", "queue_policies", "timeout_complete"});
+                   "default_priority", "queue_policies", "timeout_complete", "max_backlog_sequences"});
 }
 
 void bind_results(py::module_& m) {
   py::class_<SubmitResult> refusal(m, "Refusal", "Why submit() did not queue a request.");
-  refusal.def_readonly("code", &SubmitResult::code).def_readonly("message", &SubmitResult::message);
-  add_repr(refusal, {"code", "message"});
+  refusal.def_readonly("code", &SubmitResult::code)
+      .def_readonly("message", &SubmitResult::message)
+      .def_readonly("backlog_full", &SubmitResult::backlog_full);
+  add_repr(refusal, {"code", "message", "backlog_full"});
 
   py::class_<ExpiredSequence> expired(m, "ExpiredSequence", "A sequence the idle reaper expired (DESCRIBE).");
   expired
@@ -260,9 +267,11 @@ void bind_results(py::module_& m) {
       .def_readonly("compute_input", &Stats::compute_input)
       .def_readonly("compute_infer", &Stats::compute_infer)
       .def_readonly("compute_output", &Stats::compute_output)
-      .def_readonly("batches", &Stats::batches);
+      .def_readonly("batches", &Stats::batches)
+      .def_readonly("backlog_full", &Stats::backlog_full)
+      .def_readonly("cancelled", &Stats::cancelled);
   add_repr(stats, {"inference_count", "execution_count", "last_inference_ms", "success", "fail", "queue",
-                   "compute_input", "compute_infer", "compute_output", "batches"});
+                   "compute_input", "compute_infer", "compute_output", "batches", "backlog_full", "cancelled"});
 }
 
 }  // namespace

@@ -39,6 +39,8 @@ struct BatchStat {
 };
 struct Stats {
   uint64_t inference_count = 0, execution_count = 0, last_inference_ms = 0;
+  uint64_t backlog_full = 0;  // STARTs refused because the backlog held its bound of sequences
+  uint64_t cancelled = 0;     // requests dropped from the queues because they (or their sequence) were cancelled
   DurationStat success, fail, queue, compute_input, compute_infer, compute_output;
   std::map<int64_t, BatchStat> batches;
 };
@@ -52,6 +54,7 @@ struct Instance {
   int64_t t_form = 0, t_gathered = 0, t_executed = 0;
   bool executing = false;
   bool recorded = false;  // stats of the current batch already recorded
+  bool cancels = false;   // a request this instance may hold outside its slot queues was cancelled
 };
 
 // Hooks into the Python layer. Both are called without the scheduler lock and must take the
@@ -75,6 +78,7 @@ struct SubmitResult {
   bool accepted = true;
   Code code = kUnknown;
   std::string message;
+  bool backlog_full = false;  // admission control: worth retrying later
 };
 
 class Scheduler {
@@ -89,6 +93,18 @@ class Scheduler {
   SubmitResult submit(Request* r, int priority = 0);
   Request* new_request();  // from the pool; caller fills it, then submit() or recycle()
   void recycle(Request* r);
+
+  // The client of a queued request is gone: it is dropped before it runs (a sequence's request
+  // takes its whole sequence with it, as in Triton) and answered CANCELLED. `token` is the
+  // request's pool index (what the binding's submit returns). False when it is no longer queued
+  // or running.
+  bool cancel(uint32_t token, uint64_t handle);
+  // Ends sequence `id` now, as idle expiry does (a final END step under TIMEOUT_COMPLETE), if
+  // its latest START had handle `owner` (0: whoever started it). Its queued requests are
+  // answered CANCELLED with `why`. False when no such sequence is live.
+  bool end_sequence(const CorrId& id, uint64_t owner, const std::string& why);
+  // Where sequence `id` is: its global slot, -1 in the backlog, -2 unknown (or ended).
+  int slot_of(const CorrId& id);
 
   void stop_accepting();
   int64_t inflight_sequences();
@@ -128,6 +144,13 @@ class Scheduler {
   virtual void drain_locked(const std::function<void(Request*)>& take) = 0;
   virtual int64_t inflight_locked();
   virtual int64_t free_slots_locked() { return 0; }
+  // cancel(): `r` (queued or running, now marked cancelled) leaves the queues. Requests the
+  // strategy meets later are dropped as batches form; dropped requests go to cancelled_.
+  virtual void cancel_locked(Request*) {}
+  virtual bool end_sequence_locked(const CorrId&, uint64_t, const std::string&) { return false; }
+  virtual int slot_of_locked(const CorrId&) { return -2; }
+  // A batch has run; its rows are still in inst.batch.
+  virtual void batch_done_locked(Instance&) {}
   virtual int64_t backlog_sequences_locked() { return 0; }
   virtual void describe_locked(std::vector<std::pair<std::string, int>>&) {}
 
@@ -153,6 +176,10 @@ class Scheduler {
   // `more_work`: a shared queue holds more, so an idle instance is woken for it.
   void run_formed_batch(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold, bool more_work);
   void report(Fails& fails, Code code);  // no lock held
+  // A dropped request joins the CANCELLED answers (lock held).
+  void cancelled_locked(Request* r, std::vector<uint64_t>& handles, int64_t now);
+  // Reports cancelled_ (dropping the lock meanwhile); false when there was nothing to report.
+  bool flush_cancelled(std::unique_lock<std::mutex>& lk);
 
   ModelSpec spec_;
   Hooks hooks_;
@@ -161,6 +188,7 @@ class Scheduler {
   RequestPool pool_;
   QueueCounts counts_;
   Stats stats_;
+  Fails cancelled_;  // dropped requests not yet answered CANCELLED
   bool delay_released_ = false;
   bool accepting_ = true;
   bool closing_ = false, force_ = false, started_ = false, closed_ = false;

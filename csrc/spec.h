@@ -80,6 +80,8 @@ struct ModelSpec {
   // Idle expiry: give the model a final END step (TIMEOUT_COMPLETE) / describe the sequence.
   bool timeout_complete = false;
   bool describe_on_expiry = false;
+  // Sequences: how many may wait in the backlog for a slot; a START beyond it is refused (0: no bound).
+  int64_t max_backlog_sequences = 0;
 };
 
 inline int64_t product(const std::vector<int64_t>& d) {

@@ -350,10 +350,26 @@ async def test_backlog_moves_whole_sequences_fifo(repo, serve, monkeypatch):
     assert await call(s, A, 9, end=True) == [[9]]
     rec = recorded(s, "m")
     assert rows(rec, "corrid") == [[A, B], [0, B], [0, C], [0, C], [0, C], [0, D], [0, D], [A]]
-    assert rows(rec, "start") == [[True, True], [False, False], [False, True], [False, False],
-                                  [False, False], [False, True], [False, False], [False]]
-    assert rows(rec, "end") == [[False, False], [False, True], [False, False], [False, False],
-                                [False, True], [False, False], [False, True], [True]]
+    assert rows(rec, "start") == [
+        [True, True],
+        [False, False],
+        [False, True],
+        [False, False],
+        [False, False],
+        [False, True],
+        [False, False],
+        [False],
+    ]
+    assert rows(rec, "end") == [
+        [False, False],
+        [False, True],
+        [False, False],
+        [False, False],
+        [False, True],
+        [False, False],
+        [False, True],
+        [True],
+    ]
     assert [b["inputs"]["IN_X"][-1, 0] for b in rec] == [2, 8, 3, 4, 6, 5, 7, 9]
 
 
@@ -462,20 +478,23 @@ async def test_string_id_reaped_message(repo, serve):
     await expect_error(call(s, "user-7", 1), Code.INVALID_ARG, start_error("user-7"))
 
 
-async def test_backlogged_sequence_reaped_soon_after_getting_slot(repo, serve):
-    # The idle clock is the last arrival; waiting in the backlog does not refresh it (§4.4).
+async def test_backlogged_sequence_not_reaped_for_its_wait(repo, serve):
+    # Different on purpose from Triton (§4.4, where a sequence that waited in the backlog past
+    # its idle limit is reaped ~50 ms after it gets a slot): the idle clock starts when the
+    # START has been answered, so the wait in the backlog does not count.
     write_model(repo, "m", config(mbs=1, seq="max_sequence_idle_microseconds: 200000"))
     s = await serve()
     await call(s, 1, 1, start=True)
     waiting = await send(s, 2, 2, start=True)
-    for _ in range(2):
+    for _ in range(3):
         await asyncio.sleep(0.12)
         await call(s, 1, 1)  # keeps 1 alive; 2 stays in the backlog beyond its idle limit
-    await asyncio.sleep(0.12)
     await call(s, 1, 1, end=True)
-    assert await results([waiting]) == [[2]]  # requests moved with it still run
-    await asyncio.sleep(0.1)
-    await expect_error(call(s, 2, 3), Code.INVALID_ARG, start_error(2))
+    assert await results([waiting]) == [[2]]
+    await asyncio.sleep(0.1)  # client think time, under the idle limit from the START's answer
+    assert await call(s, 2, 3) == [[3]]
+    await asyncio.sleep(0.3)  # past the idle limit from the last request: reaped as usual
+    await expect_error(call(s, 2, 4), Code.INVALID_ARG, start_error(2))
 
 
 async def test_idle_clock_counts_from_last_arrival_not_execution(repo, serve):
@@ -825,10 +844,16 @@ async def test_variable_dims_state_grows_each_step(repo, serve, monkeypatch):
     assert await call(s, 2, 7, start=True) == [[0, 7]]  # START: back to the initial shape
     seen = recorded_module(s).SEEN
     assert [(shape, st) for cid, shape, st in seen if cid == 1] == [
-        ((1,), [0]), ((2,), [0, 1]), ((3,), [0, 1, 2]), ((4,), [0, 1, 2, 3])
+        ((1,), [0]),
+        ((2,), [0, 1]),
+        ((3,), [0, 1, 2]),
+        ((4,), [0, 1, 2, 3]),
     ]
     assert [(shape, st) for cid, shape, st in seen if cid == 2] == [
-        ((1,), [0]), ((2,), [0, 10]), ((3,), [0, 10, 20]), ((1,), [0])
+        ((1,), [0]),
+        ((2,), [0, 10]),
+        ((3,), [0, 10, 20]),
+        ((1,), [0]),
     ]
 
 
@@ -858,7 +883,7 @@ async def test_variable_dims_state_sequences_of_different_lengths(repo, serve):
 
 
 async def test_multiple_instances_spread_sequences(repo, serve):
-    extra = 'instance_group [ { count: 2 kind: KIND_CPU } ]'
+    extra = "instance_group [ { count: 2 kind: KIND_CPU } ]"
     write_model(repo, "m", config(mbs=2, seq=ACC_STATE, extra=extra), ACCUM_MODEL)
     s = await serve()
     m = s.model("m")
@@ -900,7 +925,7 @@ async def test_max_batch_size_zero_one_slot_per_instance(repo, serve):
 
 
 async def test_max_batch_size_zero_two_instances(repo, serve):
-    extra = 'instance_group [ { count: 2 kind: KIND_CPU } ]'
+    extra = "instance_group [ { count: 2 kind: KIND_CPU } ]"
     write_model(repo, "m", config(mbs=0, seq=ACC_STATE, extra=extra), ACCUM_MODEL)
     s = await serve()
     assert await call(s, 1, 1, start=True, mbs=0) == [1]

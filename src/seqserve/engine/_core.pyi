@@ -158,6 +158,7 @@ class ModelSpec(metaclass=_Pybind11Type):
         default_priority: int = 1,
         queue_policies: list[QueuePolicy] = ...,
         timeout_complete: bool = False,
+        max_backlog_sequences: int = 0,
     ) -> None: ...
     @property
     def name(self) -> str: ...
@@ -197,6 +198,9 @@ class ModelSpec(metaclass=_Pybind11Type):
     def queue_policies(self) -> list[QueuePolicy]: ...
     @property
     def timeout_complete(self) -> bool: ...
+    @property
+    def max_backlog_sequences(self) -> int:
+        """Sequences: how many may wait in the backlog; a START beyond it is refused (0: no bound)."""
 
 class Refusal(metaclass=_Pybind11Type):
     """Why submit() did not queue a request."""
@@ -205,6 +209,9 @@ class Refusal(metaclass=_Pybind11Type):
     def code(self) -> Code: ...
     @property
     def message(self) -> str: ...
+    @property
+    def backlog_full(self) -> bool:
+        """Admission control refused a START: the backlog held its bound (worth retrying later)."""
 
 class ExpiredSequence(metaclass=_Pybind11Type):
     """A sequence the idle reaper expired (stateful_model_policy DESCRIBE)."""
@@ -267,6 +274,12 @@ class Stats(metaclass=_Pybind11Type):
     @property
     def batches(self) -> dict[int, BatchStats]:
         """Keyed by batch size."""
+    @property
+    def backlog_full(self) -> int:
+        """STARTs refused because the backlog held max_backlog_sequences sequences."""
+    @property
+    def cancelled(self) -> int:
+        """Requests dropped from the queues because they, or their sequence, were cancelled."""
 
 def serialize_bytes(array: np.ndarray) -> bytes:
     """Serialize a BYTES tensor (object array) to the 4-byte-length-prefixed wire format."""
@@ -328,8 +341,15 @@ class Scheduler(metaclass=_Pybind11Type):
         timeout_us: int = 0,
         rows: int = 1,
         priority: int = 0,
-    ) -> Refusal | None:
-        """Queue a request. Returns None when accepted, else the Refusal."""
+    ) -> int | Refusal:
+        """Queue a request. Returns its cancel() token (an int) when accepted, else the Refusal."""
+    def cancel(self, token: int, handle: int) -> bool:
+        """Drop a queued request whose client is gone (a sequence's takes its sequence); it is answered
+        CANCELLED. False when it is no longer queued or running."""
+    def end_sequence(self, corrid: int | str, owner: int = 0, reason: str = "") -> bool:
+        """End a live sequence now, as idle expiry does, if its latest START had handle `owner` (0: any)."""
+    def slot_of(self, corrid: int | str) -> int:
+        """The global slot of a live sequence, -1 while it is backlogged, -2 when it is unknown."""
     def stop_accepting(self) -> None: ...
     def inflight_sequences(self) -> int: ...
     def pending_requests(self) -> int: ...
