@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
+from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
 from seqserve.engine.model_control import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, startup_models
 from seqserve.engine.ordering import OrderedRelease
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
+from seqserve.engine.scope import SequenceScope
 from seqserve.engine.server import Server
 
 __all__ = [
+    "DEFAULT_MAX_BACKLOG_SEQUENCES",
     "DEFAULT_REPOSITORY_POLL_SECS",
     "Code",
     "DecoupledModelError",
@@ -28,6 +31,7 @@ __all__ = [
     "OrderedRelease",
     "ResponseCallback",
     "SequenceId",
+    "SequenceScope",
     "Server",
     "startup_models",
 ]

@@ -4,9 +4,12 @@ helpers) and carried unchanged through Server -> model -> core."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from seqserve.engine.scope import SequenceScope
 
 #: a sequence's correlation id: uint64 or string (5 and "5" are different sequences)
 SequenceId = int | str
@@ -27,3 +30,5 @@ class InferRequest:
     priority: int = 0  # 0 = the model's default level
     timeout_us: int = 0  # 0 = the queue policy's default
     parameters: dict[str, Any] = field(default_factory=dict)  # the client's other parameters
+    #: the sequences this request starts end when the scope closes (a gRPC stream's, say)
+    scope: SequenceScope | None = None

@@ -31,6 +31,7 @@ from seqserve.engine.config import (
 )
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.model import LoadedModel
+from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
 from seqserve.engine.model_control import (
     DEFAULT_REPOSITORY_POLL_SECS,
     SERVER_NOT_READY,
@@ -88,6 +89,7 @@ class Server:
         auto_sequence_ids: bool = True,
         model_control: ModelControlMode | str = ModelControlMode.NONE,
         repository_poll_secs: float = DEFAULT_REPOSITORY_POLL_SECS,
+        max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES,
     ) -> None:
         """auto_sequence_ids: a request to a sequence model that names no sequence starts a new
         one with a server-generated id (returned as the `sequence_id` response parameter).
@@ -97,7 +99,11 @@ class Server:
         whether the model control API (``request_load_model`` / ``request_unload_model``,
         what the network front-ends call) may change the loaded models, and whether the
         repository is polled for changes (every ``repository_poll_secs``; 0: only at start).
-        ``load_model`` / ``unload_model`` are this process's own and work in every mode."""
+        ``load_model`` / ``unload_model`` are this process's own and work in every mode.
+
+        max_backlog_sequences: admission control, how many sequences of one model may wait in
+        its backlog for a slot (0: no bound, as in Triton); a START beyond it is refused at once
+        with UNAVAILABLE. A model's ``sequence_batching.max_backlog_sequences`` overrides it."""
         self.repository = Path(model_repository)
         self.exit_timeout_s = exit_timeout_s
         self.auto_sequence_ids = auto_sequence_ids
@@ -105,6 +111,9 @@ class Server:
         if repository_poll_secs < 0:
             raise ValueError(f"repository_poll_secs must be >= 0, got {repository_poll_secs}")
         self.repository_poll_secs = repository_poll_secs
+        if max_backlog_sequences < 0:
+            raise ValueError(f"max_backlog_sequences must be >= 0 (0: no bound), got {max_backlog_sequences}")
+        self.max_backlog_sequences = max_backlog_sequences
         self._models: dict[str, ModelState] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._live = False
@@ -154,7 +163,9 @@ class Server:
             _autocomplete(cfg, path)
             finish_model_config(cfg, path)
             for v in select_versions(path, cfg):
-                versions[v] = LoadedModel(cfg, version=v, model_dir=path, loop=loop)
+                versions[v] = LoadedModel(
+                    cfg, version=v, model_dir=path, loop=loop, max_backlog_sequences=self.max_backlog_sequences
+                )
         except Exception as e:
             for m in versions.values():
                 m.close(force=True)

@@ -3,7 +3,9 @@ request through them.
 
 ``submit`` (event loop): validate against the config, hand the buffers to the core, return a
 future (or take a callback, for streaming). The core's executor thread calls ``_run`` with
-the GIL held, once per batch; replies go back to the loop through ``Delivery``.
+the GIL held, once per batch; replies go back to the loop through ``Delivery``. A request
+whose client goes away (its future cancelled, or the cancel() of a streaming submit called)
+leaves the core's queues before it runs.
 """
 
 from __future__ import annotations
@@ -37,11 +39,46 @@ log = logging.getLogger("seqserve.model")
 
 _handles = itertools.count(1)
 
+#: what a client refused by admission control is told to wait before it tries again (Retry-After)
+BACKLOG_RETRY_AFTER_S = 1.0
+#: the server's default bound on backlogged sequences per model (--max-backlog-sequences)
+DEFAULT_MAX_BACKLOG_SEQUENCES = 1024
+
+
+class RequestFuture(asyncio.Future[InferResult]):
+    """A single-response request's future. Cancelling it (the caller went away: a gRPC call
+    cancelled, an HTTP client disconnected, an awaiting task cancelled) also takes the request
+    out of the core's queues."""
+
+    __slots__ = ("_model", "_rec")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, model: LoadedModel) -> None:
+        super().__init__(loop=loop)
+        self._model = model
+        self._rec: Pending | None = None
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if not super().cancel(msg):
+            return False
+        if self._rec is not None:
+            self._model.cancel_request(self._rec)
+        return True
+
 
 class LoadedModel:
     """A model version ready to serve: scheduler started, instances initialized."""
 
-    def __init__(self, cfg: mc.ModelConfig, *, version: int, model_dir: Path, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        cfg: mc.ModelConfig,
+        *,
+        version: int,
+        model_dir: Path,
+        loop: asyncio.AbstractEventLoop,
+        max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES,
+    ) -> None:
+        """``max_backlog_sequences``: the server's bound on backlogged sequences (0: none), for
+        a sequence model whose config sets none (``sequence_batching.max_backlog_sequences``)."""
         self.config = cfg
         self.name = cfg.name
         self.version = version
@@ -77,7 +114,7 @@ class LoadedModel:
         self.instance_names: list[str] = []
         self._create_instances(ctx)
 
-        spec = build_core_spec(cfg, model_dir, len(self._instances))
+        spec = build_core_spec(cfg, model_dir, len(self._instances), max_backlog_sequences=max_backlog_sequences)
         self.strategy_name = spec.strategy_name
         self._spec = spec
         self._validator = RequestValidator(cfg, spec)
@@ -200,12 +237,22 @@ class LoadedModel:
 
     def scheduler_state(self) -> dict[str, Any]:
         """Live view of the slot table, for diagnostics."""
+        stats = self._core.stats()
         return {
             "free_slots": self._core.free_slots(),
             "backlog_sequences": self._core.backlog_sequences(),
+            "max_backlog_sequences": self._spec.scheduler.max_backlog_sequences,
             "pending_requests": self._core.pending_requests(),
             "sequences": dict(self._core.sequences()),
+            "backlog_full": stats.backlog_full,
+            "cancelled": stats.cancelled,
         }
+
+    def sequence_slot(self, sequence_id: SequenceId) -> int | None:
+        """Where a live sequence is: its global slot, -1 while it waits in the backlog; None when
+        it is not live."""
+        slot = self._core.slot_of(sequence_id)
+        return None if slot == -2 else slot
 
     # ------------------------------------------------------------------------- request
 
@@ -216,8 +263,8 @@ class LoadedModel:
         Decoupled models refuse it (DecoupledModelError): use ``submit_streaming``."""
         if self.decoupled:
             raise DecoupledModelError(self.name)
-        fut: asyncio.Future[InferResult] = self._loop.create_future()
-        self._queue(request, response_parameters, fut, None)
+        fut = RequestFuture(self._loop, self)
+        fut._rec = self._queue(request, response_parameters, fut, None)
         return fut
 
     def submit_streaming(
@@ -232,9 +279,27 @@ class LoadedModel:
         any number, then the final one (which may be None: a final flag without a response).
         An error raised here means the request was refused and ``on_response`` is never called.
 
-        Returns ``cancel()``: call it when the client is gone; the model sees it through
-        ``is_cancelled()`` and may stop early (responses still go to ``on_response``)."""
-        return self._queue(request, response_parameters, None, on_response).cancel
+        Returns ``cancel()``: call it when the client is gone. A request that has not run yet
+        leaves the queues (a sequence's takes its whole sequence with it, as in Triton) and is
+        answered CANCELLED; a running one is told through ``is_cancelled()`` and may stop early
+        (responses still go to ``on_response``)."""
+        return functools.partial(self.cancel_request, self._queue(request, response_parameters, None, on_response))
+
+    def cancel_request(self, rec: Pending) -> None:
+        """The client of ``rec`` is gone (event loop)."""
+        if rec.cancelled:
+            return
+        rec.cancelled = True
+        if rec.token >= 0:
+            self._core.cancel(rec.token, rec.handle)
+
+    def end_sequence(self, sequence_id: SequenceId, owner: int = 0, reason: str = "") -> bool:
+        """End a live sequence now, as idle expiry does: its slot is freed (after one final END
+        step under TIMEOUT_COMPLETE), its queued requests are answered CANCELLED with ``reason``
+        after the sequence's name. ``owner``: only if its latest START was that request handle.
+        False when it is not live (ended, expired, or someone else's)."""
+        why = f"sequence {sequence_id} of model '{self.name}' was ended: {reason}" if reason else ""
+        return self._core.end_sequence(sequence_id, owner, why)
 
     def _queue(
         self,
@@ -257,7 +322,7 @@ class LoadedModel:
             in_order,
         )
         self._pending[handle] = rec
-        err = self._core.submit(
+        token = self._core.submit(
             handle,
             rec.keep,
             checked.corrid,
@@ -267,12 +332,22 @@ class LoadedModel:
             checked.rows,
             request.priority,
         )
-        if err is not None:
+        if not isinstance(token, int):  # a Refusal
             del self._pending[handle]
             self._validator.failures += 1
             # Sequence-batcher errors carry no request id in Triton; the others do.
-            msg = err.message if self.is_sequence else f"[request id: {request.id or '<id_unknown>'}] {err.message}"
-            raise InferenceError(Code(err.code), msg)
+            msg = token.message if self.is_sequence else f"[request id: {request.id or '<id_unknown>'}] {token.message}"
+            raise InferenceError(
+                Code(token.code), msg, retry_after_s=BACKLOG_RETRY_AFTER_S if token.backlog_full else None
+            )
+        rec.handle = handle
+        rec.token = token
+        scope = request.scope
+        if scope is not None and self.is_sequence:
+            if request.sequence_end:
+                scope.ended(self, checked.corrid)
+            elif request.sequence_start:
+                scope.started(self, checked.corrid, handle)
         self._delivery.track_order(rec)
         return rec
 

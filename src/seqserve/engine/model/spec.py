@@ -48,8 +48,11 @@ def core_dtype(data_type: int) -> np.dtype[Any]:
     return dt.numpy if dt.numpy is not None else np.dtype(np.uint16)
 
 
-def build_core_spec(cfg: mc.ModelConfig, model_dir: Path, instance_count: int) -> CoreSpec:
-    """The core's spec for a finished, validated config."""
+def build_core_spec(
+    cfg: mc.ModelConfig, model_dir: Path, instance_count: int, *, max_backlog_sequences: int = 0
+) -> CoreSpec:
+    """The core's spec for a finished, validated config. ``max_backlog_sequences``: the
+    server's bound on backlogged sequences (0: none), unless the config sets its own."""
     is_sequence = cfg.HasField("sequence_batching")
     sb = cfg.sequence_batching
     controls: list[_core.ControlSpec] = []
@@ -84,6 +87,7 @@ def build_core_spec(cfg: mc.ModelConfig, model_dir: Path, instance_count: int) -
         delay_requests=_env_int("TRITONSERVER_DELAY_SCHEDULER"),
         delay_backlog_requests=_env_int("TRITONSERVER_BACKLOG_DELAY_SCHEDULER"),
         timeout_complete=is_sequence and sb.timeout_action == mc.TIMEOUT_COMPLETE,
+        max_backlog_sequences=backlog_bound(sb.max_backlog_sequences, max_backlog_sequences) if is_sequence else 0,
         **batching,
     )
     return CoreSpec(
@@ -95,6 +99,14 @@ def build_core_spec(cfg: mc.ModelConfig, model_dir: Path, instance_count: int) -
         corrid_dtype=corrid_dtype,
         corrid_name=corrid_name,
     )
+
+
+def backlog_bound(configured: int, server_default: int) -> int:
+    """The bound on backlogged sequences (0: none): the config's
+    ``sequence_batching.max_backlog_sequences`` (-1: none), else the server's default."""
+    if configured < 0:
+        return 0
+    return configured or max(0, server_default)
 
 
 def _batching_spec(cfg: mc.ModelConfig, is_sequence: bool, instance_count: int) -> dict[str, Any]:
