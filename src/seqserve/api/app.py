@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from seqserve import __version__
+from seqserve.api.grpc_stream import StreamStats
 from seqserve.api.http import DEFAULT_MAX_BODY_BYTES, HttpFrontend
-from seqserve.engine import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, Server
+from seqserve.engine import DEFAULT_MAX_BACKLOG_SEQUENCES, DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, Server
 
 log = logging.getLogger("seqserve")
 
@@ -35,6 +36,9 @@ class ServeOptions:
     model_control: ModelControlMode = ModelControlMode.NONE
     startup_models: list[str] | None = None  # None: every model of the repository
     repository_poll_secs: float = DEFAULT_REPOSITORY_POLL_SECS
+    max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES  # per model; 0: no bound
+    stream_scoped_sequences: bool = False  # sequences started on a gRPC stream end with it
+    stream_stats: StreamStats | None = None  # the gRPC streams' counters (one made when None)
 
 
 def resolve_http_server(choice: str) -> str:
@@ -56,6 +60,7 @@ async def serve(opts: ServeOptions) -> int:
         auto_sequence_ids=not opts.strict_sequence_ids,
         model_control=opts.model_control,
         repository_poll_secs=opts.repository_poll_secs,
+        max_backlog_sequences=opts.max_backlog_sequences,
     )
     log.info("model control mode: %s", opts.model_control.value)
     await server.start(opts.startup_models)
@@ -74,8 +79,16 @@ async def serve(opts: ServeOptions) -> int:
     if opts.grpc_port is not None:
         from seqserve.api.grpc import start_grpc
 
+        if opts.stream_stats is None:
+            opts.stream_stats = StreamStats()
         grpc_server = await start_grpc(
-            server, opts.host, opts.grpc_port, cert=opts.grpc_tls_cert, key=opts.grpc_tls_key
+            server,
+            opts.host,
+            opts.grpc_port,
+            cert=opts.grpc_tls_cert,
+            key=opts.grpc_tls_key,
+            stream_scoped=opts.stream_scoped_sequences,
+            stream_stats=opts.stream_stats,
         )
         log.info("gRPC listening on %s:%d", opts.host, opts.grpc_port)
     http_done = asyncio.Event()

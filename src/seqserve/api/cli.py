@@ -10,7 +10,12 @@ from pathlib import Path
 from seqserve import __version__
 from seqserve.api.app import ServeOptions, run
 from seqserve.api.http import DEFAULT_MAX_BODY_BYTES
-from seqserve.engine import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, startup_models
+from seqserve.engine import (
+    DEFAULT_MAX_BACKLOG_SEQUENCES,
+    DEFAULT_REPOSITORY_POLL_SECS,
+    ModelControlMode,
+    startup_models,
+)
 
 DEMO_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
 
@@ -30,6 +35,13 @@ def _poll_secs(value: str) -> float:
     if not secs >= 0:
         raise argparse.ArgumentTypeError(f"{value} is not a number of seconds >= 0")
     return secs
+
+
+def _backlog(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a number of sequences >= 0 (0: no bound)")
+    return n
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,6 +99,23 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a request to a sequence model must name its sequence (Triton's behaviour); "
         "by default such a request starts a new sequence under a server-generated id",
+    )
+    s.add_argument(
+        "--max-backlog-sequences",
+        type=_backlog,
+        default=DEFAULT_MAX_BACKLOG_SEQUENCES,
+        metavar="N",
+        help="admission control: how many sequences of one model may wait in its backlog for a slot; a START "
+        "beyond it is refused at once (HTTP 503 with Retry-After, gRPC UNAVAILABLE). A model's "
+        "sequence_batching.max_backlog_sequences overrides it. 0: no bound, as in Triton "
+        f"(default: {DEFAULT_MAX_BACKLOG_SEQUENCES})",
+    )
+    s.add_argument(
+        "--stream-scoped-sequences",
+        action="store_true",
+        help="sequences started on a gRPC stream (ModelStreamInfer) end when that stream closes, freeing their "
+        "slots at once, as idle expiry would later; a stream may say otherwise with the header "
+        "'seqserve-stream-scoped: true|false' (default: they live until their END or idle timeout, as in Triton)",
     )
     s.add_argument(
         "--http-max-body-bytes",
@@ -158,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         repository_poll_secs=(
             DEFAULT_REPOSITORY_POLL_SECS if args.repository_poll_secs is None else args.repository_poll_secs
         ),
+        max_backlog_sequences=args.max_backlog_sequences,
+        stream_scoped_sequences=args.stream_scoped_sequences,
     )
     try:
         return run(opts)

@@ -15,9 +15,9 @@ from seqserve._proto import grpc_service_pb2 as pb
 from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
 from seqserve._proto import health_pb2, health_pb2_grpc
 from seqserve.api import grpc_codec
-from seqserve.api.grpc_stream import StreamSession
+from seqserve.api.grpc_stream import REPLY_ORDER_HEADER, STREAM_SCOPED_HEADER, StreamSession, StreamStats
 from seqserve.api.kserve import EXTENSIONS, enqueue_single
-from seqserve.engine import Code, InferenceError, Server
+from seqserve.engine import Code, InferenceError, SequenceScope, Server
 
 GRPC_STATUS = {
     Code.UNKNOWN: grpc.StatusCode.UNKNOWN,
@@ -31,9 +31,17 @@ GRPC_STATUS = {
 }
 
 
+#: what the requests still queued in a stream-scoped sequence are told when its stream closes
+_STREAM_CLOSED = "the gRPC stream that started it was closed"
+
+
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server, *, stream_scoped: bool = False, stream_stats: StreamStats | None = None) -> None:
+        """stream_scoped: sequences started on a ModelStreamInfer stream end when it closes,
+        unless the stream says otherwise (``seqserve-stream-scoped`` header)."""
         self.server = server
+        self.stream_scoped = stream_scoped
+        self.stream_stats = stream_stats if stream_stats is not None else StreamStats()
 
     async def _fail(self, context: grpc.aio.ServicerContext, e: InferenceError) -> None:
         await context.abort(GRPC_STATUS.get(e.code, grpc.StatusCode.UNKNOWN), e.message)
@@ -137,10 +145,41 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """See StreamSession. With the ``triton_grpc_error: true`` header, the first error
-        ends the stream with its gRPC status."""
-        grpc_errors = any(k == "triton_grpc_error" and v == "true" for k, v in context.invocation_metadata() or ())
-        session = StreamSession(self.server, grpc_errors=grpc_errors)
+        """See StreamSession. Headers: ``triton_grpc_error: true``, the first error ends the
+        stream with its gRPC status; ``seqserve-reply-order: completion``, replies as they
+        complete; ``seqserve-stream-scoped: true|false``, whether the sequences started on the
+        stream end when it closes (default: the server's ``--stream-scoped-sequences``)."""
+        grpc_errors = False
+        completion_order = False
+        scoped = self.stream_scoped
+        for key, value in context.invocation_metadata() or ():
+            if key == "triton_grpc_error":
+                grpc_errors = value == "true"
+            elif key == REPLY_ORDER_HEADER:
+                if value.lower() not in ("request", "completion"):
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"header '{REPLY_ORDER_HEADER}' must be 'request' or 'completion', got '{value}'",
+                    )
+                completion_order = value.lower() == "completion"
+            elif key == STREAM_SCOPED_HEADER:
+                if value.lower() not in ("true", "false"):
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"header '{STREAM_SCOPED_HEADER}' must be 'true' or 'false', got '{value}'",
+                    )
+                scoped = value.lower() == "true"
+        stats = self.stream_stats
+        stats.streams += 1
+        stats.completion_order_streams += completion_order
+        stats.stream_scoped_streams += scoped
+        session = StreamSession(
+            self.server,
+            grpc_errors=grpc_errors,
+            completion_order=completion_order,
+            scope=SequenceScope(_STREAM_CLOSED) if scoped else None,
+            stats=stats,
+        )
         reader = asyncio.create_task(session.read(request_iterator))
         try:
             async for reply in session.replies():
@@ -189,7 +228,14 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
 
 
 async def start_grpc(
-    server: Server, host: str, port: int, *, cert: str | None = None, key: str | None = None
+    server: Server,
+    host: str,
+    port: int,
+    *,
+    cert: str | None = None,
+    key: str | None = None,
+    stream_scoped: bool = False,
+    stream_stats: StreamStats | None = None,
 ) -> grpc.aio.Server:
     options = [
         ("grpc.max_receive_message_length", -1),
@@ -197,7 +243,9 @@ async def start_grpc(
         ("grpc.so_reuseport", 0),
     ]
     g = grpc.aio.server(options=options)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(server), g)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(
+        InferenceServicer(server, stream_scoped=stream_scoped, stream_stats=stream_stats), g
+    )
     health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(server), g)
     address = f"{host}:{port}"
     if cert:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
+import math
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -30,6 +32,10 @@ SESSION_HEADER = "inference-session-id"
 # Model names cannot contain "/" (as in Triton); versions are decimal.
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 DEFAULT_MAX_BODY_BYTES = 1 << 30
+#: an infer request still waiting after this long starts watching for its client's disconnect,
+#: which then takes the request out of the queues (a quick step pays only for a timer)
+DISCONNECT_GRACE_S = 0.05
+_CLIENT_GONE = 499  # infer_reply's status when the client disconnected: nothing is sent
 
 HTTP_STATUS = {
     Code.UNKNOWN: 400,
@@ -196,10 +202,12 @@ class HttpFrontend:
         return Response(out, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
     async def infer_reply(
-        self, model: str, version: str, headers: Mapping[str, str], body: bytes
+        self, model: str, version: str, headers: Mapping[str, str], body: bytes, receive: Receive | None = None
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """One infer request, whatever HTTP server carries it: (status, response headers, body).
-        `headers` is looked up by lower-case name; `version` is "" or the path's digits."""
+        `headers` is looked up by lower-case name; `version` is "" or the path's digits.
+        `receive`: the ASGI channel the body came on; a client that disconnects while its request
+        waits (longer than DISCONNECT_GRACE_S) cancels it, and the status is 499: send nothing."""
         session = None
         try:
             encoding = headers.get("content-encoding")
@@ -218,12 +226,27 @@ class HttpFrontend:
             session = headers.get(SESSION_HEADER)
             if session and not req.sequence_id:
                 req.sequence_id = self._session_sequence_id(session, model, version)
-            result = await enqueue_single(self.server, req, _ENDPOINT)
+            fut = enqueue_single(self.server, req, _ENDPOINT)
+            if receive is None:
+                result = await fut
+            else:
+                watch = asyncio.get_running_loop().call_later(DISCONNECT_GRACE_S, _watch_disconnect, fut, receive)
+                try:
+                    result = await fut
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise  # this handler is being cancelled, not just the request
+                    return _CLIENT_GONE, [], b""
+                finally:
+                    watch.cancel()
             out, json_len = kserve_json.encode_response(result, options)
         except InferenceError as e:
             reply = [(b"content-type", b"application/json")]
             if e.message == "Unsupported compression type":
                 reply.append((b"accept-encoding", b"gzip, deflate"))
+            if e.retry_after_s is not None:  # a full backlog: worth trying again later
+                reply.append((b"retry-after", str(max(1, math.ceil(e.retry_after_s))).encode()))
             return HTTP_STATUS.get(e.code, 400), reply, orjson.dumps({"error": e.message})
         reply = []
         if json_len is not None:
@@ -270,7 +293,9 @@ class HttpFrontend:
                 out = orjson.dumps({"error": str(_TooLarge(total, limit))})
             else:
                 body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                status, reply, out = await self.infer_reply(model, version, headers, body)
+                status, reply, out = await self.infer_reply(model, version, headers, body, receive)
+                if status == _CLIENT_GONE:
+                    return
         reply.append((b"content-length", str(len(out)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": reply})
         await send({"type": "http.response.body", "body": out})
@@ -344,6 +369,22 @@ class HttpFrontend:
             routes=routes,
             exception_handlers={HTTPException: http_error, Exception: server_error},
         )
+
+
+def _watch_disconnect(fut: asyncio.Future[Any], receive: Receive) -> None:
+    """The request is still waiting: from now on a disconnect of its client cancels it."""
+    if fut.done():
+        return
+    task = asyncio.ensure_future(_cancel_on_disconnect(fut, receive))
+    fut.add_done_callback(lambda _: task.cancel())
+
+
+async def _cancel_on_disconnect(fut: asyncio.Future[Any], receive: Receive) -> None:
+    while not fut.done():
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            fut.cancel()  # the engine drops it from the queues (RequestFuture)
+            return
 
 
 class _TooLarge(Exception):
