@@ -62,6 +62,8 @@ SubmitResult DynamicScheduler::enqueue_locked(Request* r, int priority, Instance
   const int level = (priority >= 1 && priority <= spec_.priority_levels) ? priority : spec_.default_priority;
   const int L = level - 1;
   const QueuePolicy& qp = spec_.queue_policies[L];
+  if (qp.max_queue_size && levels_[L].size() + delayed_[L].size() >= qp.max_queue_size && cancels_)
+    drop_cancelled_locked();  // cancelled requests do not count against the queue's size
   if (qp.max_queue_size && levels_[L].size() + delayed_[L].size() >= qp.max_queue_size)
     return refuse(kUnavailable, "Exceeds maximum queue size");
   // A request's own timeout applies only when allowed and shorter than the default.

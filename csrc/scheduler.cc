@@ -92,14 +92,12 @@ SubmitResult Scheduler::submit(Request* r, int priority) {
       r->arrival_ns = now_ns();
       res = enqueue_locked(r, priority, wake, warning);
     }
-    if (!res.accepted) {
-      recycle_locked(r);
-      return res;
-    }
-    if (!cancelled_.empty()) cancelled.swap(cancelled_);  // a hand-off met a cancelled request
+    if (!res.accepted) recycle_locked(r);
+    if (!cancelled_.empty()) cancelled.swap(cancelled_);  // queueing met cancelled requests
   }
-  if (wake) wake->cv.notify_one();
   if (!cancelled.empty()) report(cancelled, kCancelled);
+  if (!res.accepted) return res;
+  if (wake) wake->cv.notify_one();
   if (!warning.empty() && hooks_.log_warning) hooks_.log_warning(warning);
   return res;
 }
