@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import logging
 import math
 import re
@@ -32,10 +33,11 @@ SESSION_HEADER = "inference-session-id"
 # Model names cannot contain "/" (as in Triton); versions are decimal.
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 DEFAULT_MAX_BODY_BYTES = 1 << 30
-#: an infer request still waiting after this long starts watching for its client's disconnect,
-#: which then takes the request out of the queues (a quick step pays only for a timer)
+#: an infer request still waiting after one to two of these starts watching for its client's
+#: disconnect, which then takes the request out of the queues (a quick step pays one list append)
 DISCONNECT_GRACE_S = 0.05
 _CLIENT_GONE = 499  # infer_reply's status when the client disconnected: nothing is sent
+_DISCONNECTED = "the HTTP client disconnected"  # the cancel message of a request whose client left
 
 HTTP_STATUS = {
     Code.UNKNOWN: 400,
@@ -92,6 +94,7 @@ class HttpFrontend:
     def __init__(self, server: Server, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.server = server
         self.max_body_bytes = max_body_bytes
+        self._disconnects = _DisconnectWatch()
 
     async def _body(self, request: Request) -> bytes:
         length = request.headers.get("content-length")
@@ -207,7 +210,7 @@ class HttpFrontend:
         """One infer request, whatever HTTP server carries it: (status, response headers, body).
         `headers` is looked up by lower-case name; `version` is "" or the path's digits.
         `receive`: the ASGI channel the body came on; a client that disconnects while its request
-        waits (longer than DISCONNECT_GRACE_S) cancels it, and the status is 499: send nothing."""
+        waits (past DISCONNECT_GRACE_S) cancels it, and the status is 499: send nothing."""
         session = None
         try:
             encoding = headers.get("content-encoding")
@@ -227,19 +230,14 @@ class HttpFrontend:
             if session and not req.sequence_id:
                 req.sequence_id = self._session_sequence_id(session, model, version)
             fut = enqueue_single(self.server, req, _ENDPOINT)
-            if receive is None:
+            if receive is not None:
+                self._disconnects.add(fut, receive)
+            try:
                 result = await fut
-            else:
-                watch = asyncio.get_running_loop().call_later(DISCONNECT_GRACE_S, _watch_disconnect, fut, receive)
-                try:
-                    result = await fut
-                except asyncio.CancelledError:
-                    task = asyncio.current_task()
-                    if task is not None and task.cancelling():
-                        raise  # this handler is being cancelled, not just the request
+            except asyncio.CancelledError as e:
+                if e.args == (_DISCONNECTED,):  # the request, not this handler, was cancelled
                     return _CLIENT_GONE, [], b""
-                finally:
-                    watch.cancel()
+                raise
             out, json_len = kserve_json.encode_response(result, options)
         except InferenceError as e:
             reply = [(b"content-type", b"application/json")]
@@ -371,19 +369,41 @@ class HttpFrontend:
         )
 
 
-def _watch_disconnect(fut: asyncio.Future[Any], receive: Receive) -> None:
-    """The request is still waiting: from now on a disconnect of its client cancels it."""
-    if fut.done():
-        return
-    task = asyncio.ensure_future(_cancel_on_disconnect(fut, receive))
-    fut.add_done_callback(lambda _: task.cancel())
+class _DisconnectWatch:
+    """Watches for the disconnect of HTTP clients whose requests still wait after one to two
+    grace periods: requests join a list, and one timer per grace period (while any wait) moves
+    the list on, starting a watcher for each request of the older list still waiting."""
+
+    __slots__ = ("_newer", "_older", "_timer")
+
+    def __init__(self) -> None:
+        self._newer: list[tuple[asyncio.Future[Any], Receive]] = []
+        self._older: list[tuple[asyncio.Future[Any], Receive]] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, fut: asyncio.Future[Any], receive: Receive) -> None:
+        self._newer.append((fut, receive))
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(DISCONNECT_GRACE_S, self._tick)
+
+    def _tick(self) -> None:
+        older, self._older, self._newer = self._older, self._newer, []
+        for fut, receive in older:
+            if not fut.done():
+                task = asyncio.ensure_future(_cancel_on_disconnect(fut, receive))
+                fut.add_done_callback(functools.partial(_stop_watching, task))
+        self._timer = asyncio.get_running_loop().call_later(DISCONNECT_GRACE_S, self._tick) if self._older else None
+
+
+def _stop_watching(task: asyncio.Task[None], fut: asyncio.Future[Any]) -> None:
+    task.cancel()
 
 
 async def _cancel_on_disconnect(fut: asyncio.Future[Any], receive: Receive) -> None:
     while not fut.done():
         msg = await receive()
         if msg["type"] == "http.disconnect":
-            fut.cancel()  # the engine drops it from the queues (RequestFuture)
+            fut.cancel(_DISCONNECTED)  # the engine drops it from the queues (RequestFuture)
             return
 
 

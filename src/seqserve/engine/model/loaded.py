@@ -50,18 +50,18 @@ class RequestFuture(asyncio.Future[InferResult]):
     cancelled, an HTTP client disconnected, an awaiting task cancelled) also takes the request
     out of the core's queues."""
 
-    __slots__ = ("_model", "_rec")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, model: LoadedModel) -> None:
-        super().__init__(loop=loop)
-        self._model = model
-        self._rec: Pending | None = None
+    # The request's core names, not its Pending: that refers to this future, and a cycle would
+    # leave every request to the garbage collector. Set by submit (no __init__: the hot path).
+    __slots__ = ("_handle", "_model", "_token")
+    _model: LoadedModel
+    _handle: int
+    _token: int
 
     def cancel(self, msg: Any | None = None) -> bool:
         if not super().cancel(msg):
             return False
-        if self._rec is not None:
-            self._model.cancel_request(self._rec)
+        if self._token >= 0:  # the model sees is_cancelled() through this future
+            self._model.cancel_queued(self._token, self._handle)
         return True
 
 
@@ -263,8 +263,11 @@ class LoadedModel:
         Decoupled models refuse it (DecoupledModelError): use ``submit_streaming``."""
         if self.decoupled:
             raise DecoupledModelError(self.name)
-        fut = RequestFuture(self._loop, self)
-        fut._rec = self._queue(request, response_parameters, fut, None)
+        fut = RequestFuture(loop=self._loop)
+        rec = self._queue(request, response_parameters, fut, None)
+        fut._model = self
+        fut._handle = rec.handle
+        fut._token = rec.token
         return fut
 
     def submit_streaming(
@@ -292,6 +295,10 @@ class LoadedModel:
         rec.cancelled = True
         if rec.token >= 0:
             self._core.cancel(rec.token, rec.handle)
+
+    def cancel_queued(self, token: int, handle: int) -> None:
+        """Take request ``handle`` out of the core's queues if it is still there (event loop)."""
+        self._core.cancel(token, handle)
 
     def end_sequence(self, sequence_id: SequenceId, owner: int = 0, reason: str = "") -> bool:
         """End a live sequence now, as idle expiry does: its slot is freed (after one final END
