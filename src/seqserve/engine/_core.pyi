@@ -338,4 +338,7 @@ class Scheduler(metaclass=_Pybind11Type):
     def sequences(self) -> list[tuple[str, int]]:
         """(sequence id, global slot) of every live sequence; slot -1 while backlogged."""
     def stats(self) -> Stats: ...
-    def close(self, force: bool = False) -> None: ...
+    def close(self, force: bool = False, *, timeout_s: float | None = None) -> list[int]:
+        """Stop the executors once queues drain (force: now); unanswered requests fail UNAVAILABLE.
+        Waits up to timeout_s (None: without limit) for the executor threads; returns the indices
+        of the instances whose executor was still running then (left behind, never joined)."""
