@@ -15,12 +15,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.api import kserve_json
 from seqserve.api.kserve import EXTENSIONS, enqueue_single
-from seqserve.engine import Code, InferenceError, Server
+from seqserve.engine import SERVER_EXITING, SERVER_NOT_READY, Code, InferenceError, Server
 
 _ENDPOINT = "HTTP end point"  # names this front-end in the refusal of decoupled models
 
@@ -102,13 +102,22 @@ class HttpFrontend:
 
     # ------------------------------------------------------------------------- health
 
+    # Once the shutdown has begun these answer as Triton does then: 503 with "Server exiting"
+    # (server health) or "Server not ready" (model readiness).
+
     async def live(self, request: Request) -> Response:
+        if self.server.exiting:
+            return error_response(SERVER_EXITING, 503)
         return _empty(200 if self.server.is_live() else 400)
 
     async def ready(self, request: Request) -> Response:
+        if self.server.exiting:
+            return error_response(SERVER_EXITING, 503)
         return _empty(200 if self.server.is_ready() else 400)
 
     async def model_ready(self, request: Request) -> Response:
+        if self.server.exiting:
+            return error_response(SERVER_NOT_READY, 503)
         p = request.path_params
         if self.server.is_model_ready(p["model"], p.get("version", "")):
             return _empty()
@@ -279,8 +288,11 @@ class HttpFrontend:
         """The whole HTTP API as one ASGI app: infer on the bare fast path, the rest through
         Starlette's routing."""
         app = self.app()
+        server = self.server
 
         async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+            if server.exiting:  # every reply closes its connection: none is idle when the front-end stops
+                send = _closing(send)
             if scope["type"] == "http" and scope["method"] == "POST":
                 m = _INFER_PATH.match(scope["path"])
                 if m is not None:
@@ -344,6 +356,18 @@ class HttpFrontend:
             routes=routes,
             exception_handlers={HTTPException: http_error, Exception: server_error},
         )
+
+
+def _closing(send: Send) -> Send:
+    """``send`` with ``connection: close`` added to the response head."""
+
+    async def closing_send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"connection"]
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await send(message)
+
+    return closing_send
 
 
 class _TooLarge(Exception):
