@@ -314,6 +314,7 @@ def test_cli_refuses_mtls_on_a_granian_that_cannot(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(security, "granian_client_verify_supported", lambda: False)
+    monkeypatch.setattr(security, "check_tls", lambda what, tls: None)  # no files here
     monkeypatch.setattr(cli, "run", lambda opts: pytest.fail("must not start"))
     tls = ["--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-ca", "ca.pem"]
     assert cli.main(["serve", *tls, "--http-server", "granian"]) == 2

@@ -63,13 +63,20 @@ HTTP_REFUSAL = 403
 
 _V = "/versions/{version:int}"
 
-#: Every HTTP route, as a Starlette path template, and its group. The order is the routing
-#: order (the first template that matches a path names its group), as in http.py: the
-#: literal ``/v2/models/stats`` before ``/v2/models/{model}``. Templates that seqserve does not
+#: Every HTTP route, as a Starlette path template, and its group. The first template that
+#: matches a path names its group, so the order is that of the routing in http.py where
+#: templates overlap (the literal ``/v2/models/stats`` before ``/v2/models/{model}``); infer
+#: comes first, which no other template matches, so that the hot path matches at once. Templates that seqserve does not
 #: serve yet (Triton's shared-memory, trace, logging and generate routes, the repository
 #: segment, seqserve's sequences) are listed too: a restriction holds there as well (403,
 #: else 404), and holds for them the day they are served.
 HTTP_API: tuple[tuple[str, str], ...] = (
+    ("/v2/models/{model}/infer", "inference"),
+    ("/v2/models/{model}" + _V + "/infer", "inference"),
+    ("/v2/models/{model}/generate", "inference"),
+    ("/v2/models/{model}" + _V + "/generate", "inference"),
+    ("/v2/models/{model}/generate_stream", "inference"),
+    ("/v2/models/{model}" + _V + "/generate_stream", "inference"),
     ("/v2/health/live", "health"),
     ("/v2/health/ready", "health"),
     ("/v2", "metadata"),
@@ -82,12 +89,6 @@ HTTP_API: tuple[tuple[str, str], ...] = (
     ("/v2/models/{model}" + _V + "/ready", "health"),
     ("/v2/models/{model}/config", "model-config"),
     ("/v2/models/{model}" + _V + "/config", "model-config"),
-    ("/v2/models/{model}/infer", "inference"),
-    ("/v2/models/{model}" + _V + "/infer", "inference"),
-    ("/v2/models/{model}/generate", "inference"),
-    ("/v2/models/{model}" + _V + "/generate", "inference"),
-    ("/v2/models/{model}/generate_stream", "inference"),
-    ("/v2/models/{model}" + _V + "/generate_stream", "inference"),
     ("/v2/models/{model}/trace/setting", "trace"),
     ("/v2/models/{model}/sequences", "sequence"),
     ("/v2/models/{model}/sequences/{rest:path}", "sequence"),
