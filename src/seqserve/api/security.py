@@ -22,7 +22,7 @@ import hmac
 import inspect
 import re
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,10 +203,9 @@ def _digest(value: bytes) -> bytes:
 class Restrictions(Mapping[str, Restriction]):
     """The restricted groups of one front-end: group -> restriction. Empty: all open."""
 
-    __slots__ = ("_by_group", "option")
+    __slots__ = ("_by_group",)
 
-    def __init__(self, option: str = "", by_group: Mapping[str, Restriction] | None = None) -> None:
-        self.option = option
+    def __init__(self, by_group: Mapping[str, Restriction] | None = None) -> None:
         self._by_group = dict(by_group or {})
 
     def __getitem__(self, group: str) -> Restriction:
@@ -261,7 +260,7 @@ class Restrictions(Mapping[str, Restriction]):
                 raise RestrictionError(
                     f"--{option}: the value for '{key}' must be printable ASCII without leading or trailing spaces"
                 )
-        return cls(option, by_group)
+        return cls(by_group)
 
 
 def _split_spec(arg: str, option: str) -> tuple[str, str, str]:
@@ -356,7 +355,7 @@ def restrict_grpc(servicer: Any, service: ServiceDescriptor, restrictions: Mappi
         r = restrictions.get(group)
         if r is None:
             continue
-        guard = _guard_stream if method.client_streaming or method.server_streaming else _guard_unary
+        guard = _guard_stream if method.server_streaming else _guard_unary  # by what the rpc returns
         setattr(servicer, method.name, guard(getattr(servicer, method.name), r))
 
 
@@ -379,15 +378,19 @@ def _guard_unary(rpc: Callable[[Any, Any], Any], r: Restriction) -> Callable[[An
     return guarded
 
 
-def _guard_stream(rpc: Callable[[Any, Any], AsyncIterator[Any]], r: Restriction) -> Callable[[Any, Any], Any]:
+def _guard_stream(rpc: Callable[[Any, Any], AsyncGenerator[Any, None]], r: Restriction) -> Callable[[Any, Any], Any]:
     # Like Triton, refuse the stream when it opens, before any message is read.
     digest, message = r.digest, grpc_refusal(r)
 
     async def guarded(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         if not _allowed(r, digest, context.invocation_metadata()):
             await context.abort(GRPC_REFUSAL, message)
-        async for reply in rpc(requests, context):
-            yield reply
+        replies = rpc(requests, context)
+        try:
+            async for reply in replies:
+                yield reply
+        finally:
+            await replies.aclose()  # the rpc's own clean-up (open requests cancelled) runs now
 
     return guarded
 
