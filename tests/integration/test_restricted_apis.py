@@ -91,7 +91,7 @@ def refusal(cl: Client, group: str) -> tuple[str, str]:
     key = KEY_OF[group][0]
     if cl.is_http:
         return "403", f"This API is restricted, expecting header '{key}'"
-    return "StatusCode.UNAVAILABLE", f"This protocol is restricted, expecting header '{GRPC_PREFIX}{key}'"
+    return "StatusCode.PERMISSION_DENIED", f"This protocol is restricted, expecting header '{GRPC_PREFIX}{key}'"
 
 
 def _add_sub_inputs(cl: Client) -> list[Any]:
@@ -232,7 +232,7 @@ def test_sequences_with_headers(locked: ServerProcess) -> None:
     g.start_stream(callback=callback, headers={"test": "1"})
     assert done.wait(10)
     (_, error), *_ = results
-    assert error.status() == "StatusCode.UNAVAILABLE"
+    assert error.status() == "StatusCode.PERMISSION_DENIED"
     assert error.message() == f"This protocol is restricted, expecting header '{GRPC_PREFIX}infer-key'"
     g.stop_stream()
     results.clear()
@@ -252,7 +252,7 @@ def test_grpc_health_check_is_health(locked: ServerProcess) -> None:
         stub = health_pb2_grpc.HealthStub(channel)
         with pytest.raises(grpc.RpcError) as ei:
             stub.Check(health_pb2.HealthCheckRequest(), timeout=10)
-        assert ei.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert ei.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "expecting header 'triton-grpc-protocol-health-key'" in (ei.value.details() or "")
         reply = stub.Check(
             health_pb2.HealthCheckRequest(), metadata=[(GRPC_PREFIX + "health-key", "h-value")], timeout=10

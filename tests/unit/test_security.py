@@ -277,7 +277,7 @@ def test_grpc_guard_wraps_only_restricted_rpcs() -> None:
         with pytest.raises(RuntimeError, match="aborted"):
             await servicer.ServerLive(pb.ServerLiveRequest(), ctx)
         assert ctx.aborted == (
-            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.PERMISSION_DENIED,
             "This protocol is restricted, expecting header 'triton-grpc-protocol-Key'",
         )
         servicer.server = type("S", (), {"is_live": lambda self: True})()

@@ -5,8 +5,9 @@ with Triton's syntax, messages and statuses). Every HTTP route and every gRPC me
 to exactly one group (the tables below, the only place that says so); a restricted group
 answers only requests that carry its header with its value. A refused request gets what
 Triton answers: HTTP 403 ``{"error": "This API is restricted, expecting header '<key>'"}``,
-gRPC UNAVAILABLE ``This protocol is restricted, expecting header
-'triton-grpc-protocol-<key>'``. With no restriction configured nothing here runs: no ASGI
+gRPC PERMISSION_DENIED ``This protocol is restricted, expecting header
+'triton-grpc-protocol-<key>'`` (Triton's message; its status there is UNAVAILABLE, see
+``GRPC_REFUSAL``). With no restriction configured nothing here runs: no ASGI
 wrapper, no wrapped rpc. With some, an HTTP request costs one regular-expression match of its
 path, and a request to a restricted group one header look-up and a constant-time comparison;
 a gRPC call to an unrestricted method costs nothing.
@@ -55,8 +56,11 @@ GROUPS = (*TRITON_GROUPS, "sequence")
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 
 #: gRPC status of a refusal. Triton answers UNAVAILABLE (``grpc_server.cc``, ``infer_handler.cc``,
-#: ``stream_infer_handler.cc``), not PERMISSION_DENIED; clients that match on it keep working.
-GRPC_REFUSAL = grpc.StatusCode.UNAVAILABLE
+#: ``stream_infer_handler.cc``); we answer PERMISSION_DENIED, the status that means it, because
+#: UNAVAILABLE is what retry policies and balancers retry by default (a refusal would be retried
+#: until attempts run out) and what this server uses for "try again elsewhere". The message is
+#: Triton's, so clients that match on it keep working.
+GRPC_REFUSAL = grpc.StatusCode.PERMISSION_DENIED
 HTTP_REFUSAL = 403
 
 # --------------------------------------------------------------------------- the tables
