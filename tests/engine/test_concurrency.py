@@ -27,7 +27,7 @@ import pytest
 
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import Server, _core
-from tests.conftest import write_model
+from tests.helpers import write_model
 
 THREADS, SEQS, STEPS = 8, 25, 20
 TIMEOUT_S = 60.0
