@@ -23,7 +23,6 @@ from tests.helpers import expect_error, wait_until, write_model
 GATED_MODEL = """
 import queue
 import threading
-import time
 import numpy as np
 
 RECORD = []
@@ -41,8 +40,6 @@ class Model:
         ENTERED.put(self.instance)
         if (x == -1).any():
             GATE.wait(20)
-        if (x == -2).any():
-            time.sleep(0.3)
         return {"OUT_X": x.copy()}
 """
 
