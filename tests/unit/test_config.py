@@ -18,27 +18,28 @@ from seqserve._proto.model_config_pb2 import (
     SeqserveTimeoutAction,
 )
 from seqserve.engine.config import (
-    DTYPE_SIZE,
     config_to_json,
-    from_wire_dtype_name,
     load_model_config,
     normalize_config,
     read_initial_state,
     state_input_name,
     state_output_name,
-    to_numpy_dtype,
     validate_config,
-    wire_dtype_name,
 )
 from seqserve.engine.errors import Code, InferenceError, ModelConfigError
+from seqserve.engine.tensors import (
+    BY_CONFIG,
+    DATA_TYPES,
+    from_wire_dtype_name,
+    numpy_wire_name,
+    to_numpy_dtype,
+    wire_dtype_name,
+)
 
 BRIEF_CONFIGS = Path(__file__).resolve().parent.parent / "data" / "brief_configs"
 
 BASE = 'name: "m"\nbackend: "python"\nmax_batch_size: 4\n'
-IO = (
-    'input [{ name: "IN" data_type: TYPE_FP32 dims: [1] }]\n'
-    'output [{ name: "OUT" data_type: TYPE_FP32 dims: [1] }]\n'
-)
+IO = 'input [{ name: "IN" data_type: TYPE_FP32 dims: [1] }]\noutput [{ name: "OUT" data_type: TYPE_FP32 dims: [1] }]\n'
 
 
 def write_model(root: Path, text: str, name: str = "m") -> Path:
@@ -64,9 +65,7 @@ START_OK = "kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1]"
 BOTH_LISTS = "int32_false_true: [0, 1] fp32_false_true: [0, 1]"
 
 
-def state(
-    initial: str = "", dims: str = "[-1, 2]", names: str = 'input_name: "IN_S" output_name: "OUT_S"'
-) -> str:
+def state(initial: str = "", dims: str = "[-1, 2]", names: str = 'input_name: "IN_S" output_name: "OUT_S"') -> str:
     return f"{{ {names} data_type: TYPE_INT32 dims: {dims} {initial} }}"
 
 
@@ -112,18 +111,15 @@ CONTROL_CASES = [
     ),
     (
         seq(control("A", "kind: CONTROL_SEQUENCE_READY fp32_false_true: [0, 1, 2]")),
-        "sequence batching control 'fp32_false_true' must have exactly 2 entries for "
-        "CONTROL_SEQUENCE_READY for m",
+        "sequence batching control 'fp32_false_true' must have exactly 2 entries for CONTROL_SEQUENCE_READY for m",
     ),
     (
         seq(control("A", "kind: CONTROL_SEQUENCE_START bool_false_true: [true]")),
-        "sequence batching control 'bool_false_true' must have exactly 2 entries for "
-        "CONTROL_SEQUENCE_START for m",
+        "sequence batching control 'bool_false_true' must have exactly 2 entries for CONTROL_SEQUENCE_START for m",
     ),
     (
         seq(control("A", "kind: CONTROL_SEQUENCE_END int32_false_true: [1]")),
-        "sequence batching control 'int32_false_true' must have exactly 2 entries for "
-        "CONTROL_SEQUENCE_END for m",
+        "sequence batching control 'int32_false_true' must have exactly 2 entries for CONTROL_SEQUENCE_END for m",
     ),
     (
         seq(control("C", "kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 int32_false_true: [0, 1]")),
@@ -145,8 +141,7 @@ CONTROL_CASES = [
 INITIAL_STATE_CASES = [
     (
         states(state(f"initial_state [{{ {INIT_OK} zero_data: true }}, {{ {INIT_OK} zero_data: true }}]")),
-        "initial_state field for state input 'IN_S' must contain exactly one or zero element. "
-        "Found '2' elements.",
+        "initial_state field for state input 'IN_S' must contain exactly one or zero element. Found '2' elements.",
     ),
     (
         states(state(init('data_type: TYPE_FP32 dims: [1, 2] name: "init" zero_data: true'))),
@@ -294,8 +289,7 @@ STATE_CASES = [
     ),
     (
         states('{ name: "S" data_type: TYPE_FP32 dims: [0] }'),
-        "sequence batching state 'S' dimension must be integer >= 1, or -1 to indicate a "
-        "variable-size dimension for m",
+        "sequence batching state 'S' dimension must be integer >= 1, or -1 to indicate a variable-size dimension for m",
     ),
     (
         states('{ name: "S" input_name: "X" data_type: TYPE_FP32 dims: [1] }'),
@@ -358,14 +352,12 @@ VALID_SNIPPETS = [
     "sequence_batching { direct { minimum_slot_utilization: 1.0 } }",
     # DELAY without a timeout never reorders, so preserve_ordering allows it.
     "dynamic_batching { preserve_ordering: true default_queue_policy { timeout_action: DELAY } }",
-    "dynamic_batching { priority_levels: 3 default_priority_level: 3 "
-    "priority_queue_policy { key: 1 value { } } }",
+    "dynamic_batching { priority_levels: 3 default_priority_level: 3 priority_queue_policy { key: 1 value { } } }",
     # A -1 state dim accepts any fixed initial dim; zero_data's value is not checked.
     states(state(init(f"{INIT_OK} zero_data: false"))),
     # State and control tensors may be listed as inputs/outputs without dims.
     seq(control("START", START_OK)) + 'input [{ name: "START" data_type: TYPE_INT32 }]',
-    states(state())
-    + 'input [{ name: "IN_S" data_type: TYPE_INT32 }] output [{ name: "OUT_S" data_type: TYPE_INT32 }]',
+    states(state()) + 'input [{ name: "IN_S" data_type: TYPE_INT32 }] output [{ name: "OUT_S" data_type: TYPE_INT32 }]',
     states(state(names='name: "S" input_name: "S" output_name: "S"')),
     # Duplicate state names only warn, like Triton.
     states(state(), state()),
@@ -399,8 +391,7 @@ def test_unknown_field_names_field_file_and_line(tmp_path: Path) -> None:
         load_model_config(model_dir)
     path = model_dir / "config.pbtxt"
     assert str(info.value) == (
-        f"failed to read text proto from {path}: 3:1 : "
-        'Message type "inference.ModelConfig" has no field named "foo".'
+        f'failed to read text proto from {path}: 3:1 : Message type "inference.ModelConfig" has no field named "foo".'
     )
     assert info.value.code == Code.INTERNAL
 
@@ -449,8 +440,7 @@ def test_name_mismatch_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ModelConfigError) as info:
         load_model_config(model_dir)
     assert str(info.value) == (
-        f"model name 'other' in {model_dir / 'config.pbtxt'} does not match "
-        "the model directory name 'dirname'"
+        f"model name 'other' in {model_dir / 'config.pbtxt'} does not match the model directory name 'dirname'"
     )
     assert info.value.code == Code.INVALID_ARG
 
@@ -630,15 +620,22 @@ def test_dtype_helpers() -> None:
         to_numpy_dtype(DataType.TYPE_INVALID)
 
 
-def test_dtype_tables_agree() -> None:
+def test_dtype_table_covers_every_config_type() -> None:
+    # One table: every tensor datatype of the config enum has one entry, and each layer's
+    # name for it round-trips.
+    assert {d.config for d in DATA_TYPES} == {v for _, v in DataType.items() if v != DataType.TYPE_INVALID}
     for name, value in DataType.items():
-        if value in (DataType.TYPE_INVALID, DataType.TYPE_STRING):
-            assert value not in DTYPE_SIZE
+        if value == DataType.TYPE_INVALID:
+            assert value not in BY_CONFIG
             continue
+        d = BY_CONFIG[value]
+        assert d.config_name == name
         assert from_wire_dtype_name(wire_dtype_name(value)) == value, name
         np_dtype = to_numpy_dtype(value)
-        if np_dtype is not None:
-            assert np_dtype.itemsize == DTYPE_SIZE[value], name
+        if np_dtype is not None and not d.is_bytes:
+            assert np_dtype.itemsize == d.itemsize, name
+            assert numpy_wire_name(np_dtype) == d.wire, name
+    assert numpy_wire_name(np.dtype("S3")) == "BYTES"
 
 
 # --------------------------------------------------------------------------
@@ -677,9 +674,7 @@ def test_read_initial_state_short_file(tmp_path: Path) -> None:
     (tmp_path / "initial_state").mkdir()
     (tmp_path / "initial_state" / "f.bin").write_bytes(b"abc")
     st = _state(state(init(f'{INIT_OK} data_file: "f.bin"'), names="name: 'S'")[1:-1])
-    with pytest.raises(
-        ModelConfigError, match=r"expects 8 bytes, but the data provided from f\.binonly has 3"
-    ):
+    with pytest.raises(ModelConfigError, match=r"expects 8 bytes, but the data provided from f\.binonly has 3"):
         read_initial_state(tmp_path, st, 1)
 
 

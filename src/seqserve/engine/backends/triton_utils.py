@@ -23,8 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from seqserve._proto.model_config_pb2 import TYPE_BOOL
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.responses import Responder
+from seqserve.engine.tensors import DATA_TYPES, of_numpy
 
 __all__ = [
     "TRITONSERVER_MEMORY_CPU",
@@ -63,52 +65,11 @@ TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 TRITONSERVER_MEMORY_GPU = 0
 TRITONSERVER_MEMORY_CPU = 1
 
+# Triton's pb_utils tables, derived from the engine's one datatype table (BF16 has no numpy type).
 TRITON_STRING_TO_NUMPY: dict[str, Any] = {
-    "TYPE_BOOL": bool,
-    "TYPE_UINT8": np.uint8,
-    "TYPE_UINT16": np.uint16,
-    "TYPE_UINT32": np.uint32,
-    "TYPE_UINT64": np.uint64,
-    "TYPE_INT8": np.int8,
-    "TYPE_INT16": np.int16,
-    "TYPE_INT32": np.int32,
-    "TYPE_INT64": np.int64,
-    "TYPE_FP16": np.float16,
-    "TYPE_FP32": np.float32,
-    "TYPE_FP64": np.float64,
-    "TYPE_STRING": np.object_,
+    d.config_name: (bool if d.config == TYPE_BOOL else d.numpy.type) for d in DATA_TYPES if d.numpy is not None
 }
-
-# Triton DataType numbers (model_config.proto), as triton_dtype() reports them.
-_NUMPY_TO_TRITON: dict[str, int] = {
-    "b1": 1,
-    "u1": 2,
-    "u2": 3,
-    "u4": 4,
-    "u8": 5,
-    "i1": 6,
-    "i2": 7,
-    "i4": 8,
-    "i8": 9,
-    "f2": 10,
-    "f4": 11,
-    "f8": 12,
-}
-_TRITON_TO_NUMPY: dict[int, Any] = {
-    1: np.bool_,
-    2: np.uint8,
-    3: np.uint16,
-    4: np.uint32,
-    5: np.uint64,
-    6: np.int8,
-    7: np.int16,
-    8: np.int32,
-    9: np.int64,
-    10: np.float16,
-    11: np.float32,
-    12: np.float64,
-    13: np.object_,
-}
+_TRITON_TO_NUMPY: dict[int, Any] = {d.config: d.numpy.type for d in DATA_TYPES if d.numpy is not None}
 
 _log = logging.getLogger("seqserve.model")
 _sender_lock = threading.Lock()
@@ -508,9 +469,10 @@ def triton_to_numpy_type(data_type: int) -> Any:
 
 def numpy_to_triton_type(data_type: Any) -> int | None:
     dt = np.dtype(data_type)
-    if dt.kind in "OS":
-        return 13
-    return _NUMPY_TO_TRITON.get("b1" if dt.kind == "b" else f"{dt.kind}{dt.itemsize}")
+    if dt.kind == "U":  # as in Triton: str arrays have no Triton type (bytes and objects do)
+        return None
+    d = of_numpy(dt)
+    return None if d is None else d.config
 
 
 def triton_string_to_numpy(triton_type_string: str) -> Any:

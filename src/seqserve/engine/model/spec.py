@@ -1,0 +1,208 @@
+"""Config -> the core's scheduler spec: strategy and batch forming, inputs, control tensors
+and implicit state. Everything here runs once, at load."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from seqserve._proto import model_config_pb2 as mc
+from seqserve.engine import _core
+from seqserve.engine.config import read_initial_state
+
+log = logging.getLogger("seqserve.model")
+
+_CONTROL_KIND = {
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START: 0,
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_READY: 1,
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END: 2,
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID: 3,
+}
+
+ControlTuple = tuple[str, int, int, float, float]
+StateTuple = tuple[str, str, int, list[int], bool, bytes, list[int]]
+
+
+@dataclass(slots=True)
+class CoreSpec:
+    """What the core is built from, plus what the Python side needs to know of it."""
+
+    #: keyword arguments of the core's Scheduler, less the callbacks
+    scheduler: dict[str, Any]
+    strategy_name: str  # direct, oldest, reusable_batch, dynamic, default
+    preserve_ordering: bool  # replies leave in submit order (dynamic batcher's preserve_ordering)
+    #: (state index, output name) of each implicit state: execute returns its next value
+    state_outputs: list[tuple[int, str]] = field(default_factory=list)
+    #: control and state inputs: the server supplies them, a client's copy is ignored
+    server_inputs: frozenset[str] = frozenset()
+    corrid_dtype: int | None = None  # the CORRID control's config datatype, if there is one
+    corrid_name: str = ""
+
+
+def build_core_spec(cfg: mc.ModelConfig, model_dir: Path, instance_count: int) -> CoreSpec:
+    """The core's spec for a finished, validated config."""
+    is_sequence = cfg.HasField("sequence_batching")
+    sb = cfg.sequence_batching
+    controls: list[ControlTuple] = []
+    states: list[StateTuple] = []
+    state_outputs: list[tuple[int, str]] = []
+    corrid_dtype: int | None = None
+    corrid_name = ""
+    if is_sequence:
+        controls, corrid_dtype, corrid_name = _control_specs(sb)
+        states, state_outputs = _state_specs(cfg.name, sb, model_dir, cfg.max_batch_size)
+    batching = _batching_spec(cfg, is_sequence, instance_count)
+    strategy_name = batching.pop("strategy_name")
+    preserve_ordering = bool(batching.pop("preserve_ordering"))
+    scheduler: dict[str, Any] = {
+        "name": cfg.name,
+        "max_batch_size": cfg.max_batch_size,
+        "instance_count": instance_count,
+        "idle_us": sb.max_sequence_idle_microseconds or 1_000_000,
+        "max_queue_delay_us": sb.direct.max_queue_delay_microseconds,
+        "min_slot_utilization": sb.direct.minimum_slot_utilization,
+        "inputs": [
+            (
+                t.name,
+                t.data_type,
+                any(d < 0 for d in t.dims) and not t.allow_ragged_batch,
+                [1 if d < 0 else d for d in t.dims],
+            )
+            for t in cfg.input
+        ],
+        "controls": controls,
+        "states": states,
+        "delay_requests": _env_int("TRITONSERVER_DELAY_SCHEDULER"),
+        "delay_backlog_requests": _env_int("TRITONSERVER_BACKLOG_DELAY_SCHEDULER"),
+        "timeout_complete": is_sequence and sb.timeout_action == mc.TIMEOUT_COMPLETE,
+        **batching,
+    }
+    return CoreSpec(
+        scheduler=scheduler,
+        strategy_name=strategy_name,
+        preserve_ordering=preserve_ordering,
+        state_outputs=state_outputs,
+        server_inputs=frozenset(c[0] for c in controls) | frozenset(s[0] for s in states),
+        corrid_dtype=corrid_dtype,
+        corrid_name=corrid_name,
+    )
+
+
+def _batching_spec(cfg: mc.ModelConfig, is_sequence: bool, instance_count: int) -> dict[str, Any]:
+    """The core's strategy and batch-forming settings for this config."""
+    mbs = cfg.max_batch_size
+    dyn = cfg.dynamic_batching
+    has_dyn = cfg.HasField("dynamic_batching")
+    spec: dict[str, Any] = {"preserve_ordering": False}
+    if is_sequence:
+        sb = cfg.sequence_batching
+        which = sb.WhichOneof("strategy_choice")
+        if which == "oldest":
+            spec.update(
+                strategy=_core.OLDEST,
+                strategy_name="oldest",
+                slots_per_instance=sb.oldest.max_candidate_sequences or max(1, mbs),
+                preferred_batch_sizes=list(sb.oldest.preferred_batch_size),
+                batch_delay_us=sb.oldest.max_queue_delay_microseconds,
+            )
+        elif which == "reusable_batch":
+            # Oldest-like batches across sequences; the delay comes from dynamic_batching.
+            spec.update(
+                strategy=_core.OLDEST,
+                strategy_name="reusable_batch",
+                slots_per_instance=sb.reusable_batch.max_size,
+                preferred_batch_sizes=list(sb.reusable_batch.candidate_batch_size),
+                batch_delay_us=dyn.max_queue_delay_microseconds if has_dyn else 0,
+            )
+        else:
+            if has_dyn:
+                log.info(
+                    "model '%s': Direct strategy; dynamic_batching settings do not apply to sequences",
+                    cfg.name,
+                )
+            spec.update(strategy=_core.DIRECT, strategy_name="direct", slots_per_instance=max(1, mbs))
+        return spec
+    slots = {"slots_per_instance": 1}
+    if not has_dyn:
+        return spec | slots | {"strategy": _core.STATELESS, "strategy_name": "default"}
+    levels = max(1, dyn.priority_levels)
+    policies = []
+    for level in range(1, levels + 1):
+        qp = dyn.priority_queue_policy.get(level, dyn.default_queue_policy)
+        policies.append(
+            (
+                qp.timeout_action == mc.ModelQueuePolicy.DELAY,
+                qp.default_timeout_microseconds,
+                qp.allow_timeout_override,
+                qp.max_queue_size,
+            )
+        )
+    return (
+        spec
+        | slots
+        | {
+            "strategy": _core.DYNAMIC,
+            "strategy_name": "dynamic",
+            "preferred_batch_sizes": list(dyn.preferred_batch_size),
+            "batch_delay_us": dyn.max_queue_delay_microseconds,
+            "priority_levels": levels,
+            "default_priority": dyn.default_priority_level or 1,
+            "queue_policies": policies,
+            "preserve_ordering": dyn.preserve_ordering and instance_count > 1,
+        }
+    )
+
+
+def _control_specs(sb: mc.ModelSequenceBatching) -> tuple[list[ControlTuple], int | None, str]:
+    out: list[ControlTuple] = []
+    corrid_dtype: int | None = None
+    corrid_name = ""
+    for ci in sb.control_input:
+        spec: ControlTuple | None = None
+        for c in ci.control:  # several kinds on one tensor: the later one wins, as in Triton
+            kind = _CONTROL_KIND[c.kind]
+            if kind == 3:
+                spec = (ci.name, 3, c.data_type, 0.0, 0.0)
+                corrid_dtype = c.data_type
+                corrid_name = ci.name
+            elif len(c.int32_false_true) == 2:
+                spec = (ci.name, kind, mc.TYPE_INT32, *map(float, c.int32_false_true))  # type: ignore[assignment]
+            elif len(c.fp32_false_true) == 2:
+                spec = (ci.name, kind, mc.TYPE_FP32, *map(float, c.fp32_false_true))  # type: ignore[assignment]
+            else:
+                spec = (ci.name, kind, mc.TYPE_BOOL, *map(float, c.bool_false_true))  # type: ignore[assignment]
+        if spec is not None:
+            out.append(spec)
+    return out, corrid_dtype, corrid_name
+
+
+def _state_specs(
+    model: str, sb: mc.ModelSequenceBatching, model_dir: Path, max_batch_size: int
+) -> tuple[list[StateTuple], list[tuple[int, str]]]:
+    out: list[StateTuple] = []
+    outputs: list[tuple[int, str]] = []
+    seen: set[str] = set()
+    for st in sb.state:
+        in_name = st.input_name or st.name
+        out_name = st.output_name or st.name
+        if in_name in seen:
+            log.warning("model '%s': state input '%s' is given twice; the later one is ignored", model, in_name)
+            continue
+        seen.add(in_name)
+        data, dims = read_initial_state(model_dir, st, max_batch_size)
+        variable = any(d < 0 for d in st.dims)
+        outputs.append((len(out), out_name))
+        out.append((in_name, out_name, st.data_type, list(st.dims), variable, data, list(dims)))
+    return out, outputs
+
+
+def _env_int(name: str) -> int:
+    raw = os.environ.get(name, "")
+    try:
+        return max(0, int(raw)) if raw else 0
+    except ValueError:
+        log.warning("ignoring %s=%r: not an integer", name, raw)
+        return 0

@@ -1,0 +1,29 @@
+"""The one request type: built once by a front-end's codec (or by Server's keyword
+helpers) and carried unchanged through Server -> model -> core."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: a sequence's correlation id: uint64 or string (5 and "5" are different sequences)
+SequenceId = int | str
+
+
+@dataclass(slots=True, eq=False)
+class InferRequest:
+    """One inference request, independent of the transport it came on."""
+
+    model: str
+    inputs: dict[str, np.ndarray]
+    version: str = ""  # "" = the model's highest loaded version
+    id: str = ""  # the client's request id, echoed in the response
+    sequence_id: SequenceId = 0  # 0 / "" = none
+    sequence_start: bool = False
+    sequence_end: bool = False
+    outputs: tuple[str, ...] = ()  # requested outputs; empty = all of them
+    priority: int = 0  # 0 = the model's default level
+    timeout_us: int = 0  # 0 = the queue policy's default
+    parameters: dict[str, Any] = field(default_factory=dict)  # the client's other parameters
