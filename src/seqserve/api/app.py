@@ -17,7 +17,7 @@ from typing import Any
 
 from seqserve import __version__
 from seqserve.api import security
-from seqserve.api.http import DEFAULT_MAX_BODY_BYTES, HttpFrontend
+from seqserve.api.http import DEFAULT_MAX_BODY_BYTES, HttpFrontend, close_when_exiting
 from seqserve.engine import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, Server
 
 log = logging.getLogger("seqserve")
@@ -108,6 +108,7 @@ async def serve(opts: ServeOptions) -> int:
         app = HttpFrontend(server, max_body_bytes=opts.http_max_body_bytes).asgi()
         # app itself when nothing is restricted
         app = security.restrict_http(app, opts.http_restricted, max_body_bytes=opts.http_max_body_bytes)
+        app = close_when_exiting(app, server)
         kind = resolve_http_server(opts.http_server)
         if kind == "granian":
             stop_http = _start_granian(app, opts, tasks)

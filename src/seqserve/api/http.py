@@ -288,11 +288,8 @@ class HttpFrontend:
         """The whole HTTP API as one ASGI app: infer on the bare fast path, the rest through
         Starlette's routing."""
         app = self.app()
-        server = self.server
 
         async def serve(scope: Scope, receive: Receive, send: Send) -> None:
-            if server.exiting:  # every reply closes its connection: none is idle when the front-end stops
-                send = _closing(send)
             if scope["type"] == "http" and scope["method"] == "POST":
                 m = _INFER_PATH.match(scope["path"])
                 if m is not None:
@@ -356,6 +353,16 @@ class HttpFrontend:
             routes=routes,
             exception_handlers={HTTPException: http_error, Exception: server_error},
         )
+
+
+def close_when_exiting(app: ASGIApp, server: Server) -> ASGIApp:
+    """``app``, whose replies close their connections once the server's shutdown has begun: no
+    keep-alive connection then sits idle, to be cut when the front-end stops."""
+
+    async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+        await app(scope, receive, _closing(send) if server.exiting else send)
+
+    return serve
 
 
 def _closing(send: Send) -> Send:
