@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from seqserve.engine import _core
+from tests.helpers import wait_until_sync
 
 I32 = np.dtype(np.int32)
 I64 = np.dtype(np.int64)
@@ -211,8 +212,5 @@ def test_close_leaves_a_hung_executor_behind() -> None:
     finally:
         release.set()
     # the detached executor comes back to a scheduler that still exists, finishes and exits
-    deadline = time.monotonic() + 10
-    while sched.stats().execution_count == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert sched.stats().execution_count == 1
+    wait_until_sync(lambda: sched.stats().execution_count == 1, "the left-behind batch is counted")
     assert failed == []

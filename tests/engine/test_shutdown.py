@@ -4,14 +4,12 @@ are bounded, the hung instance is left behind and named, and its requests fail."
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-from types import ModuleType
 
 import numpy as np
 
 from seqserve.engine import SERVER_STOPPING, Code, Server
-from tests.conftest import expect_error, write_model
+from tests.helpers import expect_error, model_module, write_model
 
 CFG = """
 name: "h"
@@ -39,14 +37,10 @@ def _x(v: int) -> dict[str, np.ndarray]:
     return {"IN_X": np.array([[v]], np.int32)}
 
 
-def _module() -> ModuleType:
-    return sys.modules["seqserve_models.h.v1"]
-
-
 async def test_shutdown_leaves_a_hung_instance_behind(repo, serve) -> None:
     write_model(repo, "h", CFG, HANG_PY)
     s: Server = await serve()
-    mod = _module()
+    mod = model_module("h")
     try:
         running = s.submit("h", _x(1))
         assert await asyncio.to_thread(mod.ENTERED.wait, 10)
@@ -68,7 +62,7 @@ async def test_shutdown_leaves_a_hung_instance_behind(repo, serve) -> None:
 async def test_unload_of_a_hung_model_is_bounded(repo, serve, caplog) -> None:
     write_model(repo, "h", CFG, HANG_PY)
     s: Server = await serve(exit_timeout_s=0.5)
-    mod = _module()
+    mod = model_module("h")
     try:
         running = s.submit("h", _x(1))
         assert await asyncio.to_thread(mod.ENTERED.wait, 10)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.helpers import WAIT_S, wait_until_sync
 from tests.integration._util import (
     Client,
     SyncStream,
@@ -35,13 +36,8 @@ from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server, w
 STOPPING = "Server is stopping"
 
 
-def _wait_not_ready(srv: ServerProcess, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if http_request(srv, "GET", "/v2/health/ready").status != 200:
-            return
-        time.sleep(0.02)
-    raise AssertionError("server still ready after SIGTERM")
+def _wait_not_ready(srv: ServerProcess) -> None:
+    wait_until_sync(lambda: http_request(srv, "GET", "/v2/health/ready").status != 200, "not ready after SIGTERM")
 
 
 async def test_sigterm_drains_sequences(launch: Callable[..., ServerProcess]) -> None:
@@ -113,7 +109,6 @@ async def test_exit_timeout_cuts_off_unfinished_sequences(launch: Callable[..., 
 
 # ------------------------------------------------------------------ hangs, signals, drain
 
-WAIT_S = 10.0  # a bound for the waits below, not a pause: they poll until it passes
 STOPPING_FULL = "Server is stopping, scheduler for model has stopped accepting new inference requests"
 
 # A sequence model whose execute never returns (an hour, as in issue 12): two slots on one
@@ -188,14 +183,12 @@ def _own_server(repo: Path, tmp_path: Path, *args: str, exit_timeout_s: float) -
 def _wait_log(srv: ServerProcess, pattern: str, count: int = 1, timeout: float = WAIT_S) -> list[str]:
     """Wait until the server log has `count` lines matching `pattern`; returns them."""
     rx = re.compile(pattern)
-    deadline = time.monotonic() + timeout
-    while True:
-        lines = [line for line in srv.log().splitlines() if rx.search(line)]
-        if len(lines) >= count:
-            return lines
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{count} x {pattern!r} not in the log within {timeout} s\n{srv.log()}")
-        time.sleep(0.02)
+
+    def lines() -> list[str]:
+        return [line for line in srv.log().splitlines() if rx.search(line)]
+
+    wait_until_sync(lambda: len(lines()) >= count, f"the log has {count} x {pattern!r}\n{srv.log()}", timeout)
+    return lines()
 
 
 def _exit_code(srv: ServerProcess, within: float) -> tuple[int, float]:
