@@ -241,7 +241,7 @@ async def test_without_torch_installed(repo, serve, monkeypatch):
     save(repo, "m", AddSub(), add_sub_config("m", ("a", "b"), ("S", "D"), 'platform: "pytorch_libtorch"'))
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
     msg = await load_error(serve, "m")
-    assert "the pytorch backend needs `pip install seqserve[torch]`" in msg
+    assert "the pytorch backend needs torch: `pip install '.[torch]'` in the seqserve checkout" in msg
 
 
 # ---------------------------------------------------------------- state and controls

@@ -1,6 +1,7 @@
 """The `pytorch` backend: TorchScript models (`platform: "pytorch_libtorch"` or `backend: "pytorch"`).
 
-Needs the optional extra: ``pip install seqserve[torch]``. torch is imported when a model that
+Needs the optional extra: ``pip install '.[torch]'`` from a seqserve checkout (seqserve is not on
+PyPI). torch is imported when a model that
 uses this backend loads, so a server without torch pays nothing for it.
 
 Model file: ``<version>/model.pt`` (or ``default_model_filename``), a TorchScript module
@@ -69,7 +70,8 @@ def _import_torch(model: str) -> Any:
     except ImportError as e:
         raise InferenceError(
             Code.INVALID_ARG,
-            f"model '{model}': the pytorch backend needs `pip install seqserve[torch]` ({e})",
+            f"model '{model}': the pytorch backend needs torch: `pip install '.[torch]'` in the seqserve "
+            f"checkout ({e})",
         ) from e
     # Engine buffers are read-only numpy views; torch warns (once) that it cannot protect them.
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
