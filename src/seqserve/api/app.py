@@ -8,11 +8,12 @@ import logging
 import signal
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from seqserve import __version__
+from seqserve.api import security
 from seqserve.api.http import DEFAULT_MAX_BODY_BYTES, HttpFrontend
 from seqserve.engine import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, Server
 
@@ -37,6 +38,10 @@ class ServeOptions:
     http_tls_key: str | None = None
     grpc_tls_cert: str | None = None
     grpc_tls_key: str | None = None
+    http_tls_client_ca: str | None = None  # mutual TLS: clients need a certificate this CA signed
+    grpc_tls_client_ca: str | None = None
+    http_restricted: security.Restrictions = field(default_factory=security.Restrictions)
+    grpc_restricted: security.Restrictions = field(default_factory=security.Restrictions)
     http_server: str = "auto"  # "hypercorn", "granian", or "auto": granian when installed
     model_control: ModelControlMode = ModelControlMode.NONE
     startup_models: list[str] | None = None  # None: every model of the repository
@@ -104,16 +109,25 @@ async def serve(opts: ServeOptions) -> int:
     try:
         if opts.grpc_port is not None:
             grpc_server = await _start_grpc(server, opts)
-            log.info("gRPC listening on %s:%d", opts.grpc_host, opts.grpc_port)
+            log.info("gRPC listening on %s:%d%s", opts.grpc_host, opts.grpc_port, _tls_note(opts.grpc_tls_client_ca))
+            if opts.grpc_restricted:
+                log.info("gRPC restricted protocols: %s", opts.grpc_restricted.describe())
         if opts.http_port is not None:
             app = HttpFrontend(server, max_body_bytes=opts.http_max_body_bytes).asgi()
+            # app itself when nothing is restricted
+            app = security.restrict_http(app, opts.http_restricted, max_body_bytes=opts.http_max_body_bytes)
             kind = resolve_http_server(opts.http_server)
             if kind == "granian":
                 stop_http = await _start_granian(app, opts, tasks)
             else:
                 _start_hypercorn(app, opts, tasks, http_done)
             scheme = "https" if opts.http_tls_cert else "http"
-            log.info("HTTP (%s) listening on %s://%s:%d", kind, scheme, opts.http_host, opts.http_port)
+            log.info(
+                "HTTP (%s) listening on %s://%s:%d%s",
+                kind, scheme, opts.http_host, opts.http_port, _tls_note(opts.http_tls_client_ca),
+            )  # fmt: skip
+            if opts.http_restricted:
+                log.info("HTTP restricted APIs: %s", opts.http_restricted.describe())
     except StartupError as e:
         log.error("%s", e)
         stop_http()
@@ -168,7 +182,15 @@ async def _start_grpc(server: Server, opts: ServeOptions) -> Any:
     host, port = opts.grpc_host, opts.grpc_port or 0
     _listen("gRPC", host, port).close()  # gRPC's own failure says neither why nor in one line
     try:
-        return await start_grpc(server, host, port, cert=opts.grpc_tls_cert, key=opts.grpc_tls_key)
+        return await start_grpc(
+            server,
+            host,
+            port,
+            cert=opts.grpc_tls_cert,
+            key=opts.grpc_tls_key,
+            client_ca=opts.grpc_tls_client_ca,
+            restrictions=opts.grpc_restricted,
+        )
     except (RuntimeError, OSError):
         raise StartupError(f"cannot listen for gRPC on {host}:{port} (port {port})") from None
 
@@ -185,9 +207,9 @@ def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None
     cfg.errorlog = logging.getLogger("hypercorn.error")
     cfg.keep_alive_timeout = 75
     cfg.graceful_timeout = 1.0
-    if opts.http_tls_cert:
-        cfg.certfile = opts.http_tls_cert
-        cfg.keyfile = opts.http_tls_key
+    tls = _http_tls(opts)
+    if tls is not None:
+        security.hypercorn_tls(cfg, tls)
     tasks.append(asyncio.create_task(hypercorn_serve(app, cfg, shutdown_trigger=done.wait)))  # type: ignore[arg-type]
 
 
@@ -205,8 +227,7 @@ async def _start_granian(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[
         port=port,
         interface=Interfaces.ASGINL,
         log_enabled=False,
-        ssl_cert=Path(opts.http_tls_cert) if opts.http_tls_cert else None,
-        ssl_key=Path(opts.http_tls_key) if opts.http_tls_key else None,
+        **security.granian_tls(_http_tls(opts)),
     )
     task = asyncio.create_task(server.serve())
     tasks.append(task)
@@ -217,12 +238,23 @@ async def _start_granian(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[
     return server.stop
 
 
+def _http_tls(opts: ServeOptions) -> security.TlsFiles | None:
+    if not (opts.http_tls_cert and opts.http_tls_key):
+        return None
+    return security.TlsFiles(opts.http_tls_cert, opts.http_tls_key, opts.http_tls_client_ca)
+
+
+def _tls_note(client_ca: str | None) -> str:
+    return f" (mutual TLS: client certificates from {client_ca})" if client_ca else ""
+
+
 def run(opts: ServeOptions) -> int:
     """Run `serve` on uvloop when it is installed, else on the default asyncio loop."""
+    runner: Callable[..., int] = asyncio.run
     try:
         import uvloop
+
+        runner = uvloop.run
     except ImportError:
-        uvloop = None  # outside the except block: a later error is not chained to this one
-    if uvloop is None:
-        return asyncio.run(serve(opts))
-    return uvloop.run(serve(opts))
+        pass  # asyncio's loop; it runs outside this block, so a later error is not chained to the ImportError
+    return runner(serve(opts))
