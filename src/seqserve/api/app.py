@@ -7,13 +7,21 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from seqserve import __version__
 from seqserve.api.http import DEFAULT_MAX_BODY_BYTES, HttpFrontend
-from seqserve.engine import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, Server
+from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig, MetricsServer, start_metrics
+from seqserve.engine import (
+    DEFAULT_REPOSITORY_POLL_SECS,
+    DEFAULT_TOMBSTONE_MAX,
+    DEFAULT_TOMBSTONE_S,
+    ModelControlMode,
+    Server,
+    SessionPolicy,
+)
 
 log = logging.getLogger("seqserve")
 
@@ -35,6 +43,12 @@ class ServeOptions:
     model_control: ModelControlMode = ModelControlMode.NONE
     startup_models: list[str] | None = None  # None: every model of the repository
     repository_poll_secs: float = DEFAULT_REPOSITORY_POLL_SECS
+    metrics_port: int | None = DEFAULT_METRICS_PORT  # None: no metrics (--allow-metrics=false)
+    metrics_address: str | None = None  # None: the --host address
+    metrics_interval_ms: int = DEFAULT_INTERVAL_MS
+    metrics_config: MetricsConfig = field(default_factory=MetricsConfig)
+    session_tombstone_s: float = DEFAULT_TOMBSTONE_S
+    session_tombstone_max: int = DEFAULT_TOMBSTONE_MAX
 
 
 def resolve_http_server(choice: str) -> str:
@@ -56,6 +70,7 @@ async def serve(opts: ServeOptions) -> int:
         auto_sequence_ids=not opts.strict_sequence_ids,
         model_control=opts.model_control,
         repository_poll_secs=opts.repository_poll_secs,
+        sessions=SessionPolicy(opts.session_tombstone_s, opts.session_tombstone_max),
     )
     log.info("model control mode: %s", opts.model_control.value)
     await server.start(opts.startup_models)
@@ -89,6 +104,13 @@ async def serve(opts: ServeOptions) -> int:
             _start_hypercorn(app, opts, tasks, http_done)
         scheme = "https" if opts.http_tls_cert else "http"
         log.info("HTTP (%s) listening on %s://%s:%d", kind, scheme, opts.host, opts.http_port)
+    metrics: MetricsServer | None = None
+    if opts.metrics_port is not None:
+        address = opts.metrics_address or opts.host
+        metrics = await start_metrics(
+            server, address, opts.metrics_port, interval_ms=opts.metrics_interval_ms, config=opts.metrics_config
+        )
+        log.info("metrics listening on http://%s:%d/metrics", address, opts.metrics_port)
     log.info("seqserve %s ready", __version__)
 
     await stop.wait()
@@ -99,6 +121,8 @@ async def serve(opts: ServeOptions) -> int:
         await grpc_server.stop(grace=1.0)
     for t in tasks:
         await t
+    if metrics is not None:
+        await metrics.close()
     log.info("stopped")
     return 0
 
