@@ -251,3 +251,94 @@ def test_latency_histogram_and_failure_reasons(core: Any) -> None:
     assert s.latency_counts[0] == 0  # sorted: 1e-6 ms first, nothing is that fast
     assert s.latency_sum_ms > 0
     assert (s.fail_rejected, s.fail_backend, s.fail_canceled) == (0, 0, 0)
+
+
+# ------------------------------------------------------------------ the in-process API
+
+ACC_CONFIG = """
+name: "acc"
+backend: "python"
+max_batch_size: 2
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+sequence_batching {
+  state [ { input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_FP32 dims: [ 1 ]
+            initial_state { name: "z" data_type: TYPE_FP32 dims: [ 1 ] zero_data: true } } ]
+}
+"""
+ACC_MODEL = """
+class Model:
+    def execute(self, batch):
+        total = batch.states["S_IN"] + batch.inputs["INPUT"]
+        return {"OUTPUT": total, "S_OUT": total}
+"""
+STATELESS_CONFIG = """
+name: "plain"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+PLAIN_MODEL = """
+class Model:
+    def execute(self, batch):
+        return {"OUTPUT": batch.inputs["INPUT"].copy()}
+"""
+
+
+async def test_server_sequence_api_and_counters(repo: Any, serve: Any) -> None:
+    from seqserve.engine import Code, InferenceError, InferRequest, SessionGoneError, SessionPolicy
+    from tests.conftest import write_model
+
+    write_model(repo, "acc", ACC_CONFIG, ACC_MODEL)
+    write_model(repo, "plain", STATELESS_CONFIG, PLAIN_MODEL)
+    s = await serve(sessions=SessionPolicy(tombstone_s=60, tombstone_max=100))
+
+    def x(v: float) -> dict[str, np.ndarray]:
+        return {"INPUT": np.array([[v]], np.float32)}
+
+    async def session_step(sid: str, v: float, **kw: Any) -> float:
+        r = await s.enqueue(InferRequest("acc", x(v), sequence_id=sid, session=True, **kw))
+        return float(r.outputs["OUTPUT"][0, 0])
+
+    assert await session_step("u1", 2) == 2  # START implied
+    assert await session_step("u1", 3) == 5
+    await s.infer("acc", x(1), sequence_id=7, sequence_start=True)
+    found = s.sequences("acc")
+    assert found.total == 2 and {i.sequence_id for i in found.sequences} == {"u1", 7}
+    info = s.sequence("acc", "u1", version=1)
+    assert (info.session, info.steps, info.state_bytes, info.backlogged) == (True, 2, 4, False)
+    assert info.instance == "acc_0_0" and info.slot is not None
+    assert s.sequences("acc", limit=1).total == 2 and len(s.sequences("acc", limit=1).sequences) == 1
+    with pytest.raises(InferenceError) as e:
+        s.sequence("acc", "7")
+    assert e.value.code == Code.NOT_FOUND and "sequence '7' of model 'acc' version 1 is not live" in e.value.message
+    with pytest.raises(InferenceError) as e:
+        s.sequences("plain")
+    assert e.value.code == Code.INVALID_ARG
+
+    ended = s.end_sequence("acc", "u1")
+    assert ended.sequence.sequence_id == "u1" and (ended.final_step, ended.cancelled_requests) == (False, 0)
+    with pytest.raises(SessionGoneError) as gone:
+        await session_step("u1", 1)
+    assert gone.value.code == Code.NOT_FOUND
+    assert "was ended through the sequence API" in gone.value.message
+    with pytest.raises(InferenceError) as e:
+        s.end_sequence("acc", "u1")
+    assert e.value.code == Code.NOT_FOUND and "was ended through the sequence API" in e.value.message
+
+    # a generated id is a session: its end is remembered
+    r = await s.infer("acc", x(4))
+    sid = r.parameters["sequence_id"]
+    await s.infer("acc", x(1), sequence_id=sid, sequence_end=True)
+    with pytest.raises(SessionGoneError):
+        await session_step(sid, 1)
+
+    (acc, plain) = s.model_counters()
+    assert (acc.model, acc.version, plain.model) == ("acc", "1", "plain")
+    assert acc.success == 5 and acc.inference_count == 5 and acc.is_sequence and not plain.is_sequence
+    assert (acc.sequences_started, acc.sequences_ended, acc.sequences_expired) == (3, 2, 0)
+    assert (acc.sequence_slots, acc.sequences_active, acc.sequences_backlogged) == (2, 1, 0)
+    assert acc.failure == {"REJECTED": 0, "CANCELED": 0, "BACKEND": 0, "OTHER": 2}  # the two refused
+    assert acc.latency_buckets[-1] == (float("inf"), 5)
+    assert acc.state_bytes == 4
