@@ -270,3 +270,22 @@ def test_flag_errors(flags: tuple[str, ...], message: str) -> None:
     )
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
+
+
+def test_metrics_port_in_use(tmp_path: Any) -> None:
+    import socket
+
+    from tests.integration.conftest import free_ports
+
+    (repo := tmp_path / "empty").mkdir()
+    http_port, grpc_port = free_ports(2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        args = ["--model-repository", str(repo), "--host", "127.0.0.1", "--http-port", str(http_port)]
+        args += ["--grpc-port", str(grpc_port), "--metrics-port", str(taken.getsockname()[1])]
+        proc = subprocess.run(
+            [sys.executable, "-m", "seqserve", "serve", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+    assert proc.returncode == 1, proc.stderr
+    assert "cannot serve metrics on 127.0.0.1:" in proc.stderr

@@ -84,6 +84,19 @@ async def serve(opts: ServeOptions) -> int:
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
             loop.add_signal_handler(sig, stop.set)
 
+    metrics: MetricsServer | None = None
+    if opts.metrics_port is not None:  # first: a port it cannot bind stops the server cleanly
+        address = opts.metrics_address or opts.host
+        try:
+            metrics = await start_metrics(
+                server, address, opts.metrics_port, interval_ms=opts.metrics_interval_ms, config=opts.metrics_config
+            )
+        except OSError as e:
+            log.error("cannot serve metrics on %s:%d: %s", address, opts.metrics_port, e)
+            await server.shutdown(timeout_s=0)
+            return 1
+        log.info("metrics listening on http://%s:%d/metrics", address, opts.metrics_port)
+
     tasks: list[asyncio.Task[None]] = []
     grpc_server = None
     if opts.grpc_port is not None:
@@ -104,13 +117,6 @@ async def serve(opts: ServeOptions) -> int:
             _start_hypercorn(app, opts, tasks, http_done)
         scheme = "https" if opts.http_tls_cert else "http"
         log.info("HTTP (%s) listening on %s://%s:%d", kind, scheme, opts.host, opts.http_port)
-    metrics: MetricsServer | None = None
-    if opts.metrics_port is not None:
-        address = opts.metrics_address or opts.host
-        metrics = await start_metrics(
-            server, address, opts.metrics_port, interval_ms=opts.metrics_interval_ms, config=opts.metrics_config
-        )
-        log.info("metrics listening on http://%s:%d/metrics", address, opts.metrics_port)
     log.info("seqserve %s ready", __version__)
 
     await stop.wait()

@@ -16,7 +16,7 @@ from typing import Any
 from seqserve.engine import Code, EndedSequence, InferenceError, SequenceInfo, Server, parse_sequence_id
 
 DEFAULT_LIMIT = 1000
-MAX_LIMIT = 100_000
+MAX_LIMIT = 10_000
 
 
 def sequence_json(info: SequenceInfo) -> dict[str, Any]:
