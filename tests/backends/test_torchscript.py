@@ -1,4 +1,5 @@
-"""The pytorch (TorchScript) backend, with tiny models scripted here. Skipped without torch."""
+"""The pytorch (TorchScript) backend, with tiny models scripted here. Skipped without torch (an
+optional extra), unless SEQSERVE_REQUIRE_TORCH=1."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code, InferenceError
+from tests.helpers import import_torch
 
-torch = pytest.importorskip("torch")
+torch = import_torch()
 nn = torch.nn
 Tensor = torch.Tensor
 

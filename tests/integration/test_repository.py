@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.helpers import write_model
 from tests.integration._util import FLAVOURS, Client, expect_error, http_request, new_int_id
-from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server, write_model
+from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server
 
 EXPLICIT_ALL = ("--model-control-mode", "explicit", "--load-model", "*")
 
