@@ -24,9 +24,9 @@ class Core:
     def __init__(self, **spec: Any) -> None:
         spec.setdefault("max_batch_size", 2)
         spec.setdefault("slots_per_instance", 2)
+        spec.setdefault("strategy", _core.Strategy.DIRECT)
         self.spec = _core.ModelSpec(
             name="m",
-            strategy=_core.Strategy.DIRECT,
             inputs=[_core.InputSpec(name="X", dtype=I32, default_shape=[1])],
             **spec,
         )
@@ -210,8 +210,9 @@ def test_list_show_and_end(core: Any) -> None:
     assert s.sequence_slots == 2
 
 
-def test_end_runs_the_final_step_with_timeout_complete(core: Any) -> None:
-    c = core(timeout_complete=True)
+@pytest.mark.parametrize("strategy", [_core.Strategy.DIRECT, _core.Strategy.OLDEST])
+def test_end_runs_the_final_step_with_timeout_complete(core: Any, strategy: _core.Strategy) -> None:
+    c = core(timeout_complete=True, strategy=strategy)
     c.step("f")
     assert c.sched.end_sequence("f") is not None
     assert c.ran.acquire(timeout=10)  # the final END step
@@ -220,6 +221,7 @@ def test_end_runs_the_final_step_with_timeout_complete(core: Any) -> None:
     while c.sched.stats().sequences_active and time.monotonic() < deadline:
         time.sleep(0.01)
     assert c.sched.stats().sequences_active == 0
+    assert c.refused("f").message == "session 'f' was ended through the sequence API; start a new session with a new id"
 
 
 def test_end_of_a_backlogged_sequence_cancels_its_requests(core: Any) -> None:
