@@ -223,7 +223,8 @@ class HttpFrontend:
                 ihcl = int(ihcl_raw)
             req, options = kserve_json.decode_request(body, ihcl, model, version)
             session = headers.get(SESSION_HEADER)
-            apply_session(self.server, req, session, headers.get(SESSION_END_KEY))
+            if session is not None or SESSION_END_KEY in headers:
+                apply_session(self.server, req, session, headers.get(SESSION_END_KEY))
             result = await enqueue_single(self.server, req, _ENDPOINT)
             out, json_len = kserve_json.encode_response(result, options)
         except InferenceError as e:
