@@ -249,5 +249,6 @@ def import_torch() -> Any:
             raise ImportError(f"SEQSERVE_REQUIRE_TORCH=1, but torch does not import: {e}") from e
         return torch
     return pytest.importorskip(
-        "torch", reason="torch is an optional extra (seqserve[torch]); SEQSERVE_REQUIRE_TORCH=1 makes this an error"
+        "torch",
+        reason="torch is an optional extra (pip install '.[torch]'); SEQSERVE_REQUIRE_TORCH=1 makes this an error",
     )

@@ -53,7 +53,27 @@ def test_closed_loop_all_transports(tmp_path: Path) -> None:
     runs = load_runs(out)
     assert {r["transport"] for r in runs} == {"http-binary", "http-json", "grpc-unary", "grpc-stream"}
     assert all(r["verified"] and r["p99_9_ms"] > 0 for r in runs)
+    for r in runs:  # the latency CDF the plot can be redrawn from
+        cdf = r["cdf_ms"]
+        assert len(cdf) == 105 and cdf == sorted(cdf) and cdf[50] == pytest.approx(r["p50_ms"], rel=0.05)
     assert png.stat().st_size > 1000
+    again = tmp_path / "again.png"
+    run("bench.report", str(out), "--plot", str(again))
+    assert again.stat().st_size > 1000
+
+
+def test_replot_needs_the_cdf(tmp_path: Path) -> None:
+    old = tmp_path / "old.json"
+    doc = json.loads((ROOT / "bench" / "results" / "transports.json").read_text())
+    for r in doc["runs"]:
+        r.pop("cdf_ms", None)
+    old.write_text(json.dumps(doc))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.report", str(old), "--plot", str(tmp_path / "x.png")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "have no latency CDF" in proc.stderr
 
 
 def test_paced_string_ids(tmp_path: Path) -> None:

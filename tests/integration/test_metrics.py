@@ -254,7 +254,7 @@ def test_metrics_off(launch: Callable[..., ServerProcess]) -> None:
         (("--metrics-config", "summary_latencies=true"), "latency summaries are not supported"),
         (("--metrics-config", "nope=1"), "unknown setting 'nope'"),
         (("--metrics-config", "histogram_latencies"), "is not <setting>=<value>"),
-        (("--allow-metrics", "maybe"), "is not true or false"),
+        (("--allow-metrics", "maybe"), "is not a boolean"),
         (("--metrics-port", "0"), "is not a TCP port"),
         (("--metrics-interval-ms", "0"), "is not a positive integer"),
         (("--session-tombstone-max", "-1"), "is not an integer >= 0"),
@@ -288,4 +288,4 @@ def test_metrics_port_in_use(tmp_path: Any) -> None:
             [sys.executable, "-m", "seqserve", "serve", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
         )
     assert proc.returncode == 1, proc.stderr
-    assert "cannot serve metrics on 127.0.0.1:" in proc.stderr
+    assert "cannot listen for metrics on 127.0.0.1:" in proc.stderr

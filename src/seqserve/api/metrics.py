@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -320,8 +321,14 @@ class MetricsServer:
         assert self._server is not None
         return int(self._server.sockets[0].getsockname()[1])
 
-    async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._accept, host, port, limit=_MAX_HEAD)
+    async def start(
+        self, host: str | None = None, port: int | None = None, *, sock: socket.socket | None = None
+    ) -> None:
+        """Listen on host:port, or on the listening socket ``sock``."""
+        if sock is not None:
+            self._server = await asyncio.start_server(self._accept, sock=sock, limit=_MAX_HEAD)
+        else:
+            self._server = await asyncio.start_server(self._accept, host, port, limit=_MAX_HEAD)
 
     async def close(self) -> None:
         if self._server is None:
@@ -407,14 +414,17 @@ class MetricsServer:
 
 async def start_metrics(
     server: Server,
-    host: str,
-    port: int,
+    where: socket.socket | tuple[str, int],
     *,
     interval_ms: int = DEFAULT_INTERVAL_MS,
     config: MetricsConfig | None = None,
 ) -> MetricsServer:
-    """Serve ``server``'s metrics at ``http://host:port/metrics`` on the running loop."""
+    """Serve ``server``'s metrics at ``/metrics`` on the running loop: on a listening socket, or
+    on (host, port)."""
     collector = SeqserveCollector(server, config, interval_ms=interval_ms)
     metrics = MetricsServer(lambda: exposition(collector))
-    await metrics.start(host, port)
+    if isinstance(where, socket.socket):
+        await metrics.start(sock=where)
+    else:
+        await metrics.start(*where)
     return metrics

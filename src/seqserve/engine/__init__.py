@@ -7,7 +7,7 @@ What the front-ends (``seqserve.api``) use comes from here and from ``seqserve.e
 
 from __future__ import annotations
 
-from seqserve.engine.batch import ExecuteBatch
+from seqserve.engine.batch import ExecuteBatch, RaggedInput
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
 from seqserve.engine.model_control import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, startup_models
@@ -41,6 +41,7 @@ __all__ = [
     "ModelControlMode",
     "ModelCounters",
     "OrderedRelease",
+    "RaggedInput",
     "ResponseCallback",
     "SequenceId",
     "SequenceInfo",
