@@ -16,7 +16,7 @@ from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
 from seqserve._proto import health_pb2, health_pb2_grpc
 from seqserve.api import grpc_codec, security
 from seqserve.api.grpc_stream import StreamSession
-from seqserve.api.kserve import EXTENSIONS, enqueue_single
+from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, enqueue_single
 from seqserve.engine import Code, InferenceError, Server
 
 GRPC_STATUS = {
@@ -128,6 +128,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         try:
             infer_request, _ = grpc_codec.decode_request(request)
+            session = end = None
+            for key, value in context.invocation_metadata() or ():
+                if key == SESSION_ID_KEY:
+                    session = value
+                elif key == SESSION_END_KEY:
+                    end = value
+            if session is not None or end is not None:
+                apply_session(self.server, infer_request, session, end)
             result = await enqueue_single(self.server, infer_request, "ModelInfer RPC")
         except InferenceError as e:
             await self._fail(context, e)
