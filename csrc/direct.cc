@@ -45,7 +45,7 @@ void DirectScheduler::run(Instance& inst) {
           table_.release(inst.index, s);
         } else if (front->cancelled) {
           const CorrId id = front->id;
-          end_slot_locked(inst, s, id, cancelled_message(id));
+          end_slot_locked(inst, s, id, cancelled_message(id), Tombstone::kCancelled);
         } else {
           break;
         }

@@ -76,14 +76,16 @@ class PyScheduler {
 
   ~PyScheduler() { close(true); }
 
-  void close(bool force) {
-    if (!sched_) return;
+  // timeout_s < 0: wait for the executors without limit. Returns the instances whose executor
+  // did not finish in time (detached; see Scheduler::close).
+  std::vector<int> close(bool force, double timeout_s = -1) {
+    if (!sched_) return {};
+    const int64_t timeout_ns = timeout_s < 0 ? -1 : static_cast<int64_t>(timeout_s * 1e9);
     if (PyGILState_Check()) {
       py::gil_scoped_release r;
-      sched_->close(force);
-    } else {
-      sched_->close(force);
+      return sched_->close(force, timeout_ns);
     }
+    return sched_->close(force, timeout_ns);
   }
 
   bool run(Instance& inst) {
@@ -102,7 +104,7 @@ class PyScheduler {
   // Hot path (event loop, GIL held): raw pointers to the input buffers go to the core; the
   // caller keeps the arrays alive until the handle completes.
   py::object submit(uint64_t handle, py::tuple inputs, py::object corrid, bool start, bool end,
-                    uint64_t timeout_us, int64_t rows, int priority) {
+                    uint64_t timeout_us, int64_t rows, int priority, bool session) {
     const ModelSpec& spec = sched_->spec();
     if (static_cast<size_t>(inputs.size()) != spec.inputs.size())
       throw py::value_error("expected " + std::to_string(spec.inputs.size()) + " inputs, got " +
@@ -111,6 +113,7 @@ class PyScheduler {
     r->handle = handle;
     r->start = start;
     r->end = end;
+    r->session = session;
     r->timeout_ns = static_cast<int64_t>(timeout_us) * 1000;
     r->rows = rows;
     try {
@@ -135,24 +138,13 @@ class PyScheduler {
     return py::cast(std::move(res));
   }
 
-  static CorrId corrid_of(py::handle corrid) {
-    CorrId id;
-    if (py::isinstance<py::str>(corrid)) {
-      id.is_str = true;
-      id.str = corrid.cast<std::string>();
-    } else {
-      id.num = corrid.cast<uint64_t>();
-    }
-    return id;
-  }
-
   // Called on the event loop with the GIL: the scheduler lock is taken under it (the lock
   // order), and cancelled requests are reported from here.
   bool cancel(uint32_t token, uint64_t handle) { return sched_->cancel(token, handle); }
-  bool end_sequence(py::handle corrid, uint64_t owner, const std::string& why) {
-    return sched_->end_sequence(corrid_of(corrid), owner, why);
+  bool end_owned_sequence(py::handle corrid, uint64_t owner, const std::string& why) {
+    return sched_->end_owned_sequence(corrid_from(corrid), owner, why);
   }
-  int slot_of(py::handle corrid) { return sched_->slot_of(corrid_of(corrid)); }
+  int slot_of(py::handle corrid) { return sched_->slot_of(corrid_from(corrid)); }
 
   Scheduler& sched() { return *sched_; }
 
@@ -203,14 +195,15 @@ PYBIND11_MODULE(_core, m) {
       .def("start", [](PyScheduler& s) { s.sched().start(); })
       .def("submit", &PyScheduler::submit, py::arg("handle"), py::arg("inputs"), py::arg("corrid") = 0,
            py::arg("start") = false, py::arg("end") = false, py::arg("timeout_us") = 0, py::arg("rows") = 1,
-           py::arg("priority") = 0,
+           py::arg("priority") = 0, py::arg("session") = false,
            "Queue a request. Returns its cancel() token (an int) when accepted, else the Refusal.")
       .def("cancel", &PyScheduler::cancel, py::arg("token"), py::arg("handle"),
            "Drop a queued request whose client is gone (a sequence's takes its sequence); it is answered "
            "CANCELLED. False when it is no longer queued or running.")
-      .def("end_sequence", &PyScheduler::end_sequence, py::arg("corrid"), py::arg("owner") = 0,
+      .def("end_owned_sequence", &PyScheduler::end_owned_sequence, py::arg("corrid"), py::arg("owner") = 0,
            py::arg("reason") = "",
-           "End a live sequence now, as idle expiry does, if its latest START had handle `owner` (0: any).")
+           "End a live sequence now, as idle expiry does, if its latest START had handle `owner` (0: any); "
+           "its queued requests are answered CANCELLED with `reason`.")
       .def("slot_of", &PyScheduler::slot_of, py::arg("corrid"),
            "The global slot of a live sequence, -1 while it is backlogged, -2 when it is unknown.")
       .def("stop_accepting", [](PyScheduler& s) { s.sched().stop_accepting(); })
@@ -225,6 +218,50 @@ PYBIND11_MODULE(_core, m) {
              return out;
            })
       .def("stats", [](PyScheduler& s) { return s.sched().stats(); })
-      .def("close", &PyScheduler::close, py::arg("force") = false,
-           "Stop the executors once queues drain (force: now); unanswered requests fail UNAVAILABLE.");
+      .def(
+          "list_sequences",
+          [](PyScheduler& s, size_t limit) {
+            std::vector<SequenceInfo> out;
+            const int64_t total = s.sched().list_sequences(out, limit);
+            return py::make_tuple(total, py::cast(std::move(out)));
+          },
+          py::arg("limit"), "(how many live sequences, up to `limit` of them in no particular order).")
+      .def(
+          "find_sequence",
+          [](PyScheduler& s, py::object corrid) -> py::object {
+            SequenceInfo info;
+            if (!s.sched().find_sequence(corrid_from(corrid), info)) return py::none();
+            return py::cast(std::move(info));
+          },
+          py::arg("corrid"), "The live sequence `corrid`, or None.")
+      .def(
+          "end_sequence",
+          [](PyScheduler& s, py::object corrid) -> py::object {
+            SequenceInfo info;
+            if (!s.sched().end_sequence(corrid_from(corrid), info)) return py::none();
+            return py::cast(std::move(info));
+          },
+          py::arg("corrid"),
+          "End the live sequence `corrid` as idle expiry does; None when it is not live. Returns it as it was.")
+      .def(
+          "session_gone",
+          [](PyScheduler& s, py::object corrid) -> py::object {
+            std::string why = s.sched().session_gone(corrid_from(corrid));
+            if (why.empty()) return py::none();
+            return py::str(why);
+          },
+          py::arg("corrid"), "Why a session that is not live would be refused, or None.")
+      .def(
+          "close",
+          [](py::object self, bool force, std::optional<double> timeout_s) {
+            std::vector<int> hung = self.cast<PyScheduler&>().close(force, timeout_s.value_or(-1));
+            // A detached executor may still come back to this scheduler (and its hooks): it must
+            // never be destroyed, so the Python object keeps one reference for good.
+            if (!hung.empty()) self.inc_ref();
+            return hung;
+          },
+          py::arg("force") = false, py::kw_only(), py::arg("timeout_s") = py::none(),
+          "Stop the executors once queues drain (force: now); unanswered requests fail UNAVAILABLE.\n"
+          "Waits up to timeout_s (None: without limit) for the executor threads; returns the indices\n"
+          "of the instances whose executor was still running then (left behind, never joined).");
 }

@@ -34,7 +34,7 @@ void OldestScheduler::handoff_locked(Instance& inst, int s) {
   while (!sl.in_flight && !sl.queue.empty()) {
     if (sl.queue.front()->cancelled) {  // its sequence ends here (as in Triton), leaving a marker
       const CorrId id = sl.queue.front()->id;
-      end_slot_locked(inst, s, id, cancelled_message(id));
+      end_slot_locked(inst, s, id, cancelled_message(id), Tombstone::kCancelled);
       continue;
     }
     Request* r = sl.queue.pop();
@@ -82,7 +82,7 @@ void OldestScheduler::drop_cancelled_ready_locked(Instance& inst) {
     std::vector<uint64_t> handles;
     cancelled_locked(r, handles, now);
     cancelled_.emplace_back(std::move(handles), cancelled_message(id));
-    if (!was_end) end_slot_locked(inst, s, id, cancelled_message(id));
+    if (!was_end) end_slot_locked(inst, s, id, cancelled_message(id), Tombstone::kCancelled);
     handoff_locked(inst, s);
   }
   dropped_.clear();

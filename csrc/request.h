@@ -29,6 +29,7 @@ struct Request {
   uint64_t backlog = 0;      // sequences: the serial of the backlogged sequence it waits in (0: none)
   CorrId id;
   bool start = false, end = false;
+  bool session = false;      // sequence models: START is implied when the id is not live
   uint8_t kind = kNormal;
   int64_t arrival_ns = 0;
   int64_t timeout_ns = 0;
@@ -72,6 +73,7 @@ class RequestPool {
     r->backlog = 0;
     r->kind = kNormal;
     r->start = r->end = false;
+    r->session = false;
     r->timeout_ns = 0;
     r->rows = 1;
     r->level = 0;

@@ -22,6 +22,8 @@ Scheduler::Scheduler(ModelSpec spec, Hooks hooks, bool sequences, bool gather_st
   if (spec_.default_priority < 1 || spec_.default_priority > spec_.priority_levels) spec_.default_priority = 1;
   spec_.queue_policies.resize(spec_.priority_levels);
   std::sort(spec_.preferred_batch_sizes.begin(), spec_.preferred_batch_sizes.end());
+  std::sort(spec_.latency_buckets_ms.begin(), spec_.latency_buckets_ms.end());
+  stats_.latency_counts.assign(spec_.latency_buckets_ms.size() + 1, 0);
   const int slots = sequences ? spec_.slots_per_instance : 0;
   for (int i = 0; i < spec_.instance_count; ++i) {
     auto inst = std::make_unique<Instance>();
@@ -32,11 +34,16 @@ Scheduler::Scheduler(ModelSpec spec, Hooks hooks, bool sequences, bool gather_st
   }
 }
 
-std::thread Scheduler::spawn(std::function<void()> body) {
-  return std::thread([this, body = std::move(body)] {
+std::thread Scheduler::spawn(std::function<void()> body, bool* exited) {
+  return std::thread([this, body = std::move(body), exited] {
     if (hooks_.thread_start) hooks_.thread_start();
     body();
     if (hooks_.thread_stop) hooks_.thread_stop();
+    if (exited) {
+      std::lock_guard<std::mutex> lk(mu_);
+      *exited = true;
+      exited_cv_.notify_all();
+    }
   });
 }
 
@@ -46,7 +53,7 @@ void Scheduler::start() {
   started_ = true;
   for (auto& inst : instances_) {
     Instance* ip = inst.get();
-    inst->thread = spawn([this, ip] { run(*ip); });
+    inst->thread = spawn([this, ip] { run(*ip); }, &ip->exited);
   }
   start_helpers();
 }
@@ -172,9 +179,11 @@ void Scheduler::record_batch_locked(Instance& inst, bool ok) {
     ++real;
     if (!ok) {
       stats_.fail.add(1, t_end - r->arrival_ns);
+      ++stats_.fail_backend;
       continue;
     }
     stats_.success.add(1, t_end - r->arrival_ns);
+    observe_latency_locked(t_end - r->arrival_ns);
     stats_.queue.add(1, inst.t_form - r->arrival_ns);
     stats_.compute_input.add(1, in_ns);
     stats_.compute_infer.add(1, infer_ns);
@@ -213,7 +222,7 @@ void Scheduler::report(Fails& fails, Code code) {
 void Scheduler::cancelled_locked(Request* r, std::vector<uint64_t>& handles, int64_t now) {
   handles.push_back(r->handle);
   stats_.fail.add(1, now - r->arrival_ns);
-  ++stats_.cancelled;
+  ++stats_.fail_canceled;
   recycle_locked(r);
 }
 
@@ -243,10 +252,10 @@ bool Scheduler::cancel(uint32_t token, uint64_t handle) {
   return true;
 }
 
-bool Scheduler::end_sequence(const CorrId& id, uint64_t owner, const std::string& why) {
+bool Scheduler::end_owned_sequence(const CorrId& id, uint64_t owner, const std::string& why) {
   std::unique_lock<std::mutex> lk(mu_);
-  if (closed_ || force_) return false;
-  const bool ended = end_sequence_locked(id, owner, why);
+  if (closed_ || force_) return false;  // during the drain it may still free a slot
+  const bool ended = end_owned_sequence_locked(id, owner, why);
   flush_cancelled(lk);
   return ended;
 }
@@ -292,25 +301,82 @@ void Scheduler::describe_slots(std::vector<std::pair<std::string, int>>& out) {
   describe_locked(out);
 }
 
-Stats Scheduler::stats() {
-  std::lock_guard<std::mutex> lk(mu_);
-  return stats_;
+void Scheduler::observe_latency_locked(int64_t ns) {
+  const double ms = static_cast<double>(ns) / 1e6;
+  const auto& bounds = spec_.latency_buckets_ms;
+  size_t b = 0;
+  while (b < bounds.size() && ms > bounds[b]) ++b;
+  ++stats_.latency_counts[b];
+  stats_.latency_sum_ms += ms;
 }
 
-void Scheduler::close(bool force) {
+Stats Scheduler::stats() {
+  std::lock_guard<std::mutex> lk(mu_);
+  Stats s = stats_;
+  s.pending_requests = counts_.queued + counts_.backlogged;
+  sequence_gauges_locked(s);
+  return s;
+}
+
+int64_t Scheduler::list_sequences(std::vector<SequenceInfo>& out, size_t limit) {
+  std::lock_guard<std::mutex> lk(mu_);
+  return list_sequences_locked(out, limit);
+}
+
+bool Scheduler::find_sequence(const CorrId& id, SequenceInfo& out) {
+  std::lock_guard<std::mutex> lk(mu_);
+  return find_sequence_locked(id, out);
+}
+
+bool Scheduler::end_sequence(const CorrId& id, SequenceInfo& out) {
+  Fails fails;
+  bool ended;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (closed_) return;
+    ended = !closing_ && end_sequence_locked(id, out, fails);
+  }
+  report(fails, kCancelled);
+  return ended;
+}
+
+std::string Scheduler::session_gone(const CorrId& id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  return session_gone_locked(id);
+}
+
+std::vector<int> Scheduler::close(bool force, int64_t timeout_ns) {
+  std::vector<int> hung;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (closed_) return hung;
     closing_ = true;
     accepting_ = false;
     if (force) force_ = true;
     delay_released_ = true;  // test hooks must not hold a shutdown
     for (auto& inst : instances_) inst->cv.notify_all();
+    // Bounded: an executor stuck in a model's execute must not hold the process forever.
+    auto all_exited = [this] {
+      for (auto& inst : instances_)
+        if (inst->thread.joinable() && !inst->exited) return false;
+      return true;
+    };
+    if (timeout_ns < 0)
+      exited_cv_.wait(lk, all_exited);
+    else
+      exited_cv_.wait_for(lk, std::chrono::nanoseconds(timeout_ns), all_exited);
+    for (auto& inst : instances_)
+      if (inst->thread.joinable() && !inst->exited) hung.push_back(inst->index);
   }
-  for (auto& inst : instances_)
-    if (inst->thread.joinable()) inst->thread.join();
+  for (auto& inst : instances_) {
+    if (!inst->thread.joinable()) continue;
+    if (std::find(hung.begin(), hung.end(), inst->index) != hung.end())
+      inst->thread.detach();  // it finishes its batch (if ever) and exits: closing_ is set
+    else
+      inst->thread.join();  // it has finished: returns at once
+  }
   stop_helpers();
-  // Whatever never ran is answered, so no client waits forever.
+  // Whatever never ran is answered, so no client waits forever. (A detached executor's own
+  // batch is not in any queue: the caller answers its requests.)
   Fails fails;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -329,6 +395,7 @@ void Scheduler::close(bool force) {
       fails.emplace_back(std::move(handles), "model '" + spec_.name + "' was unloaded before the request ran");
   }
   report(fails, kUnavailable);
+  return hung;
 }
 
 }  // namespace seqserve

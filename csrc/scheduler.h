@@ -40,9 +40,35 @@ struct BatchStat {
 struct Stats {
   uint64_t inference_count = 0, execution_count = 0, last_inference_ms = 0;
   uint64_t backlog_full = 0;  // STARTs refused because the backlog held its bound of sequences
-  uint64_t cancelled = 0;     // requests dropped from the queues because they (or their sequence) were cancelled
   DurationStat success, fail, queue, compute_input, compute_infer, compute_output;
   std::map<int64_t, BatchStat> batches;
+  // Failures by Triton's `reason` label: REJECTED (queue and backlog timeouts), BACKEND (the
+  // model failed the batch), CANCELED (dropped from the queues: their client went away, or
+  // their sequence was cancelled or ended); the rest of `fail` is OTHER.
+  uint64_t fail_rejected = 0, fail_backend = 0, fail_canceled = 0;
+  // Sequences: STARTs accepted (implied ones included), ENDs accepted and sequences ended
+  // otherwise (the sequence API, cancellation, their scope closing), idle expiries.
+  uint64_t sequences_started = 0, sequences_ended = 0, sequences_expired = 0;
+  // Successful requests by latency (arrival to the end of their batch), per bucket of
+  // spec.latency_buckets_ms (the last one: +Inf), and their sum in ms.
+  std::vector<uint64_t> latency_counts;
+  double latency_sum_ms = 0;
+  // A snapshot taken by stats(): requests waiting (queued or backlogged), sequence slots, slots
+  // held, backlogged sequences, implicit state bytes held by the sequences in slots.
+  int64_t pending_requests = 0, sequence_slots = 0, sequences_active = 0, sequences_backlogged = 0;
+  uint64_t state_bytes = 0;
+};
+
+// One live sequence as the sequence API shows it.
+struct SequenceInfo {
+  CorrId id;
+  bool backlogged = false;  // waiting for a slot
+  bool session = false;     // named by a session (START may be implied; ends are remembered)
+  int instance = -1, slot = -1;
+  double age_s = 0, idle_s = 0;  // since its START arrived; since its last request arrived
+  uint64_t steps = 0;            // steps handed to the model
+  uint64_t state_bytes = 0;      // implicit state it holds
+  int64_t queued = 0;            // requests waiting in its slot's queue or in the backlog
 };
 
 struct Instance {
@@ -53,6 +79,7 @@ struct Instance {
   StateStore state;
   int64_t t_form = 0, t_gathered = 0, t_executed = 0;
   bool executing = false;
+  bool exited = false;    // its executor thread has finished (close() waits for this, bounded)
   bool recorded = false;  // stats of the current batch already recorded
   bool cancels = false;   // a request this instance may hold outside its slot queues was cancelled
 };
@@ -102,21 +129,33 @@ class Scheduler {
   // Ends sequence `id` now, as idle expiry does (a final END step under TIMEOUT_COMPLETE), if
   // its latest START had handle `owner` (0: whoever started it). Its queued requests are
   // answered CANCELLED with `why`. False when no such sequence is live.
-  bool end_sequence(const CorrId& id, uint64_t owner, const std::string& why);
+  bool end_owned_sequence(const CorrId& id, uint64_t owner, const std::string& why);
   // Where sequence `id` is: its global slot, -1 in the backlog, -2 unknown (or ended).
   int slot_of(const CorrId& id);
 
   void stop_accepting();
   int64_t inflight_sequences();
   // Stops the executors once every queue has drained (force: at once); whatever is left is
-  // failed with UNAVAILABLE. Concrete schedulers call close(true) in their destructor, before
-  // the members their threads use are gone.
-  void close(bool force);
+  // failed with UNAVAILABLE. Waits up to timeout_ns (< 0: without limit) for the executor
+  // threads; one still running then (a model that never returns from execute) is detached and
+  // its instance index returned. A scheduler that detached a thread must never be destroyed:
+  // the thread may come back to it. Concrete schedulers call close(true) in their destructor,
+  // before the members their threads use are gone.
+  std::vector<int> close(bool force, int64_t timeout_ns = -1);
   Stats stats();
   int64_t pending_requests();
   int64_t free_slots();
   int64_t backlog_sequences();
   void describe_slots(std::vector<std::pair<std::string, int>>& out);
+  // The sequence API. list: up to `limit` live sequences (in no particular order); returns how
+  // many there are. find: one sequence, false when it is not live. end: ends a live sequence as
+  // idle expiry does (a final END step with TIMEOUT_COMPLETE), or drops a backlogged one and
+  // fails its requests (CANCELLED); false when it is not live. gone: why a session id that is
+  // not live is refused, or "" (sessions it does not remember).
+  int64_t list_sequences(std::vector<SequenceInfo>& out, size_t limit);
+  bool find_sequence(const CorrId& id, SequenceInfo& out);
+  bool end_sequence(const CorrId& id, SequenceInfo& out);
+  std::string session_gone(const CorrId& id);
 
   // Used by the Python batch view while the runner executes (executor thread, GIL held).
   void set_output_state(Instance& inst, size_t state_index, const uint8_t* data, size_t nbytes,
@@ -147,19 +186,26 @@ class Scheduler {
   // cancel(): `r` (queued or running, now marked cancelled) leaves the queues. Requests the
   // strategy meets later are dropped as batches form; dropped requests go to cancelled_.
   virtual void cancel_locked(Request*) {}
-  virtual bool end_sequence_locked(const CorrId&, uint64_t, const std::string&) { return false; }
+  virtual bool end_owned_sequence_locked(const CorrId&, uint64_t, const std::string&) { return false; }
   virtual int slot_of_locked(const CorrId&) { return -2; }
   // A batch has run; its rows are still in inst.batch.
   virtual void batch_done_locked(Instance&) {}
   virtual int64_t backlog_sequences_locked() { return 0; }
   virtual void describe_locked(std::vector<std::pair<std::string, int>>&) {}
+  // Sequence strategies: the table's gauges, and the sequence API (see the public methods).
+  virtual void sequence_gauges_locked(Stats&) {}
+  virtual int64_t list_sequences_locked(std::vector<SequenceInfo>&, size_t) { return 0; }
+  virtual bool find_sequence_locked(const CorrId&, SequenceInfo&) { return false; }
+  virtual bool end_sequence_locked(const CorrId&, SequenceInfo&, Fails&) { return false; }
+  virtual std::string session_gone_locked(const CorrId&) { return {}; }
 
   // --- shared by the strategies (lock held unless noted)
   static SubmitResult refuse(Code code, std::string message) { return {false, code, std::move(message)}; }
   static constexpr const char* kStopping =
       "Server is stopping, scheduler for model has stopped accepting new inference requests";
-  // A core thread: runs `body` between the thread_start and thread_stop hooks.
-  std::thread spawn(std::function<void()> body);
+  // A core thread: runs `body` between the thread_start and thread_stop hooks; then sets
+  // `*exited` (under the lock) and wakes close(), when given.
+  std::thread spawn(std::function<void()> body, bool* exited = nullptr);
   // The test hooks' delay (TRITONSERVER_DELAY_SCHEDULER): nothing runs until enough is queued.
   bool released_locked();
   // The first instance not executing a batch, if any.
@@ -180,10 +226,13 @@ class Scheduler {
   void cancelled_locked(Request* r, std::vector<uint64_t>& handles, int64_t now);
   // Reports cancelled_ (dropping the lock meanwhile); false when there was nothing to report.
   bool flush_cancelled(std::unique_lock<std::mutex>& lk);
+  // A successful request's latency into the histogram of stats_.
+  void observe_latency_locked(int64_t ns);
 
   ModelSpec spec_;
   Hooks hooks_;
   std::mutex mu_;
+  std::condition_variable exited_cv_;  // an executor thread finished (Instance::exited)
   std::vector<std::unique_ptr<Instance>> instances_;
   RequestPool pool_;
   QueueCounts counts_;

@@ -51,6 +51,8 @@ void SequenceTable::release(int instance, int index) {
       ++counts_.queued;
     }
     sl.occupied = true;
+    sl.steps = 0;
+    sl.start_ns = now_ns();
     auto it = seqs_.find(bq.id);
     if (it != seqs_.end() && it->second.gslot < 0 && it->second.bq == backlog_.begin())
       it->second.gslot = gslot(instance, index);
@@ -71,15 +73,15 @@ void SequenceTable::start_answered(const CorrId& id, int g, int64_t now) {
   if (!e.armed) push_idle(id, e);
 }
 
-bool SequenceTable::drop_backlogged(uint64_t serial, std::vector<Request*>& out) {
+bool SequenceTable::drop_backlog_queue(uint64_t serial, std::vector<Request*>& out) {
   auto bi = backlog_index_.find(serial);
   if (bi == backlog_index_.end()) return false;
-  drop_backlog_queue(bi, out);
+  drop_queue_at(bi, out);
   return true;
 }
 
-void SequenceTable::drop_backlog_queue(std::unordered_map<uint64_t, std::list<BacklogQueue>::iterator>::iterator bi,
-                                       std::vector<Request*>& out) {
+void SequenceTable::drop_queue_at(std::unordered_map<uint64_t, std::list<BacklogQueue>::iterator>::iterator bi,
+                                  std::vector<Request*>& out) {
   auto bit = bi->second;
   auto it = seqs_.find(bit->id);
   if (it != seqs_.end() && it->second.gslot < 0 && it->second.bq == bit) seqs_.erase(it);
@@ -124,10 +126,21 @@ bool SequenceTable::pop_expired_backlog(int64_t now, std::vector<Request*>& out)
     auto bi = backlog_index_.find(t.serial);
     if (bi == backlog_index_.end()) continue;
     if (bi->second->expiry_ns > now) continue;
-    drop_backlog_queue(bi, out);
+    drop_queue_at(bi, out);
     return true;
   }
   return false;
+}
+
+void SequenceTable::drop_backlogged(Seqs::iterator it, std::vector<Request*>& out) {
+  auto bit = it->second.bq;
+  seqs_.erase(it);
+  while (!bit->reqs.empty()) {
+    out.push_back(bit->reqs.pop());
+    --counts_.backlogged;
+  }
+  backlog_index_.erase(bit->serial);
+  backlog_.erase(bit);
 }
 
 void SequenceTable::wait_for_timers(std::unique_lock<std::mutex>& lk) {

@@ -14,6 +14,7 @@
 
 #include "common.h"
 #include "request.h"
+#include "tombstones.h"
 
 namespace seqserve {
 
@@ -39,10 +40,12 @@ struct SeqEntry {
   int gslot = -1;  // global slot index, -1 while in the backlog
   std::list<BacklogQueue>::iterator bq;
   int64_t last_arrival_ns = 0;
+  int64_t start_ns = 0;  // arrival of its (latest) START
   uint64_t serial = 0;
-  uint64_t owner = 0;    // handle of its latest START (end_sequence() names the sequence by it)
+  uint64_t owner = 0;    // handle of its latest START (end_owned_sequence() names the sequence by it)
   bool armed = false;    // has a live idle timer
   bool started = false;  // its START has been answered: only then does the idle clock run
+  bool session = false;  // a session request named it: its end or expiry is remembered
 };
 
 class SequenceTable {
@@ -77,9 +80,9 @@ class SequenceTable {
     return max_backlog_ > 0 && free_.empty() && static_cast<int64_t>(backlog_.size()) >= max_backlog_;
   }
   int64_t max_backlog() const { return max_backlog_; }
-  // Drops the backlogged sequence `serial` whole (its id is forgotten); its requests are
-  // appended to `out`. False when no such sequence waits.
-  bool drop_backlogged(uint64_t serial, std::vector<Request*>& out);
+  // Drops the backlogged sequence queue `serial` (Request::backlog) whole, its id forgotten if
+  // it still names it; its requests are appended to `out`. False when no such queue waits.
+  bool drop_backlog_queue(uint64_t serial, std::vector<Request*>& out);
   // The START of the sequence `id` in global slot `gslot` has been answered: its idle clock
   // starts now (waiting in the backlog or in a slot queue before that does not count).
   void start_answered(const CorrId& id, int gslot, int64_t now);
@@ -96,6 +99,12 @@ class SequenceTable {
   void wait_for_timers(std::unique_lock<std::mutex>& lk);
   void wake_reaper() { reaper_cv_.notify_all(); }
 
+  // Drops the backlogged sequence `it` with all its queued requests (appended to `out`).
+  void drop_backlogged(Seqs::iterator it, std::vector<Request*>& out);
+  // Ended and expired sessions (see tombstones.h).
+  Tombstones& tombstones() { return tomb_; }
+  const Seqs& seqs() const { return seqs_; }
+
   // Close: hands every backlogged request to `take` and forgets every sequence.
   template <class Take>
   void clear(Take take);
@@ -109,8 +118,8 @@ class SequenceTable {
   void push_idle(const CorrId& id, SeqEntry& e);
   void arm(int64_t deadline);
   void backlog_timer(BacklogQueue& bq, int64_t expiry_ns);
-  void drop_backlog_queue(std::unordered_map<uint64_t, std::list<BacklogQueue>::iterator>::iterator bi,
-                          std::vector<Request*>& out);
+  void drop_queue_at(std::unordered_map<uint64_t, std::list<BacklogQueue>::iterator>::iterator bi,
+                     std::vector<Request*>& out);
 
   int per_instance_;
   int64_t idle_ns_;
@@ -120,6 +129,7 @@ class SequenceTable {
   std::vector<int> max_active_;
   std::set<std::pair<int, int>> free_;  // (slot index, instance): lowest slot first
   Seqs seqs_;
+  Tombstones tomb_;
   std::list<BacklogQueue> backlog_;
   std::unordered_map<uint64_t, std::list<BacklogQueue>::iterator> backlog_index_;
   uint64_t next_serial_ = 1;
@@ -147,11 +157,15 @@ int SequenceTable::queue_new(Request* r, Queued queued) {
   const CorrId id = r->id;
   const bool end = r->end;
   const int64_t now = r->arrival_ns;
+  tomb_.erase(id);  // a new sequence under this id
+  if (end && r->session) tomb_.record(id, Tombstone::kEnded, 0, now);
   if (!free_.empty()) {
     auto [s, i] = *free_.begin();
     free_.erase(free_.begin());
     Slot& sl = slot(i, s);
     sl.occupied = true;
+    sl.steps = 0;
+    sl.start_ns = now;
     sl.queue.push(r);
     ++counts_.queued;
     max_active_[i] = std::max(max_active_[i], s);
@@ -162,6 +176,8 @@ int SequenceTable::queue_new(Request* r, Queued queued) {
       SeqEntry e;
       e.gslot = g;
       e.last_arrival_ns = now;
+      e.start_ns = now;
+      e.session = r->session;
       e.serial = next_serial_++;
       e.owner = r->handle;
       seqs_.emplace(id, e);
@@ -181,6 +197,8 @@ int SequenceTable::queue_new(Request* r, Queued queued) {
     SeqEntry e;
     e.bq = bit;
     e.last_arrival_ns = now;
+    e.start_ns = now;
+    e.session = r->session;
     e.serial = next_serial_++;
     e.owner = r->handle;
     seqs_.emplace(id, e);
@@ -207,7 +225,10 @@ int SequenceTable::queue_known(Seqs::iterator it, Request* r, Queued queued) {
     ++counts_.backlogged;
     if (r->timeout_ns > 0 && now + r->timeout_ns < e.bq->expiry_ns) backlog_timer(*e.bq, now + r->timeout_ns);
   }
+  e.session |= r->session;
+  if (r->start) e.start_ns = now;
   if (end) {
+    if (e.session) tomb_.record(it->first, Tombstone::kEnded, 0, now);
     seqs_.erase(it);
   } else {
     e.last_arrival_ns = now;

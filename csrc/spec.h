@@ -26,6 +26,9 @@ struct InputSpec {
   ElemType type;
   bool must_match = false;  // variable dims without ragged batching: shapes must be equal
   std::vector<int64_t> default_shape;  // item dims with -1 -> 1: the shape of zero-filled rows
+  // allow_ragged_batch on a batched model: the batch holds every request's elements end to end
+  // (1-D) and the shape of each request, so each request keeps its own extent.
+  bool ragged = false;
 };
 
 struct QueuePolicy {
@@ -80,6 +83,13 @@ struct ModelSpec {
   // Idle expiry: give the model a final END step (TIMEOUT_COMPLETE) / describe the sequence.
   bool timeout_complete = false;
   bool describe_on_expiry = false;
+  // Sessions (requests that may start their sequence implicitly): ended and expired session
+  // ids are remembered this long, at most this many per model (0: not at all).
+  int64_t tombstone_ns = 3600LL * 1000000000LL;
+  int64_t max_tombstones = 10000;
+  // Upper bounds (ms) of the request latency histogram's buckets (Triton's first-response
+  // histogram); +Inf is implied.
+  std::vector<double> latency_buckets_ms{100, 500, 2000, 5000};
   // Sequences: how many may wait in the backlog for a slot; a START beyond it is refused (0: no bound).
   int64_t max_backlog_sequences = 0;
 };

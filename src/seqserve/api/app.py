@@ -5,24 +5,50 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import socket
+import sys
+import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from seqserve import __version__
+from seqserve.api import security
 from seqserve.api.grpc_stream import StreamStats
-from seqserve.api.http import DEFAULT_MAX_BODY_BYTES, HttpFrontend
-from seqserve.engine import DEFAULT_MAX_BACKLOG_SEQUENCES, DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, Server
+from seqserve.api.http import DEFAULT_MAX_BODY_BYTES, HttpFrontend, close_when_exiting
+from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig, MetricsServer, start_metrics
+from seqserve.engine import (
+    DEFAULT_MAX_BACKLOG_SEQUENCES,
+    DEFAULT_REPOSITORY_POLL_SECS,
+    DEFAULT_TOMBSTONE_MAX,
+    DEFAULT_TOMBSTONE_S,
+    ModelControlMode,
+    Server,
+    SessionPolicy,
+)
 
 log = logging.getLogger("seqserve")
+
+#: past the exit timeout, how long the front-ends and the interpreter's own exit may take
+#: before the process exits at once (os._exit) whatever is still running
+EXIT_BACKSTOP_S = 3.0
+#: how long gRPC calls still open once the engine has drained get to finish
+GRPC_STOP_GRACE_S = 1.0
+
+
+class StartupError(Exception):
+    """Startup cannot go on (a port that cannot be bound, a model that failed to load): the
+    message is the one line logged, and the process exits non-zero."""
 
 
 @dataclass(slots=True)
 class ServeOptions:
-    model_repository: Path
-    host: str = "0.0.0.0"
+    model_repository: Path | list[Path]  # several: Triton's repeated --model-repository
+    host: str = "0.0.0.0"  # both front-ends, unless http_address / grpc_address say otherwise
     http_port: int | None = 8000  # None: HTTP off
     grpc_port: int | None = 8001  # None: gRPC off
     exit_timeout_s: float = 30.0
@@ -32,13 +58,40 @@ class ServeOptions:
     http_tls_key: str | None = None
     grpc_tls_cert: str | None = None
     grpc_tls_key: str | None = None
+    http_tls_client_ca: str | None = None  # mutual TLS: clients need a certificate this CA signed
+    grpc_tls_client_ca: str | None = None
+    http_restricted: security.Restrictions = field(default_factory=security.Restrictions)
+    grpc_restricted: security.Restrictions = field(default_factory=security.Restrictions)
     http_server: str = "auto"  # "hypercorn", "granian", or "auto": granian when installed
     model_control: ModelControlMode = ModelControlMode.NONE
     startup_models: list[str] | None = None  # None: every model of the repository
     repository_poll_secs: float = DEFAULT_REPOSITORY_POLL_SECS
+    http_address: str | None = None  # None: host
+    grpc_address: str | None = None  # None: host
+    exit_on_error: bool = True  # a model that fails to load at startup ends startup (Triton's default)
+    strict_readiness: bool = True  # /v2/health/ready is false while a model failed to load
+    metrics_port: int | None = DEFAULT_METRICS_PORT  # None: no metrics (--allow-metrics=false)
+    metrics_address: str | None = None  # None: the HTTP address (Triton's default)
+    metrics_interval_ms: int = DEFAULT_INTERVAL_MS
+    metrics_config: MetricsConfig = field(default_factory=MetricsConfig)
+    session_tombstone_s: float = DEFAULT_TOMBSTONE_S
+    session_tombstone_max: int = DEFAULT_TOMBSTONE_MAX
+
     max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES  # per model; 0: no bound
     stream_scoped_sequences: bool = False  # sequences started on a gRPC stream end with it
     stream_stats: StreamStats | None = None  # the gRPC streams' counters (one made when None)
+
+    @property
+    def http_host(self) -> str:
+        return self.http_address or self.host
+
+    @property
+    def grpc_host(self) -> str:
+        return self.grpc_address or self.host
+
+    @property
+    def metrics_host(self) -> str:
+        return self.metrics_address or self.http_host
 
 
 def resolve_http_server(choice: str) -> str:
@@ -52,14 +105,17 @@ def resolve_http_server(choice: str) -> str:
 
 
 async def serve(opts: ServeOptions) -> int:
-    """Serve until SIGINT/SIGTERM, then drain: new sequences are refused, running ones get up to
-    exit_timeout_s to finish, then both front-ends stop. Returns the process exit code."""
+    """Serve until SIGINT/SIGTERM, then drain (see ``Shutdown``): readiness turns false, new
+    sequences are refused, running ones get up to exit_timeout_s to finish, and only then do
+    both front-ends stop. A second signal exits at once. Returns the process exit code."""
     server = Server(
         opts.model_repository,
         exit_timeout_s=opts.exit_timeout_s,
         auto_sequence_ids=not opts.strict_sequence_ids,
         model_control=opts.model_control,
         repository_poll_secs=opts.repository_poll_secs,
+        strict_readiness=opts.strict_readiness,
+        sessions=SessionPolicy(opts.session_tombstone_s, opts.session_tombstone_max),
         max_backlog_sequences=opts.max_backlog_sequences,
     )
     log.info("model control mode: %s", opts.model_control.value)
@@ -67,53 +123,193 @@ async def serve(opts: ServeOptions) -> int:
     for entry in server.repository_index():
         state = entry["state"] + (f" ({entry['reason']})" if entry["reason"] else "")
         log.info("model %-24s version %-4s %s", entry["name"], entry["version"] or "-", state)
+    failed = server.failed_models()
+    if failed and opts.exit_on_error:
+        # Triton: "error: creating server: Internal - failed to load all models"
+        log.error(
+            "failed to load all models (%s); exiting (--exit-on-error=false keeps serving the others)",
+            ", ".join(sorted(failed)),
+        )
+        await server.shutdown(timeout_s=0)
+        return 1
 
-    stop = asyncio.Event()
+    shutdown = Shutdown(server)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, shutdown.on_signal, sig)
 
     tasks: list[asyncio.Task[None]] = []
     grpc_server = None
-    if opts.grpc_port is not None:
-        from seqserve.api.grpc import start_grpc
+    metrics: MetricsServer | None = None
+    http_done = asyncio.Event()
+    stop_http = http_done.set
+    try:
+        if opts.grpc_port is not None:
+            grpc_server = await _start_grpc(server, opts)
+            log.info("gRPC listening on %s:%d%s", opts.grpc_host, opts.grpc_port, _tls_note(opts.grpc_tls_client_ca))
+            if opts.grpc_restricted:
+                log.info("gRPC restricted protocols: %s", opts.grpc_restricted.describe())
+        if opts.http_port is not None:
+            app = HttpFrontend(server, max_body_bytes=opts.http_max_body_bytes).asgi()
+            # app itself when nothing is restricted
+            app = security.restrict_http(app, opts.http_restricted, max_body_bytes=opts.http_max_body_bytes)
+            app = close_when_exiting(app, server)
+            kind = resolve_http_server(opts.http_server)
+            if kind == "granian":
+                stop_http = await _start_granian(app, opts, tasks)
+            else:
+                _start_hypercorn(app, opts, tasks, http_done)
+            scheme = "https" if opts.http_tls_cert else "http"
+            log.info(
+                "HTTP (%s) listening on %s://%s:%d%s",
+                kind, scheme, opts.http_host, opts.http_port, _tls_note(opts.http_tls_client_ca),
+            )  # fmt: skip
+            if opts.http_restricted:
+                log.info("HTTP restricted APIs: %s", opts.http_restricted.describe())
+        if opts.metrics_port is not None:
+            sock = _listen("metrics", opts.metrics_host, opts.metrics_port)
+            metrics = await start_metrics(
+                server, sock, interval_ms=opts.metrics_interval_ms, config=opts.metrics_config
+            )
+            log.info("metrics listening on http://%s:%d/metrics", opts.metrics_host, opts.metrics_port)
+    except StartupError as e:
+        log.error("%s", e)
+        stop_http()
+        if grpc_server is not None:
+            await grpc_server.stop(grace=None)
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        await server.shutdown(timeout_s=0)
+        return 1
+    log.info("seqserve %s ready", __version__)
 
-        if opts.stream_stats is None:
-            opts.stream_stats = StreamStats()
-        grpc_server = await start_grpc(
+    await shutdown.requested.wait()
+    await server.shutdown()
+    # The front-ends stop only now: every request the engine took has its answer.
+    log.info("stopping the front-ends")
+    stop_http()
+    if grpc_server is not None:
+        await grpc_server.stop(grace=GRPC_STOP_GRACE_S)
+    for t in tasks:
+        await t
+    if metrics is not None:
+        await metrics.close()
+    if server.hung_instances:
+        hung = ", ".join(f"model '{m}' instance '{i}'" for m, i in server.hung_instances)
+        log.error("stopped; exiting without waiting for %s (still in execute)", hung)
+        exit_now(1)
+    log.info("stopped")
+    return 0
+
+
+class Shutdown:
+    """Signal handling: the first SIGINT/SIGTERM begins the drain at once (readiness false,
+    new sequences refused) and arms a backstop that ends the process if the shutdown outlasts
+    the exit timeout by EXIT_BACKSTOP_S; a second one exits at once with 128 + its number."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.requested = asyncio.Event()
+        self.first: signal.Signals | None = None
+
+    def on_signal(self, sig: signal.Signals) -> None:
+        sequences, requests, _ = self.server.open_work()
+        if self.first is not None:
+            log.warning(
+                "received %s again: exiting at once with %s and %s still open",
+                sig.name,
+                _count(sequences, "sequence"),
+                _count(requests, "request"),
+            )
+            exit_now(128 + sig)
+        self.first = sig
+        self.server.begin_shutdown()
+        timeout = self.server.exit_timeout_s
+        log.info(
+            "received %s: shutting down; draining %s and %s (up to %g s; %s again exits at once)",
+            sig.name,
+            _count(sequences, "sequence"),
+            _count(requests, "request"),
+            timeout,
+            sig.name,
+        )
+        deadline = self.server.shutdown_deadline
+        backstop = (deadline if deadline is not None else time.monotonic() + timeout) + EXIT_BACKSTOP_S
+        threading.Thread(target=_backstop, args=(backstop,), name="seqserve-exit-backstop", daemon=True).start()
+        self.requested.set()
+
+
+def _backstop(at: float) -> None:
+    """Daemon thread: the process must not outlive the exit timeout (a model's finalize, a
+    front-end or the interpreter's own exit that never ends)."""
+    time.sleep(max(at - time.monotonic(), 0.0))
+    log.error("Exit timeout expired. Exiting immediately. (the shutdown did not finish)")
+    exit_now(1)
+
+
+def exit_now(code: int) -> None:
+    """End the process at once, after flushing the logs: no interpreter teardown, which would
+    wait for threads that may never return."""
+    for handler in logging.getLogger().handlers + log.handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _listen(what: str, host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port, or StartupError naming the port and why."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise StartupError(f"cannot listen for {what} on {host}:{port} (port {port}): {_reason(e)}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(address)
+        sock.listen(1024)
+    except OSError as e:
+        sock.close()
+        raise StartupError(f"cannot listen for {what} on {host}:{port} (port {port}): {_reason(e)}") from None
+    return sock
+
+
+def _reason(e: OSError) -> str:
+    return (e.strerror or str(e)).lower()
+
+
+async def _start_grpc(server: Server, opts: ServeOptions) -> Any:
+    from seqserve.api.grpc import start_grpc
+
+    if opts.stream_stats is None:
+        opts.stream_stats = StreamStats()
+    host, port = opts.grpc_host, opts.grpc_port or 0
+    _listen("gRPC", host, port).close()  # gRPC's own failure says neither why nor in one line
+    try:
+        return await start_grpc(
             server,
-            opts.host,
-            opts.grpc_port,
+            host,
+            port,
             cert=opts.grpc_tls_cert,
             key=opts.grpc_tls_key,
+            client_ca=opts.grpc_tls_client_ca,
+            restrictions=opts.grpc_restricted,
             stream_scoped=opts.stream_scoped_sequences,
             stream_stats=opts.stream_stats,
         )
-        log.info("gRPC listening on %s:%d", opts.host, opts.grpc_port)
-    http_done = asyncio.Event()
-    stop_http = http_done.set
-    if opts.http_port is not None:
-        app = HttpFrontend(server, max_body_bytes=opts.http_max_body_bytes).asgi()
-        kind = resolve_http_server(opts.http_server)
-        if kind == "granian":
-            stop_http = _start_granian(app, opts, tasks)
-        else:
-            _start_hypercorn(app, opts, tasks, http_done)
-        scheme = "https" if opts.http_tls_cert else "http"
-        log.info("HTTP (%s) listening on %s://%s:%d", kind, scheme, opts.host, opts.http_port)
-    log.info("seqserve %s ready", __version__)
-
-    await stop.wait()
-    log.info("shutting down: draining sequences (up to %.0f s)", opts.exit_timeout_s)
-    await server.shutdown()
-    stop_http()
-    if grpc_server is not None:
-        await grpc_server.stop(grace=1.0)
-    for t in tasks:
-        await t
-    log.info("stopped")
-    return 0
+    except (RuntimeError, OSError):
+        raise StartupError(f"cannot listen for gRPC on {host}:{port} (port {port})") from None
 
 
 def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]], done: asyncio.Event) -> None:
@@ -121,40 +317,61 @@ def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None
     from hypercorn.config import Config
 
     cfg = Config()
-    cfg.bind = [f"{opts.host}:{opts.http_port}"]
+    # Bound here, so that a busy port ends startup at once; hypercorn serves the socket.
+    sock = _listen("HTTP", opts.http_host, opts.http_port or 0)
+    cfg.bind = [f"fd://{sock.detach()}"]
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("hypercorn.error")
     cfg.keep_alive_timeout = 75
     cfg.graceful_timeout = 1.0
-    if opts.http_tls_cert:
-        cfg.certfile = opts.http_tls_cert
-        cfg.keyfile = opts.http_tls_key
+    tls = _http_tls(opts)
+    if tls is not None:
+        security.hypercorn_tls(cfg, tls)
     tasks.append(asyncio.create_task(hypercorn_serve(app, cfg, shutdown_trigger=done.wait)))  # type: ignore[arg-type]
 
 
-def _start_granian(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:
+async def _start_granian(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:
     """Granian's embedded server: its Rust HTTP stack feeds our ASGI app on this same loop."""
     from granian.constants import Interfaces
     from granian.server.embed import Server as GranianServer
 
+    host, port = opts.http_host, opts.http_port or 8000
+    _listen("HTTP", host, port).close()  # granian binds its own socket: a busy port is found here
     logging.getLogger("_granian").setLevel(logging.WARNING)  # it warns that embedding is experimental
     server = GranianServer(
         app,
-        address=opts.host,
-        port=opts.http_port or 8000,
+        address=host,
+        port=port,
         interface=Interfaces.ASGINL,
         log_enabled=False,
-        ssl_cert=Path(opts.http_tls_cert) if opts.http_tls_cert else None,
-        ssl_key=Path(opts.http_tls_key) if opts.http_tls_key else None,
+        **security.granian_tls(_http_tls(opts)),
     )
-    tasks.append(asyncio.create_task(server.serve()))
+    task = asyncio.create_task(server.serve())
+    tasks.append(task)
+    await asyncio.sleep(0)  # granian binds in the task's first step
+    if task.done() and task.exception() is not None:
+        tasks.remove(task)
+        raise StartupError(f"cannot listen for HTTP on {host}:{port} (port {port}): {task.exception()}")
     return server.stop
+
+
+def _http_tls(opts: ServeOptions) -> security.TlsFiles | None:
+    if not (opts.http_tls_cert and opts.http_tls_key):
+        return None
+    return security.TlsFiles(opts.http_tls_cert, opts.http_tls_key, opts.http_tls_client_ca)
+
+
+def _tls_note(client_ca: str | None) -> str:
+    return f" (mutual TLS: client certificates from {client_ca})" if client_ca else ""
 
 
 def run(opts: ServeOptions) -> int:
     """Run `serve` on uvloop when it is installed, else on the default asyncio loop."""
+    runner: Callable[..., int] = asyncio.run
     try:
         import uvloop
+
+        runner = uvloop.run
     except ImportError:
-        return asyncio.run(serve(opts))
-    return uvloop.run(serve(opts))
+        pass  # asyncio's loop; it runs outside this block, so a later error is not chained to the ImportError
+    return runner(serve(opts))

@@ -5,7 +5,7 @@ servicer, a thin adapter from the rpcs to ``engine.Server``. Messages are conver
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import grpc
@@ -14,9 +14,9 @@ from google.protobuf import json_format
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
 from seqserve._proto import health_pb2, health_pb2_grpc
-from seqserve.api import grpc_codec
+from seqserve.api import grpc_codec, security
 from seqserve.api.grpc_stream import REPLY_ORDER_HEADER, STREAM_SCOPED_HEADER, StreamSession, StreamStats
-from seqserve.api.kserve import EXTENSIONS, enqueue_single
+from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, enqueue_single
 from seqserve.engine import Code, InferenceError, SequenceScope, Server
 
 GRPC_STATUS = {
@@ -136,6 +136,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         try:
             infer_request, _ = grpc_codec.decode_request(request)
+            session = end = None
+            for key, value in context.invocation_metadata() or ():
+                if key == SESSION_ID_KEY:
+                    session = value
+                elif key == SESSION_END_KEY:
+                    end = value
+            if session is not None or end is not None:
+                apply_session(self.server, infer_request, session, end)
             result = await enqueue_single(self.server, infer_request, "ModelInfer RPC")
         except InferenceError as e:
             await self._fail(context, e)
@@ -234,23 +242,29 @@ async def start_grpc(
     *,
     cert: str | None = None,
     key: str | None = None,
+    client_ca: str | None = None,
+    restrictions: Mapping[str, security.Restriction] | None = None,
     stream_scoped: bool = False,
     stream_stats: StreamStats | None = None,
 ) -> grpc.aio.Server:
+    """Serve on host:port; TLS with cert and key (mutual TLS with client_ca), and the rpcs
+    of restricted groups guarded (security.restrict_grpc)."""
     options = [
         ("grpc.max_receive_message_length", -1),
         ("grpc.max_send_message_length", -1),
         ("grpc.so_reuseport", 0),
     ]
     g = grpc.aio.server(options=options)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-        InferenceServicer(server, stream_scoped=stream_scoped, stream_stats=stream_stats), g
-    )
-    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(server), g)
+    inference = InferenceServicer(server, stream_scoped=stream_scoped, stream_stats=stream_stats)
+    health = HealthServicer(server)
+    if restrictions:
+        security.restrict_grpc(inference, pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], restrictions)
+        security.restrict_grpc(health, health_pb2.DESCRIPTOR.services_by_name["Health"], restrictions)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(inference, g)
+    health_pb2_grpc.add_HealthServicer_to_server(health, g)
     address = f"{host}:{port}"
     if cert:
-        with open(cert, "rb") as f_cert, open(key or "", "rb") as f_key:
-            creds = grpc.ssl_server_credentials([(f_key.read(), f_cert.read())])
+        creds = security.grpc_credentials(security.TlsFiles(cert, key or "", client_ca))
         bound = g.add_secure_port(address, creds)
     else:
         bound = g.add_insecure_port(address)

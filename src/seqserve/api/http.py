@@ -18,18 +18,17 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from seqserve._proto import model_config_pb2 as mc
-from seqserve.api import kserve_json
-from seqserve.api.kserve import EXTENSIONS, enqueue_single
-from seqserve.engine import Code, InferenceError, Server
+from seqserve.api import kserve_json, sequences
+from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, enqueue_single
+from seqserve.engine import SERVER_EXITING, SERVER_NOT_READY, Code, InferenceError, Server, SessionGoneError
 
 _ENDPOINT = "HTTP end point"  # names this front-end in the refusal of decoupled models
 
 log = logging.getLogger("seqserve.http")
 
-SESSION_HEADER = "inference-session-id"
+SESSION_HEADER = SESSION_ID_KEY
 # Model names cannot contain "/" (as in Triton); versions are decimal.
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 DEFAULT_MAX_BODY_BYTES = 1 << 30
@@ -61,9 +60,17 @@ def error_response(message: str, status: int, headers: dict[str, str] | None = N
     return _json({"error": message}, status, headers)
 
 
+def http_status(e: InferenceError) -> int:
+    """An engine error's HTTP status: Triton's mapping, and 410 Gone for a session that ended
+    or expired."""
+    if isinstance(e, SessionGoneError):
+        return 410
+    return HTTP_STATUS.get(e.code, 400)
+
+
 def _from_error(e: InferenceError) -> Response:
     headers = {"Accept-Encoding": "gzip, deflate"} if e.message == "Unsupported compression type" else None
-    return error_response(e.message, HTTP_STATUS.get(e.code, 400), headers)
+    return error_response(e.message, http_status(e), headers)
 
 
 def _empty(status: int = 200) -> Response:
@@ -111,13 +118,22 @@ class HttpFrontend:
 
     # ------------------------------------------------------------------------- health
 
+    # Once the shutdown has begun these answer as Triton does then: 503 with "Server exiting"
+    # (server health) or "Server not ready" (model readiness).
+
     async def live(self, request: Request) -> Response:
+        if self.server.exiting:
+            return error_response(SERVER_EXITING, 503)
         return _empty(200 if self.server.is_live() else 400)
 
     async def ready(self, request: Request) -> Response:
+        if self.server.exiting:
+            return error_response(SERVER_EXITING, 503)
         return _empty(200 if self.server.is_ready() else 400)
 
     async def model_ready(self, request: Request) -> Response:
+        if self.server.exiting:
+            return error_response(SERVER_NOT_READY, 503)
         p = request.path_params
         if self.server.is_model_ready(p["model"], p.get("version", "")):
             return _empty()
@@ -227,8 +243,8 @@ class HttpFrontend:
                 ihcl = int(ihcl_raw)
             req, options = kserve_json.decode_request(body, ihcl, model, version)
             session = headers.get(SESSION_HEADER)
-            if session and not req.sequence_id:
-                req.sequence_id = self._session_sequence_id(session, model, version)
+            if session is not None or SESSION_END_KEY in headers:
+                apply_session(self.server, req, session, headers.get(SESSION_END_KEY))
             fut = enqueue_single(self.server, req, _ENDPOINT)
             if receive is not None:
                 self._disconnects.add(fut, receive)
@@ -245,7 +261,7 @@ class HttpFrontend:
                 reply.append((b"accept-encoding", b"gzip, deflate"))
             if e.retry_after_s is not None:  # a full backlog: worth trying again later
                 reply.append((b"retry-after", str(max(1, math.ceil(e.retry_after_s))).encode()))
-            return HTTP_STATUS.get(e.code, 400), reply, orjson.dumps({"error": e.message})
+            return http_status(e), reply, orjson.dumps({"error": e.message})
         reply = []
         if json_len is not None:
             reply.append((b"content-type", b"application/octet-stream"))
@@ -313,21 +329,22 @@ class HttpFrontend:
 
         return serve
 
-    def _session_sequence_id(self, session: str, model: str, version: str) -> int | str:
-        """The header names a string sequence, except for models whose CORRID control is an
-        integer type (they cannot take string ids): there a decimal header is the uint64 id, so
-        the integer ids the server generates for them round-trip through the header."""
-        if not (session.isascii() and session.isdigit() and int(session) < 2**64):
-            return session
-        try:
-            cfg = self.server.model_config(model, version)
-        except InferenceError:
-            return session
-        for ci in cfg.sequence_batching.control_input:
-            for c in ci.control:
-                if c.kind == mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:
-                    return session if c.data_type == mc.TYPE_STRING else int(session)
-        return session
+    # ------------------------------------------------------------------ sequence API
+
+    @_errors
+    async def sequences(self, request: Request) -> Response:
+        p = request.path_params
+        return _json(sequences.list_doc(self.server, p["model"], str(p.get("version", "")), request.query_params))
+
+    @_errors
+    async def sequence(self, request: Request) -> Response:
+        p = request.path_params
+        version = str(p.get("version", ""))
+        if request.method == "DELETE":
+            doc = sequences.end_doc(self.server, p["model"], version, p["sequence_id"], request.query_params)
+        else:
+            doc = sequences.show_doc(self.server, p["model"], version, p["sequence_id"], request.query_params)
+        return _json(doc)
 
     # -------------------------------------------------------------------------- app
 
@@ -348,6 +365,11 @@ class HttpFrontend:
             Route("/v2/models/{model}" + v + "/config", s.model_config, methods=["GET"]),
             Route("/v2/models/{model}/infer", s.infer, methods=["POST"]),
             Route("/v2/models/{model}" + v + "/infer", s.infer, methods=["POST"]),
+            # the sequence API (restrictable group "sequence"): docs/sequence-api.md
+            Route("/v2/models/{model}/sequences", s.sequences, methods=["GET"]),
+            Route("/v2/models/{model}" + v + "/sequences", s.sequences, methods=["GET"]),
+            Route("/v2/models/{model}/sequences/{sequence_id:path}", s.sequence, methods=["GET", "DELETE"]),
+            Route("/v2/models/{model}" + v + "/sequences/{sequence_id:path}", s.sequence, methods=["GET", "DELETE"]),
             Route("/v2/models/{model}", s.model_metadata, methods=["GET"]),
             Route("/v2/models/{model}" + v, s.model_metadata, methods=["GET"]),
             Route("/v2/repository/index", s.repository_index, methods=["POST"]),
@@ -405,6 +427,28 @@ async def _cancel_on_disconnect(fut: asyncio.Future[Any], receive: Receive) -> N
         if msg["type"] == "http.disconnect":
             fut.cancel(_DISCONNECTED)  # the engine drops it from the queues (RequestFuture)
             return
+
+
+def close_when_exiting(app: ASGIApp, server: Server) -> ASGIApp:
+    """``app``, whose replies close their connections once the server's shutdown has begun: no
+    keep-alive connection then sits idle, to be cut when the front-end stops."""
+
+    async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+        await app(scope, receive, _closing(send) if server.exiting else send)
+
+    return serve
+
+
+def _closing(send: Send) -> Send:
+    """``send`` with ``connection: close`` added to the response head."""
+
+    async def closing_send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"connection"]
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await send(message)
+
+    return closing_send
 
 
 class _TooLarge(Exception):

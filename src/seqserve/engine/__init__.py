@@ -7,31 +7,60 @@ What the front-ends (``seqserve.api``) use comes from here and from ``seqserve.e
 
 from __future__ import annotations
 
-from seqserve.engine.batch import ExecuteBatch
+from seqserve.engine.batch import ExecuteBatch, RaggedInput
+from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
 from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
-from seqserve.engine.model_control import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, startup_models
+from seqserve.engine.model_control import (
+    DEFAULT_REPOSITORY_POLL_SECS,
+    SERVER_NOT_READY,
+    ModelControlMode,
+    startup_models,
+)
 from seqserve.engine.ordering import OrderedRelease
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
 from seqserve.engine.scope import SequenceScope
-from seqserve.engine.server import Server
+from seqserve.engine.server import SERVER_EXITING, SERVER_STOPPING, Server
+from seqserve.engine.sessions import (
+    DEFAULT_TOMBSTONE_MAX,
+    DEFAULT_TOMBSTONE_S,
+    EndedSequence,
+    SequenceInfo,
+    SequenceList,
+    SessionGoneError,
+    SessionPolicy,
+    parse_sequence_id,
+)
 
 __all__ = [
     "DEFAULT_MAX_BACKLOG_SEQUENCES",
     "DEFAULT_REPOSITORY_POLL_SECS",
+    "DEFAULT_TOMBSTONE_MAX",
+    "DEFAULT_TOMBSTONE_S",
+    "SERVER_EXITING",
+    "SERVER_NOT_READY",
+    "SERVER_STOPPING",
     "Code",
     "DecoupledModelError",
+    "EndedSequence",
     "ExecuteBatch",
     "InferRequest",
     "InferResult",
     "InferenceError",
     "ModelConfigError",
     "ModelControlMode",
+    "ModelCounters",
     "OrderedRelease",
+    "RaggedInput",
     "ResponseCallback",
     "SequenceId",
+    "SequenceInfo",
+    "SequenceList",
     "SequenceScope",
     "Server",
+    "SessionGoneError",
+    "SessionPolicy",
+    "parse_sequence_id",
     "startup_models",
 ]

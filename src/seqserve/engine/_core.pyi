@@ -45,7 +45,13 @@ class InputSpec(metaclass=_Pybind11Type):
     """A model input as the core gathers it into batches."""
 
     def __init__(
-        self, *, name: str, dtype: np.dtype[Any], must_match: bool = False, default_shape: list[int] = ...
+        self,
+        *,
+        name: str,
+        dtype: np.dtype[Any],
+        must_match: bool = False,
+        default_shape: list[int] = ...,
+        ragged: bool = False,
     ) -> None: ...
     @property
     def name(self) -> str: ...
@@ -57,6 +63,10 @@ class InputSpec(metaclass=_Pybind11Type):
     @property
     def default_shape(self) -> list[int]:
         """Item dims with -1 -> 1: the shape of zero-filled rows when no request fixes one."""
+    @property
+    def ragged(self) -> bool:
+        """allow_ragged_batch on a batched model: the batch holds every request's elements end
+        to end (1-D) and each request's shape."""
 
 class ControlSpec(metaclass=_Pybind11Type):
     """A sequence control tensor the core fills per batch row. START/END/READY hold
@@ -158,6 +168,9 @@ class ModelSpec(metaclass=_Pybind11Type):
         default_priority: int = 1,
         queue_policies: list[QueuePolicy] = ...,
         timeout_complete: bool = False,
+        tombstone_us: int = 3600000000,
+        max_tombstones: int = 10000,
+        latency_buckets_ms: list[float] = ...,
         max_backlog_sequences: int = 0,
     ) -> None: ...
     @property
@@ -199,11 +212,22 @@ class ModelSpec(metaclass=_Pybind11Type):
     @property
     def timeout_complete(self) -> bool: ...
     @property
+    def tombstone_us(self) -> int:
+        """How long an ended or expired session is remembered (0: not at all)."""
+    @property
+    def max_tombstones(self) -> int:
+        """How many ended or expired sessions are remembered at most (least recently used
+        dropped first)."""
+    @property
+    def latency_buckets_ms(self) -> list[float]:
+        """Upper bounds of the request latency histogram's buckets, ascending (+Inf implied)."""
+    @property
     def max_backlog_sequences(self) -> int:
         """Sequences: how many may wait in the backlog; a START beyond it is refused (0: no bound)."""
 
 class Refusal(metaclass=_Pybind11Type):
-    """Why submit() did not queue a request."""
+    """Why submit() did not queue a request. NOT_FOUND: a session request whose session ended
+    or expired (the message says which)."""
 
     @property
     def code(self) -> Code: ...
@@ -275,11 +299,78 @@ class Stats(metaclass=_Pybind11Type):
     def batches(self) -> dict[int, BatchStats]:
         """Keyed by batch size."""
     @property
+    def fail_rejected(self) -> int:
+        """Failed by a queue or backlog timeout (Triton's reason REJECTED)."""
+    @property
+    def fail_backend(self) -> int:
+        """Failed because the model failed their batch (BACKEND)."""
+    @property
+    def fail_canceled(self) -> int:
+        """Cancelled (CANCELED): dropped from the queues because their client went away, their
+        sequence was cancelled, or it was ended (sequence API, end_owned_sequence) while they waited."""
+    @property
+    def sequences_started(self) -> int:
+        """START requests accepted, implied ones included."""
+    @property
+    def sequences_ended(self) -> int:
+        """END requests accepted, plus sequences ended otherwise: through the sequence API, by
+        cancellation, by end_owned_sequence."""
+    @property
+    def sequences_expired(self) -> int:
+        """Sequences the idle reaper expired."""
+    @property
+    def latency_counts(self) -> list[int]:
+        """Successful requests per latency bucket (spec.latency_buckets_ms, then +Inf); the
+        latency runs from arrival to the end of the request's batch."""
+    @property
+    def latency_sum_ms(self) -> float: ...
+    @property
+    def pending_requests(self) -> int:
+        """Requests waiting: queued for a batch or backlogged (a snapshot)."""
+    @property
+    def sequence_slots(self) -> int:
+        """Sequence slots of all instances (0 for other models)."""
+    @property
+    def sequences_active(self) -> int:
+        """Slots held by a sequence."""
+    @property
+    def sequences_backlogged(self) -> int: ...
+    @property
+    def state_bytes(self) -> int:
+        """Implicit state held by the sequences in slots."""
+    @property
     def backlog_full(self) -> int:
         """STARTs refused because the backlog held max_backlog_sequences sequences."""
+
+class SequenceInfo(metaclass=_Pybind11Type):
+    """One live sequence, as the sequence API shows it."""
+
     @property
-    def cancelled(self) -> int:
-        """Requests dropped from the queues because they, or their sequence, were cancelled."""
+    def sequence_id(self) -> int | str: ...
+    @property
+    def backlogged(self) -> bool:
+        """Waiting for a slot (instance and slot are -1)."""
+    @property
+    def session(self) -> bool:
+        """Named by a session: START may be implied, and its end or expiry is remembered."""
+    @property
+    def instance(self) -> int: ...
+    @property
+    def slot(self) -> int: ...
+    @property
+    def age_s(self) -> float:
+        """Since its START arrived."""
+    @property
+    def idle_s(self) -> float:
+        """Since its last request arrived."""
+    @property
+    def steps(self) -> int:
+        """Steps handed to the model."""
+    @property
+    def state_bytes(self) -> int: ...
+    @property
+    def queued(self) -> int:
+        """Requests waiting in its slot's queue or in the backlog."""
 
 def serialize_bytes(array: np.ndarray) -> bytes:
     """Serialize a BYTES tensor (object array) to the 4-byte-length-prefixed wire format."""
@@ -298,6 +389,9 @@ class Batch(metaclass=_Pybind11Type):
     def handles(self) -> list[int]:
         """The request handle of every row; 0 for padding rows."""
     def inputs(self) -> dict[str, np.ndarray]: ...
+    def ragged(self) -> dict[str, list[tuple[int, ...]]]:
+        """Ragged inputs: each request's shape (batch dim included), in request order; the
+        input's array holds their elements end to end."""
     def controls(self) -> dict[str, np.ndarray]: ...
     def states(self) -> dict[str, np.ndarray]:
         """Implicit state keyed by state input name (read-only views)."""
@@ -341,13 +435,17 @@ class Scheduler(metaclass=_Pybind11Type):
         timeout_us: int = 0,
         rows: int = 1,
         priority: int = 0,
+        session: bool = False,
     ) -> int | Refusal:
-        """Queue a request. Returns its cancel() token (an int) when accepted, else the Refusal."""
+        """Queue a request. Returns its cancel() token (an int) when accepted, else the Refusal.
+        ``session``: START is implied when the sequence is not live, unless it is a session that
+        ended or expired."""
     def cancel(self, token: int, handle: int) -> bool:
         """Drop a queued request whose client is gone (a sequence's takes its sequence); it is answered
         CANCELLED. False when it is no longer queued or running."""
-    def end_sequence(self, corrid: int | str, owner: int = 0, reason: str = "") -> bool:
-        """End a live sequence now, as idle expiry does, if its latest START had handle `owner` (0: any)."""
+    def end_owned_sequence(self, corrid: int | str, owner: int = 0, reason: str = "") -> bool:
+        """End a live sequence now, as idle expiry does, if its latest START had handle `owner` (0: any);
+        its queued requests are answered CANCELLED with `reason`."""
     def slot_of(self, corrid: int | str) -> int:
         """The global slot of a live sequence, -1 while it is backlogged, -2 when it is unknown."""
     def stop_accepting(self) -> None: ...
@@ -358,4 +456,15 @@ class Scheduler(metaclass=_Pybind11Type):
     def sequences(self) -> list[tuple[str, int]]:
         """(sequence id, global slot) of every live sequence; slot -1 while backlogged."""
     def stats(self) -> Stats: ...
-    def close(self, force: bool = False) -> None: ...
+    def list_sequences(self, limit: int) -> tuple[int, list[SequenceInfo]]:
+        """(how many live sequences, up to `limit` of them in no particular order)."""
+    def find_sequence(self, corrid: int | str) -> SequenceInfo | None:
+        """The live sequence `corrid`, or None."""
+    def end_sequence(self, corrid: int | str) -> SequenceInfo | None:
+        """End the live sequence `corrid` as idle expiry does; None when it is not live. Returns it as it was."""
+    def session_gone(self, corrid: int | str) -> str | None:
+        """Why a session that is not live would be refused, or None."""
+    def close(self, force: bool = False, *, timeout_s: float | None = None) -> list[int]:
+        """Stop the executors once queues drain (force: now); unanswered requests fail UNAVAILABLE.
+        Waits up to timeout_s (None: without limit) for the executor threads; returns the indices
+        of the instances whose executor was still running then (left behind, never joined)."""

@@ -34,6 +34,11 @@ class SequenceScope:
     def started(self, model: LoadedModel, sequence_id: SequenceId, handle: int) -> None:
         self._live[(model, sequence_id)] = handle
 
+    def joined(self, model: LoadedModel, sequence_id: SequenceId, handle: int) -> None:
+        """A session request (whose START may be implied) of a sequence not yet the scope's: it
+        is, if that request started it (the core compares its handle with the START's)."""
+        self._live.setdefault((model, sequence_id), handle)
+
     def ended(self, model: LoadedModel, sequence_id: SequenceId) -> None:
         self._live.pop((model, sequence_id), None)
 
@@ -44,5 +49,5 @@ class SequenceScope:
         live, self._live = self._live, {}
         ended = 0
         for (model, sequence_id), handle in live.items():
-            ended += model.end_sequence(sequence_id, handle, self.reason)
+            ended += model.end_owned_sequence(sequence_id, handle, self.reason)
         return ended

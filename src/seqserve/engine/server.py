@@ -29,6 +29,7 @@ from seqserve.engine.config import (
     parse_model_config,
     validate_paths,
 )
+from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.model import LoadedModel
 from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
@@ -38,17 +39,28 @@ from seqserve.engine.model_control import (
     Fingerprint,
     ModelControlMode,
     model_control_refused,
+    model_fingerprint,
     repository_fingerprints,
 )
 from seqserve.engine.repository import available_versions, discover_models, select_versions
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
+from seqserve.engine.sessions import EndedSequence, SequenceInfo, SequenceList, SessionPolicy
 from seqserve.engine.uploads import UploadDirs
 
 log = logging.getLogger("seqserve.server")
 
 #: a default model file that names the backend of a model whose config names none
 _BACKEND_BY_FILE = {"model.onnx": "onnxruntime"}
+
+#: Triton's message (UNAVAILABLE) for a request to a model whose scheduler has stopped: during
+#: the shutdown drain, for requests the models refuse and for models already retired
+SERVER_STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
+#: Triton's answer (UNAVAILABLE) to the health checks once the server is exiting
+SERVER_EXITING = "Server exiting"
+#: how long executors get to finish the batch they run when a model is closed after its
+#: drain used up the whole exit timeout
+MIN_CLOSE_WAIT_S = 0.5
 
 
 def _autocomplete(cfg: mc.ModelConfig, path: Path) -> None:
@@ -67,6 +79,10 @@ def _autocomplete(cfg: mc.ModelConfig, path: Path) -> None:
     backend.autocomplete_config(cfg, path)
 
 
+#: Triton's index reason for a model name found in two or more repositories
+MODEL_DUPLICATE_REASON = "model appears in two or more repositories"
+
+
 @dataclass(slots=True)
 class ModelState:
     """Repository view of one model: its loaded versions, or why it failed to load."""
@@ -83,12 +99,14 @@ class Server:
 
     def __init__(
         self,
-        model_repository: str | Path,
+        model_repository: str | Path | Sequence[str | Path],
         *,
         exit_timeout_s: float = 30.0,
         auto_sequence_ids: bool = True,
         model_control: ModelControlMode | str = ModelControlMode.NONE,
         repository_poll_secs: float = DEFAULT_REPOSITORY_POLL_SECS,
+        strict_readiness: bool = True,
+        sessions: SessionPolicy | None = None,
         max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES,
     ) -> None:
         """auto_sequence_ids: a request to a sequence model that names no sequence starts a new
@@ -101,10 +119,24 @@ class Server:
         repository is polled for changes (every ``repository_poll_secs``; 0: only at start).
         ``load_model`` / ``unload_model`` are this process's own and work in every mode.
 
+        model_repository: one repository, or several (as Triton's repeated
+        ``--model-repository``); a model name found in two of them loads from neither.
+
+        strict_readiness (Triton's ``--strict-readiness``): ``is_ready`` is false while a
+        model failed to load; False: ready once started, whatever the models.
+
+        sessions: how long and how many ended or expired sessions each model version
+        remembers (``seqserve.engine.sessions``).
+
         max_backlog_sequences: admission control, how many sequences of one model may wait in
         its backlog for a slot (0: no bound, as in Triton); a START beyond it is refused at once
         with UNAVAILABLE. A model's ``sequence_batching.max_backlog_sequences`` overrides it."""
-        self.repository = Path(model_repository)
+        repos = [model_repository] if isinstance(model_repository, str | Path) else list(model_repository)
+        if not repos:
+            raise ValueError("at least one model repository is needed")
+        self.repositories = [Path(r) for r in repos]
+        self.repository = self.repositories[0]  # the first one; uploads and single-repository callers
+        self.strict_readiness = strict_readiness
         self.exit_timeout_s = exit_timeout_s
         self.auto_sequence_ids = auto_sequence_ids
         self.model_control = ModelControlMode.parse(model_control)
@@ -114,6 +146,7 @@ class Server:
         if max_backlog_sequences < 0:
             raise ValueError(f"max_backlog_sequences must be >= 0 (0: no bound), got {max_backlog_sequences}")
         self.max_backlog_sequences = max_backlog_sequences
+        self.sessions = sessions or SessionPolicy()
         self._models: dict[str, ModelState] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._live = False
@@ -123,6 +156,9 @@ class Server:
         self._uploads = UploadDirs()
         self._fingerprints: dict[str, Fingerprint] = {}  # poll mode: each model folder as last loaded
         self._poll_task: asyncio.Task[None] | None = None
+        self._shutdown_deadline: float | None = None  # time.monotonic() when the drain ends
+        #: (model, instance) of executors left running in execute when their model was closed
+        self.hung_instances: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------------------ lifecycle
 
@@ -133,8 +169,9 @@ class Server:
         In poll mode every model loads (``models`` must be None) and, when
         ``repository_poll_secs`` > 0, the repository is polled from then on."""
         self._loop = asyncio.get_running_loop()
-        if not self.repository.is_dir():
-            raise InferenceError(Code.INVALID_ARG, f"model repository '{self.repository}' is not a directory")
+        for repo in self.repositories:
+            if not repo.is_dir():
+                raise InferenceError(Code.INVALID_ARG, f"model repository '{repo}' is not a directory")
         if self.model_control is ModelControlMode.POLL:
             if models is not None:
                 raise ValueError("in poll mode every model of the repository loads: start() takes no model list")
@@ -142,7 +179,7 @@ class Server:
             if self.repository_poll_secs > 0:
                 self._poll_task = asyncio.create_task(self._poll_periodically(), name="seqserve-repository-poll")
         else:
-            names = models if models is not None else [p.name for p in discover_models(self.repository)]
+            names = models if models is not None else sorted({p.name for p in self._discover()})
             for name in names:
                 # A model that fails is logged and listed UNAVAILABLE (with its reason) in the index.
                 with contextlib.suppress(InferenceError):
@@ -164,7 +201,12 @@ class Server:
             finish_model_config(cfg, path)
             for v in select_versions(path, cfg):
                 versions[v] = LoadedModel(
-                    cfg, version=v, model_dir=path, loop=loop, max_backlog_sequences=self.max_backlog_sequences
+                    cfg,
+                    version=v,
+                    model_dir=path,
+                    loop=loop,
+                    sessions=self.sessions,
+                    max_backlog_sequences=self.max_backlog_sequences,
                 )
         except Exception as e:
             for m in versions.values():
@@ -242,8 +284,18 @@ class Server:
     async def _load(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None, loop: asyncio.AbstractEventLoop
     ) -> None:
-        in_repository = (self.repository / name).is_dir()
-        path = self.repository / name
+        found = self._model_dirs(name)
+        in_repository = bool(found)
+        if len(found) > 1:  # as Triton: a name in two repositories loads from neither
+            log.error("failed to poll model '%s': not unique across all model repositories", name)
+            if name not in self._models or not self._models[name].versions:
+                self._models[name] = ModelState(name, found[0], {}, "UNAVAILABLE", MODEL_DUPLICATE_REASON)
+            raise InferenceError(
+                Code.INVALID_ARG,
+                f"failed to poll model '{name}': not unique across all model repositories "
+                f"({', '.join(str(p) for p in found)})",
+            )
+        path = found[0] if found else self.repository / name
         if files:
             path = await asyncio.to_thread(self._uploads.create, name, files)
         old = self._models.get(name)
@@ -289,7 +341,16 @@ class Server:
 
     async def _poll(self, loop: asyncio.AbstractEventLoop) -> dict[str, list[str]]:
         def scan() -> dict[str, Fingerprint]:
-            return repository_fingerprints(discover_models(self.repository))
+            dirs: dict[str, list[Path]] = {}
+            for d in self._discover():
+                dirs.setdefault(d.name, []).append(d)
+            out = repository_fingerprints(found[0] for found in dirs.values() if len(found) == 1)
+            # a name in two repositories: one fingerprint of all its folders, so that removing
+            # one of them (or any change) loads it again; until then its load fails, as at startup
+            for name, found in dirs.items():
+                if len(found) > 1:
+                    out[name] = tuple(e for d in found for e in model_fingerprint(d))
+            return out
 
         current = await asyncio.to_thread(scan)
         known = self._fingerprints
@@ -321,62 +382,178 @@ class Server:
             except Exception:
                 log.exception("failed to poll model repository")
 
-    async def _retire(self, state: ModelState, timeout_s: float | None = None) -> None:
-        """Let running sequences finish (bounded), then stop the model."""
+    async def _retire(
+        self, state: ModelState, timeout_s: float | None = None, *, deadline: float | None = None
+    ) -> bool:
+        """Let running sequences finish (bounded), then stop the model. The bound is ``deadline``
+        (a time.monotonic()), or ``timeout_s`` (default: exit_timeout_s) from now; it bounds the
+        wait for the executors too (at least MIN_CLOSE_WAIT_S): an instance still in execute
+        then is left behind and its requests fail. True when the bound cut the drain short."""
         models = list(state.versions.values())
         for m in models:
             m.stop_accepting()
-        deadline = time.monotonic() + (self.exit_timeout_s if timeout_s is None else timeout_s)
+        if deadline is None:
+            deadline = time.monotonic() + (self.exit_timeout_s if timeout_s is None else timeout_s)
         # running sequences, and requests whose responses are still streaming
         while any(m.inflight_sequences or m.open_responses for m in models) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         forced = any(m.inflight_sequences for m in models)
+        cut_off = forced or any(m.open_responses for m in models)
         for m in models:
-            await asyncio.to_thread(m.close, force=forced)
+            wait = max(deadline - time.monotonic(), MIN_CLOSE_WAIT_S)
+            for instance in await asyncio.to_thread(m.close, force=forced, timeout_s=wait):
+                self.hung_instances.append((m.name, instance))
+                log.error(
+                    "model '%s' instance '%s' did not return from execute within the exit timeout; %s",
+                    m.name,
+                    instance,
+                    "exiting anyway" if self._exiting else "unloading anyway (its thread is left behind)",
+                )
+        return cut_off
 
-    async def shutdown(self, timeout_s: float | None = None) -> None:
-        """Orderly stop: new STARTs get UNAVAILABLE, running sequences finish within the bound.
-        Polling stops; a load or unload in progress ends first. Upload folders are removed."""
+    def begin_shutdown(self, timeout_s: float | None = None) -> None:
+        """The synchronous first step of ``shutdown`` (an application calls it from its signal
+        handler): from now on the server and its models are not ready, new sequences (and
+        requests to models without sequences) get UNAVAILABLE, and the drain's deadline is set,
+        ``timeout_s`` (default: exit_timeout_s) from now. Idempotent."""
+        if self._shutdown_deadline is not None:
+            return
+        self._shutdown_deadline = time.monotonic() + (self.exit_timeout_s if timeout_s is None else timeout_s)
         self._exiting = True
         self._live = False
         for s in self._models.values():  # at once, even while a load holds the lock
             for m in s.versions.values():
                 m.stop_accepting()
-        if self._poll_task is not None:
-            self._poll_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poll_task
-            self._poll_task = None
-        async with self._control_lock:
-            await self._shutdown_models(timeout_s)
+
+    @property
+    def shutdown_deadline(self) -> float | None:
+        """When the drain ends (time.monotonic()); None until the shutdown begins."""
+        return self._shutdown_deadline
+
+    def open_work(self) -> tuple[int, int, list[str]]:
+        """(sequences, requests, per-model details) still open: sequences holding a slot (or
+        backlogged) and requests not answered for good, over every loaded model version."""
+        sequences = requests = 0
+        details = []
+        for s in self._models.values():
+            for v, m in sorted(s.versions.items()):
+                seq = m.inflight_sequences if m.is_sequence else 0
+                req = m.open_requests
+                if seq or req:
+                    sequences += seq
+                    requests += req
+                    details.append(f"'{m.name}' version {v}: {_count(seq, 'sequence')}, {_count(req, 'request')}")
+        return sequences, requests, details
+
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        """Orderly stop, bounded by ``timeout_s`` (default: exit_timeout_s) from the moment it
+        begins (see ``begin_shutdown``): new STARTs get UNAVAILABLE, running sequences go on
+        to their END, open requests get their answers; every second a log line says what is
+        still open. At the deadline the models are closed anyway: what never ran fails with
+        UNAVAILABLE, and an instance that does not return from execute is left behind (see
+        ``hung_instances``). Polling stops; a load or unload in progress ends first (unless it
+        outlasts the deadline). Upload folders are removed."""
+        self.begin_shutdown(timeout_s)
+        deadline = self._shutdown_deadline
+        assert deadline is not None
+        progress = asyncio.create_task(self._log_progress(deadline), name="seqserve-shutdown-progress")
+        try:
+            if self._poll_task is not None:
+                self._poll_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._poll_task
+                self._poll_task = None
+            locked = await self._acquire_control_lock(deadline)
+            try:
+                await self._shutdown_models(deadline)
+            finally:
+                if locked:
+                    self._control_lock.release()
+        finally:
+            progress.cancel()
         await asyncio.to_thread(self._uploads.remove_all)
 
-    async def _shutdown_models(self, timeout_s: float | None) -> None:
-        timeout = self.exit_timeout_s if timeout_s is None else timeout_s
+    async def _acquire_control_lock(self, deadline: float) -> bool:
+        """The control lock, unless a load or unload still holds it at the deadline (a model's
+        initialize that never returns must not hold the shutdown)."""
+        try:
+            await asyncio.wait_for(self._control_lock.acquire(), max(deadline - time.monotonic(), 0.0))
+        except TimeoutError:
+            log.warning("a model load or unload is still running at the exit timeout; not waiting for it")
+            return False
+        return True
+
+    async def _log_progress(self, deadline: float) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            sequences, requests, details = self.open_work()
+            left = max(deadline - time.monotonic(), 0.0)
+            log.info(
+                "shutting down: %s and %s still open%s; %.0f s left",
+                _count(sequences, "sequence"),
+                _count(requests, "request"),
+                f" ({'; '.join(details)})" if details else "",
+                left,
+            )
+
+    async def _shutdown_models(self, deadline: float) -> None:
         states = [s for s in self._models.values() if s.versions]
         for s in states:
             for m in s.versions.values():
                 m.stop_accepting()
-        await asyncio.gather(*(self._retire(s, timeout) for s in states))
-        if any(m.pending_requests for s in states for m in s.versions.values()):
+        cut_off = await asyncio.gather(*(self._retire_at_exit(s, deadline) for s in states))
+        if any(cut_off):
             log.warning("Exit timeout expired. Exiting immediately.")
-        for s in states:
-            s.versions = {}
-            s.state = "UNAVAILABLE"
-            s.reason = "server is shut down"
+
+    async def _retire_at_exit(self, state: ModelState, deadline: float) -> bool:
+        """Each model goes as soon as its own sequences and requests are done; requests for it
+        then get SERVER_STOPPING (see ``model``)."""
+        cut_off = await self._retire(state, deadline=deadline)
+        versions = sorted(state.versions)
+        state.versions = {}
+        state.state = "UNAVAILABLE"
+        state.reason = "server is shut down"
+        log.info("model '%s' versions %s stopped", state.name, versions)
+        return cut_off
 
     # --------------------------------------------------------------------------- health
+
+    @property
+    def exiting(self) -> bool:
+        """The shutdown has begun (``begin_shutdown``)."""
+        return self._exiting
 
     def is_live(self) -> bool:
         return self._live and not self._exiting
 
     def is_ready(self) -> bool:
-        return self.is_live() and all(s.state == "READY" for s in self._models.values() if s.versions)
+        """Live, and (with strict_readiness, as Triton's) every model that was asked to load
+        is READY: one whose load failed makes the server not ready; unloaded ones do not."""
+        if not self.is_live():
+            return False
+        if not self.strict_readiness:
+            return True
+        return all(s.state == "READY" or (not s.versions and s.reason == "unloaded") for s in self._models.values())
+
+    def failed_models(self) -> dict[str, str]:
+        """Models whose last load failed and that serve no version: name -> reason."""
+        return {n: s.reason for n, s in self._models.items() if not s.versions and s.reason != "unloaded"}
+
+    def _discover(self) -> list[Path]:
+        """Every model folder of every repository, in repository order."""
+        return [d for repo in self.repositories if repo.is_dir() for d in discover_models(repo)]
+
+    def _model_dirs(self, name: str) -> list[Path]:
+        """The folders named ``name`` in the repositories (more than one: a duplicate)."""
+        return [repo / name for repo in self.repositories if (repo / name).is_dir()]
 
     def model(self, name: str, version: str | int = "") -> LoadedModel:
-        """The loaded model version (the highest when version is empty)."""
+        """The loaded model version (the highest when version is empty). Once the shutdown has
+        begun, a model that is not (or no longer) loaded is UNAVAILABLE (SERVER_STOPPING)."""
         state = self._models.get(name)
         if state is None or not state.versions:
+            if self._exiting:
+                raise InferenceError(Code.UNAVAILABLE, SERVER_STOPPING)
             raise InferenceError(Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
         if version in ("", None, -1, "-1"):
             return state.versions[max(state.versions)]
@@ -417,10 +594,14 @@ class Server:
 
     def repository_index(self) -> list[dict[str, str]]:
         out: list[dict[str, str]] = []
-        known = {p.name for p in discover_models(self.repository)} | set(self._models)
-        for name in sorted(known):
+        found: dict[str, int] = {}
+        for p in self._discover():
+            found[p.name] = found.get(p.name, 0) + 1
+        for name in sorted(found.keys() | self._models.keys()):
             state = self._models.get(name)
-            if state is None:
+            if found.get(name, 0) > 1 and (state is None or not state.versions):
+                out.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": MODEL_DUPLICATE_REASON})
+            elif state is None:
                 out.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": "unloaded"})
             elif state.versions:
                 for v in sorted(state.versions):
@@ -495,8 +676,59 @@ class Server:
         if m.is_sequence and not request.sequence_id and self.auto_sequence_ids:
             request.sequence_id = m.new_sequence_id()
             request.sequence_start = True
+            request.session = True  # its end or expiry is remembered, as a named session's
             return m, {"sequence_id": request.sequence_id}
         return m, None
+
+    def session_sequence_id(self, model: str, version: str | int, session: str) -> SequenceId:
+        """The sequence id a session id names: a string id, except for models whose CORRID
+        control has an integer type (they cannot take string ids), where a decimal session id is
+        the uint64 id, so the ids the server generates for them round-trip."""
+        if not (session.isascii() and session.isdigit() and 0 < int(session) < 2**64):
+            return session
+        try:
+            cfg = self.model_config(model, version)
+        except InferenceError:
+            return session
+        for ci in cfg.sequence_batching.control_input:
+            for c in ci.control:
+                if c.kind == mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:
+                    return session if c.data_type == mc.TYPE_STRING else int(session)
+        return session
+
+    # ---------------------------------------------------------------------- sequence API
+
+    def sequences(self, model: str, version: str | int = "", *, limit: int = 1000) -> SequenceList:
+        """The live sequences of a model version (holding a slot or backlogged): how many, and
+        up to ``limit`` of them, the oldest first. INVALID_ARG for a model without sequences."""
+        m = self._sequence_model(model, version)
+        if limit < 0:
+            raise InferenceError(Code.INVALID_ARG, f"limit must be >= 0, got {limit}")
+        return m.sequences(limit)
+
+    def sequence(self, model: str, sequence_id: SequenceId, version: str | int = "") -> SequenceInfo:
+        """One live sequence (5 and "5" are different ids); NOT_FOUND when it is not live."""
+        return self._sequence_model(model, version).sequence(sequence_id)
+
+    def end_sequence(self, model: str, sequence_id: SequenceId, version: str | int = "") -> EndedSequence:
+        """End a live sequence now, as idle expiry ends it (a final END step for
+        ``TIMEOUT_COMPLETE`` models; a backlogged one's requests are cancelled). Its next
+        session request gets SessionGoneError, its next ``sequence_id`` request without START
+        the START error. NOT_FOUND when it is not live."""
+        return self._sequence_model(model, version).end_sequence(sequence_id)
+
+    def _sequence_model(self, model: str, version: str | int) -> LoadedModel:
+        m = self.model(model, version)
+        if not m.is_sequence:
+            raise InferenceError(Code.INVALID_ARG, f"model '{model}' is not a sequence model: it has no sequences")
+        return m
+
+    # --------------------------------------------------------------------------- metrics
+
+    def model_counters(self) -> list[ModelCounters]:
+        """A snapshot of every loaded model version's counters, for metrics exporters: read at
+        once from the counts the core keeps anyway."""
+        return [m.counters() for _, s in sorted(self._models.items()) for _, m in sorted(s.versions.items())]
 
     # Keyword conveniences for embedding applications: each builds one InferRequest.
 
@@ -657,6 +889,10 @@ async def _shielded(coro: Coroutine[Any, Any, Any]) -> Any:
 def _retrieve(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()  # the caller may be gone: no "exception was never retrieved"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _version_str(version: str | int | None) -> str:

@@ -15,6 +15,7 @@ import functools
 import itertools
 import logging
 import secrets
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -26,13 +27,15 @@ import orjson
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import _core
 from seqserve.engine.backends import BackendInstance, InstanceContext, ModelContext, find_backend
-from seqserve.engine.batch import ExecuteBatch
+from seqserve.engine.batch import ExecuteBatch, RaggedInput
+from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
 from seqserve.engine.model.delivery import Delivery, Pending
 from seqserve.engine.model.spec import build_core_spec
 from seqserve.engine.model.validation import INTEGER_CORRID, RequestValidator
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
+from seqserve.engine.sessions import EndedSequence, SequenceInfo, SequenceList, SessionGoneError, SessionPolicy
 from seqserve.engine.tensors import wire_dtype_name
 
 log = logging.getLogger("seqserve.model")
@@ -75,6 +78,7 @@ class LoadedModel:
         version: int,
         model_dir: Path,
         loop: asyncio.AbstractEventLoop,
+        sessions: SessionPolicy | None = None,
         max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES,
     ) -> None:
         """``max_backlog_sequences``: the server's bound on backlogged sequences (0: none), for
@@ -89,12 +93,26 @@ class LoadedModel:
         self.decoupled = cfg.model_transaction_policy.decoupled
         self._loop = loop
         self._pending: dict[int, Pending] = {}
+        self._rejected = 0  # refused by the core as UNAVAILABLE (queue full, stopping)
+        # instance index -> the requests of the batch it is running (executor threads, GIL held)
+        self._running: dict[int, list[Pending | None]] = {}
+        self._close_lock = threading.Lock()
+        self._closed = False
 
         backend_cls = find_backend(cfg)
         if cfg.sequence_batching.state and not backend_cls.supports_implicit_state:
             raise InferenceError(
                 Code.INVALID_ARG, f"backend '{cfg.backend or cfg.platform}' does not support implicit state"
             )
+        ragged = [t.name for t in cfg.input if t.allow_ragged_batch] if cfg.max_batch_size > 0 else []
+        if ragged and not backend_cls.supports_ragged_batch:
+            raise InferenceError(
+                Code.INVALID_ARG,
+                f"model '{cfg.name}': input '{ragged[0]}' has allow_ragged_batch, which backend "
+                f"'{cfg.backend or cfg.platform}' does not support (it would need Triton's batch_input "
+                "tensors to find each request's extent); the python backend supports it",
+            )
+        self._has_ragged = bool(ragged)
         if self.decoupled and not backend_cls.supports_decoupled:
             raise InferenceError(
                 Code.INVALID_ARG,
@@ -114,7 +132,9 @@ class LoadedModel:
         self.instance_names: list[str] = []
         self._create_instances(ctx)
 
-        spec = build_core_spec(cfg, model_dir, len(self._instances), max_backlog_sequences=max_backlog_sequences)
+        spec = build_core_spec(
+            cfg, model_dir, len(self._instances), sessions, max_backlog_sequences=max_backlog_sequences
+        )
         self.strategy_name = spec.strategy_name
         self._spec = spec
         self._validator = RequestValidator(cfg, spec)
@@ -222,6 +242,111 @@ class LoadedModel:
             ],
         }
 
+    def counters(self) -> ModelCounters:
+        """Everything a metrics exporter reports for this version, read now (one core call)."""
+        s = self._core.stats()
+        refused = self._validator.failures
+        alone = self._delivery.request_failures
+        rejected = s.fail_rejected + self._rejected
+        backend = s.fail_backend + alone
+        fail = s.fail.count + refused + alone
+        cumulative = 0
+        buckets = []
+        for bound, n in zip([*self._spec.scheduler.latency_buckets_ms, float("inf")], s.latency_counts, strict=True):
+            cumulative += n
+            buckets.append((bound, cumulative))
+        return ModelCounters(
+            model=self.name,
+            version=self.version_str,
+            tags=dict(self.config.metric_tags),
+            success=s.success.count - alone,
+            failure={
+                "REJECTED": rejected,
+                "CANCELED": s.fail_canceled,
+                "BACKEND": backend,
+                "OTHER": max(0, fail - rejected - s.fail_canceled - backend),
+            },
+            inference_count=s.inference_count,
+            execution_count=s.execution_count,
+            request_duration_us=s.success.ns // 1000,
+            queue_duration_us=s.queue.ns // 1000,
+            compute_input_duration_us=s.compute_input.ns // 1000,
+            compute_infer_duration_us=s.compute_infer.ns // 1000,
+            compute_output_duration_us=s.compute_output.ns // 1000,
+            pending_requests=s.pending_requests,
+            latency_buckets=buckets,
+            latency_sum_ms=s.latency_sum_ms,
+            is_sequence=self.is_sequence,
+            sequence_slots=s.sequence_slots,
+            sequences_active=s.sequences_active,
+            sequences_backlogged=s.sequences_backlogged,
+            sequences_started=s.sequences_started,
+            sequences_ended=s.sequences_ended,
+            sequences_expired=s.sequences_expired,
+            state_bytes=s.state_bytes,
+        )
+
+    # ------------------------------------------------------------------ sequence API
+
+    def sequences(self, limit: int) -> SequenceList:
+        """The live sequences (holding a slot or backlogged): how many, and up to ``limit`` of
+        them, the oldest first."""
+        total, found = self._core.list_sequences(limit)
+        infos = sorted((self._sequence_info(x) for x in found), key=lambda i: -i.age_s)
+        return SequenceList(total, infos)
+
+    def sequence(self, sequence_id: SequenceId) -> SequenceInfo:
+        """One live sequence; NOT_FOUND when it is not live (the message says why when it is a
+        session that ended or expired)."""
+        found = self._core.find_sequence(sequence_id)
+        if found is None:
+            raise self._not_live(sequence_id)
+        return self._sequence_info(found)
+
+    def end_sequence(self, sequence_id: SequenceId) -> EndedSequence:
+        """End a live sequence now, as idle expiry does: its slot is freed once the requests
+        already queued for it have run, and with ``timeout_action: TIMEOUT_COMPLETE`` the model
+        gets one final END step first. A backlogged sequence's queued requests are cancelled.
+        Its id is remembered as ended, so a session request for it gets SessionGoneError and a
+        ``sequence_id`` request without START gets Triton's START error."""
+        found = self._core.end_sequence(sequence_id)
+        if found is None:
+            raise self._not_live(sequence_id)
+        info = self._sequence_info(found)
+        log.info(
+            "model '%s' version %d: sequence %r ended through the sequence API", self.name, self.version, sequence_id
+        )
+        return EndedSequence(
+            info,
+            final_step=self._spec.scheduler.timeout_complete and not info.backlogged,
+            cancelled_requests=info.queued if info.backlogged else 0,
+        )
+
+    def _sequence_info(self, x: _core.SequenceInfo) -> SequenceInfo:
+        held = not x.backlogged
+        return SequenceInfo(
+            sequence_id=x.sequence_id,
+            backlogged=x.backlogged,
+            session=x.session,
+            instance=self.instance_names[x.instance] if held else None,
+            slot=x.slot if held else None,
+            age_s=x.age_s,
+            idle_s=x.idle_s,
+            steps=x.steps,
+            state_bytes=x.state_bytes,
+            queued=x.queued,
+        )
+
+    def _not_live(self, sequence_id: SequenceId) -> InferenceError:
+        msg = f"sequence {sequence_id!r} of model '{self.name}' version {self.version} is not live"
+        if not self.is_sequence:
+            msg = f"model '{self.name}' is not a sequence model"
+        else:
+            gone = self._core.session_gone(sequence_id)
+            if gone:
+                msg += f": {gone}"
+        return InferenceError(Code.NOT_FOUND, msg)
+
     @property
     def inflight_sequences(self) -> int:
         return self._core.inflight_sequences()
@@ -235,6 +360,13 @@ class LoadedModel:
     def pending_requests(self) -> int:
         return self._core.pending_requests()
 
+    @property
+    def open_requests(self) -> int:
+        """Requests submitted and not answered for good: queued, in a running batch, or (sent
+        to a responder) still waiting for their final response."""
+        running = [r for recs in list(self._running.values()) for r in recs if r is not None]
+        return len(self._pending) + len(running) + self._delivery.open_responses_besides(running)
+
     def scheduler_state(self) -> dict[str, Any]:
         """Live view of the slot table, for diagnostics."""
         stats = self._core.stats()
@@ -245,7 +377,7 @@ class LoadedModel:
             "pending_requests": self._core.pending_requests(),
             "sequences": dict(self._core.sequences()),
             "backlog_full": stats.backlog_full,
-            "cancelled": stats.cancelled,
+            "cancelled": stats.fail_canceled,
         }
 
     def sequence_slot(self, sequence_id: SequenceId) -> int | None:
@@ -300,13 +432,13 @@ class LoadedModel:
         """Take request ``handle`` out of the core's queues if it is still there (event loop)."""
         self._core.cancel(token, handle)
 
-    def end_sequence(self, sequence_id: SequenceId, owner: int = 0, reason: str = "") -> bool:
+    def end_owned_sequence(self, sequence_id: SequenceId, owner: int = 0, reason: str = "") -> bool:
         """End a live sequence now, as idle expiry does: its slot is freed (after one final END
         step under TIMEOUT_COMPLETE), its queued requests are answered CANCELLED with ``reason``
         after the sequence's name. ``owner``: only if its latest START was that request handle.
         False when it is not live (ended, expired, or someone else's)."""
         why = f"sequence {sequence_id} of model '{self.name}' was ended: {reason}" if reason else ""
-        return self._core.end_sequence(sequence_id, owner, why)
+        return self._core.end_owned_sequence(sequence_id, owner, why)
 
     def _queue(
         self,
@@ -338,10 +470,15 @@ class LoadedModel:
             request.timeout_us,
             checked.rows,
             request.priority,
+            request.session,
         )
         if not isinstance(token, int):  # a Refusal
             del self._pending[handle]
             self._validator.failures += 1
+            if token.code == _core.Code.NOT_FOUND:  # a session that ended or expired
+                raise SessionGoneError(token.message)
+            if token.code == _core.Code.UNAVAILABLE:
+                self._rejected += 1
             # Sequence-batcher errors carry no request id in Triton; the others do.
             msg = token.message if self.is_sequence else f"[request id: {request.id or '<id_unknown>'}] {token.message}"
             raise InferenceError(
@@ -355,6 +492,8 @@ class LoadedModel:
                 scope.ended(self, checked.corrid)
             elif request.sequence_start:
                 scope.started(self, checked.corrid, handle)
+            elif request.session:  # may have started it (an implied START): the core knows
+                scope.joined(self, checked.corrid, handle)
         self._delivery.track_order(rec)
         return rec
 
@@ -365,6 +504,10 @@ class LoadedModel:
         pending = self._pending
         recs = [pending.pop(h, None) if h else None for h in cb.handles]
         delivery = self._delivery
+        running = self._running
+        # Whoever pops the instance's entry answers these requests: this thread once execute
+        # returns, or close() when it left this thread behind in execute.
+        running[cb.instance] = recs
         try:
             batch = ExecuteBatch(
                 size=cb.size,
@@ -379,11 +522,22 @@ class LoadedModel:
                 request_rows=[r.rows if r is not None else 1 for r in recs],
                 request_outputs=[r.outputs if r is not None else None for r in recs],
                 request_ids=[r.request_id if r is not None else "" for r in recs],
+                ragged={k: RaggedInput(v) for k, v in cb.ragged().items()} if self._has_ragged else {},
+                batched=self.max_batch_size > 0,
             )
             instance = self._instances[cb.instance]
             if instance.uses_responders:
                 batch.responder = functools.partial(delivery.responder, recs)
             produced = instance.execute(batch)
+        except Exception as e:  # the model's failure fails this batch only
+            if running.pop(cb.instance, None) is None:
+                cb.finish(False)
+                return False
+            return self._batch_failed(cb, recs, e)
+        if running.pop(cb.instance, None) is None:  # too late: close() failed its requests
+            cb.finish(False)
+            return False
+        try:
             cb.mark_executed()
             if self.decoupled:
                 produced = delivery.decoupled_results(recs, produced)
@@ -392,18 +546,21 @@ class LoadedModel:
                 if value is not None:
                     cb.set_state(index, np.asarray(value))
             replies = delivery.replies(recs, cb.size, produced, responders=batch.responder is not None)
-        except Exception as e:  # the model's failure fails this batch only
-            err = (
-                e
-                if isinstance(e, InferenceError)
-                else InferenceError(Code.INTERNAL, f"model '{self.name}' failed: {type(e).__name__}: {e}")
-            )
-            cb.finish(False)
-            delivery.batch_failed(recs, err)
-            return False
+        except Exception as e:
+            return self._batch_failed(cb, recs, e)
         cb.finish(True)  # statistics first: a client that sees its reply sees them counted
         delivery.post(replies)
         return True
+
+    def _batch_failed(self, cb: _core.Batch, recs: list[Pending | None], e: Exception) -> bool:
+        err = (
+            e
+            if isinstance(e, InferenceError)
+            else InferenceError(Code.INTERNAL, f"model '{self.name}' failed: {type(e).__name__}: {e}")
+        )
+        cb.finish(False)
+        self._delivery.batch_failed(recs, err)
+        return False
 
     def _on_fail(self, handles: list[int], code: _core.Code, message: str) -> None:
         recs = [r for r in (self._pending.pop(h, None) for h in handles) if r is not None]
@@ -423,15 +580,44 @@ class LoadedModel:
     def stop_accepting(self) -> None:
         self._core.stop_accepting()
 
-    def close(self, *, force: bool = False) -> None:
-        """Stop the executors (after queues drain unless force) and finalize the instances."""
-        self._core.close(force)
-        for inst in self._instances:
+    def close(self, *, force: bool = False, timeout_s: float | None = None) -> list[str]:
+        """Stop the executors (after queues drain unless force) and finalize the instances.
+
+        timeout_s bounds the wait for the executors (None: no bound). An instance whose
+        ``execute`` has not returned by then is left behind: its requests fail with
+        UNAVAILABLE, it is not finalized, and its name is returned."""
+        # One close at a time (a shutdown may overtake an unload that outlasted the exit
+        # timeout); a later one has nothing left to do.
+        if not self._close_lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            return []
+        try:
+            if self._closed:
+                return []
+            self._closed = True
+            return self._close(force, timeout_s)
+        finally:
+            self._close_lock.release()
+
+    def _close(self, force: bool, timeout_s: float | None) -> list[str]:
+        hung = self._core.close(force, timeout_s=timeout_s)
+        for i in hung:
+            recs = self._running.pop(i, None)  # unless its execute has just returned
+            if recs:
+                err = InferenceError(
+                    Code.UNAVAILABLE,
+                    f"model '{self.name}' instance '{self.instance_names[i]}' did not return from execute "
+                    "within the exit timeout",
+                )
+                self._delivery.batch_failed(recs, err)
+        for i, inst in enumerate(self._instances):
+            if i in hung:
+                continue  # still inside execute: finalize would race with it
             try:
                 inst.finalize()
             except Exception:
                 log.exception("model '%s': finalize failed", self.name)
         self._delivery.close_open()
+        return [self.instance_names[i] for i in hung]
 
 
 def _duration(d: _core.Duration, extra: int = 0) -> dict[str, int]:
