@@ -283,6 +283,7 @@ class LoadedModel:
             sequences_started=s.sequences_started,
             sequences_ended=s.sequences_ended,
             sequences_expired=s.sequences_expired,
+            backlog_full=s.backlog_full,
             state_bytes=s.state_bytes,
         )
 
