@@ -11,6 +11,9 @@ trap 'rm -rf "$work"' EXIT
 (cd "$root" && git ls-files -co --exclude-standard | grep -v '\.so$' | tar -cf - -T -) | tar -xf - -C "$work"
 cd "$work"
 SEQSERVE_SANITIZE=$kind "$py" setup.py -q build_ext --inplace
+# The scratch copy's src/ must come before the checkout's editable install on sys.path, or the
+# tests would import the normal build.
+export PYTHONPATH="$work/src${PYTHONPATH:+:$PYTHONPATH}"
 case $kind in
   address)
     export LD_PRELOAD=$(gcc -print-file-name=libasan.so)

@@ -13,7 +13,7 @@ from typing import Any
 
 from seqserve import __version__
 from seqserve.api.http import DEFAULT_MAX_BODY_BYTES, HttpFrontend
-from seqserve.engine import Server
+from seqserve.engine import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, Server
 
 log = logging.getLogger("seqserve")
 
@@ -32,6 +32,9 @@ class ServeOptions:
     grpc_tls_cert: str | None = None
     grpc_tls_key: str | None = None
     http_server: str = "auto"  # "hypercorn", "granian", or "auto": granian when installed
+    model_control: ModelControlMode = ModelControlMode.NONE
+    startup_models: list[str] | None = None  # None: every model of the repository
+    repository_poll_secs: float = DEFAULT_REPOSITORY_POLL_SECS
 
 
 def resolve_http_server(choice: str) -> str:
@@ -51,8 +54,11 @@ async def serve(opts: ServeOptions) -> int:
         opts.model_repository,
         exit_timeout_s=opts.exit_timeout_s,
         auto_sequence_ids=not opts.strict_sequence_ids,
+        model_control=opts.model_control,
+        repository_poll_secs=opts.repository_poll_secs,
     )
-    await server.start()
+    log.info("model control mode: %s", opts.model_control.value)
+    await server.start(opts.startup_models)
     for entry in server.repository_index():
         state = entry["state"] + (f" ({entry['reason']})" if entry["reason"] else "")
         log.info("model %-24s version %-4s %s", entry["name"], entry["version"] or "-", state)

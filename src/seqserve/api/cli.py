@@ -10,6 +10,7 @@ from pathlib import Path
 from seqserve import __version__
 from seqserve.api.app import ServeOptions, run
 from seqserve.api.http import DEFAULT_MAX_BODY_BYTES
+from seqserve.engine import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, startup_models
 
 DEMO_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
 
@@ -24,6 +25,13 @@ def _port(value: str) -> int | None:
     return port
 
 
+def _poll_secs(value: str) -> float:
+    secs = float(value)
+    if not secs >= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a number of seconds >= 0")
+    return secs
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="seqserve", description="Inference server for stateful models.")
     p.add_argument("--version", action="version", version=f"seqserve {__version__}")
@@ -34,6 +42,35 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=DEMO_REPOSITORY,
         help="model repository directory (default: the bundled demo models)",
+    )
+    s.add_argument(
+        "--model-control-mode",
+        type=str.lower,
+        choices=[m.value for m in ModelControlMode],
+        default=ModelControlMode.NONE.value,
+        help="how the loaded models may change (as Triton's option). 'none' (default): every model of the "
+        "repository loads at startup and nothing changes afterwards; load and unload requests over HTTP and "
+        "gRPC are refused. 'poll': every model loads at startup, then the repository is polled every "
+        "--repository-poll-secs and models are loaded, unloaded and reloaded as their folders appear, "
+        "disappear and change; load and unload requests are refused. 'explicit': only the --load-model "
+        "models load at startup, and clients load and unload models (uploaded files included, which runs "
+        "code they send): open it only to trusted clients",
+    )
+    s.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --model-control-mode=explicit, a model to load at startup; repeat it for more models, or "
+        "give '*' alone to load every model. Without it explicit mode starts with no model loaded",
+    )
+    s.add_argument(
+        "--repository-poll-secs",
+        type=_poll_secs,
+        default=None,
+        metavar="SECONDS",
+        help="with --model-control-mode=poll, the interval between two scans of the model repository "
+        f"(default: {DEFAULT_REPOSITORY_POLL_SECS:g}; 0: scan at startup only)",
     )
     s.add_argument("--host", default="0.0.0.0", help="address to bind (default: 0.0.0.0)")
     s.add_argument("--http-port", type=_port, default=8000, help="HTTP port, or 'off' (default: 8000)")
@@ -90,6 +127,16 @@ def main(argv: list[str] | None = None) -> int:
         if bool(cert) != bool(key):
             print(f"seqserve: {what} TLS needs both a certificate and a key", file=sys.stderr)
             return 2
+    mode = ModelControlMode.parse(args.model_control_mode)
+    try:
+        models = startup_models(mode, args.load_model)
+    except ValueError as e:
+        print(f"seqserve: {e}", file=sys.stderr)
+        return 2
+    if args.repository_poll_secs is not None and mode is not ModelControlMode.POLL:
+        logging.getLogger("seqserve").warning(
+            "--repository-poll-secs is ignored: the repository is polled with --model-control-mode=poll only"
+        )
     if not args.model_repository.is_dir():
         print(f"seqserve: model repository '{args.model_repository}' is not a directory", file=sys.stderr)
         return 2
@@ -106,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         grpc_tls_cert=grpc_cert,
         grpc_tls_key=grpc_key,
         http_server=args.http_server,
+        model_control=mode,
+        startup_models=models,
+        repository_poll_secs=(
+            DEFAULT_REPOSITORY_POLL_SECS if args.repository_poll_secs is None else args.repository_poll_secs
+        ),
     )
     try:
         return run(opts)

@@ -18,7 +18,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from seqserve._proto import model_config_pb2 as mc
-from seqserve.api import codec
+from seqserve.api import kserve_json
+from seqserve.api.kserve import EXTENSIONS, enqueue_single
 from seqserve.engine import Code, InferenceError, Server
 
 _ENDPOINT = "HTTP end point"  # names this front-end in the refusal of decoupled models
@@ -40,17 +41,6 @@ HTTP_STATUS = {
     Code.ALREADY_EXISTS: 400,
     Code.CANCELLED: 400,
 }
-
-EXTENSIONS = [
-    "sequence",
-    "sequence(string_id)",
-    "binary_tensor_data",
-    "model_configuration",
-    "statistics",
-    "model_repository",
-    "parameters",
-    "schedule_policy",
-]
 
 _JSON = "application/json"
 
@@ -127,9 +117,7 @@ class HttpFrontend:
     # ----------------------------------------------------------------------- metadata
 
     async def metadata(self, request: Request) -> Response:
-        meta = self.server.metadata()
-        meta["extensions"] = EXTENSIONS
-        return _json(meta)
+        return _json({**self.server.metadata(), "extensions": EXTENSIONS})
 
     @_errors
     async def model_metadata(self, request: Request) -> Response:
@@ -168,6 +156,7 @@ class HttpFrontend:
     @_errors
     async def load(self, request: Request) -> Response:
         body = await self._body(request)
+        self.server.check_model_control()  # before anything of the request is decoded
         params: dict[str, Any] = {}
         if body.strip():
             try:
@@ -185,13 +174,13 @@ class HttpFrontend:
                     raise InferenceError(Code.INVALID_ARG, f"'{key}' is not valid base64: {e}") from None
         if config is not None and not isinstance(config, str):
             raise InferenceError(Code.INVALID_ARG, "the 'config' load parameter must be a string of JSON")
-        await self.server.load_model(request.path_params["model"], config_json=config, files=files or None)
+        await self.server.request_load_model(request.path_params["model"], config_json=config, files=files or None)
         return _empty()
 
     @_errors
     async def unload(self, request: Request) -> Response:
         await self._body(request)
-        await self.server.unload_model(request.path_params["model"])
+        await self.server.request_unload_model(request.path_params["model"])
         return _empty()
 
     # -------------------------------------------------------------------------- infer
@@ -203,19 +192,19 @@ class HttpFrontend:
             body = await self._body(request)
         except _TooLarge as e:
             return error_response(str(e), 413)
-        status, headers, out = await self.infer_reply(p["model"], p.get("version", ""), request.headers, body)
+        status, headers, out = await self.infer_reply(p["model"], str(p.get("version", "")), request.headers, body)
         return Response(out, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
     async def infer_reply(
-        self, model: str, version: Any, headers: Mapping[str, str], body: bytes
+        self, model: str, version: str, headers: Mapping[str, str], body: bytes
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """One infer request, transport-neutral: (status, response headers, body).
-        `headers` is looked up by lower-case name."""
+        """One infer request, whatever HTTP server carries it: (status, response headers, body).
+        `headers` is looked up by lower-case name; `version` is "" or the path's digits."""
         session = None
         try:
             encoding = headers.get("content-encoding")
             if encoding:
-                body = codec.decompress(body, encoding)
+                body = kserve_json.decompress(body, encoding)
             ihcl_raw = headers.get("inference-header-content-length")
             ihcl = None
             if ihcl_raw is not None:
@@ -225,20 +214,12 @@ class HttpFrontend:
                         f"Inference-Header-Content-Length '{ihcl_raw}' is not a non-negative integer",
                     )
                 ihcl = int(ihcl_raw)
-            req = codec.parse_http_request(body, ihcl, model)
+            req, options = kserve_json.decode_request(body, ihcl, model, version)
             session = headers.get(SESSION_HEADER)
             if session and not req.sequence_id:
                 req.sequence_id = self._session_sequence_id(session, model, version)
-            result = await codec.submit(self.server, model, version, req, _ENDPOINT)
-            out, json_len = codec.encode_http_response(
-                result.model_name,
-                result.model_version,
-                result.id,
-                result.outputs,
-                req.outputs,
-                req.binary_output,
-                result.parameters,
-            )
+            result = await enqueue_single(self.server, req, _ENDPOINT)
+            out, json_len = kserve_json.encode_response(result, options)
         except InferenceError as e:
             reply = [(b"content-type", b"application/json")]
             if e.message == "Unsupported compression type":
@@ -255,9 +236,9 @@ class HttpFrontend:
             reply.append((b"inference-session-id", str(generated if generated is not None else session).encode()))
         accept = headers.get("accept-encoding")
         if accept:
-            enc = codec.choose_encoding(accept)
+            enc = kserve_json.choose_encoding(accept)
             if enc:
-                out = codec.compress(out, enc)
+                out = kserve_json.compress(out, enc)
                 reply.append((b"content-encoding", enc.encode()))
         return 200, reply, out
 
@@ -309,7 +290,7 @@ class HttpFrontend:
 
         return serve
 
-    def _session_sequence_id(self, session: str, model: str, version: Any) -> int | str:
+    def _session_sequence_id(self, session: str, model: str, version: str) -> int | str:
         """The header names a string sequence, except for models whose CORRID control is an
         integer type (they cannot take string ids): there a decimal header is the uint64 id, so
         the integer ids the server generates for them round-trip through the header."""

@@ -1,21 +1,33 @@
 """The seqserve engine: model repository, schedulers over the compiled core, backends and
-the in-process API. Nothing here knows about HTTP, gRPC or wire formats."""
+the in-process API. Nothing here knows about HTTP, gRPC or wire formats.
+
+What the front-ends (``seqserve.api``) use comes from here and from ``seqserve.engine.tensors``
+(the datatype table and the BYTES codec); nothing else of the engine is theirs to import.
+"""
 
 from __future__ import annotations
 
 from seqserve.engine.batch import ExecuteBatch
-from seqserve.engine.errors import Code, InferenceError, ModelConfigError
+from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
+from seqserve.engine.model_control import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, startup_models
+from seqserve.engine.ordering import OrderedRelease
 from seqserve.engine.request import InferRequest, SequenceId
-from seqserve.engine.responses import InferResult
+from seqserve.engine.responses import InferResult, ResponseCallback
 from seqserve.engine.server import Server
 
 __all__ = [
+    "DEFAULT_REPOSITORY_POLL_SECS",
     "Code",
+    "DecoupledModelError",
     "ExecuteBatch",
     "InferRequest",
     "InferResult",
     "InferenceError",
     "ModelConfigError",
+    "ModelControlMode",
+    "OrderedRelease",
+    "ResponseCallback",
     "SequenceId",
     "Server",
+    "startup_models",
 ]

@@ -55,6 +55,7 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends.base import Backend, BackendInstance, InstanceContext, ModelContext
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.paths import inside
 
 log = logging.getLogger("seqserve.model")
 
@@ -147,7 +148,8 @@ class TorchScriptBackend(Backend):
         super().__init__(ctx)
         cfg = ctx.config
         self.torch = _import_torch(ctx.name)
-        self.path = ctx.version_dir / (cfg.default_model_filename or "model.pt")
+        where = f"the version folder of model '{ctx.name}'"
+        self.path = inside(ctx.version_dir, cfg.default_model_filename or "model.pt", "default_model_filename", where)
         if not self.path.is_file():
             raise InferenceError(Code.INVALID_ARG, f"pytorch model file not found: {self.path}")
         self._check_dtypes(cfg)

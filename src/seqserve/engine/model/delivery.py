@@ -10,7 +10,6 @@ loop, reached with ``loop.call_soon_threadsafe`` once per batch or once per sent
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import logging
 import threading
@@ -23,6 +22,7 @@ import numpy as np
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends.base import RequestResults
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.ordering import OrderedRelease
 from seqserve.engine.responses import DEFERRED, InferResult, Outcome, Responder, ResponseCallback
 from seqserve.engine.tensors import to_numpy_dtype, wire_dtype_name
 
@@ -74,7 +74,7 @@ class Delivery:
         self._dtypes = {t.name: np.dtype(to_numpy_dtype(t.data_type) or np.uint16) for t in cfg.output}
         self._lock = threading.Lock()
         self._open: set[Pending] = set()  # requests with a responder and no final response yet
-        self._ordered: collections.deque[Pending] = collections.deque()
+        self._ordered: OrderedRelease[Pending] = OrderedRelease(_resolve_settled)
 
     @property
     def open_responses(self) -> int:
@@ -83,7 +83,7 @@ class Delivery:
 
     def track_order(self, rec: Pending) -> None:
         if rec.ordered:
-            self._ordered.append(rec)
+            self._ordered.add(rec)
 
     # ------------------------------------------------------------ executor thread
 
@@ -297,7 +297,7 @@ class Delivery:
                 self.request_failures += 1
             self._settle(rec, result)
             if self.preserve_ordering:
-                self._flush_ordered()
+                self._ordered.release_ready()
 
     def _deliver(self, replies: list[tuple[Pending, Reply]]) -> None:
         for rec, outs in replies:
@@ -306,25 +306,19 @@ class Delivery:
                 continue
             self._settle(rec, InferResult(self.name, self.version, rec.request_id, outs, rec.parameters or {}))
         if self.preserve_ordering:
-            self._flush_ordered()
+            self._ordered.release_ready()
 
     def _fail_all(self, recs: list[Pending], err: InferenceError) -> None:
         for rec in recs:
             self._settle(rec, InferenceError(err.code, err.message))
         if self.preserve_ordering:
-            self._flush_ordered()
+            self._ordered.release_ready()
 
     def _settle(self, rec: Pending, outcome: InferResult | InferenceError) -> None:
         if rec.ordered:
             rec.outcome = outcome
         else:
             _resolve(rec, outcome)
-
-    def _flush_ordered(self) -> None:
-        q = self._ordered
-        while q and q[0].outcome is not None:
-            rec = q.popleft()
-            _resolve(rec, rec.outcome)
 
 
 def _resolve(rec: Pending, outcome: InferResult | InferenceError) -> None:
@@ -335,6 +329,10 @@ def _resolve(rec: Pending, outcome: InferResult | InferenceError) -> None:
             rec.future.set_exception(outcome)
         else:
             rec.future.set_result(outcome)
+
+
+def _resolve_settled(rec: Pending) -> None:
+    _resolve(rec, rec.outcome)
 
 
 def _call(on_response: ResponseCallback, outcome: InferResult | InferenceError | None, final: bool) -> None:
