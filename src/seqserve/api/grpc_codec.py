@@ -10,6 +10,7 @@ per output: tritonclient reads nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,14 +18,18 @@ import numpy as np
 
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve.api.kserve import (
+    MAX_RANK,
     NUMPY_DTYPES,
     bad,
+    check_shape,
+    clip,
     element_count,
     raw_bytes,
     set_parameter,
     tensor_from_raw,
     wire_datatype,
 )
+from seqserve.api.limits import OFFLOAD_BYTES
 from seqserve.engine import Code, InferenceError, InferRequest, InferResult
 
 NO_SHM = "seqserve does not implement shared memory: send tensor data in the request (raw_input_contents) instead"
@@ -73,6 +78,48 @@ _CONTENTS_FIELD = {
 # ------------------------------------------------------------------------- request
 
 
+class Undecodable:
+    """What the front-end's deserializer hands on for bytes that are not a valid message
+    (protobuf's DecodeError): the rpc answers INVALID_ARGUMENT, a stream an error reply,
+    instead of grpcio's UNKNOWN or a stream that goes silent."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message_type: str, error: BaseException) -> None:
+        self.message = f"failed to parse the {message_type} message: {clip(str(error), 200) or type(error).__name__}"
+
+    def error(self) -> InferenceError:
+        return bad(self.message)
+
+
+def safe_deserializer(message_class: Any) -> Callable[[bytes], Any]:
+    """``message_class.FromString``, with undecodable bytes turned into an ``Undecodable``."""
+    parse = message_class.FromString
+    name = message_class.DESCRIPTOR.name
+
+    def deserialize(raw: bytes) -> Any:
+        try:
+            return parse(raw)
+        except Exception as e:  # DecodeError, and whatever else the parser refuses with
+            return Undecodable(name, e)
+
+    return deserialize
+
+
+def decode_is_heavy(msg: pb.ModelInferRequest) -> bool:
+    """Whether decoding ``msg`` takes long enough to belong off the event loop: BYTES data
+    (one object per element) or typed contents (one Python value per element) over
+    ``OFFLOAD_BYTES``. Raw fixed-size tensors are zero-copy views and never are."""
+    raw = msg.raw_input_contents
+    if raw:
+        size = 0
+        for t, data in zip(msg.inputs, raw, strict=False):
+            if t.datatype == "BYTES":
+                size += len(data)
+        return size > OFFLOAD_BYTES
+    return bool(msg.inputs) and msg.ByteSize() > OFFLOAD_BYTES
+
+
 def decode_request(msg: pb.ModelInferRequest) -> tuple[InferRequest, GrpcReplyOptions]:
     """One engine request from the message: parameters, then inputs (``raw_input_contents``
     belong, in order, to the inputs; without them, typed ``contents``), then outputs."""
@@ -84,11 +131,14 @@ def decode_request(msg: pb.ModelInferRequest) -> tuple[InferRequest, GrpcReplyOp
         p = params[key]
         kind = p.WhichOneof("parameter_choice")
         value: Any = None if kind is None else getattr(p, kind)
+        if key not in _EXPECTED:  # typed protobuf values are in range: kept as they are
+            if key == EMPTY_FINAL:
+                options = _EMPTY_FINAL if value is True else _PLAIN
+            else:
+                request.parameters[key] = value
+            continue
         if kind == "int64_param" and key == "sequence_id":
             value &= 0xFFFFFFFFFFFFFFFF  # the int64 carries a uint64's bits
-        elif key == EMPTY_FINAL:
-            options = _EMPTY_FINAL if value is True else _PLAIN
-            continue
         if not set_parameter(request, key, value):
             raise bad(f"invalid value type for '{key}' parameter, expected {_EXPECTED[key]}.")
 
@@ -96,13 +146,17 @@ def decode_request(msg: pb.ModelInferRequest) -> tuple[InferRequest, GrpcReplyOp
     specs = msg.inputs
     if raw:
         if len(raw) > len(specs):
-            raise bad(f"unexpected additional input data for model '{msg.model_name}'")
+            raise bad(f"unexpected additional input data for model '{clip(msg.model_name)}'")
         if len(raw) < len(specs):
-            raise bad(f"expected raw_input_contents for input '{specs[len(raw)].name}'")
+            raise bad(f"expected raw_input_contents for input '{clip(specs[len(raw)].name)}'")
         for t, data in zip(specs, raw, strict=True):
+            if t.name in inputs:
+                raise bad(f"input '{clip(t.name)}' already exists in request")
             inputs[t.name] = _raw_input(t, data)
     else:
         for t in specs:
+            if t.name in inputs:
+                raise bad(f"input '{clip(t.name)}' already exists in request")
             _check_input(t)
             inputs[t.name] = _typed_contents(t, list(t.shape))
     if msg.outputs:
@@ -115,15 +169,15 @@ def decode_request(msg: pb.ModelInferRequest) -> tuple[InferRequest, GrpcReplyOp
     return request, options
 
 
-def _check_input(t: pb.ModelInferRequest.InferInputTensor) -> None:
+def _check_input(t: pb.ModelInferRequest.InferInputTensor) -> int:
+    """Refusals that do not depend on the data; returns the shape's element count."""
     if t.parameters and "shared_memory_region" in t.parameters:
         raise InferenceError(Code.UNSUPPORTED, NO_SHM)
     if t.datatype not in NUMPY_DTYPES:
         if t.datatype == "BF16":
-            raise InferenceError(Code.UNSUPPORTED, f"input '{t.name}': BF16 tensors are not supported")
-        raise bad(f"input '{t.name}' has unknown datatype '{t.datatype}'")
-    if any(d < 0 for d in t.shape):
-        raise bad(f"input '{t.name}' has a negative dimension in shape {list(t.shape)}")
+            raise InferenceError(Code.UNSUPPORTED, f"input '{clip(t.name)}': BF16 tensors are not supported")
+        raise bad(f"input '{clip(t.name)}' has unknown datatype '{clip(t.datatype)}'")
+    return check_shape(t.name, list(t.shape))
 
 
 def _raw_input(t: pb.ModelInferRequest.InferInputTensor, data: bytes) -> np.ndarray:
@@ -135,28 +189,37 @@ def _raw_input(t: pb.ModelInferRequest.InferInputTensor, data: bytes) -> np.ndar
         _check_input(t)
         return tensor_from_raw(t.name, t.datatype, list(t.shape), memoryview(data))
     shape = tuple(t.shape)
+    if len(shape) > MAX_RANK:
+        check_shape(t.name, list(shape))  # raises
     count = 1
     for d in shape:
         if d < 0:
-            raise bad(f"input '{t.name}' has a negative dimension in shape {list(shape)}")
+            raise bad(f"input '{clip(t.name)}' has a negative dimension in shape {clip(str(list(shape)))}")
         count *= d
     if len(data) != count * dtype.itemsize:
-        raise bad(f"unexpected size for input '{t.name}', expecting {count * dtype.itemsize} bytes but got {len(data)}")
+        raise bad(
+            f"unexpected size for input '{clip(t.name)}', expecting {count * dtype.itemsize} bytes but got {len(data)}"
+        )
+    if not count:  # an empty tensor: its other dimensions must still be countable
+        check_shape(t.name, list(shape))
     return np.frombuffer(data, dtype).reshape(shape)
 
 
 def _typed_contents(t: pb.ModelInferRequest.InferInputTensor, shape: list[int]) -> np.ndarray:
     field = _CONTENTS_FIELD.get(t.datatype)
     if field is None:
-        raise bad(f"input '{t.name}': datatype {t.datatype} must be sent in raw_input_contents")
+        raise bad(f"input '{clip(t.name)}': datatype {t.datatype} must be sent in raw_input_contents")
     values = getattr(t.contents, field)
+    if len(values) != element_count(shape):  # before anything is allocated
+        raise bad(f"unexpected number of elements in the contents of input '{clip(t.name)}'")
     if t.datatype == "BYTES":
         arr = np.empty(len(values), dtype=object)
         arr[:] = list(values)
     else:
-        arr = np.array(values, dtype=NUMPY_DTYPES[t.datatype])
-    if arr.size != element_count(shape):
-        raise bad(f"unexpected number of elements in the contents of input '{t.name}'")
+        try:
+            arr = np.array(values, dtype=NUMPY_DTYPES[t.datatype])
+        except OverflowError as e:  # e.g. int_contents beyond INT8
+            raise bad(f"input '{clip(t.name)}': {e}") from None
     return arr.reshape(shape)
 
 
