@@ -7,12 +7,14 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from seqserve import __version__
-from seqserve.api.http import DEFAULT_MAX_BODY_BYTES, HttpFrontend
+from seqserve.api import http_servers
+from seqserve.api.http import HttpFrontend
+from seqserve.api.limits import DEFAULT_MAX_BODY_BYTES, GrpcLimits, HttpLimits, shutdown_executor
 from seqserve.engine import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, Server
 
 log = logging.getLogger("seqserve")
@@ -35,6 +37,8 @@ class ServeOptions:
     model_control: ModelControlMode = ModelControlMode.NONE
     startup_models: list[str] | None = None  # None: every model of the repository
     repository_poll_secs: float = DEFAULT_REPOSITORY_POLL_SECS
+    http_limits: HttpLimits = field(default_factory=HttpLimits)
+    grpc_limits: GrpcLimits = field(default_factory=GrpcLimits)
 
 
 def resolve_http_server(choice: str) -> str:
@@ -75,13 +79,15 @@ async def serve(opts: ServeOptions) -> int:
         from seqserve.api.grpc import start_grpc
 
         grpc_server = await start_grpc(
-            server, opts.host, opts.grpc_port, cert=opts.grpc_tls_cert, key=opts.grpc_tls_key
+            server, opts.host, opts.grpc_port, cert=opts.grpc_tls_cert, key=opts.grpc_tls_key, limits=opts.grpc_limits
         )
         log.info("gRPC listening on %s:%d", opts.host, opts.grpc_port)
     http_done = asyncio.Event()
     stop_http = http_done.set
     if opts.http_port is not None:
-        app = HttpFrontend(server, max_body_bytes=opts.http_max_body_bytes).asgi()
+        app = HttpFrontend(
+            server, max_body_bytes=opts.http_max_body_bytes, body_timeout_s=opts.http_limits.body_timeout_s
+        ).asgi()
         kind = resolve_http_server(opts.http_server)
         if kind == "granian":
             stop_http = _start_granian(app, opts, tasks)
@@ -99,6 +105,7 @@ async def serve(opts: ServeOptions) -> int:
         await grpc_server.stop(grace=1.0)
     for t in tasks:
         await t
+    shutdown_executor()
     log.info("stopped")
     return 0
 
@@ -111,8 +118,15 @@ def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None
     cfg.bind = [f"{opts.host}:{opts.http_port}"]
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("hypercorn.error")
-    cfg.keep_alive_timeout = 75
+    limits = opts.http_limits
+    # hypercorn's idle timer runs from when a connection opens or answers until the next
+    # request's headers are complete: it is both the header timeout and the keep-alive limit.
+    cfg.keep_alive_timeout = limits.idle_s
+    if limits.keepalive_s <= 0:
+        cfg.keep_alive_max_requests = 1  # one request per connection
+    cfg.alpn_protocols = ["http/1.1"]  # HTTP/2 streams would escape the HTTP/1 timers
     cfg.graceful_timeout = 1.0
+    http_servers.harden_hypercorn(cfg, limits.max_connections)
     if opts.http_tls_cert:
         cfg.certfile = opts.http_tls_cert
         cfg.keyfile = opts.http_tls_key
@@ -121,7 +135,8 @@ def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None
 
 def _start_granian(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:
     """Granian's embedded server: its Rust HTTP stack feeds our ASGI app on this same loop."""
-    from granian.constants import Interfaces
+    from granian.constants import HTTPModes, Interfaces
+    from granian.http import HTTP1Settings
     from granian.server.embed import Server as GranianServer
 
     logging.getLogger("_granian").setLevel(logging.WARNING)  # it warns that embedding is experimental
@@ -130,6 +145,14 @@ def _start_granian(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]]
         address=opts.host,
         port=opts.http_port or 8000,
         interface=Interfaces.ASGINL,
+        # HTTP/1 only: in "auto" mode granian waits, untimed, for a new connection's first bytes
+        http=HTTPModes.http1,
+        # hyper's header timer also ends a kept-alive connection idle that long
+        http1_settings=HTTP1Settings(
+            header_read_timeout=int(opts.http_limits.idle_s * 1000), keep_alive=opts.http_limits.keepalive_s > 0
+        ),
+        # granian takes a permit per connection: connections beyond wait in the listen backlog
+        backpressure=opts.http_limits.max_connections,
         log_enabled=False,
         ssl_cert=Path(opts.http_tls_cert) if opts.http_tls_cert else None,
         ssl_key=Path(opts.http_tls_key) if opts.http_tls_key else None,
