@@ -59,20 +59,31 @@ def _install_connection_cap() -> None:
 
     class CappedTCPServer(base):  # type: ignore[misc, valid-type]
         seqserve_capped = True
+        _seqserve_slots: _ConnectionSlots | None = None
 
         async def run(self) -> None:
             slots = getattr(self.config, "seqserve_connections", None)
-            if slots is None:
-                await super().run()
-                return
-            if slots.used >= slots.limit:
-                await _refuse_connection(self.writer, slots.limit)
-                return
-            slots.used += 1
+            if slots is not None:
+                if slots.used >= slots.limit:
+                    await _refuse_connection(self.writer, slots.limit)
+                    return
+                slots.used += 1
+                self._seqserve_slots = slots
             try:
                 await super().run()
             finally:
-                slots.used -= 1
+                self._seqserve_release()
+
+        async def _read_data(self) -> None:
+            try:
+                await super()._read_data()
+            finally:  # the peer is gone: hypercorn keeps the task until its idle timer fires
+                self._seqserve_release()
+
+        def _seqserve_release(self) -> None:
+            if self._seqserve_slots is not None:
+                self._seqserve_slots.used -= 1
+                self._seqserve_slots = None
 
     hrun.TCPServer = CappedTCPServer
 
