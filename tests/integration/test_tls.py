@@ -9,8 +9,10 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import gevent.ssl
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from tests.integration.conftest import ServerProcess
 
@@ -44,3 +46,13 @@ def test_tls_on_both_front_ends(
     )
     assert client.is_server_live()
     assert client.is_model_ready("accumulator")
+    # tritonclient over HTTPS, as docs/security.md shows it
+    https = httpclient.InferenceServerClient(
+        f"localhost:{srv.http_port}",
+        ssl=True,
+        ssl_context_factory=lambda: gevent.ssl.create_default_context(cafile=str(crt)),
+    )
+    try:
+        assert https.is_server_live() and https.is_model_ready("accumulator")
+    finally:
+        https.close()
