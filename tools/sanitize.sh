@@ -16,7 +16,9 @@ SEQSERVE_SANITIZE=$kind "$py" setup.py -q build_ext --inplace
 export PYTHONPATH="$work/src${PYTHONPATH:+:$PYTHONPATH}"
 case $kind in
   address)
-    export LD_PRELOAD=$(gcc -print-file-name=libasan.so)
+    # libstdc++ too: python does not link it, and ASan's __cxa_throw interceptor needs it
+    # loaded from the start or the first C++ exception aborts.
+    export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
     export ASAN_OPTIONS=detect_leaks=0  # CPython's own allocations are not ours to report
     runner=() ;;
   thread)
@@ -25,4 +27,5 @@ case $kind in
     runner=(setarch -R) ;;  # TSan needs a fixed address-space layout
   *) echo "unknown sanitizer: $kind" >&2; exit 2 ;;
 esac
+"${runner[@]}" "$py" -c 'import seqserve.engine._core as c; print("testing", c.__file__)'
 "${runner[@]}" "$py" -m pytest -q -p no:cacheprovider tests/engine "$@"

@@ -105,9 +105,15 @@ def _ready(url: str) -> bool:
 
 
 def start_server(
-    repo: Path, *args: str, log_dir: Path, exit_timeout_s: float = 3.0, tls: bool = False
+    repo: Path,
+    *args: str,
+    log_dir: Path,
+    exit_timeout_s: float = 3.0,
+    tls: bool = False,
+    probe: Callable[[ServerProcess], bool] | None = None,
 ) -> ServerProcess:
-    """Start `seqserve serve` on free ports and wait until /v2/health/ready answers 200."""
+    """Start `seqserve serve` on free ports and wait until /v2/health/ready answers 200
+    (or until `probe(server)` is true: for servers that want a client certificate or a header)."""
     for attempt in range(3):
         http_port, grpc_port = free_ports(2)
         log_path = log_dir / f"seqserve-{http_port}.log"
@@ -133,7 +139,7 @@ def start_server(
         srv = ServerProcess(proc, http_port, grpc_port, log_path, repo, tuple(args))
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline and srv.alive():
-            if _ready(srv.base_url.replace("http:", "https:") if tls else srv.base_url):
+            if probe(srv) if probe else _ready(srv.base_url.replace("http:", "https:") if tls else srv.base_url):
                 return srv
             time.sleep(0.05)
         if srv.alive():
@@ -160,9 +166,15 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     started: list[ServerProcess] = []
 
     def _launch(
-        repo: Path | None = None, *args: str, exit_timeout_s: float = 3.0, tls: bool = False
+        repo: Path | None = None,
+        *args: str,
+        exit_timeout_s: float = 3.0,
+        tls: bool = False,
+        probe: Callable[[ServerProcess], bool] | None = None,
     ) -> ServerProcess:
-        srv = start_server(repo or DEMO_REPO, *args, log_dir=tmp_path, exit_timeout_s=exit_timeout_s, tls=tls)
+        srv = start_server(
+            repo or DEMO_REPO, *args, log_dir=tmp_path, exit_timeout_s=exit_timeout_s, tls=tls, probe=probe
+        )
         started.append(srv)
         return srv
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from seqserve import __version__
-from seqserve.api import http_servers
+from seqserve.api import http_servers, security
 from seqserve.api.http import HttpFrontend
 from seqserve.api.limits import DEFAULT_MAX_BODY_BYTES, GrpcLimits, HttpLimits, shutdown_executor
 from seqserve.engine import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, Server
@@ -33,6 +33,10 @@ class ServeOptions:
     http_tls_key: str | None = None
     grpc_tls_cert: str | None = None
     grpc_tls_key: str | None = None
+    http_tls_client_ca: str | None = None  # mutual TLS: clients need a certificate this CA signed
+    grpc_tls_client_ca: str | None = None
+    http_restricted: security.Restrictions = field(default_factory=security.Restrictions)
+    grpc_restricted: security.Restrictions = field(default_factory=security.Restrictions)
     http_server: str = "auto"  # "hypercorn", "granian", or "auto": granian when installed
     model_control: ModelControlMode = ModelControlMode.NONE
     startup_models: list[str] | None = None  # None: every model of the repository
@@ -79,22 +83,43 @@ async def serve(opts: ServeOptions) -> int:
         from seqserve.api.grpc import start_grpc
 
         grpc_server = await start_grpc(
-            server, opts.host, opts.grpc_port, cert=opts.grpc_tls_cert, key=opts.grpc_tls_key, limits=opts.grpc_limits
+            server,
+            opts.host,
+            opts.grpc_port,
+            cert=opts.grpc_tls_cert,
+            key=opts.grpc_tls_key,
+            client_ca=opts.grpc_tls_client_ca,
+            restrictions=opts.grpc_restricted,
+            limits=opts.grpc_limits,
         )
-        log.info("gRPC listening on %s:%d", opts.host, opts.grpc_port)
+        log.info("gRPC listening on %s:%d%s", opts.host, opts.grpc_port, _tls_note(opts.grpc_tls_client_ca))
+        if opts.grpc_restricted:
+            log.info("gRPC restricted protocols: %s", opts.grpc_restricted.describe())
     http_done = asyncio.Event()
     stop_http = http_done.set
     if opts.http_port is not None:
         app = HttpFrontend(
             server, max_body_bytes=opts.http_max_body_bytes, body_timeout_s=opts.http_limits.body_timeout_s
         ).asgi()
+        # app itself when nothing is restricted
+        app = security.restrict_http(
+            app,
+            opts.http_restricted,
+            max_body_bytes=opts.http_max_body_bytes,
+            body_timeout_s=opts.http_limits.body_timeout_s,
+        )
         kind = resolve_http_server(opts.http_server)
         if kind == "granian":
             stop_http = _start_granian(app, opts, tasks)
         else:
             _start_hypercorn(app, opts, tasks, http_done)
         scheme = "https" if opts.http_tls_cert else "http"
-        log.info("HTTP (%s) listening on %s://%s:%d", kind, scheme, opts.host, opts.http_port)
+        log.info(
+            "HTTP (%s) listening on %s://%s:%d%s",
+            kind, scheme, opts.host, opts.http_port, _tls_note(opts.http_tls_client_ca),
+        )  # fmt: skip
+        if opts.http_restricted:
+            log.info("HTTP restricted APIs: %s", opts.http_restricted.describe())
     log.info("seqserve %s ready", __version__)
 
     await stop.wait()
@@ -127,9 +152,9 @@ def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None
     cfg.alpn_protocols = ["http/1.1"]  # HTTP/2 streams would escape the HTTP/1 timers
     cfg.graceful_timeout = 1.0
     http_servers.harden_hypercorn(cfg, limits.max_connections)
-    if opts.http_tls_cert:
-        cfg.certfile = opts.http_tls_cert
-        cfg.keyfile = opts.http_tls_key
+    tls = _http_tls(opts)
+    if tls is not None:
+        security.hypercorn_tls(cfg, tls)
     tasks.append(asyncio.create_task(hypercorn_serve(app, cfg, shutdown_trigger=done.wait)))  # type: ignore[arg-type]
 
 
@@ -154,11 +179,20 @@ def _start_granian(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]]
         # granian takes a permit per connection: connections beyond wait in the listen backlog
         backpressure=opts.http_limits.max_connections,
         log_enabled=False,
-        ssl_cert=Path(opts.http_tls_cert) if opts.http_tls_cert else None,
-        ssl_key=Path(opts.http_tls_key) if opts.http_tls_key else None,
+        **security.granian_tls(_http_tls(opts)),
     )
     tasks.append(asyncio.create_task(server.serve()))
     return server.stop
+
+
+def _http_tls(opts: ServeOptions) -> security.TlsFiles | None:
+    if not (opts.http_tls_cert and opts.http_tls_key):
+        return None
+    return security.TlsFiles(opts.http_tls_cert, opts.http_tls_key, opts.http_tls_client_ca)
+
+
+def _tls_note(client_ca: str | None) -> str:
+    return f" (mutual TLS: client certificates from {client_ca})" if client_ca else ""
 
 
 def run(opts: ServeOptions) -> int:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from seqserve import __version__
 from seqserve.api import limits as lim
-from seqserve.api.app import ServeOptions, run
+from seqserve.api import security
+from seqserve.api.app import ServeOptions, resolve_http_server, run
 from seqserve.engine import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, startup_models
 
 DEMO_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
@@ -205,6 +206,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--http-tls-key", help="PEM private key for HTTP (overrides --tls-key)")
     s.add_argument("--grpc-tls-cert", help="PEM certificate for gRPC (overrides --tls-cert)")
     s.add_argument("--grpc-tls-key", help="PEM private key for gRPC (overrides --tls-key)")
+    s.add_argument(
+        "--tls-client-ca",
+        metavar="PEM",
+        help="mutual TLS on both front-ends: clients must present a certificate signed by a CA of this PEM "
+        "bundle (needs --tls-cert/--tls-key or the front-end's own)",
+    )
+    s.add_argument("--http-tls-client-ca", metavar="PEM", help="mutual TLS for HTTP (overrides --tls-client-ca)")
+    s.add_argument("--grpc-tls-client-ca", metavar="PEM", help="mutual TLS for gRPC (overrides --tls-client-ca)")
+    groups = ", ".join(security.GROUPS)
+    s.add_argument(
+        "--http-restricted-api",
+        action="append",
+        default=[],
+        metavar="API[,API...]:KEY=VALUE",
+        help="as Triton's option: HTTP requests to these APIs must carry the header KEY with VALUE, or get "
+        f"403. Repeat it for groups with other keys; an API may be in one group only. APIs: {groups}",
+    )
+    s.add_argument(
+        "--grpc-restricted-protocol",
+        action="append",
+        default=[],
+        metavar="PROTOCOL[,PROTOCOL...]:KEY=VALUE",
+        help="as Triton's option: gRPC calls to these protocols must carry the metadata "
+        f"'{security.GRPC_HEADER_PREFIX}KEY' with VALUE, or get UNAVAILABLE. Repeatable, as "
+        f"--http-restricted-api. Protocols: {groups}",
+    )
     _limits_group(s)
     return p
 
@@ -227,6 +254,45 @@ def main(argv: list[str] | None = None) -> int:
         if bool(cert) != bool(key):
             print(f"seqserve: {what} TLS needs both a certificate and a key", file=sys.stderr)
             return 2
+    http_ca = args.http_tls_client_ca or args.tls_client_ca
+    grpc_ca = args.grpc_tls_client_ca or args.tls_client_ca
+    for what, on, cert, ca in (
+        ("HTTP", args.http_port, http_cert, http_ca),
+        ("gRPC", args.grpc_port, grpc_cert, grpc_ca),
+    ):
+        if on is not None and ca and not cert:
+            print(f"seqserve: {what} mutual TLS (a client CA) needs TLS: give a certificate and a key", file=sys.stderr)
+            return 2
+    if (
+        args.http_port is not None
+        and http_ca
+        and resolve_http_server(args.http_server) == "granian"
+        and not security.granian_client_verify_supported()
+    ):
+        if args.http_server == "granian":
+            print(
+                "seqserve: this granian cannot require client certificates (mutual TLS); "
+                "use --http-server hypercorn or a granian with ssl_client_verify",
+                file=sys.stderr,
+            )
+            return 2
+        args.http_server = "hypercorn"  # auto: the server that can
+    for what, on, cert, key, ca in (
+        ("HTTP", args.http_port, http_cert, http_key, http_ca),
+        ("gRPC", args.grpc_port, grpc_cert, grpc_key, grpc_ca),
+    ):
+        if on is not None and cert and key:
+            try:
+                security.check_tls(what, security.TlsFiles(cert, key, ca))
+            except ValueError as e:
+                print(f"seqserve: {e}", file=sys.stderr)
+                return 2
+    try:
+        http_restricted = security.Restrictions.parse("http-restricted-api", args.http_restricted_api)
+        grpc_restricted = security.Restrictions.parse("grpc-restricted-protocol", args.grpc_restricted_protocol)
+    except security.RestrictionError as e:
+        print(f"seqserve: {e}", file=sys.stderr)
+        return 2
     mode = ModelControlMode.parse(args.model_control_mode)
     try:
         models = startup_models(mode, args.load_model)
@@ -252,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         http_tls_key=http_key,
         grpc_tls_cert=grpc_cert,
         grpc_tls_key=grpc_key,
+        http_tls_client_ca=http_ca,
+        grpc_tls_client_ca=grpc_ca,
+        http_restricted=http_restricted,
+        grpc_restricted=grpc_restricted,
         http_server=args.http_server,
         model_control=mode,
         startup_models=models,

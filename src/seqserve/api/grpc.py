@@ -5,7 +5,7 @@ servicer, a thin adapter from the rpcs to ``engine.Server``. Messages are conver
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -14,7 +14,7 @@ from google.protobuf import json_format, message_factory
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
 from seqserve._proto import health_pb2, health_pb2_grpc
-from seqserve.api import grpc_codec
+from seqserve.api import grpc_codec, security
 from seqserve.api.errors import internal_error
 from seqserve.api.grpc_codec import Undecodable
 from seqserve.api.grpc_stream import StreamSession
@@ -256,16 +256,23 @@ async def start_grpc(
     *,
     cert: str | None = None,
     key: str | None = None,
+    client_ca: str | None = None,
+    restrictions: Mapping[str, security.Restriction] | None = None,
     limits: GrpcLimits | None = None,
 ) -> grpc.aio.Server:
+    """Serve on host:port; TLS with cert and key (mutual TLS with client_ca), the rpcs of
+    restricted groups guarded (security.restrict_grpc), within ``limits``."""
     options = [*(limits or GrpcLimits()).options(), ("grpc.so_reuseport", 0)]
     g = grpc.aio.server(options=options)
-    add_service(g, InferenceServicer(server), pb.DESCRIPTOR.services_by_name["GRPCInferenceService"])
-    add_service(g, HealthServicer(server), health_pb2.DESCRIPTOR.services_by_name["Health"])
+    inference, health = InferenceServicer(server), HealthServicer(server)
+    if restrictions:
+        security.restrict_grpc(inference, pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], restrictions)
+        security.restrict_grpc(health, health_pb2.DESCRIPTOR.services_by_name["Health"], restrictions)
+    add_service(g, inference, pb.DESCRIPTOR.services_by_name["GRPCInferenceService"])
+    add_service(g, health, health_pb2.DESCRIPTOR.services_by_name["Health"])
     address = f"{host}:{port}"
     if cert:
-        with open(cert, "rb") as f_cert, open(key or "", "rb") as f_key:
-            creds = grpc.ssl_server_credentials([(f_key.read(), f_cert.read())])
+        creds = security.grpc_credentials(security.TlsFiles(cert, key or "", client_ca))
         bound = g.add_secure_port(address, creds)
     else:
         bound = g.add_insecure_port(address)

@@ -89,7 +89,7 @@ class LoadedModel:
             == mc.ModelTransactionPolicy.StatefulModelPolicy.DESCRIBE
         )
         self._core = _core.Scheduler(
-            **spec.scheduler,
+            spec.scheduler,
             runner=self._run,
             on_fail=self._on_fail,
             on_warning=lambda msg: log.warning("%s", msg),
@@ -127,9 +127,19 @@ class LoadedModel:
         if not self._instances:
             raise InferenceError(Code.INVALID_ARG, f"model '{self.name}' has no (non-passive) instances")
 
-    def _describe_expired(self, info: dict[str, Any]) -> None:
+    def _describe_expired(self, x: _core.ExpiredSequence) -> None:
         """stateful_model_policy DESCRIBE: one structured line per expired sequence."""
-        info = {"model": self.name, "version": self.version} | info
+        info = {
+            "model": self.name,
+            "version": self.version,
+            "sequence_id": x.sequence_id,
+            "age_s": x.age_s,
+            "idle_s": x.idle_s,
+            "steps": x.steps,
+            "state_bytes": x.state_bytes,
+            "instance": x.instance,
+            "slot": x.slot,
+        }
         log.info("sequence expired %s", orjson.dumps(info).decode())
 
     # ------------------------------------------------------------------------ metadata
@@ -151,15 +161,31 @@ class LoadedModel:
         }
 
     def statistics(self) -> dict[str, Any]:
+        """The core's counts (durations in ns), plus the requests refused before reaching it
+        and those a batch failed alone."""
         s = self._core.stats()
         refused = self._validator.failures
-        if refused:
-            s["fail"]["count"] += refused
         alone = self._delivery.request_failures
-        if alone:
-            s["fail"]["count"] += alone
-            s["success"]["count"] -= alone
-        return s
+        return {
+            "inference_count": s.inference_count,
+            "execution_count": s.execution_count,
+            "last_inference": s.last_inference_ms,
+            "success": _duration(s.success, -alone),
+            "fail": _duration(s.fail, refused + alone),
+            "queue": _duration(s.queue),
+            "compute_input": _duration(s.compute_input),
+            "compute_infer": _duration(s.compute_infer),
+            "compute_output": _duration(s.compute_output),
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": _duration(b.compute_input),
+                    "compute_infer": _duration(b.compute_infer),
+                    "compute_output": _duration(b.compute_output),
+                }
+                for size, b in sorted(s.batches.items())
+            ],
+        }
 
     @property
     def inflight_sequences(self) -> int:
@@ -255,8 +281,8 @@ class LoadedModel:
             del self._pending[handle]
             self._validator.failures += 1
             # Sequence-batcher errors carry no request id in Triton; the others do.
-            msg = err[1] if self.is_sequence else f"[request id: {request.id or '<id_unknown>'}] {err[1]}"
-            raise InferenceError(Code(err[0]), msg)
+            msg = err.message if self.is_sequence else f"[request id: {request.id or '<id_unknown>'}] {err.message}"
+            raise InferenceError(Code(err.code), msg)
         self._delivery.track_order(rec)
         return rec
 
@@ -307,7 +333,7 @@ class LoadedModel:
         delivery.post(replies)
         return True
 
-    def _on_fail(self, handles: list[int], code: int, message: str) -> None:
+    def _on_fail(self, handles: list[int], code: _core.Code, message: str) -> None:
         recs = [r for r in (self._pending.pop(h, None) for h in handles) if r is not None]
         self._delivery.refused(recs, InferenceError(Code(code), message))
 
@@ -334,3 +360,7 @@ class LoadedModel:
             except Exception:
                 log.exception("model '%s': finalize failed", self.name)
         self._delivery.close_open()
+
+
+def _duration(d: _core.Duration, extra: int = 0) -> dict[str, int]:
+    return {"count": d.count + extra, "ns": d.ns}
