@@ -18,7 +18,6 @@ import http.client
 import json
 import queue
 import shutil
-import struct
 import threading
 import time
 import urllib.request
@@ -412,7 +411,3 @@ def release_sequence(port: int, model: str, sid: int | str) -> None:
         c.request("POST", f"/v2/models/{model}/infer", body=json.dumps(doc).encode())
         c.getresponse().read()
         c.close()
-
-
-def f32(value: float) -> bytes:
-    return struct.pack("<f", value)

@@ -24,8 +24,8 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -431,23 +431,3 @@ def pb_field(number: int, wire_type: int, payload: bytes | int) -> bytes:
     if wire_type == 2:
         return key + varint(len(payload)) + payload
     return key + payload
-
-
-@dataclass
-class Timer:
-    """Wall-clock marks for latency windows."""
-
-    marks: dict[str, float] = field(default_factory=dict)
-
-    def mark(self, name: str) -> float:
-        self.marks[name] = time.monotonic()
-        return self.marks[name]
-
-
-def wait_until(pred: Callable[[], bool], timeout: float, step: float = 0.01) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(step)
-    return pred()

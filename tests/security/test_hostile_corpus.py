@@ -36,7 +36,7 @@ import json
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -369,6 +369,8 @@ HTTP_BINARY_CASES = [
     _h("tail-without-binary-inputs", post_binary(acc_doc(), FP32_ONE)),
     _h("binary-sizes-swapped", post_binary(
         {"inputs": [_b("INPUT0", shape=[1, 4], size=12), _b("INPUT1", shape=[1, 4], size=20)]}, bytes(32), "add_sub")),
+    _h("binary-sequence-id-2e64", post_binary(acc_doc([_b()], seq_params(2**64)), FP32_ONE)),
+    _h("binary-sequence-id-negative", post_binary(acc_doc([_b()], seq_params(-7)), FP32_ONE)),
     _h("binary-and-json-same-input", post_binary(acc_doc([acc_input(parameters={"binary_data_size": 4})]), FP32_ONE)),
 ]  # fmt: skip
 
@@ -486,7 +488,6 @@ class GrpcCase:
     ok_value: float | None = None  # where OK is expected: the OUTPUT it must carry
     bound: float = ANSWER_BOUND_S
     rid: str = ""  # the request id a stream error must echo
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 INVALID = frozenset({Code.INVALID_ARGUMENT})
