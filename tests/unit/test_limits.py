@@ -93,6 +93,8 @@ async def test_gzip_trailer_declaring_too_much_is_refused_before_inflating() -> 
     honest = _bomb(8 * MiB, 31)
     assert declared_size(honest) == 8 * MiB
     assert declared_size(_bomb(10, 15)) is None  # zlib streams say nothing
+    cut = gzip.compress(b"x" * 1000)[:-9] + b"\xff\xff\xff\x7f"  # no trailer: its last bytes say 2 GiB
+    assert declared_size(cut) is None  # more than 33 bytes of deflate could hold
     with pytest.raises(TooLarge) as e:
         await inflate(honest, "gzip", MiB)
     assert "of 8388608 bytes" in str(e.value)

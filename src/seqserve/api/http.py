@@ -442,16 +442,11 @@ _UNIMPLEMENTED_ROUTES = [
     ("/v2/logging", ["GET", "POST"], f"log settings: {_NO_EXTENSION}"),
     ("/v2/trace/setting", ["GET", "POST"], f"trace settings: {_NO_EXTENSION}"),
     ("/v2/models/{model}/trace/setting", ["GET", "POST"], f"trace settings: {_NO_EXTENSION}"),
+    # status (GET), register and unregister (POST), for all regions or one
     *[
-        (f"/v2/{kind}sharedmemory{path}", [method], NO_SHM)
+        (f"/v2/{kind}sharedmemory{path}", ["GET", "POST"], NO_SHM)
         for kind in ("system", "cuda")
-        for path, method in (
-            ("/status", "GET"),
-            ("/region/{region}/status", "GET"),
-            ("/region/{region}/register", "POST"),
-            ("/unregister", "POST"),
-            ("/region/{region}/unregister", "POST"),
-        )
+        for path in ("/{action}", "/region/{region}/{action}")
     ],
 ]
 

@@ -167,18 +167,26 @@ def _corrupt(encoding: str, why: str) -> InferenceError:
     return InferenceError(Code.INVALID_ARG, f"failed to decompress the request body ({encoding}): {why}")
 
 
+#: deflate's largest ratio: a 258-byte match per 2 bits of code, about 1032:1
+_MAX_DEFLATE_RATIO = 1032
+
+
 def declared_size(body: bytes) -> int | None:
-    """The size a gzip body says it inflates to (its trailer's ISIZE, modulo 2^32), or None
-    for a zlib body, which does not say."""
+    """The size a gzip body says it inflates to (its trailer's ISIZE, modulo 2^32), when that
+    size is one its compressed bytes could hold; else None (a zlib body does not say, and the
+    last 4 bytes of a truncated gzip body are not a trailer)."""
     if len(body) >= 18 and body[:2] == b"\x1f\x8b":
-        return int.from_bytes(body[-4:], "little")
+        size = int.from_bytes(body[-4:], "little")
+        if size <= _MAX_DEFLATE_RATIO * len(body):
+            return size
     return None
 
 
 async def inflate(body: bytes, encoding: str, limit: int) -> bytes:
     """The decompressed body: a small one on the loop, the rest of a large one on the executor.
-    A gzip body whose trailer declares more than the limit is refused before any inflating; one
-    whose trailer lies is inflated only up to the limit."""
+    A gzip body whose trailer declares more than the limit (a size its compressed bytes could
+    hold) is refused before any inflating; one whose trailer lies is inflated only up to the
+    limit. (A truncated gzip body over 64 KiB may therefore get 413 rather than 400.)"""
     size = declared_size(body)
     if size is not None and size > limit:
         raise TooLarge(size, limit, "decompressed request body")

@@ -74,7 +74,7 @@ _V = "/versions/{version:int}"
 #: comes first, which no other template matches, so that the hot path matches at once. Templates that seqserve does not
 #: serve yet (Triton's shared-memory, trace, logging and generate routes, the repository
 #: segment, seqserve's sequences) are listed too: a restriction holds there as well (403,
-#: else 404), and holds for them the day they are served.
+#: else 501 or 404), and holds for them the day they are served.
 HTTP_API: tuple[tuple[str, str], ...] = (
     ("/v2/models/{model}/infer", "inference"),
     ("/v2/models/{model}" + _V + "/infer", "inference"),
