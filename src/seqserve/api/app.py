@@ -151,7 +151,7 @@ def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None
         cfg.keep_alive_max_requests = 1  # one request per connection
     cfg.alpn_protocols = ["http/1.1"]  # HTTP/2 streams would escape the HTTP/1 timers
     cfg.graceful_timeout = 1.0
-    http_servers.harden_hypercorn(cfg, limits.max_connections)
+    http_servers.harden_hypercorn(cfg, limits.max_connections, opts.http_max_body_bytes)
     tls = _http_tls(opts)
     if tls is not None:
         security.hypercorn_tls(cfg, tls)

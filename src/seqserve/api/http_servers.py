@@ -21,18 +21,49 @@ log = logging.getLogger("seqserve.http")
 #: hypercorn's own refusals (h11's status hints), worded for the client
 _PARSE_ERRORS = {
     400: "malformed HTTP request (request line, headers or body framing)",
-    413: "request head too large",
+    413: "a chunk of the request body exceeds the server's body limit",
     414: "request target too long",
     431: "request head too large",
 }
 
 
-def harden_hypercorn(cfg: Any, max_connections: int) -> None:
-    """Cap ``cfg``'s server at ``max_connections`` connections and give its parser's error
-    replies JSON bodies."""
+def harden_hypercorn(cfg: Any, max_connections: int, max_body_bytes: int) -> None:
+    """Cap ``cfg``'s server at ``max_connections`` connections, give its parser's error
+    replies JSON bodies, and refuse a chunk larger than ``max_body_bytes`` when its size line
+    arrives (413) rather than waiting for it."""
     cfg.seqserve_connections = _ConnectionSlots(max_connections)
     _install_connection_cap()
     _install_json_errors()
+    _install_chunk_limit(max_body_bytes)
+
+
+def _install_chunk_limit(limit: int) -> None:
+    """h11 reads a chunk size of any length: ``ffffffffffffffff`` would be read until the body
+    timeout. Its chunked-body reader (process-wide, so the largest limit of the servers in the
+    process applies) refuses a chunk over the limit as soon as it has parsed its size."""
+    try:
+        import h11
+        from h11 import _readers
+    except ImportError:
+        return
+    table = _readers.READERS.get(h11.SEND_BODY)  # type: ignore[call-overload]
+    base = table.get("chunked") if isinstance(table, dict) else None
+    if base is None:
+        return
+    if getattr(base, "seqserve_limit", None) is not None:
+        base.seqserve_limit = max(base.seqserve_limit, limit)
+        return
+
+    class BoundedChunkedReader(base):  # type: ignore[misc, valid-type]
+        seqserve_limit = limit
+
+        def __call__(self, buf: Any) -> Any:
+            event = super().__call__(buf)
+            if self._bytes_in_chunk > self.seqserve_limit:
+                raise h11.RemoteProtocolError("chunk larger than the body limit", error_status_hint=413)
+            return event
+
+    table["chunked"] = BoundedChunkedReader
 
 
 class _ConnectionSlots:
