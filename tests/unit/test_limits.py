@@ -307,13 +307,23 @@ def test_safe_deserializer() -> None:
     assert bad.error().code == Code.INVALID_ARG
 
 
-def test_decode_is_heavy() -> None:
+def test_large_bytes_and_typed_contents_decode_off_the_loop() -> None:
     msg = pb.ModelInferRequest(model_name="m")
     msg.inputs.add(name="X", datatype="FP32", shape=[1 << 20])
     msg.raw_input_contents.append(bytes(4 << 20))
-    assert not grpc_codec.decode_is_heavy(msg)  # a zero-copy view
+    req, _ = grpc_codec.decode_request(msg, inline=True)  # a zero-copy view: decoded inline
+    assert req.inputs["X"].shape == (1 << 20,)
     msg.inputs[0].datatype = "BYTES"
-    assert grpc_codec.decode_is_heavy(msg)
+    msg.inputs[0].shape[0] = 1
+    msg.raw_input_contents[0] = struct.pack("<I", 2 << 20) + bytes(2 << 20)
+    with pytest.raises(grpc_codec.DecodeOffLoop):
+        grpc_codec.decode_request(msg, inline=True)
+    req, _ = grpc_codec.decode_request(msg)  # what the executor runs
+    assert len(req.inputs["X"][0]) == 2 << 20
+    typed = pb.ModelInferRequest(model_name="m")
+    typed.inputs.add(name="X", datatype="FP32", shape=[1 << 18]).contents.fp32_contents.extend([1.0] * (1 << 18))
+    with pytest.raises(grpc_codec.DecodeOffLoop):
+        grpc_codec.decode_request(typed, inline=True)
 
 
 # ------------------------------------------------------------------------- settings
@@ -352,3 +362,58 @@ def test_internal_errors_have_a_request_id_and_rate_limited_tracebacks(
     assert len([r for r in caplog.records if r.exc_info]) == 2
     rid = msgs[0].split()[-1].rstrip(")")
     assert any(rid in r.getMessage() for r in lines)  # the id a client reports is in the log
+
+
+# ------------------------------------------------------------------------ HTTP 500s
+
+
+class _BrokenServer:
+    """Every call fails as a bug would."""
+
+    def __getattr__(self, name: str) -> Any:
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(f"bug in {name}")
+
+        return fail
+
+
+async def _asgi(app: Any, method: str, path: str, body: bytes = b"") -> tuple[int, dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(msg: dict[str, Any]) -> None:
+        sent.append(msg)
+
+    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": b"",
+             "headers": [(b"content-length", str(len(body)).encode())], "http_version": "1.1",
+             "scheme": "http", "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 1), "root_path": ""}  # fmt: skip
+    await app(scope, receive, send)  # never raises: the error is answered
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body_out = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], json.loads(body_out)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/v2/models/m/infer", b'{"inputs": []}'),  # the bare ASGI fast path
+        ("GET", "/v2/models/m", b""),  # a Starlette route
+    ],
+)
+async def test_an_unexpected_exception_is_a_500_with_a_request_id(
+    method: str, path: str, body: bytes, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from seqserve.api.http import HttpFrontend
+
+    monkeypatch.setattr(errors, "_sites", {})
+    caplog.set_level(logging.ERROR)
+    app = HttpFrontend(_BrokenServer()).asgi()  # type: ignore[arg-type]
+    status, doc = await _asgi(app, method, path, body)
+    assert status == 500
+    assert set(doc) == {"error"} and doc["error"].startswith("internal error (request id ")
+    rid = doc["error"].split()[-1].rstrip(")")
+    logged = [r for r in caplog.records if rid in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info  # logged once, with its traceback

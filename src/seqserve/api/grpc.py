@@ -136,10 +136,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             if type(request) is Undecodable:
                 raise request.error()
-            if grpc_codec.decode_is_heavy(request):
+            try:
+                infer_request, _ = grpc_codec.decode_request(request, inline=True)
+            except grpc_codec.DecodeOffLoop:
                 infer_request, _ = await offload(grpc_codec.decode_request, request)
-            else:
-                infer_request, _ = grpc_codec.decode_request(request)
             result = await enqueue_single(self.server, infer_request, "ModelInfer RPC")
             return grpc_codec.encode_response(result)
         except InferenceError as e:

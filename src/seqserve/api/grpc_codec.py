@@ -106,23 +106,17 @@ def safe_deserializer(message_class: Any) -> Callable[[bytes], Any]:
     return deserialize
 
 
-def decode_is_heavy(msg: pb.ModelInferRequest) -> bool:
-    """Whether decoding ``msg`` takes long enough to belong off the event loop: BYTES data
-    (one object per element) or typed contents (one Python value per element) over
-    ``OFFLOAD_BYTES``. Raw fixed-size tensors are zero-copy views and never are."""
-    raw = msg.raw_input_contents
-    if raw:
-        size = 0
-        for t, data in zip(msg.inputs, raw, strict=False):
-            if t.datatype == "BYTES":
-                size += len(data)
-        return size > OFFLOAD_BYTES
-    return bool(msg.inputs) and msg.ByteSize() > OFFLOAD_BYTES
+class DecodeOffLoop(Exception):
+    """Raised by ``decode_request(msg, inline=True)`` for a message whose decoding grows with
+    its size past ``OFFLOAD_BYTES``: over that much BYTES data (one object per element) or typed
+    contents (one Python value per element). The caller decodes it again off the event loop.
+    Raw fixed-size tensors are zero-copy views and never are."""
 
 
-def decode_request(msg: pb.ModelInferRequest) -> tuple[InferRequest, GrpcReplyOptions]:
+def decode_request(msg: pb.ModelInferRequest, *, inline: bool = False) -> tuple[InferRequest, GrpcReplyOptions]:
     """One engine request from the message: parameters, then inputs (``raw_input_contents``
-    belong, in order, to the inputs; without them, typed ``contents``), then outputs."""
+    belong, in order, to the inputs; without them, typed ``contents``), then outputs. With
+    ``inline``, DecodeOffLoop instead of a long decode."""
     inputs: dict[str, np.ndarray] = {}
     request = InferRequest(msg.model_name, inputs, msg.model_version, msg.id)
     options = _PLAIN
@@ -152,13 +146,13 @@ def decode_request(msg: pb.ModelInferRequest) -> tuple[InferRequest, GrpcReplyOp
         for t, data in zip(specs, raw, strict=True):
             if t.name in inputs:
                 raise bad(f"input '{clip(t.name)}' already exists in request")
-            inputs[t.name] = _raw_input(t, data)
+            inputs[t.name] = _raw_input(t, data, inline)
     else:
         for t in specs:
             if t.name in inputs:
                 raise bad(f"input '{clip(t.name)}' already exists in request")
             _check_input(t)
-            inputs[t.name] = _typed_contents(t, list(t.shape))
+            inputs[t.name] = _typed_contents(t, list(t.shape), inline)
     if msg.outputs:
         requested: dict[str, None] = {}
         for o in msg.outputs:
@@ -180,13 +174,15 @@ def _check_input(t: pb.ModelInferRequest.InferInputTensor) -> int:
     return check_shape(t.name, list(t.shape))
 
 
-def _raw_input(t: pb.ModelInferRequest.InferInputTensor, data: bytes) -> np.ndarray:
+def _raw_input(t: pb.ModelInferRequest.InferInputTensor, data: bytes, inline: bool) -> np.ndarray:
     """One raw_input_contents entry as an array (a zero-copy view for fixed-size types)."""
     if t.HasField("contents"):
         raise bad("contents field must not be specified when using raw_input_contents")
     dtype = NUMPY_DTYPES.get(t.datatype)
     if dtype is None or dtype.kind == "O" or t.parameters:
         _check_input(t)
+        if inline and dtype is not None and dtype.kind == "O" and len(data) > OFFLOAD_BYTES:
+            raise DecodeOffLoop
         return tensor_from_raw(t.name, t.datatype, list(t.shape), memoryview(data))
     shape = tuple(t.shape)
     if len(shape) > MAX_RANK:
@@ -205,13 +201,15 @@ def _raw_input(t: pb.ModelInferRequest.InferInputTensor, data: bytes) -> np.ndar
     return np.frombuffer(data, dtype).reshape(shape)
 
 
-def _typed_contents(t: pb.ModelInferRequest.InferInputTensor, shape: list[int]) -> np.ndarray:
+def _typed_contents(t: pb.ModelInferRequest.InferInputTensor, shape: list[int], inline: bool) -> np.ndarray:
     field = _CONTENTS_FIELD.get(t.datatype)
     if field is None:
         raise bad(f"input '{clip(t.name)}': datatype {t.datatype} must be sent in raw_input_contents")
     values = getattr(t.contents, field)
     if len(values) != element_count(shape):  # before anything is allocated
         raise bad(f"unexpected number of elements in the contents of input '{clip(t.name)}'")
+    if inline and len(values) * 8 > OFFLOAD_BYTES:
+        raise DecodeOffLoop
     if t.datatype == "BYTES":
         arr = np.empty(len(values), dtype=object)
         arr[:] = list(values)

@@ -54,14 +54,18 @@ class StreamSession:
         decoded off the event loop, and the next one waits for it: order is kept."""
         try:
             async for msg in requests:
-                if type(msg) is not grpc_codec.Undecodable and grpc_codec.decode_is_heavy(msg):
+                decoded: tuple[InferRequest, grpc_codec.GrpcReplyOptions] | Exception | None = None
+                if type(msg) is not grpc_codec.Undecodable:
                     try:
-                        decoded = await offload(grpc_codec.decode_request, msg)
-                    except Exception as e:
+                        decoded = grpc_codec.decode_request(msg, inline=True)
+                    except grpc_codec.DecodeOffLoop:
+                        try:
+                            decoded = await offload(grpc_codec.decode_request, msg)
+                        except Exception as e:
+                            decoded = e
+                    except Exception as e:  # refused: submit() orders its error reply
                         decoded = e
-                    self.submit(msg, decoded)
-                else:
-                    self.submit(msg)
+                self.submit(msg, decoded)
         except Exception as e:  # the call broke (the client went away): nothing more to read
             log.debug("stream request reader ended: %s: %s", type(e).__name__, e)
         finally:  # however reading ends, the replies end once the requests read are answered

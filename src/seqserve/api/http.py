@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -93,23 +94,82 @@ class ClientGone(Exception):
     MESSAGE = "the request body ended early: the connection closed or its framing (chunks, Content-Length) is malformed"
 
 
-_timeout = getattr(asyncio, "timeout", None)  # Python 3.11+
+class BodyWatch:
+    """Times out request bodies that stop arriving with one watchdog task for all requests, not
+    a timer each: a request registers while it reads its body (and notes each chunk); every
+    ``tick`` the watchdog cancels the reads that made no progress for ``timeout_s``, which then
+    raise BodyTimeout. So a 408 comes between ``timeout_s`` and ``timeout_s + tick``, and a body
+    that arrives at once costs a dict entry, not a timer. The watchdog runs only while some
+    request is reading."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.tick = min(1.0, timeout_s / 4)
+        self.reading: dict[asyncio.Task[Any], float] = {}  # task -> when it last made progress
+        self.expired: set[asyncio.Task[Any]] = set()
+        self._watchdog: asyncio.Task[None] | None = None
+
+    def begin(self, task: asyncio.Task[Any], now: float) -> None:
+        self.reading[task] = now
+        if self._watchdog is None:
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self.reading:
+                await asyncio.sleep(self.tick)
+                stalled_since = loop.time() - self.timeout_s
+                for task, since in list(self.reading.items()):
+                    if since < stalled_since:
+                        del self.reading[task]
+                        self.expired.add(task)
+                        task.cancel()  # at its only await while registered: receive()
+        finally:
+            self._watchdog = None
+
+    def timed_out(self, task: asyncio.Task[Any]) -> bool:
+        """After a CancelledError in ``task``'s read: whether it was the watchdog's (then the
+        cancellation is withdrawn and the read ends with BodyTimeout)."""
+        if task not in self.expired:
+            return False
+        self.expired.discard(task)
+        uncancel = getattr(task, "uncancel", None)  # Python 3.11+
+        if uncancel is not None:
+            uncancel()
+        return True
 
 
-async def read_body(receive: Receive, length: str | None, limit: int, timeout_s: float) -> bytes:
+async def read_body(receive: Receive, length: str | None, limit: int, watch: BodyWatch) -> bytes:
     """The whole request body from ASGI ``receive``: TooLarge past ``limit`` (at once when the
-    Content-Length says so), BodyTimeout when no data arrives for ``timeout_s``, ClientGone on
-    a disconnect. A body that arrives in one message costs one receive and one timer."""
+    Content-Length says so), BodyTimeout when no data arrives for ``watch.timeout_s``,
+    ClientGone on a disconnect."""
     if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
         raise TooLarge(int(length), limit)
     chunks: list[bytes] = []
     total = 0
-    if _timeout is None:  # Python 3.10: a deadline per receive
+    task = asyncio.current_task()
+    if task is None:  # not run by a task: a deadline per receive
         while True:
             try:
-                msg = await asyncio.wait_for(receive(), timeout_s)
+                msg = await asyncio.wait_for(receive(), watch.timeout_s)
             except asyncio.TimeoutError:
-                raise BodyTimeout(timeout_s) from None
+                raise BodyTimeout(watch.timeout_s) from None
+            if msg["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = msg.get("body", b"")
+            if chunk:
+                total += len(chunk)
+                if total > limit:
+                    raise TooLarge(total, limit)
+                chunks.append(chunk)
+            if not msg.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    loop = task.get_loop()
+    watch.begin(task, loop.time())
+    try:
+        while True:
+            msg = await receive()
             if msg["type"] == "http.disconnect":
                 raise ClientGone
             chunk = msg.get("body", b"")
@@ -120,25 +180,13 @@ async def read_body(receive: Receive, length: str | None, limit: int, timeout_s:
                 chunks.append(chunk)
             if not msg.get("more_body", False):
                 break
-    else:
-        loop = asyncio.get_running_loop()
-        try:
-            async with _timeout(timeout_s) as deadline:
-                while True:
-                    msg = await receive()
-                    if msg["type"] == "http.disconnect":
-                        raise ClientGone
-                    chunk = msg.get("body", b"")
-                    if chunk:
-                        total += len(chunk)
-                        if total > limit:
-                            raise TooLarge(total, limit)
-                        chunks.append(chunk)
-                    if not msg.get("more_body", False):
-                        break
-                    deadline.reschedule(loop.time() + timeout_s)  # the deadline is for progress
-        except TimeoutError:
-            raise BodyTimeout(timeout_s) from None
+            watch.reading[task] = loop.time()  # the deadline is for progress
+    except asyncio.CancelledError:
+        if watch.timed_out(task):
+            raise BodyTimeout(watch.timeout_s) from None
+        raise
+    finally:
+        watch.reading.pop(task, None)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
@@ -179,11 +227,12 @@ class HttpFrontend:
         self.server = server
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        self._body_watch = BodyWatch(body_timeout_s)
 
     async def _body(self, request: Request) -> bytes:
         try:
             return await read_body(
-                request.receive, request.headers.get("content-length"), self.max_body_bytes, self.body_timeout_s
+                request.receive, request.headers.get("content-length"), self.max_body_bytes, self._body_watch
             )
         except ClientGone:
             raise InferenceError(Code.INVALID_ARG, ClientGone.MESSAGE) from None
@@ -344,7 +393,7 @@ class HttpFrontend:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         status: int
         try:
-            body = await read_body(receive, headers.get("content-length"), self.max_body_bytes, self.body_timeout_s)
+            body = await read_body(receive, headers.get("content-length"), self.max_body_bytes, self._body_watch)
             status, reply, out = await self.infer_reply(model, version, headers, body)
         except ClientGone:
             status, reply, out = 400, [_JSON_HEADER, _CLOSE], orjson.dumps({"error": ClientGone.MESSAGE})
@@ -373,7 +422,11 @@ class HttpFrontend:
                 if m is not None:
                     await self._infer_asgi(scope, receive, send, m.group(1), m.group(2) or "")
                     return
-            await app(scope, receive, send)
+            # An exception here was answered by Starlette's error middleware (500 with a request
+            # id) and logged by internal_error within its rate limit; the middleware re-raises
+            # it for the server to log, which would log every one in full.
+            with contextlib.suppress(Exception):
+                await app(scope, receive, send)
 
         return serve
 
