@@ -406,3 +406,18 @@ def test_grpc_options_follow_the_flags(launch: Callable[..., ServerProcess]) -> 
         with pytest.raises(grpc.RpcError) as e:
             stub.ModelInfer(big, timeout=10)
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_grpc_restriction_comes_before_decoding(launch: Callable[..., ServerProcess]) -> None:
+    """A restricted rpc refuses an unauthorized caller before it looks at the message."""
+    srv = launch(None, "--grpc-restricted-protocol", "metadata,inference:admin=s3cret")
+    garbage = b"\xff" * 16
+    with grpc.insecure_channel(srv.grpc_url) as ch:
+        for method in ("ModelMetadata", "ModelInfer"):
+            call = ch.unary_unary(f"/inference.GRPCInferenceService/{method}")
+            with pytest.raises(grpc.RpcError) as e:
+                call(garbage, timeout=10)
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, (method, e.value.details())
+            with pytest.raises(grpc.RpcError) as e:
+                call(garbage, timeout=10, metadata=[("triton-grpc-protocol-admin", "s3cret")])
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, e.value.details())

@@ -208,10 +208,19 @@ def _guarded(name: str, behaviour: Callable[[Any, Any], Awaitable[Any]]) -> Call
     return rpc
 
 
+def guard_rpcs(servicer: Any, service: Any) -> None:
+    """Wrap the instance's unary rpcs of ``service`` (a ServiceDescriptor) in ``_guarded``:
+    all but ModelInfer, which checks for itself (one frame less on the hot path). Done before
+    the restrictions wrap them, so that a refusal comes first."""
+    for method in service.methods:
+        if not (method.client_streaming or method.server_streaming) and method.name != "ModelInfer":
+            setattr(servicer, method.name, _guarded(method.name, getattr(servicer, method.name)))
+
+
 def add_service(g: grpc.aio.Server, servicer: Any, service: Any) -> None:
     """Register ``servicer``'s methods for ``service`` (a ServiceDescriptor), as the generated
     ``add_*_to_server`` does, but with deserializers that hand undecodable bytes on as an
-    ``Undecodable`` (see ``_guarded``, ``ModelInfer`` and ``StreamSession``). The methods are
+    ``Undecodable`` (see ``guard_rpcs``, ``ModelInfer`` and ``StreamSession``). The methods are
     read from the instance, so wrappers set on it before this call stay in place."""
     handlers = {}
     for method in service.methods:
@@ -227,8 +236,6 @@ def add_service(g: grpc.aio.Server, servicer: Any, service: Any) -> None:
         elif method.client_streaming or method.server_streaming:
             raise TypeError(f"{service.full_name}/{method.name}: only unary and bidirectional rpcs are served")
         else:
-            if method.name != "ModelInfer":  # the hot path checks for itself, one frame less
-                behaviour = _guarded(method.name, behaviour)
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
                 behaviour, request_deserializer=deserialize, response_serializer=serialize
             )
@@ -265,11 +272,15 @@ async def start_grpc(
     options = [*(limits or GrpcLimits()).options(), ("grpc.so_reuseport", 0)]
     g = grpc.aio.server(options=options)
     inference, health = InferenceServicer(server), HealthServicer(server)
+    inference_service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]
+    guard_rpcs(inference, inference_service)
+    guard_rpcs(health, health_service)
     if restrictions:
-        security.restrict_grpc(inference, pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], restrictions)
-        security.restrict_grpc(health, health_pb2.DESCRIPTOR.services_by_name["Health"], restrictions)
-    add_service(g, inference, pb.DESCRIPTOR.services_by_name["GRPCInferenceService"])
-    add_service(g, health, health_pb2.DESCRIPTOR.services_by_name["Health"])
+        security.restrict_grpc(inference, inference_service, restrictions)
+        security.restrict_grpc(health, health_service, restrictions)
+    add_service(g, inference, inference_service)
+    add_service(g, health, health_service)
     address = f"{host}:{port}"
     if cert:
         creds = security.grpc_credentials(security.TlsFiles(cert, key or "", client_ca))
