@@ -9,6 +9,7 @@ void Batch::init(const ModelSpec& spec, int max_rows) {
   inputs.resize(spec.inputs.size());
   input_nbytes.resize(spec.inputs.size());
   input_shapes.resize(spec.inputs.size());
+  ragged_shapes.resize(spec.inputs.size());
   controls.resize(spec.controls.size());
   control_nbytes.resize(spec.controls.size());
   for (Buffer& b : controls) b.reserve(max_rows * 8);
@@ -38,9 +39,33 @@ void Batch::gather_inputs(const ModelSpec& spec) {
     }
     auto& shape = input_shapes[k];
     shape.clear();
-    if (batched) shape.push_back(B);
-    shape.insert(shape.end(), item.begin(), item.end());
     const int64_t per_row = product(item);
+    if (in.ragged && batched) {
+      // Every request keeps its own extent: the elements end to end, and each request's shape.
+      std::vector<int64_t>& shapes = ragged_shapes[k];
+      shapes.clear();
+      int64_t elements = 0;
+      for (const Row& row : rows) {
+        const Request* r = row.req;
+        if (r && r->kind == kNormal) {
+          const TensorRef& t = r->inputs[k];
+          shapes.push_back(t.ndim);
+          shapes.insert(shapes.end(), t.shape, t.shape + t.ndim);
+          int64_t n = 1;
+          for (int d = 0; d < t.ndim; ++d) n *= t.shape[d];
+          elements += n;
+        } else {  // padding or a final END step: one row of the representative's item shape
+          shapes.push_back(static_cast<int64_t>(item.size()) + 1);
+          shapes.push_back(1);
+          shapes.insert(shapes.end(), item.begin(), item.end());
+          elements += per_row;
+        }
+      }
+      shape.push_back(elements);
+    } else {
+      if (batched) shape.push_back(B);
+      shape.insert(shape.end(), item.begin(), item.end());
+    }
     Buffer& buf = inputs[k];
     const bool is_bytes = in.type.is_bytes;
     const size_t row_bytes = is_bytes ? per_row * 4 : per_row * in.type.itemsize;

@@ -19,6 +19,9 @@ struct Batch {
   std::vector<Buffer> inputs;
   std::vector<size_t> input_nbytes;
   std::vector<std::vector<int64_t>> input_shapes;
+  // Ragged inputs: every request's shape (batch dim included), each written as its rank followed
+  // by its dims, in request order. Empty for the other inputs.
+  std::vector<std::vector<int64_t>> ragged_shapes;
   std::vector<Buffer> controls;
   std::vector<size_t> control_nbytes;
   std::vector<uint8_t> start, end, ready;

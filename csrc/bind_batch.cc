@@ -140,6 +140,30 @@ void bind_batch(py::module_& m) {
                                                               b.input_shapes[k], b.inputs[k].data(), b.input_nbytes[k]);
              return out;
            })
+      .def(
+          "ragged",
+          [](BatchView& v) {
+            Batch& b = v.get().batch;
+            const ModelSpec& spec = v.sched->spec();
+            py::dict out;
+            if (spec.max_batch_size <= 0) return out;
+            for (size_t k = 0; k < spec.inputs.size(); ++k) {
+              if (!spec.inputs[k].ragged) continue;
+              const std::vector<int64_t>& flat = b.ragged_shapes[k];
+              py::list shapes;
+              for (size_t i = 0; i < flat.size();) {
+                const size_t ndim = static_cast<size_t>(flat[i++]);
+                py::tuple shape(ndim);
+                for (size_t d = 0; d < ndim; ++d) shape[d] = py::int_(flat[i + d]);
+                shapes.append(std::move(shape));
+                i += ndim;
+              }
+              out[py::str(spec.inputs[k].name)] = std::move(shapes);
+            }
+            return out;
+          },
+          "Ragged inputs: each request's shape (batch dim included), in request order; the input's "
+          "array holds their elements end to end.")
       .def("controls",
            [](py::object self) {
              BatchView& v = self.cast<BatchView&>();

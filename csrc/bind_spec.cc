@@ -72,16 +72,18 @@ void bind_enums(py::module_& m) {
 void bind_tensor_specs(py::module_& m) {
   py::class_<InputSpec> input(m, "InputSpec", "A model input as the core gathers it into batches.");
   input
-      .def(py::init([](std::string name, const py::dtype& dtype, bool must_match, std::vector<int64_t> default_shape) {
-             return InputSpec{std::move(name), elem_type(dtype), must_match, std::move(default_shape)};
+      .def(py::init([](std::string name, const py::dtype& dtype, bool must_match, std::vector<int64_t> default_shape,
+                       bool ragged) {
+             return InputSpec{std::move(name), elem_type(dtype), must_match, std::move(default_shape), ragged};
            }),
            py::kw_only(), py::arg("name"), py::arg("dtype"), py::arg("must_match") = false,
-           py::arg("default_shape") = std::vector<int64_t>{})
+           py::arg("default_shape") = std::vector<int64_t>{}, py::arg("ragged") = false)
       .def_readonly("name", &InputSpec::name)
       .def_property_readonly("dtype", [](const InputSpec& s) { return numpy_dtype(s.type); })
       .def_readonly("must_match", &InputSpec::must_match)
-      .def_readonly("default_shape", &InputSpec::default_shape);
-  add_repr(input, {"name", "dtype", "must_match", "default_shape"});
+      .def_readonly("default_shape", &InputSpec::default_shape)
+      .def_readonly("ragged", &InputSpec::ragged);
+  add_repr(input, {"name", "dtype", "must_match", "default_shape", "ragged"});
 
   py::class_<ControlSpec> control(m, "ControlSpec", "A sequence control tensor the core fills per batch row.");
   control

@@ -26,6 +26,9 @@ struct InputSpec {
   ElemType type;
   bool must_match = false;  // variable dims without ragged batching: shapes must be equal
   std::vector<int64_t> default_shape;  // item dims with -1 -> 1: the shape of zero-filled rows
+  // allow_ragged_batch on a batched model: the batch holds every request's elements end to end
+  // (1-D) and the shape of each request, so each request keeps its own extent.
+  bool ragged = false;
 };
 
 struct QueuePolicy {

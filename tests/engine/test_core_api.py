@@ -40,7 +40,9 @@ def test_specs_are_keyword_built_and_read_back() -> None:
     assert spec.strategy is _core.Strategy.DYNAMIC
     assert (spec.idle_us, spec.batch_delay_us, spec.max_queue_delay_us) == (1234, 99, 0)
     assert [i.name for i in spec.inputs] == ["X"] and spec.states[0].input_name == "A"
-    assert repr(inp) == "InputSpec(name='X', dtype=dtype('float32'), must_match=True, default_shape=[1, 2])"
+    assert repr(inp) == (
+        "InputSpec(name='X', dtype=dtype('float32'), must_match=True, default_shape=[1, 2], ragged=False)"
+    )
     assert _core.InputSpec(name="B", dtype=OBJ).dtype == OBJ
     with pytest.raises(AttributeError):
         inp.name = "Y"  # type: ignore[misc]

@@ -14,7 +14,7 @@ import pytest
 
 from seqserve.engine import Code, Server
 from seqserve.engine.model_control import MODEL_CONTROL_DISABLED
-from tests.conftest import expect_error, write_model
+from tests.helpers import expect_error, write_model
 
 CFG = """
 name: "{name}"
@@ -194,12 +194,13 @@ def test_poll_start_takes_no_model_list(repo):
 
 # ---------------------------------------------------------------- off the event loop
 
+# Loads for 2 s: a loop blocked by the load stalls that long, far beyond a loaded machine's hiccups.
 SLOW_INIT = """
 import time
 
 class Model:
     def initialize(self, ctx):
-        time.sleep(0.6)
+        time.sleep(2)
 
     def execute(self, batch):
         return {"Y": batch.inputs["X"] + 1}
@@ -218,14 +219,14 @@ async def test_load_runs_off_the_event_loop(repo, serve):
         gaps.append(now - last)
         last = now
     await load
-    assert len(gaps) > 10 and max(gaps) < 0.3, max(gaps)
+    assert len(gaps) > 10 and max(gaps) < 1.0, max(gaps)
 
 
 async def test_a_cancelled_load_still_completes(repo, serve):
     s = await serve()
     write_model(repo, "slow", CFG.format(name="slow", mbs=4), SLOW_INIT)
     load = asyncio.create_task(s.load_model("slow"))
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # well inside the 2 s load
     load.cancel()
     with pytest.raises(asyncio.CancelledError):
         await load

@@ -13,7 +13,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import write_model
 from tests.integration._util import FLAVOURS, Client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -231,14 +231,6 @@ def identity_config(name: str = "identity") -> str:
         f"input [\n{ins}\n]\noutput [\n{outs}\n]\n"
         "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
     )
-
-
-def write_model(repo: Path, name: str, config: str, model_py: str, version: int = 1) -> Path:
-    d = repo / name
-    (d / str(version)).mkdir(parents=True, exist_ok=True)
-    (d / "config.pbtxt").write_text(textwrap.dedent(config))
-    (d / str(version) / "model.py").write_text(textwrap.dedent(model_py))
-    return d
 
 
 @pytest.fixture

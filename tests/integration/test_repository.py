@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.helpers import write_model
 from tests.integration._util import FLAVOURS, Client, expect_error, http_request, new_int_id
-from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server, write_model
+from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server
 
 EXPLICIT_ALL = ("--model-control-mode", "explicit", "--load-model", "*")
 
@@ -224,10 +225,11 @@ async def test_versions_and_new_model_on_disk(custom_repo: Path, launch: Callabl
 
 async def test_broken_model_does_not_stop_the_server(custom_repo: Path, launch: Callable[..., ServerProcess]) -> None:
     """Server.start: "A model that fails to load is reported with its reason and does not stop
-    the others" (the CLI logs every model's state and reason at startup)."""
+    the others" (the CLI logs every model's state and reason at startup). The CLI exits on it
+    unless --exit-on-error=false (tests/integration/test_startup.py)."""
     write_model(custom_repo, "broken", 'name: "broken"\nbackend: "python"\nmax_batch_size: 0\n',
                 "raise RuntimeError('boom')\n")  # fmt: skip
-    srv = launch(custom_repo)
+    srv = launch(custom_repo, "--exit-on-error=false", "--strict-readiness=false")
     cl = Client("http", srv)
     try:
         assert await cl("is_model_ready", "accumulator") is True

@@ -26,6 +26,23 @@ def _port(value: str) -> int | None:
     return port
 
 
+def _bool(value: str) -> bool:
+    """Triton's boolean option values."""
+    v = value.strip().lower()
+    if v in ("true", "1", "yes", "on"):
+        return True
+    if v in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{value!r} is not a boolean (true or false)")
+
+
+def _log_verbose(value: str) -> int:
+    level = int(value)
+    if level < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a verbose level (0 or more)")
+    return level
+
+
 def _poll_secs(value: str) -> float:
     secs = float(value)
     if not secs >= 0:
@@ -146,8 +163,30 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--model-repository",
         type=Path,
-        default=DEMO_REPOSITORY,
-        help="model repository directory (default: the bundled demo models)",
+        action="append",
+        default=None,
+        help="model repository directory; repeat it to serve several (a model name found in two of them "
+        "fails to load, as in Triton) (default: the bundled demo models)",
+    )
+    s.add_argument(
+        "--exit-on-error",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="BOOL",
+        help="exit when a model fails to load at startup, as Triton (default: true; false: log it, list it "
+        "UNAVAILABLE and serve the others)",
+    )
+    s.add_argument(
+        "--strict-readiness",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="BOOL",
+        help="/v2/health/ready (and gRPC ServerReady) answers ready only while every model that was asked to "
+        "load is READY (default: true; false: ready once the server is up)",
     )
     s.add_argument(
         "--model-control-mode",
@@ -178,10 +217,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --model-control-mode=poll, the interval between two scans of the model repository "
         f"(default: {DEFAULT_REPOSITORY_POLL_SECS:g}; 0: scan at startup only)",
     )
-    s.add_argument("--host", default="0.0.0.0", help="address to bind (default: 0.0.0.0)")
+    s.add_argument(
+        "--host",
+        default="0.0.0.0",
+        help="address both front-ends bind, unless --http-address or --grpc-address says otherwise "
+        "(default: 0.0.0.0)",
+    )
+    s.add_argument("--http-address", metavar="ADDRESS", help="address the HTTP server binds (default: --host)")
     s.add_argument("--http-port", type=_port, default=8000, help="HTTP port, or 'off' (default: 8000)")
+    s.add_argument("--grpc-address", metavar="ADDRESS", help="address the gRPC server binds (default: --host)")
     s.add_argument("--grpc-port", type=_port, default=8001, help="gRPC port, or 'off' (default: 8001)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument(
+        "--log-verbose",
+        type=_log_verbose,
+        default=0,
+        metavar="N",
+        help="verbose logging, as Triton's option: 0 (default) keeps --log-level; 1 or more logs at debug level",
+    )
     s.add_argument(
         "--exit-timeout-secs",
         type=float,
@@ -198,7 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--http-server",
         choices=["auto", "hypercorn", "granian"],
         default="auto",
-        help="HTTP server for the ASGI app (default: granian when installed, else hypercorn)",
+        help="HTTP server for the ASGI app: 'auto' (default) picks granian, installed with seqserve wherever it "
+        "has wheels, else hypercorn; 'hypercorn' selects hypercorn",
     )
     s.add_argument("--tls-cert", help="PEM certificate for both front-ends")
     s.add_argument("--tls-key", help="PEM private key for both front-ends")
@@ -239,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(),
+        level="DEBUG" if args.log_verbose > 0 else args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -303,12 +357,18 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("seqserve").warning(
             "--repository-poll-secs is ignored: the repository is polled with --model-control-mode=poll only"
         )
-    if not args.model_repository.is_dir():
-        print(f"seqserve: model repository '{args.model_repository}' is not a directory", file=sys.stderr)
-        return 2
+    repositories: list[Path] = args.model_repository or [DEMO_REPOSITORY]
+    for repo in repositories:
+        if not repo.is_dir():
+            print(f"seqserve: model repository '{repo}' is not a directory", file=sys.stderr)
+            return 2
     opts = ServeOptions(
-        model_repository=args.model_repository,
+        model_repository=repositories,
         host=args.host,
+        http_address=args.http_address,
+        grpc_address=args.grpc_address,
+        exit_on_error=args.exit_on_error,
+        strict_readiness=args.strict_readiness,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         exit_timeout_s=args.exit_timeout_secs,

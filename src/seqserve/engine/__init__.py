@@ -7,7 +7,7 @@ What the front-ends (``seqserve.api``) use comes from here and from ``seqserve.e
 
 from __future__ import annotations
 
-from seqserve.engine.batch import ExecuteBatch
+from seqserve.engine.batch import ExecuteBatch, RaggedInput
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
 from seqserve.engine.model_control import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, startup_models
 from seqserve.engine.ordering import OrderedRelease
@@ -26,6 +26,7 @@ __all__ = [
     "ModelConfigError",
     "ModelControlMode",
     "OrderedRelease",
+    "RaggedInput",
     "ResponseCallback",
     "SequenceId",
     "Server",

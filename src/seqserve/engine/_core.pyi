@@ -45,7 +45,13 @@ class InputSpec(metaclass=_Pybind11Type):
     """A model input as the core gathers it into batches."""
 
     def __init__(
-        self, *, name: str, dtype: np.dtype[Any], must_match: bool = False, default_shape: list[int] = ...
+        self,
+        *,
+        name: str,
+        dtype: np.dtype[Any],
+        must_match: bool = False,
+        default_shape: list[int] = ...,
+        ragged: bool = False,
     ) -> None: ...
     @property
     def name(self) -> str: ...
@@ -57,6 +63,10 @@ class InputSpec(metaclass=_Pybind11Type):
     @property
     def default_shape(self) -> list[int]:
         """Item dims with -1 -> 1: the shape of zero-filled rows when no request fixes one."""
+    @property
+    def ragged(self) -> bool:
+        """allow_ragged_batch on a batched model: the batch holds every request's elements end
+        to end (1-D) and each request's shape."""
 
 class ControlSpec(metaclass=_Pybind11Type):
     """A sequence control tensor the core fills per batch row. START/END/READY hold
@@ -285,6 +295,9 @@ class Batch(metaclass=_Pybind11Type):
     def handles(self) -> list[int]:
         """The request handle of every row; 0 for padding rows."""
     def inputs(self) -> dict[str, np.ndarray]: ...
+    def ragged(self) -> dict[str, list[tuple[int, ...]]]:
+        """Ragged inputs: each request's shape (batch dim included), in request order; the
+        input's array holds their elements end to end."""
     def controls(self) -> dict[str, np.ndarray]: ...
     def states(self) -> dict[str, np.ndarray]:
         """Implicit state keyed by state input name (read-only views)."""

@@ -37,6 +37,7 @@ from seqserve.engine.model_control import (
     Fingerprint,
     ModelControlMode,
     model_control_refused,
+    model_fingerprint,
     repository_fingerprints,
 )
 from seqserve.engine.repository import available_versions, discover_models, select_versions
@@ -66,6 +67,10 @@ def _autocomplete(cfg: mc.ModelConfig, path: Path) -> None:
     backend.autocomplete_config(cfg, path)
 
 
+#: Triton's index reason for a model name found in two or more repositories
+MODEL_DUPLICATE_REASON = "model appears in two or more repositories"
+
+
 @dataclass(slots=True)
 class ModelState:
     """Repository view of one model: its loaded versions, or why it failed to load."""
@@ -82,12 +87,13 @@ class Server:
 
     def __init__(
         self,
-        model_repository: str | Path,
+        model_repository: str | Path | Sequence[str | Path],
         *,
         exit_timeout_s: float = 30.0,
         auto_sequence_ids: bool = True,
         model_control: ModelControlMode | str = ModelControlMode.NONE,
         repository_poll_secs: float = DEFAULT_REPOSITORY_POLL_SECS,
+        strict_readiness: bool = True,
     ) -> None:
         """auto_sequence_ids: a request to a sequence model that names no sequence starts a new
         one with a server-generated id (returned as the `sequence_id` response parameter).
@@ -97,8 +103,19 @@ class Server:
         whether the model control API (``request_load_model`` / ``request_unload_model``,
         what the network front-ends call) may change the loaded models, and whether the
         repository is polled for changes (every ``repository_poll_secs``; 0: only at start).
-        ``load_model`` / ``unload_model`` are this process's own and work in every mode."""
-        self.repository = Path(model_repository)
+        ``load_model`` / ``unload_model`` are this process's own and work in every mode.
+
+        model_repository: one repository, or several (as Triton's repeated
+        ``--model-repository``); a model name found in two of them loads from neither.
+
+        strict_readiness (Triton's ``--strict-readiness``): ``is_ready`` is false while a
+        model failed to load; False: ready once started, whatever the models."""
+        repos = [model_repository] if isinstance(model_repository, str | Path) else list(model_repository)
+        if not repos:
+            raise ValueError("at least one model repository is needed")
+        self.repositories = [Path(r) for r in repos]
+        self.repository = self.repositories[0]  # the first one; uploads and single-repository callers
+        self.strict_readiness = strict_readiness
         self.exit_timeout_s = exit_timeout_s
         self.auto_sequence_ids = auto_sequence_ids
         self.model_control = ModelControlMode.parse(model_control)
@@ -124,8 +141,9 @@ class Server:
         In poll mode every model loads (``models`` must be None) and, when
         ``repository_poll_secs`` > 0, the repository is polled from then on."""
         self._loop = asyncio.get_running_loop()
-        if not self.repository.is_dir():
-            raise InferenceError(Code.INVALID_ARG, f"model repository '{self.repository}' is not a directory")
+        for repo in self.repositories:
+            if not repo.is_dir():
+                raise InferenceError(Code.INVALID_ARG, f"model repository '{repo}' is not a directory")
         if self.model_control is ModelControlMode.POLL:
             if models is not None:
                 raise ValueError("in poll mode every model of the repository loads: start() takes no model list")
@@ -133,7 +151,7 @@ class Server:
             if self.repository_poll_secs > 0:
                 self._poll_task = asyncio.create_task(self._poll_periodically(), name="seqserve-repository-poll")
         else:
-            names = models if models is not None else [p.name for p in discover_models(self.repository)]
+            names = models if models is not None else sorted({p.name for p in self._discover()})
             for name in names:
                 # A model that fails is logged and listed UNAVAILABLE (with its reason) in the index.
                 with contextlib.suppress(InferenceError):
@@ -231,8 +249,18 @@ class Server:
     async def _load(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None, loop: asyncio.AbstractEventLoop
     ) -> None:
-        in_repository = (self.repository / name).is_dir()
-        path = self.repository / name
+        found = self._model_dirs(name)
+        in_repository = bool(found)
+        if len(found) > 1:  # as Triton: a name in two repositories loads from neither
+            log.error("failed to poll model '%s': not unique across all model repositories", name)
+            if name not in self._models or not self._models[name].versions:
+                self._models[name] = ModelState(name, found[0], {}, "UNAVAILABLE", MODEL_DUPLICATE_REASON)
+            raise InferenceError(
+                Code.INVALID_ARG,
+                f"failed to poll model '{name}': not unique across all model repositories "
+                f"({', '.join(str(p) for p in found)})",
+            )
+        path = found[0] if found else self.repository / name
         if files:
             path = await asyncio.to_thread(self._uploads.create, name, files)
         old = self._models.get(name)
@@ -278,7 +306,16 @@ class Server:
 
     async def _poll(self, loop: asyncio.AbstractEventLoop) -> dict[str, list[str]]:
         def scan() -> dict[str, Fingerprint]:
-            return repository_fingerprints(discover_models(self.repository))
+            dirs: dict[str, list[Path]] = {}
+            for d in self._discover():
+                dirs.setdefault(d.name, []).append(d)
+            out = repository_fingerprints(found[0] for found in dirs.values() if len(found) == 1)
+            # a name in two repositories: one fingerprint of all its folders, so that removing
+            # one of them (or any change) loads it again; until then its load fails, as at startup
+            for name, found in dirs.items():
+                if len(found) > 1:
+                    out[name] = tuple(e for d in found for e in model_fingerprint(d))
+            return out
 
         current = await asyncio.to_thread(scan)
         known = self._fingerprints
@@ -360,7 +397,25 @@ class Server:
         return self._live and not self._exiting
 
     def is_ready(self) -> bool:
-        return self.is_live() and all(s.state == "READY" for s in self._models.values() if s.versions)
+        """Live, and (with strict_readiness, as Triton's) every model that was asked to load
+        is READY: one whose load failed makes the server not ready; unloaded ones do not."""
+        if not self.is_live():
+            return False
+        if not self.strict_readiness:
+            return True
+        return all(s.state == "READY" or (not s.versions and s.reason == "unloaded") for s in self._models.values())
+
+    def failed_models(self) -> dict[str, str]:
+        """Models whose last load failed and that serve no version: name -> reason."""
+        return {n: s.reason for n, s in self._models.items() if not s.versions and s.reason != "unloaded"}
+
+    def _discover(self) -> list[Path]:
+        """Every model folder of every repository, in repository order."""
+        return [d for repo in self.repositories if repo.is_dir() for d in discover_models(repo)]
+
+    def _model_dirs(self, name: str) -> list[Path]:
+        """The folders named ``name`` in the repositories (more than one: a duplicate)."""
+        return [repo / name for repo in self.repositories if (repo / name).is_dir()]
 
     def model(self, name: str, version: str | int = "") -> LoadedModel:
         """The loaded model version (the highest when version is empty)."""
@@ -406,10 +461,14 @@ class Server:
 
     def repository_index(self) -> list[dict[str, str]]:
         out: list[dict[str, str]] = []
-        known = {p.name for p in discover_models(self.repository)} | set(self._models)
-        for name in sorted(known):
+        found: dict[str, int] = {}
+        for p in self._discover():
+            found[p.name] = found.get(p.name, 0) + 1
+        for name in sorted(found.keys() | self._models.keys()):
             state = self._models.get(name)
-            if state is None:
+            if found.get(name, 0) > 1 and (state is None or not state.versions):
+                out.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": MODEL_DUPLICATE_REASON})
+            elif state is None:
                 out.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": "unloaded"})
             elif state.versions:
                 for v in sorted(state.versions):

@@ -97,6 +97,7 @@ class PythonBackend(Backend):
     names = ("python",)
     supports_implicit_state = True
     supports_decoupled = True
+    supports_ragged_batch = True
 
     def __init__(self, ctx: ModelContext) -> None:
         super().__init__(ctx)

@@ -133,11 +133,15 @@ class Delivery:
         if isinstance(produced, RequestResults):
             return self._split_requests(recs, produced.outcomes)
         arrays: dict[str, np.ndarray] = {}
+        per_request: dict[str, list[np.ndarray]] = {}
         needed = {o for r in recs if r is not None for o in r.outputs}
         for o in needed:
             value = produced.get(o)
             if value is None:
                 raise InferenceError(Code.INTERNAL, f"model '{self.name}' did not produce output '{o}'")
+            if isinstance(value, list | tuple):  # one array per request: shapes may differ (ragged)
+                per_request[o] = self._request_outputs(o, value, recs)
+                continue
             arr = self._owned_output(o, value)
             if self.max_batch_size > 0 and (arr.ndim == 0 or arr.shape[0] != size):
                 raise InferenceError(
@@ -147,17 +151,47 @@ class Delivery:
                 )
             arrays[o] = arr
         if self.max_batch_size == 0:  # one request, no batch dimension
-            return [(rec, {o: arrays[o] for o in rec.outputs}) for rec in recs if rec is not None]
+            return [
+                (rec, {o: per_request[o][i] if o in per_request else arrays[o] for o in rec.outputs})
+                for i, rec in enumerate(recs)
+                if rec is not None
+            ]
         replies: list[tuple[Pending, Reply]] = []
         row = 0
-        for rec in recs:
+        for i, rec in enumerate(recs):
             if rec is None:  # padding or a final END step: one row, no reply
                 row += 1
                 continue
             end = row + rec.rows
-            replies.append((rec, {o: arrays[o][row:end] for o in rec.outputs}))
+            replies.append(
+                (rec, {o: per_request[o][i] if o in per_request else arrays[o][row:end] for o in rec.outputs})
+            )
             row = end
         return replies
+
+    def _request_outputs(self, name: str, values: list[Any] | tuple[Any, ...], recs: list[Pending | None]) -> list[Any]:
+        """An output given as one array per request of the batch (its shape is that request's
+        own, as for ragged inputs): checked, and owning its data."""
+        if len(values) != len(recs):
+            raise InferenceError(
+                Code.INTERNAL,
+                f"model '{self.name}' produced output '{name}' as a list of {len(values)} arrays; "
+                f"expected one per request of the batch ({len(recs)})",
+            )
+        out: list[Any] = []
+        for rec, value in zip(recs, values, strict=True):
+            if rec is None or name not in rec.outputs:  # padding, or not asked for: not checked
+                out.append(None)
+                continue
+            arr = self._owned_output(name, value)
+            if self.max_batch_size > 0 and (arr.ndim == 0 or arr.shape[0] != rec.rows):
+                raise InferenceError(
+                    Code.INTERNAL,
+                    f"model '{self.name}' produced output '{name}' with shape {list(arr.shape)} for a request "
+                    f"of {rec.rows} row(s); expected batch dimension {rec.rows}",
+                )
+            out.append(arr)
+        return out
 
     def _split_requests(
         self, recs: list[Pending | None], outcomes: list[Mapping[str, np.ndarray] | InferenceError | None]

@@ -24,7 +24,7 @@ import orjson
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import _core
 from seqserve.engine.backends import BackendInstance, InstanceContext, ModelContext, find_backend
-from seqserve.engine.batch import ExecuteBatch
+from seqserve.engine.batch import ExecuteBatch, RaggedInput
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
 from seqserve.engine.model.delivery import Delivery, Pending
 from seqserve.engine.model.spec import build_core_spec
@@ -60,6 +60,15 @@ class LoadedModel:
             raise InferenceError(
                 Code.INVALID_ARG, f"backend '{cfg.backend or cfg.platform}' does not support implicit state"
             )
+        ragged = [t.name for t in cfg.input if t.allow_ragged_batch] if cfg.max_batch_size > 0 else []
+        if ragged and not backend_cls.supports_ragged_batch:
+            raise InferenceError(
+                Code.INVALID_ARG,
+                f"model '{cfg.name}': input '{ragged[0]}' has allow_ragged_batch, which backend "
+                f"'{cfg.backend or cfg.platform}' does not support (it would need Triton's batch_input "
+                "tensors to find each request's extent); the python backend supports it",
+            )
+        self._has_ragged = bool(ragged)
         if self.decoupled and not backend_cls.supports_decoupled:
             raise InferenceError(
                 Code.INVALID_ARG,
@@ -307,6 +316,8 @@ class LoadedModel:
                 request_rows=[r.rows if r is not None else 1 for r in recs],
                 request_outputs=[r.outputs if r is not None else None for r in recs],
                 request_ids=[r.request_id if r is not None else "" for r in recs],
+                ragged={k: RaggedInput(v) for k, v in cb.ragged().items()} if self._has_ragged else {},
+                batched=self.max_batch_size > 0,
             )
             instance = self._instances[cb.instance]
             if instance.uses_responders:

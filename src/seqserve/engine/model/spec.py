@@ -76,6 +76,7 @@ def build_core_spec(cfg: mc.ModelConfig, model_dir: Path, instance_count: int) -
                 dtype=core_dtype(t.data_type),
                 must_match=any(d < 0 for d in t.dims) and not t.allow_ragged_batch,
                 default_shape=[1 if d < 0 else d for d in t.dims],
+                ragged=t.allow_ragged_batch and cfg.max_batch_size > 0,
             )
             for t in cfg.input
         ],
