@@ -27,7 +27,7 @@ if sanitize:
 # The core (no Python), then its binding; headers listed so that editing one rebuilds.
 core = ["batch", "state_store", "sequence_table", "scheduler", "sequence_scheduler", "direct", "oldest", "dynamic", "stateless"]
 binding = ["module", "bind_spec", "bind_batch"]
-headers = ["common", "spec", "request", "batch", "state_store", "sequence_table", "scheduler", "sequence_scheduler", "binding"]
+headers = ["common", "spec", "request", "batch", "state_store", "tombstones", "sequence_table", "scheduler", "sequence_scheduler", "binding"]
 
 ext = Pybind11Extension(
     "seqserve.engine._core",

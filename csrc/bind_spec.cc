@@ -166,7 +166,8 @@ void bind_model_spec(py::module_& m) {
                        double min_slot_utilization, std::vector<InputSpec> inputs, std::vector<ControlSpec> controls,
                        std::vector<StateSpec> states, int64_t delay_requests, int64_t delay_backlog_requests,
                        std::vector<int64_t> preferred_batch_sizes, uint64_t batch_delay_us, int priority_levels,
-                       int default_priority, std::vector<QueuePolicy> queue_policies, bool timeout_complete) {
+                       int default_priority, std::vector<QueuePolicy> queue_policies, bool timeout_complete,
+                       uint64_t tombstone_us, int64_t max_tombstones, std::vector<double> latency_buckets_ms) {
              ModelSpec s;
              s.name = std::move(name);
              s.strategy = strategy;
@@ -187,6 +188,9 @@ void bind_model_spec(py::module_& m) {
              s.default_priority = default_priority;
              s.queue_policies = std::move(queue_policies);
              s.timeout_complete = timeout_complete;
+             s.tombstone_ns = us_to_ns(tombstone_us);
+             s.max_tombstones = max_tombstones;
+             s.latency_buckets_ms = std::move(latency_buckets_ms);
              return s;
            }),
            py::kw_only(), py::arg("name"), py::arg("strategy") = kStateless, py::arg("max_batch_size") = 0,
@@ -196,7 +200,9 @@ void bind_model_spec(py::module_& m) {
            py::arg("states") = std::vector<StateSpec>{}, py::arg("delay_requests") = 0,
            py::arg("delay_backlog_requests") = 0, py::arg("preferred_batch_sizes") = std::vector<int64_t>{},
            py::arg("batch_delay_us") = 0, py::arg("priority_levels") = 1, py::arg("default_priority") = 1,
-           py::arg("queue_policies") = std::vector<QueuePolicy>{}, py::arg("timeout_complete") = false)
+           py::arg("queue_policies") = std::vector<QueuePolicy>{}, py::arg("timeout_complete") = false,
+           py::arg("tombstone_us") = 3600ULL * 1000000ULL, py::arg("max_tombstones") = 10000,
+           py::arg("latency_buckets_ms") = std::vector<double>{100, 500, 2000, 5000})
       .def_readonly("name", &ModelSpec::name)
       .def_readonly("strategy", &ModelSpec::strategy)
       .def_readonly("max_batch_size", &ModelSpec::max_batch_size)
@@ -215,11 +221,15 @@ void bind_model_spec(py::module_& m) {
       .def_readonly("priority_levels", &ModelSpec::priority_levels)
       .def_readonly("default_priority", &ModelSpec::default_priority)
       .def_readonly("queue_policies", &ModelSpec::queue_policies)
-      .def_readonly("timeout_complete", &ModelSpec::timeout_complete);
+      .def_readonly("timeout_complete", &ModelSpec::timeout_complete)
+      .def_property_readonly("tombstone_us", [](const ModelSpec& s) { return ns_to_us(s.tombstone_ns); })
+      .def_readonly("max_tombstones", &ModelSpec::max_tombstones)
+      .def_readonly("latency_buckets_ms", &ModelSpec::latency_buckets_ms);
   add_repr(model, {"name", "strategy", "max_batch_size", "instance_count", "slots_per_instance", "idle_us",
                    "max_queue_delay_us", "min_slot_utilization", "inputs", "controls", "states", "delay_requests",
                    "delay_backlog_requests", "preferred_batch_sizes", "batch_delay_us", "priority_levels",
-                   "default_priority", "queue_policies", "timeout_complete"});
+                   "default_priority", "queue_policies", "timeout_complete", "tombstone_us", "max_tombstones",
+                   "latency_buckets_ms"});
 }
 
 void bind_results(py::module_& m) {
@@ -229,11 +239,7 @@ void bind_results(py::module_& m) {
 
   py::class_<ExpiredSequence> expired(m, "ExpiredSequence", "A sequence the idle reaper expired (DESCRIBE).");
   expired
-      .def_property_readonly("sequence_id",
-                             [](const ExpiredSequence& x) -> py::object {
-                               if (x.id.is_str) return py::str(x.id.str);
-                               return py::int_(x.id.num);
-                             })
+      .def_property_readonly("sequence_id", [](const ExpiredSequence& x) { return corrid_object(x.id); })
       .def_readonly("age_s", &ExpiredSequence::age_s)
       .def_readonly("idle_s", &ExpiredSequence::idle_s)
       .def_readonly("steps", &ExpiredSequence::steps)
@@ -262,14 +268,60 @@ void bind_results(py::module_& m) {
       .def_readonly("compute_input", &Stats::compute_input)
       .def_readonly("compute_infer", &Stats::compute_infer)
       .def_readonly("compute_output", &Stats::compute_output)
-      .def_readonly("batches", &Stats::batches);
+      .def_readonly("batches", &Stats::batches)
+      .def_readonly("fail_rejected", &Stats::fail_rejected)
+      .def_readonly("fail_backend", &Stats::fail_backend)
+      .def_readonly("fail_canceled", &Stats::fail_canceled)
+      .def_readonly("sequences_started", &Stats::sequences_started)
+      .def_readonly("sequences_ended", &Stats::sequences_ended)
+      .def_readonly("sequences_expired", &Stats::sequences_expired)
+      .def_readonly("latency_counts", &Stats::latency_counts)
+      .def_readonly("latency_sum_ms", &Stats::latency_sum_ms)
+      .def_readonly("pending_requests", &Stats::pending_requests)
+      .def_readonly("sequence_slots", &Stats::sequence_slots)
+      .def_readonly("sequences_active", &Stats::sequences_active)
+      .def_readonly("sequences_backlogged", &Stats::sequences_backlogged)
+      .def_readonly("state_bytes", &Stats::state_bytes);
   add_repr(stats, {"inference_count", "execution_count", "last_inference_ms", "success", "fail", "queue",
-                   "compute_input", "compute_infer", "compute_output", "batches"});
+                   "compute_input", "compute_infer", "compute_output", "batches", "fail_rejected", "fail_backend",
+                   "fail_canceled", "sequences_started", "sequences_ended", "sequences_expired", "latency_counts",
+                   "latency_sum_ms", "pending_requests", "sequence_slots", "sequences_active",
+                   "sequences_backlogged", "state_bytes"});
+
+  py::class_<SequenceInfo> seq(m, "SequenceInfo", "One live sequence, as the sequence API shows it.");
+  seq.def_property_readonly("sequence_id", [](const SequenceInfo& x) { return corrid_object(x.id); })
+      .def_readonly("backlogged", &SequenceInfo::backlogged)
+      .def_readonly("session", &SequenceInfo::session)
+      .def_readonly("instance", &SequenceInfo::instance)
+      .def_readonly("slot", &SequenceInfo::slot)
+      .def_readonly("age_s", &SequenceInfo::age_s)
+      .def_readonly("idle_s", &SequenceInfo::idle_s)
+      .def_readonly("steps", &SequenceInfo::steps)
+      .def_readonly("state_bytes", &SequenceInfo::state_bytes)
+      .def_readonly("queued", &SequenceInfo::queued);
+  add_repr(seq, {"sequence_id", "backlogged", "session", "instance", "slot", "age_s", "idle_s", "steps",
+                 "state_bytes", "queued"});
 }
 
 }  // namespace
 
 py::dtype numpy_dtype(const ElemType& t) { return py::dtype(t.numpy); }
+
+py::object corrid_object(const CorrId& id) {
+  if (id.is_str) return py::str(id.str);
+  return py::int_(id.num);
+}
+
+CorrId corrid_from(py::handle obj) {
+  CorrId id;
+  if (py::isinstance<py::str>(obj)) {
+    id.is_str = true;
+    id.str = obj.cast<std::string>();
+  } else {
+    id.num = obj.cast<uint64_t>();
+  }
+  return id;
+}
 
 Dtypes::Dtypes(const ModelSpec& spec) {
   for (const auto& s : spec.inputs) inputs.push_back(numpy_dtype(s.type));

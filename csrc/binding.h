@@ -18,6 +18,10 @@ std::string serialize_bytes(const py::array& arr);
 // The numpy dtype an element type was made from.
 py::dtype numpy_dtype(const ElemType& t);
 
+// A correlation id to and from Python: str, or int (uint64).
+py::object corrid_object(const CorrId& id);
+CorrId corrid_from(py::handle obj);
+
 // The numpy dtypes of one model's tensors, made once: batch views reuse them.
 struct Dtypes {
   explicit Dtypes(const ModelSpec& spec);

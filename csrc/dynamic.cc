@@ -70,6 +70,7 @@ bool DynamicScheduler::expire_queued_locked(int64_t now, Fails& fails, int64_t* 
           --counts_.queued;
           rejected.push_back(r->handle);
           stats_.fail.add(1, now - r->arrival_ns);
+          ++stats_.fail_rejected;
           recycle_locked(r);
         }
         continue;

@@ -102,7 +102,7 @@ class PyScheduler {
   // Hot path (event loop, GIL held): raw pointers to the input buffers go to the core; the
   // caller keeps the arrays alive until the handle completes.
   py::object submit(uint64_t handle, py::tuple inputs, py::object corrid, bool start, bool end,
-                    uint64_t timeout_us, int64_t rows, int priority) {
+                    uint64_t timeout_us, int64_t rows, int priority, bool session) {
     const ModelSpec& spec = sched_->spec();
     if (static_cast<size_t>(inputs.size()) != spec.inputs.size())
       throw py::value_error("expected " + std::to_string(spec.inputs.size()) + " inputs, got " +
@@ -111,6 +111,7 @@ class PyScheduler {
     r->handle = handle;
     r->start = start;
     r->end = end;
+    r->session = session;
     r->timeout_ns = static_cast<int64_t>(timeout_us) * 1000;
     r->rows = rows;
     try {
@@ -183,7 +184,8 @@ PYBIND11_MODULE(_core, m) {
       .def("start", [](PyScheduler& s) { s.sched().start(); })
       .def("submit", &PyScheduler::submit, py::arg("handle"), py::arg("inputs"), py::arg("corrid") = 0,
            py::arg("start") = false, py::arg("end") = false, py::arg("timeout_us") = 0, py::arg("rows") = 1,
-           py::arg("priority") = 0, "Queue a request. Returns None when accepted, else the Refusal.")
+           py::arg("priority") = 0, py::arg("session") = false,
+           "Queue a request. Returns None when accepted, else the Refusal.")
       .def("stop_accepting", [](PyScheduler& s) { s.sched().stop_accepting(); })
       .def("inflight_sequences", [](PyScheduler& s) { return s.sched().inflight_sequences(); })
       .def("pending_requests", [](PyScheduler& s) { return s.sched().pending_requests(); })
@@ -196,6 +198,39 @@ PYBIND11_MODULE(_core, m) {
              return out;
            })
       .def("stats", [](PyScheduler& s) { return s.sched().stats(); })
+      .def(
+          "list_sequences",
+          [](PyScheduler& s, size_t limit) {
+            std::vector<SequenceInfo> out;
+            const int64_t total = s.sched().list_sequences(out, limit);
+            return py::make_tuple(total, py::cast(std::move(out)));
+          },
+          py::arg("limit"), "(how many live sequences, up to `limit` of them in no particular order).")
+      .def(
+          "find_sequence",
+          [](PyScheduler& s, py::object corrid) -> py::object {
+            SequenceInfo info;
+            if (!s.sched().find_sequence(corrid_from(corrid), info)) return py::none();
+            return py::cast(std::move(info));
+          },
+          py::arg("corrid"), "The live sequence `corrid`, or None.")
+      .def(
+          "end_sequence",
+          [](PyScheduler& s, py::object corrid) -> py::object {
+            SequenceInfo info;
+            if (!s.sched().end_sequence(corrid_from(corrid), info)) return py::none();
+            return py::cast(std::move(info));
+          },
+          py::arg("corrid"),
+          "End the live sequence `corrid` as idle expiry does; None when it is not live. Returns it as it was.")
+      .def(
+          "session_gone",
+          [](PyScheduler& s, py::object corrid) -> py::object {
+            std::string why = s.sched().session_gone(corrid_from(corrid));
+            if (why.empty()) return py::none();
+            return py::str(why);
+          },
+          py::arg("corrid"), "Why a session that is not live would be refused, or None.")
       .def("close", &PyScheduler::close, py::arg("force") = false,
            "Stop the executors once queues drain (force: now); unanswered requests fail UNAVAILABLE.");
 }

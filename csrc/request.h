@@ -26,6 +26,7 @@ struct Request {
   uint64_t handle = 0;
   CorrId id;
   bool start = false, end = false;
+  bool session = false;      // sequence models: START is implied when the id is not live
   uint8_t kind = kNormal;
   int64_t arrival_ns = 0;
   int64_t timeout_ns = 0;
@@ -65,6 +66,7 @@ class RequestPool {
   void give(Request* r) {
     r->kind = kNormal;
     r->start = r->end = false;
+    r->session = false;
     r->timeout_ns = 0;
     r->rows = 1;
     r->level = 0;

@@ -22,6 +22,8 @@ Scheduler::Scheduler(ModelSpec spec, Hooks hooks, bool sequences, bool gather_st
   if (spec_.default_priority < 1 || spec_.default_priority > spec_.priority_levels) spec_.default_priority = 1;
   spec_.queue_policies.resize(spec_.priority_levels);
   std::sort(spec_.preferred_batch_sizes.begin(), spec_.preferred_batch_sizes.end());
+  std::sort(spec_.latency_buckets_ms.begin(), spec_.latency_buckets_ms.end());
+  stats_.latency_counts.assign(spec_.latency_buckets_ms.size() + 1, 0);
   const int slots = sequences ? spec_.slots_per_instance : 0;
   for (int i = 0; i < spec_.instance_count; ++i) {
     auto inst = std::make_unique<Instance>();
@@ -171,9 +173,11 @@ void Scheduler::record_batch_locked(Instance& inst, bool ok) {
     ++real;
     if (!ok) {
       stats_.fail.add(1, t_end - r->arrival_ns);
+      ++stats_.fail_backend;
       continue;
     }
     stats_.success.add(1, t_end - r->arrival_ns);
+    observe_latency_locked(t_end - r->arrival_ns);
     stats_.queue.add(1, inst.t_form - r->arrival_ns);
     stats_.compute_input.add(1, in_ns);
     stats_.compute_infer.add(1, infer_ns);
@@ -244,9 +248,47 @@ void Scheduler::describe_slots(std::vector<std::pair<std::string, int>>& out) {
   describe_locked(out);
 }
 
+void Scheduler::observe_latency_locked(int64_t ns) {
+  const double ms = static_cast<double>(ns) / 1e6;
+  const auto& bounds = spec_.latency_buckets_ms;
+  size_t b = 0;
+  while (b < bounds.size() && ms > bounds[b]) ++b;
+  ++stats_.latency_counts[b];
+  stats_.latency_sum_ms += ms;
+}
+
 Stats Scheduler::stats() {
   std::lock_guard<std::mutex> lk(mu_);
-  return stats_;
+  Stats s = stats_;
+  s.pending_requests = counts_.queued + counts_.backlogged;
+  sequence_gauges_locked(s);
+  return s;
+}
+
+int64_t Scheduler::list_sequences(std::vector<SequenceInfo>& out, size_t limit) {
+  std::lock_guard<std::mutex> lk(mu_);
+  return list_sequences_locked(out, limit);
+}
+
+bool Scheduler::find_sequence(const CorrId& id, SequenceInfo& out) {
+  std::lock_guard<std::mutex> lk(mu_);
+  return find_sequence_locked(id, out);
+}
+
+bool Scheduler::end_sequence(const CorrId& id, SequenceInfo& out) {
+  Fails fails;
+  bool ended;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ended = !closing_ && end_sequence_locked(id, out, fails);
+  }
+  report(fails, kCancelled);
+  return ended;
+}
+
+std::string Scheduler::session_gone(const CorrId& id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  return session_gone_locked(id);
 }
 
 void Scheduler::close(bool force) {

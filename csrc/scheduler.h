@@ -41,6 +41,32 @@ struct Stats {
   uint64_t inference_count = 0, execution_count = 0, last_inference_ms = 0;
   DurationStat success, fail, queue, compute_input, compute_infer, compute_output;
   std::map<int64_t, BatchStat> batches;
+  // Failures by Triton's `reason` label: REJECTED (queue and backlog timeouts), BACKEND (the
+  // model failed the batch), CANCELED; the rest of `fail` is OTHER.
+  uint64_t fail_rejected = 0, fail_backend = 0, fail_canceled = 0;
+  // Sequences: STARTs accepted (implied ones included), ENDs accepted and sequences ended
+  // through the sequence API, idle expiries.
+  uint64_t sequences_started = 0, sequences_ended = 0, sequences_expired = 0;
+  // Successful requests by latency (arrival to the end of their batch), per bucket of
+  // spec.latency_buckets_ms (the last one: +Inf), and their sum in ms.
+  std::vector<uint64_t> latency_counts;
+  double latency_sum_ms = 0;
+  // A snapshot taken by stats(): requests waiting (queued or backlogged), sequence slots, slots
+  // held, backlogged sequences, implicit state bytes held by the sequences in slots.
+  int64_t pending_requests = 0, sequence_slots = 0, sequences_active = 0, sequences_backlogged = 0;
+  uint64_t state_bytes = 0;
+};
+
+// One live sequence as the sequence API shows it.
+struct SequenceInfo {
+  CorrId id;
+  bool backlogged = false;  // waiting for a slot
+  bool session = false;     // named by a session (START may be implied; ends are remembered)
+  int instance = -1, slot = -1;
+  double age_s = 0, idle_s = 0;  // since its START arrived; since its last request arrived
+  uint64_t steps = 0;            // steps handed to the model
+  uint64_t state_bytes = 0;      // implicit state it holds
+  int64_t queued = 0;            // requests waiting in its slot's queue or in the backlog
 };
 
 struct Instance {
@@ -101,6 +127,15 @@ class Scheduler {
   int64_t free_slots();
   int64_t backlog_sequences();
   void describe_slots(std::vector<std::pair<std::string, int>>& out);
+  // The sequence API. list: up to `limit` live sequences (in no particular order); returns how
+  // many there are. find: one sequence, false when it is not live. end: ends a live sequence as
+  // idle expiry does (a final END step with TIMEOUT_COMPLETE), or drops a backlogged one and
+  // fails its requests (CANCELLED); false when it is not live. gone: why a session id that is
+  // not live is refused, or "" (sessions it does not remember).
+  int64_t list_sequences(std::vector<SequenceInfo>& out, size_t limit);
+  bool find_sequence(const CorrId& id, SequenceInfo& out);
+  bool end_sequence(const CorrId& id, SequenceInfo& out);
+  std::string session_gone(const CorrId& id);
 
   // Used by the Python batch view while the runner executes (executor thread, GIL held).
   void set_output_state(Instance& inst, size_t state_index, const uint8_t* data, size_t nbytes,
@@ -130,6 +165,12 @@ class Scheduler {
   virtual int64_t free_slots_locked() { return 0; }
   virtual int64_t backlog_sequences_locked() { return 0; }
   virtual void describe_locked(std::vector<std::pair<std::string, int>>&) {}
+  // Sequence strategies: the table's gauges, and the sequence API (see the public methods).
+  virtual void sequence_gauges_locked(Stats&) {}
+  virtual int64_t list_sequences_locked(std::vector<SequenceInfo>&, size_t) { return 0; }
+  virtual bool find_sequence_locked(const CorrId&, SequenceInfo&) { return false; }
+  virtual bool end_sequence_locked(const CorrId&, SequenceInfo&, Fails&) { return false; }
+  virtual std::string session_gone_locked(const CorrId&) { return {}; }
 
   // --- shared by the strategies (lock held unless noted)
   static SubmitResult refuse(Code code, std::string message) { return {false, code, std::move(message)}; }
@@ -153,6 +194,8 @@ class Scheduler {
   // `more_work`: a shared queue holds more, so an idle instance is woken for it.
   void run_formed_batch(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold, bool more_work);
   void report(Fails& fails, Code code);  // no lock held
+  // A successful request's latency into the histogram of stats_.
+  void observe_latency_locked(int64_t ns);
 
   ModelSpec spec_;
   Hooks hooks_;

@@ -25,6 +25,11 @@ class SequenceScheduler : public Scheduler {
   int64_t free_slots_locked() override { return table_.free_slots(); }
   int64_t backlog_sequences_locked() override { return table_.backlog_sequences(); }
   void describe_locked(std::vector<std::pair<std::string, int>>& out) override { table_.describe(out); }
+  void sequence_gauges_locked(Stats& s) override;
+  int64_t list_sequences_locked(std::vector<SequenceInfo>& out, size_t limit) override;
+  bool find_sequence_locked(const CorrId& id, SequenceInfo& out) override;
+  bool end_sequence_locked(const CorrId& id, SequenceInfo& out, Fails& fails) override;
+  std::string session_gone_locked(const CorrId& id) override;
 
   SequenceTable table_;
   Shapes rep_state_shapes_;  // batch forming's scratch (lock held)
@@ -32,6 +37,10 @@ class SequenceScheduler : public Scheduler {
  private:
   void reaper_loop();
   Request* take_marker_locked(uint8_t kind, const CorrId& id, int64_t now);
+  void info_locked(const CorrId& id, const SeqEntry& e, int64_t now, SequenceInfo& out);
+  // Forgets the live sequence `it`, which holds a slot, and queues the marker that frees the
+  // slot (TIMEOUT_COMPLETE: one final END step) behind the requests already queued there.
+  void end_in_slot_locked(SequenceTable::Seqs::iterator it, int64_t now);
 
   std::thread reaper_;
   bool reaper_stop_ = false;

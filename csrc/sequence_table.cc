@@ -48,6 +48,8 @@ void SequenceTable::release(int instance, int index) {
       ++counts_.queued;
     }
     sl.occupied = true;
+    sl.steps = 0;
+    sl.start_ns = now_ns();
     auto it = seqs_.find(bq.id);
     if (it != seqs_.end() && it->second.gslot < 0 && it->second.bq == backlog_.begin()) {
       SeqEntry& e = it->second;
@@ -113,6 +115,17 @@ bool SequenceTable::pop_expired_backlog(int64_t now, std::vector<Request*>& out)
     return true;
   }
   return false;
+}
+
+void SequenceTable::drop_backlogged(Seqs::iterator it, std::vector<Request*>& out) {
+  auto bit = it->second.bq;
+  seqs_.erase(it);
+  while (!bit->reqs.empty()) {
+    out.push_back(bit->reqs.pop());
+    --counts_.backlogged;
+  }
+  backlog_index_.erase(bit->serial);
+  backlog_.erase(bit);
 }
 
 void SequenceTable::wait_for_timers(std::unique_lock<std::mutex>& lk) {

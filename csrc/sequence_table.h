@@ -14,6 +14,7 @@
 
 #include "common.h"
 #include "request.h"
+#include "tombstones.h"
 
 namespace seqserve {
 
@@ -38,8 +39,10 @@ struct SeqEntry {
   int gslot = -1;  // global slot index, -1 while in the backlog
   std::list<BacklogQueue>::iterator bq;
   int64_t last_arrival_ns = 0;
+  int64_t start_ns = 0;  // arrival of its (latest) START
   uint64_t serial = 0;
-  bool armed = false;  // has a live idle timer (backlogged sequences give theirs up)
+  bool armed = false;    // has a live idle timer (backlogged sequences give theirs up)
+  bool session = false;  // a session request named it: its end or expiry is remembered
 };
 
 class SequenceTable {
@@ -81,6 +84,12 @@ class SequenceTable {
   void wait_for_timers(std::unique_lock<std::mutex>& lk);
   void wake_reaper() { reaper_cv_.notify_all(); }
 
+  // Drops the backlogged sequence `it` with all its queued requests (appended to `out`).
+  void drop_backlogged(Seqs::iterator it, std::vector<Request*>& out);
+  // Ended and expired sessions (see tombstones.h).
+  Tombstones& tombstones() { return tomb_; }
+  const Seqs& seqs() const { return seqs_; }
+
   // Close: hands every backlogged request to `take` and forgets every sequence.
   template <class Take>
   void clear(Take take);
@@ -102,6 +111,7 @@ class SequenceTable {
   std::vector<int> max_active_;
   std::set<std::pair<int, int>> free_;  // (slot index, instance): lowest slot first
   Seqs seqs_;
+  Tombstones tomb_;
   std::list<BacklogQueue> backlog_;
   std::unordered_map<uint64_t, std::list<BacklogQueue>::iterator> backlog_index_;
   uint64_t next_serial_ = 1;
@@ -129,11 +139,15 @@ int SequenceTable::queue_new(Request* r, Queued queued) {
   const CorrId id = r->id;
   const bool end = r->end;
   const int64_t now = r->arrival_ns;
+  tomb_.erase(id);  // a new sequence under this id
+  if (end && r->session) tomb_.record(id, Tombstone::kEnded, 0, now);
   if (!free_.empty()) {
     auto [s, i] = *free_.begin();
     free_.erase(free_.begin());
     Slot& sl = slot(i, s);
     sl.occupied = true;
+    sl.steps = 0;
+    sl.start_ns = now;
     sl.queue.push(r);
     ++counts_.queued;
     max_active_[i] = std::max(max_active_[i], s);
@@ -143,6 +157,8 @@ int SequenceTable::queue_new(Request* r, Queued queued) {
       SeqEntry e;
       e.gslot = g;
       e.last_arrival_ns = now;
+      e.start_ns = now;
+      e.session = r->session;
       e.serial = next_serial_++;
       push_idle(id, seqs_.emplace(id, e).first->second);
     }
@@ -160,6 +176,8 @@ int SequenceTable::queue_new(Request* r, Queued queued) {
     SeqEntry e;
     e.bq = bit;
     e.last_arrival_ns = now;
+    e.start_ns = now;
+    e.session = r->session;
     e.serial = next_serial_++;
     push_idle(id, seqs_.emplace(id, e).first->second);
   }
@@ -184,8 +202,14 @@ int SequenceTable::queue_known(Seqs::iterator it, Request* r, Queued queued) {
     ++counts_.backlogged;
     if (r->timeout_ns > 0 && now + r->timeout_ns < e.bq->expiry_ns) backlog_timer(*e.bq, now + r->timeout_ns);
   }
-  if (end) seqs_.erase(it);
-  else e.last_arrival_ns = now;
+  e.session |= r->session;
+  if (r->start) e.start_ns = now;
+  if (end) {
+    if (e.session) tomb_.record(it->first, Tombstone::kEnded, 0, now);
+    seqs_.erase(it);
+  } else {
+    e.last_arrival_ns = now;
+  }
   return g;
 }
 

@@ -83,6 +83,13 @@ struct ModelSpec {
   // Idle expiry: give the model a final END step (TIMEOUT_COMPLETE) / describe the sequence.
   bool timeout_complete = false;
   bool describe_on_expiry = false;
+  // Sessions (requests that may start their sequence implicitly): ended and expired session
+  // ids are remembered this long, at most this many per model (0: not at all).
+  int64_t tombstone_ns = 3600LL * 1000000000LL;
+  int64_t max_tombstones = 10000;
+  // Upper bounds (ms) of the request latency histogram's buckets (Triton's first-response
+  // histogram); +Inf is implied.
+  std::vector<double> latency_buckets_ms{100, 500, 2000, 5000};
 };
 
 inline int64_t product(const std::vector<int64_t>& d) {

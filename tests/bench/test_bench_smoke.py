@@ -180,3 +180,10 @@ def test_engine_scale(tmp_path: Path) -> None:
     assert all(r["base"]["steps_per_s"] > 0 and r["with_idle"]["steps_per_s"] > 0 for r in doc["live"])
     some = next(r for r in doc["reap"] if r["kind"] == "some")
     assert some["expired"] == 50
+
+
+def test_operate_bench() -> None:
+    out = run("bench.operate_bench", "--reps", "2", "--live", "2000").stdout
+    assert "scrape: 5 model versions" in out
+    assert "listing: 2000 live sequences" in out
+    assert "2000 ended sessions remembered" in out

@@ -55,6 +55,7 @@ class ServerProcess:
     log_path: Path
     repo: Path
     args: tuple[str, ...] = field(default_factory=tuple)
+    metrics_port: int = 0  # the Prometheus endpoint (http://127.0.0.1:<port>/metrics)
 
     @property
     def http_url(self) -> str:  # tritonclient form: no scheme
@@ -67,6 +68,10 @@ class ServerProcess:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -115,7 +120,7 @@ def start_server(
     """Start `seqserve serve` on free ports and wait until /v2/health/ready answers 200
     (or until `probe(server)` is true: for servers that want a client certificate or a header)."""
     for attempt in range(3):
-        http_port, grpc_port = free_ports(2)
+        http_port, grpc_port, metrics_port = free_ports(3)
         log_path = log_dir / f"seqserve-{http_port}.log"
         cmd = [
             sys.executable,
@@ -128,6 +133,8 @@ def start_server(
             str(http_port),
             "--grpc-port",
             str(grpc_port),
+            "--metrics-port",
+            str(metrics_port),
             "--model-repository",
             str(repo),
             "--exit-timeout-secs",
@@ -136,7 +143,7 @@ def start_server(
         ]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        srv = ServerProcess(proc, http_port, grpc_port, log_path, repo, tuple(args))
+        srv = ServerProcess(proc, http_port, grpc_port, log_path, repo, tuple(args), metrics_port)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline and srv.alive():
             if probe(srv) if probe else _ready(srv.base_url.replace("http:", "https:") if tls else srv.base_url):

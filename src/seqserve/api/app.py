@@ -16,7 +16,15 @@ from seqserve import __version__
 from seqserve.api import http_servers, security
 from seqserve.api.http import HttpFrontend
 from seqserve.api.limits import DEFAULT_MAX_BODY_BYTES, GrpcLimits, HttpLimits, shutdown_executor
-from seqserve.engine import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, Server
+from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig, MetricsServer, start_metrics
+from seqserve.engine import (
+    DEFAULT_REPOSITORY_POLL_SECS,
+    DEFAULT_TOMBSTONE_MAX,
+    DEFAULT_TOMBSTONE_S,
+    ModelControlMode,
+    Server,
+    SessionPolicy,
+)
 
 log = logging.getLogger("seqserve")
 
@@ -51,6 +59,12 @@ class ServeOptions:
     grpc_address: str | None = None  # None: host
     exit_on_error: bool = True  # a model that fails to load at startup ends startup (Triton's default)
     strict_readiness: bool = True  # /v2/health/ready is false while a model failed to load
+    metrics_port: int | None = DEFAULT_METRICS_PORT  # None: no metrics (--allow-metrics=false)
+    metrics_address: str | None = None  # None: the HTTP address (Triton's default)
+    metrics_interval_ms: int = DEFAULT_INTERVAL_MS
+    metrics_config: MetricsConfig = field(default_factory=MetricsConfig)
+    session_tombstone_s: float = DEFAULT_TOMBSTONE_S
+    session_tombstone_max: int = DEFAULT_TOMBSTONE_MAX
 
     @property
     def http_host(self) -> str:
@@ -61,6 +75,10 @@ class ServeOptions:
         return self.grpc_address or self.host
     http_limits: HttpLimits = field(default_factory=HttpLimits)
     grpc_limits: GrpcLimits = field(default_factory=GrpcLimits)
+
+    @property
+    def metrics_host(self) -> str:
+        return self.metrics_address or self.http_host
 
 
 def resolve_http_server(choice: str) -> str:
@@ -83,6 +101,7 @@ async def serve(opts: ServeOptions) -> int:
         model_control=opts.model_control,
         repository_poll_secs=opts.repository_poll_secs,
         strict_readiness=opts.strict_readiness,
+        sessions=SessionPolicy(opts.session_tombstone_s, opts.session_tombstone_max),
     )
     log.info("model control mode: %s", opts.model_control.value)
     await server.start(opts.startup_models)
@@ -107,6 +126,7 @@ async def serve(opts: ServeOptions) -> int:
 
     tasks: list[asyncio.Task[None]] = []
     grpc_server = None
+    metrics: MetricsServer | None = None
     http_done = asyncio.Event()
     stop_http = http_done.set
     try:
@@ -138,6 +158,12 @@ async def serve(opts: ServeOptions) -> int:
             )  # fmt: skip
             if opts.http_restricted:
                 log.info("HTTP restricted APIs: %s", opts.http_restricted.describe())
+        if opts.metrics_port is not None:
+            sock = _listen("metrics", opts.metrics_host, opts.metrics_port)
+            metrics = await start_metrics(
+                server, sock, interval_ms=opts.metrics_interval_ms, config=opts.metrics_config
+            )
+            log.info("metrics listening on http://%s:%d/metrics", opts.metrics_host, opts.metrics_port)
     except StartupError as e:
         log.error("%s", e)
         stop_http()
@@ -158,6 +184,8 @@ async def serve(opts: ServeOptions) -> int:
         await grpc_server.stop(grace=1.0)
     for t in tasks:
         await t
+    if metrics is not None:
+        await metrics.close()
     shutdown_executor()
     log.info("stopped")
     return 0

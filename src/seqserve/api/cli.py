@@ -11,7 +11,14 @@ from seqserve import __version__
 from seqserve.api import limits as lim
 from seqserve.api import security
 from seqserve.api.app import ServeOptions, resolve_http_server, run
-from seqserve.engine import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, startup_models
+from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig
+from seqserve.engine import (
+    DEFAULT_REPOSITORY_POLL_SECS,
+    DEFAULT_TOMBSTONE_MAX,
+    DEFAULT_TOMBSTONE_S,
+    ModelControlMode,
+    startup_models,
+)
 
 DEMO_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
 
@@ -41,6 +48,27 @@ def _log_verbose(value: str) -> int:
     if level < 0:
         raise argparse.ArgumentTypeError(f"{value} is not a verbose level (0 or more)")
     return level
+
+
+def _tcp_port(value: str) -> int:
+    port = int(value)
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (1-65535)")
+    return port
+
+
+def _positive_int(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return n
+
+
+def _count(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not an integer >= 0")
+    return n
 
 
 def _poll_secs(value: str) -> float:
@@ -220,8 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--host",
         default="0.0.0.0",
-        help="address both front-ends bind, unless --http-address or --grpc-address says otherwise "
-        "(default: 0.0.0.0)",
+        help="address both front-ends bind, unless --http-address or --grpc-address says otherwise (default: 0.0.0.0)",
     )
     s.add_argument("--http-address", metavar="ADDRESS", help="address the HTTP server binds (default: --host)")
     s.add_argument("--http-port", type=_port, default=8000, help="HTTP port, or 'off' (default: 8000)")
@@ -253,6 +280,54 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="HTTP server for the ASGI app: 'auto' (default) picks granian, installed with seqserve wherever it "
         "has wheels, else hypercorn; 'hypercorn' selects hypercorn",
+    )
+    s.add_argument(
+        "--allow-metrics",
+        type=_bool,
+        default=True,
+        metavar="BOOL",
+        help="serve Prometheus metrics at http://<metrics-address>:<metrics-port>/metrics (default: true)",
+    )
+    s.add_argument(
+        "--metrics-port",
+        type=_tcp_port,
+        default=DEFAULT_METRICS_PORT,
+        help=f"port of the metrics endpoint (default: {DEFAULT_METRICS_PORT})",
+    )
+    s.add_argument(
+        "--metrics-address", help="address the metrics endpoint binds (default: the HTTP address, as in Triton)"
+    )
+    s.add_argument(
+        "--metrics-interval-ms",
+        type=_positive_int,
+        default=DEFAULT_INTERVAL_MS,
+        metavar="MS",
+        help="how often the per-interval metrics (CPU) are read again; the model metrics are read at "
+        f"every scrape (default: {DEFAULT_INTERVAL_MS})",
+    )
+    s.add_argument(
+        "--metrics-config",
+        action="append",
+        default=[],
+        metavar="SETTING=VALUE",
+        help="Triton's metric settings: counter_latencies=true|false (the *_duration_us counters, default "
+        "true), histogram_latencies=true|false (nv_inference_first_response_histogram_ms, default false)",
+    )
+    s.add_argument(
+        "--session-tombstone-secs",
+        type=_poll_secs,
+        default=DEFAULT_TOMBSTONE_S,
+        metavar="SECONDS",
+        help="how long an ended or expired session is remembered, so that its next request is refused "
+        f"instead of starting a new session (default: {DEFAULT_TOMBSTONE_S:g}; 0: not remembered)",
+    )
+    s.add_argument(
+        "--session-tombstone-max",
+        type=_count,
+        default=DEFAULT_TOMBSTONE_MAX,
+        metavar="N",
+        help="how many ended or expired sessions each model version remembers at most, the least recently "
+        f"used forgotten first (default: {DEFAULT_TOMBSTONE_MAX}; 0: none)",
     )
     s.add_argument("--tls-cert", help="PEM certificate for both front-ends")
     s.add_argument("--tls-key", help="PEM private key for both front-ends")
@@ -357,6 +432,11 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("seqserve").warning(
             "--repository-poll-secs is ignored: the repository is polled with --model-control-mode=poll only"
         )
+    try:
+        metrics_config = MetricsConfig.parse(args.metrics_config)
+    except ValueError as e:
+        print(f"seqserve: {e}", file=sys.stderr)
+        return 2
     repositories: list[Path] = args.model_repository or [DEMO_REPOSITORY]
     for repo in repositories:
         if not repo.is_dir():
@@ -388,6 +468,12 @@ def main(argv: list[str] | None = None) -> int:
         repository_poll_secs=(
             DEFAULT_REPOSITORY_POLL_SECS if args.repository_poll_secs is None else args.repository_poll_secs
         ),
+        metrics_port=args.metrics_port if args.allow_metrics else None,
+        metrics_address=args.metrics_address,
+        metrics_interval_ms=args.metrics_interval_ms,
+        metrics_config=metrics_config,
+        session_tombstone_s=args.session_tombstone_secs,
+        session_tombstone_max=args.session_tombstone_max,
         http_limits=lim.HttpLimits(
             header_timeout_s=args.http_header_timeout_secs,
             body_timeout_s=args.http_body_timeout_secs,

@@ -18,7 +18,7 @@ from seqserve.api import grpc_codec, security
 from seqserve.api.errors import internal_error
 from seqserve.api.grpc_codec import Undecodable
 from seqserve.api.grpc_stream import StreamSession
-from seqserve.api.kserve import EXTENSIONS, clip, enqueue_single
+from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, clip, enqueue_single
 from seqserve.api.limits import GrpcLimits, offload
 from seqserve.engine import Code, InferenceError, Server
 
@@ -140,6 +140,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 infer_request, _ = grpc_codec.decode_request(request, inline=True)
             except grpc_codec.DecodeOffLoop:
                 infer_request, _ = await offload(grpc_codec.decode_request, request)
+            session = end = None
+            for key, value in context.invocation_metadata() or ():
+                if key == SESSION_ID_KEY:
+                    session = value
+                elif key == SESSION_END_KEY:
+                    end = value
+            if session is not None or end is not None:
+                apply_session(self.server, infer_request, session, end)
             result = await enqueue_single(self.server, infer_request, "ModelInfer RPC")
             return grpc_codec.encode_response(result)
         except InferenceError as e:

@@ -19,11 +19,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from seqserve._proto import model_config_pb2 as mc
-from seqserve.api import kserve_json
+from seqserve.api import kserve_json, sequences
 from seqserve.api.errors import internal_error
 from seqserve.api.grpc_codec import NO_SHM
-from seqserve.api.kserve import EXTENSIONS, enqueue_single
+from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, enqueue_single
 from seqserve.api.limits import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
@@ -33,13 +32,13 @@ from seqserve.api.limits import (
     inflate,
     offload,
 )
-from seqserve.engine import Code, InferenceError, Server
+from seqserve.engine import Code, InferenceError, Server, SessionGoneError
 
 _ENDPOINT = "HTTP end point"  # names this front-end in the refusal of decoupled models
 
 log = logging.getLogger("seqserve.http")
 
-SESSION_HEADER = "inference-session-id"
+SESSION_HEADER = SESSION_ID_KEY
 # Model names cannot contain "/" (as in Triton); versions are decimal.
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 
@@ -70,15 +69,20 @@ _JSON_HEADER = (b"content-type", b"application/json")
 _CLOSE = (b"connection", b"close")
 
 
-def _status(e: InferenceError) -> int:
+def http_status(e: InferenceError) -> int:
+    """An engine error's HTTP status: Triton's mapping, 410 Gone for a session that ended or
+    expired, and 415 for an unknown Content-Encoding (a client fault; Triton answers 501 with
+    the same message)."""
+    if isinstance(e, SessionGoneError):
+        return 410
     if e.message == _UNSUPPORTED_ENCODING:
-        return 415  # a client fault (Triton answers 501 with the same message)
+        return 415
     return HTTP_STATUS.get(e.code, 400)
 
 
 def _from_error(e: InferenceError) -> Response:
     headers = {"Accept-Encoding": "gzip, deflate"} if e.message == _UNSUPPORTED_ENCODING else None
-    return error_response(e.message, _status(e), headers)
+    return error_response(e.message, http_status(e), headers)
 
 
 class BodyTimeout(Exception):
@@ -357,15 +361,15 @@ class HttpFrontend:
             else:
                 req, options = kserve_json.decode_request(body, ihcl, model, version)
             session = headers.get(SESSION_HEADER)
-            if session and not req.sequence_id:
-                req.sequence_id = self._session_sequence_id(session, model, version)
+            if session is not None or SESSION_END_KEY in headers:
+                apply_session(self.server, req, session, headers.get(SESSION_END_KEY))
             result = await enqueue_single(self.server, req, _ENDPOINT)
             out, json_len = kserve_json.encode_response(result, options)
         except InferenceError as e:
             reply = [_JSON_HEADER]
             if e.message == _UNSUPPORTED_ENCODING:
                 reply.append((b"accept-encoding", b"gzip, deflate"))
-            return _status(e), reply, orjson.dumps({"error": e.message})
+            return http_status(e), reply, orjson.dumps({"error": e.message})
         except TooLarge as e:
             return 413, [_JSON_HEADER, _CLOSE], orjson.dumps({"error": str(e)})
         reply = []
@@ -430,21 +434,22 @@ class HttpFrontend:
 
         return serve
 
-    def _session_sequence_id(self, session: str, model: str, version: str) -> int | str:
-        """The header names a string sequence, except for models whose CORRID control is an
-        integer type (they cannot take string ids): there a decimal header is the uint64 id, so
-        the integer ids the server generates for them round-trip through the header."""
-        if not (session.isascii() and session.isdigit() and int(session) < 2**64):
-            return session
-        try:
-            cfg = self.server.model_config(model, version)
-        except InferenceError:
-            return session
-        for ci in cfg.sequence_batching.control_input:
-            for c in ci.control:
-                if c.kind == mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:
-                    return session if c.data_type == mc.TYPE_STRING else int(session)
-        return session
+    # ------------------------------------------------------------------ sequence API
+
+    @_errors
+    async def sequences(self, request: Request) -> Response:
+        p = request.path_params
+        return _json(sequences.list_doc(self.server, p["model"], str(p.get("version", "")), request.query_params))
+
+    @_errors
+    async def sequence(self, request: Request) -> Response:
+        p = request.path_params
+        version = str(p.get("version", ""))
+        if request.method == "DELETE":
+            doc = sequences.end_doc(self.server, p["model"], version, p["sequence_id"], request.query_params)
+        else:
+            doc = sequences.show_doc(self.server, p["model"], version, p["sequence_id"], request.query_params)
+        return _json(doc)
 
     # -------------------------------------------------------------------------- app
 
@@ -465,6 +470,11 @@ class HttpFrontend:
             Route("/v2/models/{model}" + v + "/config", s.model_config, methods=["GET"]),
             Route("/v2/models/{model}/infer", s.infer, methods=["POST"]),
             Route("/v2/models/{model}" + v + "/infer", s.infer, methods=["POST"]),
+            # the sequence API (restrictable group "sequence"): docs/sequence-api.md
+            Route("/v2/models/{model}/sequences", s.sequences, methods=["GET"]),
+            Route("/v2/models/{model}" + v + "/sequences", s.sequences, methods=["GET"]),
+            Route("/v2/models/{model}/sequences/{sequence_id:path}", s.sequence, methods=["GET", "DELETE"]),
+            Route("/v2/models/{model}" + v + "/sequences/{sequence_id:path}", s.sequence, methods=["GET", "DELETE"]),
             Route("/v2/models/{model}", s.model_metadata, methods=["GET"]),
             Route("/v2/models/{model}" + v, s.model_metadata, methods=["GET"]),
             Route("/v2/repository/index", s.repository_index, methods=["POST"]),

@@ -169,6 +169,39 @@ def set_parameter(request: InferRequest, key: str, value: Any) -> bool:
     return True
 
 
+# -------------------------------------------------------------------------- sessions
+
+#: the session id and end flag, as HTTP headers and as gRPC metadata keys (lower case)
+SESSION_ID_KEY = "inference-session-id"
+SESSION_END_KEY = "inference-session-end"
+
+
+def apply_session(server: Server, request: InferRequest, session: str | None, end: str | None) -> None:
+    """Name ``request``'s sequence by a session id (HTTP ``Inference-Session-Id``, gRPC
+    ``inference-session-id`` metadata) unless its parameters name one: START is implied for a
+    session the server does not know, and a session that ended or expired is refused (see
+    ``seqserve.engine.sessions``). ``end`` ("true" / "false") ends the session with this request."""
+    if not session:
+        if end is not None:
+            raise bad("Inference-Session-End needs an Inference-Session-Id")
+        return
+    if request.sequence_id:  # the request's sequence_id parameter names its sequence
+        return
+    request.sequence_id = server.session_sequence_id(request.model, request.version, session)
+    request.session = True
+    if end is not None and _session_end(end):
+        request.sequence_end = True
+
+
+def _session_end(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "1"):
+        return True
+    if v in ("false", "0"):
+        return False
+    raise bad(f"Inference-Session-End must be 'true' or 'false', not '{value}'")
+
+
 # --------------------------------------------------------------------------- submit
 
 

@@ -49,8 +49,7 @@ TRITON_GROUPS = (
     "trace",
     "logging",
 )
-#: ``sequence``: seqserve's sequence API (``/v2/models/{m}/sequences...``), reserved now so
-#: that a restriction of it holds from the first release that serves those routes.
+#: ``sequence``: seqserve's sequence API (``/v2/models/{m}/sequences...``, docs/sequence-api.md).
 GROUPS = (*TRITON_GROUPS, "sequence")
 
 #: Triton prefixes the key of ``--grpc-restricted-protocol`` (``kRestrictedProtocolHeaderTemplate``).
@@ -73,7 +72,7 @@ _V = "/versions/{version:int}"
 #: templates overlap (the literal ``/v2/models/stats`` before ``/v2/models/{model}``); infer
 #: comes first, which no other template matches, so that the hot path matches at once. Templates that seqserve does not
 #: serve yet (Triton's shared-memory, trace, logging and generate routes, the repository
-#: segment, seqserve's sequences) are listed too: a restriction holds there as well (403,
+#: segment) are listed too: a restriction holds there as well (403,
 #: else 501 or 404), and holds for them the day they are served.
 HTTP_API: tuple[tuple[str, str], ...] = (
     ("/v2/models/{model}/infer", "inference"),
@@ -96,9 +95,9 @@ HTTP_API: tuple[tuple[str, str], ...] = (
     ("/v2/models/{model}" + _V + "/config", "model-config"),
     ("/v2/models/{model}/trace/setting", "trace"),
     ("/v2/models/{model}/sequences", "sequence"),
-    ("/v2/models/{model}/sequences/{rest:path}", "sequence"),
+    ("/v2/models/{model}/sequences/{sequence_id:path}", "sequence"),
     ("/v2/models/{model}" + _V + "/sequences", "sequence"),
-    ("/v2/models/{model}" + _V + "/sequences/{rest:path}", "sequence"),
+    ("/v2/models/{model}" + _V + "/sequences/{sequence_id:path}", "sequence"),
     ("/v2/models/{model}", "metadata"),
     ("/v2/models/{model}" + _V, "metadata"),
     ("/v2/repository/index", "model-repository"),

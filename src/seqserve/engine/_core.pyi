@@ -168,6 +168,9 @@ class ModelSpec(metaclass=_Pybind11Type):
         default_priority: int = 1,
         queue_policies: list[QueuePolicy] = ...,
         timeout_complete: bool = False,
+        tombstone_us: int = 3600000000,
+        max_tombstones: int = 10000,
+        latency_buckets_ms: list[float] = ...,
     ) -> None: ...
     @property
     def name(self) -> str: ...
@@ -207,9 +210,20 @@ class ModelSpec(metaclass=_Pybind11Type):
     def queue_policies(self) -> list[QueuePolicy]: ...
     @property
     def timeout_complete(self) -> bool: ...
+    @property
+    def tombstone_us(self) -> int:
+        """How long an ended or expired session is remembered (0: not at all)."""
+    @property
+    def max_tombstones(self) -> int:
+        """How many ended or expired sessions are remembered at most (least recently used
+        dropped first)."""
+    @property
+    def latency_buckets_ms(self) -> list[float]:
+        """Upper bounds of the request latency histogram's buckets, ascending (+Inf implied)."""
 
 class Refusal(metaclass=_Pybind11Type):
-    """Why submit() did not queue a request."""
+    """Why submit() did not queue a request. NOT_FOUND: a session request whose session ended
+    or expired (the message says which)."""
 
     @property
     def code(self) -> Code: ...
@@ -277,6 +291,74 @@ class Stats(metaclass=_Pybind11Type):
     @property
     def batches(self) -> dict[int, BatchStats]:
         """Keyed by batch size."""
+    @property
+    def fail_rejected(self) -> int:
+        """Failed by a queue or backlog timeout (Triton's reason REJECTED)."""
+    @property
+    def fail_backend(self) -> int:
+        """Failed because the model failed their batch (BACKEND)."""
+    @property
+    def fail_canceled(self) -> int:
+        """Cancelled (CANCELED): backlogged requests of a sequence ended through the API."""
+    @property
+    def sequences_started(self) -> int:
+        """START requests accepted, implied ones included."""
+    @property
+    def sequences_ended(self) -> int:
+        """END requests accepted, plus sequences ended through the sequence API."""
+    @property
+    def sequences_expired(self) -> int:
+        """Sequences the idle reaper expired."""
+    @property
+    def latency_counts(self) -> list[int]:
+        """Successful requests per latency bucket (spec.latency_buckets_ms, then +Inf); the
+        latency runs from arrival to the end of the request's batch."""
+    @property
+    def latency_sum_ms(self) -> float: ...
+    @property
+    def pending_requests(self) -> int:
+        """Requests waiting: queued for a batch or backlogged (a snapshot)."""
+    @property
+    def sequence_slots(self) -> int:
+        """Sequence slots of all instances (0 for other models)."""
+    @property
+    def sequences_active(self) -> int:
+        """Slots held by a sequence."""
+    @property
+    def sequences_backlogged(self) -> int: ...
+    @property
+    def state_bytes(self) -> int:
+        """Implicit state held by the sequences in slots."""
+
+class SequenceInfo(metaclass=_Pybind11Type):
+    """One live sequence, as the sequence API shows it."""
+
+    @property
+    def sequence_id(self) -> int | str: ...
+    @property
+    def backlogged(self) -> bool:
+        """Waiting for a slot (instance and slot are -1)."""
+    @property
+    def session(self) -> bool:
+        """Named by a session: START may be implied, and its end or expiry is remembered."""
+    @property
+    def instance(self) -> int: ...
+    @property
+    def slot(self) -> int: ...
+    @property
+    def age_s(self) -> float:
+        """Since its START arrived."""
+    @property
+    def idle_s(self) -> float:
+        """Since its last request arrived."""
+    @property
+    def steps(self) -> int:
+        """Steps handed to the model."""
+    @property
+    def state_bytes(self) -> int: ...
+    @property
+    def queued(self) -> int:
+        """Requests waiting in its slot's queue or in the backlog."""
 
 def serialize_bytes(array: np.ndarray) -> bytes:
     """Serialize a BYTES tensor (object array) to the 4-byte-length-prefixed wire format."""
@@ -341,8 +423,10 @@ class Scheduler(metaclass=_Pybind11Type):
         timeout_us: int = 0,
         rows: int = 1,
         priority: int = 0,
+        session: bool = False,
     ) -> Refusal | None:
-        """Queue a request. Returns None when accepted, else the Refusal."""
+        """Queue a request. Returns None when accepted, else the Refusal. ``session``: START is
+        implied when the sequence is not live, unless it is a session that ended or expired."""
     def stop_accepting(self) -> None: ...
     def inflight_sequences(self) -> int: ...
     def pending_requests(self) -> int: ...
@@ -351,4 +435,12 @@ class Scheduler(metaclass=_Pybind11Type):
     def sequences(self) -> list[tuple[str, int]]:
         """(sequence id, global slot) of every live sequence; slot -1 while backlogged."""
     def stats(self) -> Stats: ...
+    def list_sequences(self, limit: int) -> tuple[int, list[SequenceInfo]]:
+        """(how many live sequences, up to `limit` of them in no particular order)."""
+    def find_sequence(self, corrid: int | str) -> SequenceInfo | None:
+        """The live sequence `corrid`, or None."""
+    def end_sequence(self, corrid: int | str) -> SequenceInfo | None:
+        """End the live sequence `corrid` as idle expiry does; None when it is not live. Returns it as it was."""
+    def session_gone(self, corrid: int | str) -> str | None:
+        """Why a session that is not live would be refused, or None."""
     def close(self, force: bool = False) -> None: ...

@@ -29,6 +29,7 @@ from seqserve.engine.config import (
     parse_model_config,
     validate_paths,
 )
+from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.model import LoadedModel
 from seqserve.engine.model_control import (
@@ -43,6 +44,7 @@ from seqserve.engine.model_control import (
 from seqserve.engine.repository import available_versions, discover_models, select_versions
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
+from seqserve.engine.sessions import EndedSequence, SequenceInfo, SequenceList, SessionPolicy
 from seqserve.engine.uploads import UploadDirs
 
 log = logging.getLogger("seqserve.server")
@@ -94,6 +96,7 @@ class Server:
         model_control: ModelControlMode | str = ModelControlMode.NONE,
         repository_poll_secs: float = DEFAULT_REPOSITORY_POLL_SECS,
         strict_readiness: bool = True,
+        sessions: SessionPolicy | None = None,
     ) -> None:
         """auto_sequence_ids: a request to a sequence model that names no sequence starts a new
         one with a server-generated id (returned as the `sequence_id` response parameter).
@@ -109,7 +112,10 @@ class Server:
         ``--model-repository``); a model name found in two of them loads from neither.
 
         strict_readiness (Triton's ``--strict-readiness``): ``is_ready`` is false while a
-        model failed to load; False: ready once started, whatever the models."""
+        model failed to load; False: ready once started, whatever the models.
+
+        sessions: how long and how many ended or expired sessions each model version
+        remembers (``seqserve.engine.sessions``)."""
         repos = [model_repository] if isinstance(model_repository, str | Path) else list(model_repository)
         if not repos:
             raise ValueError("at least one model repository is needed")
@@ -122,6 +128,7 @@ class Server:
         if repository_poll_secs < 0:
             raise ValueError(f"repository_poll_secs must be >= 0, got {repository_poll_secs}")
         self.repository_poll_secs = repository_poll_secs
+        self.sessions = sessions or SessionPolicy()
         self._models: dict[str, ModelState] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._live = False
@@ -172,7 +179,7 @@ class Server:
             _autocomplete(cfg, path)
             finish_model_config(cfg, path)
             for v in select_versions(path, cfg):
-                versions[v] = LoadedModel(cfg, version=v, model_dir=path, loop=loop)
+                versions[v] = LoadedModel(cfg, version=v, model_dir=path, loop=loop, sessions=self.sessions)
         except Exception as e:
             for m in versions.values():
                 m.close(force=True)
@@ -543,8 +550,59 @@ class Server:
         if m.is_sequence and not request.sequence_id and self.auto_sequence_ids:
             request.sequence_id = m.new_sequence_id()
             request.sequence_start = True
+            request.session = True  # its end or expiry is remembered, as a named session's
             return m, {"sequence_id": request.sequence_id}
         return m, None
+
+    def session_sequence_id(self, model: str, version: str | int, session: str) -> SequenceId:
+        """The sequence id a session id names: a string id, except for models whose CORRID
+        control has an integer type (they cannot take string ids), where a decimal session id is
+        the uint64 id, so the ids the server generates for them round-trip."""
+        if not (session.isascii() and session.isdigit() and 0 < int(session) < 2**64):
+            return session
+        try:
+            cfg = self.model_config(model, version)
+        except InferenceError:
+            return session
+        for ci in cfg.sequence_batching.control_input:
+            for c in ci.control:
+                if c.kind == mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:
+                    return session if c.data_type == mc.TYPE_STRING else int(session)
+        return session
+
+    # ---------------------------------------------------------------------- sequence API
+
+    def sequences(self, model: str, version: str | int = "", *, limit: int = 1000) -> SequenceList:
+        """The live sequences of a model version (holding a slot or backlogged): how many, and
+        up to ``limit`` of them, the oldest first. INVALID_ARG for a model without sequences."""
+        m = self._sequence_model(model, version)
+        if limit < 0:
+            raise InferenceError(Code.INVALID_ARG, f"limit must be >= 0, got {limit}")
+        return m.sequences(limit)
+
+    def sequence(self, model: str, sequence_id: SequenceId, version: str | int = "") -> SequenceInfo:
+        """One live sequence (5 and "5" are different ids); NOT_FOUND when it is not live."""
+        return self._sequence_model(model, version).sequence(sequence_id)
+
+    def end_sequence(self, model: str, sequence_id: SequenceId, version: str | int = "") -> EndedSequence:
+        """End a live sequence now, as idle expiry ends it (a final END step for
+        ``TIMEOUT_COMPLETE`` models; a backlogged one's requests are cancelled). Its next
+        session request gets SessionGoneError, its next ``sequence_id`` request without START
+        the START error. NOT_FOUND when it is not live."""
+        return self._sequence_model(model, version).end_sequence(sequence_id)
+
+    def _sequence_model(self, model: str, version: str | int) -> LoadedModel:
+        m = self.model(model, version)
+        if not m.is_sequence:
+            raise InferenceError(Code.INVALID_ARG, f"model '{model}' is not a sequence model: it has no sequences")
+        return m
+
+    # --------------------------------------------------------------------------- metrics
+
+    def model_counters(self) -> list[ModelCounters]:
+        """A snapshot of every loaded model version's counters, for metrics exporters: read at
+        once from the counts the core keeps anyway."""
+        return [m.counters() for _, s in sorted(self._models.items()) for _, m in sorted(s.versions.items())]
 
     # Keyword conveniences for embedding applications: each builds one InferRequest.
 

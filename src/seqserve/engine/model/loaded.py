@@ -25,12 +25,14 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import _core
 from seqserve.engine.backends import BackendInstance, InstanceContext, ModelContext, find_backend
 from seqserve.engine.batch import ExecuteBatch, RaggedInput
+from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
 from seqserve.engine.model.delivery import Delivery, Pending
 from seqserve.engine.model.spec import build_core_spec
 from seqserve.engine.model.validation import INTEGER_CORRID, RequestValidator
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
+from seqserve.engine.sessions import EndedSequence, SequenceInfo, SequenceList, SessionGoneError, SessionPolicy
 from seqserve.engine.tensors import wire_dtype_name
 
 log = logging.getLogger("seqserve.model")
@@ -43,7 +45,15 @@ _MAX_TIMEOUT_US = 2**62 // 1000  # ns on the core's steady clock, added to now: 
 class LoadedModel:
     """A model version ready to serve: scheduler started, instances initialized."""
 
-    def __init__(self, cfg: mc.ModelConfig, *, version: int, model_dir: Path, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        cfg: mc.ModelConfig,
+        *,
+        version: int,
+        model_dir: Path,
+        loop: asyncio.AbstractEventLoop,
+        sessions: SessionPolicy | None = None,
+    ) -> None:
         self.config = cfg
         self.name = cfg.name
         self.version = version
@@ -54,6 +64,7 @@ class LoadedModel:
         self.decoupled = cfg.model_transaction_policy.decoupled
         self._loop = loop
         self._pending: dict[int, Pending] = {}
+        self._rejected = 0  # refused by the core as UNAVAILABLE (queue full, stopping)
 
         backend_cls = find_backend(cfg)
         if cfg.sequence_batching.state and not backend_cls.supports_implicit_state:
@@ -88,7 +99,7 @@ class LoadedModel:
         self.instance_names: list[str] = []
         self._create_instances(ctx)
 
-        spec = build_core_spec(cfg, model_dir, len(self._instances))
+        spec = build_core_spec(cfg, model_dir, len(self._instances), sessions)
         self.strategy_name = spec.strategy_name
         self._spec = spec
         self._validator = RequestValidator(cfg, spec)
@@ -196,6 +207,111 @@ class LoadedModel:
             ],
         }
 
+    def counters(self) -> ModelCounters:
+        """Everything a metrics exporter reports for this version, read now (one core call)."""
+        s = self._core.stats()
+        refused = self._validator.failures
+        alone = self._delivery.request_failures
+        rejected = s.fail_rejected + self._rejected
+        backend = s.fail_backend + alone
+        fail = s.fail.count + refused + alone
+        cumulative = 0
+        buckets = []
+        for bound, n in zip([*self._spec.scheduler.latency_buckets_ms, float("inf")], s.latency_counts, strict=True):
+            cumulative += n
+            buckets.append((bound, cumulative))
+        return ModelCounters(
+            model=self.name,
+            version=self.version_str,
+            tags=dict(self.config.metric_tags),
+            success=s.success.count - alone,
+            failure={
+                "REJECTED": rejected,
+                "CANCELED": s.fail_canceled,
+                "BACKEND": backend,
+                "OTHER": max(0, fail - rejected - s.fail_canceled - backend),
+            },
+            inference_count=s.inference_count,
+            execution_count=s.execution_count,
+            request_duration_us=s.success.ns // 1000,
+            queue_duration_us=s.queue.ns // 1000,
+            compute_input_duration_us=s.compute_input.ns // 1000,
+            compute_infer_duration_us=s.compute_infer.ns // 1000,
+            compute_output_duration_us=s.compute_output.ns // 1000,
+            pending_requests=s.pending_requests,
+            latency_buckets=buckets,
+            latency_sum_ms=s.latency_sum_ms,
+            is_sequence=self.is_sequence,
+            sequence_slots=s.sequence_slots,
+            sequences_active=s.sequences_active,
+            sequences_backlogged=s.sequences_backlogged,
+            sequences_started=s.sequences_started,
+            sequences_ended=s.sequences_ended,
+            sequences_expired=s.sequences_expired,
+            state_bytes=s.state_bytes,
+        )
+
+    # ------------------------------------------------------------------ sequence API
+
+    def sequences(self, limit: int) -> SequenceList:
+        """The live sequences (holding a slot or backlogged): how many, and up to ``limit`` of
+        them, the oldest first."""
+        total, found = self._core.list_sequences(limit)
+        infos = sorted((self._sequence_info(x) for x in found), key=lambda i: -i.age_s)
+        return SequenceList(total, infos)
+
+    def sequence(self, sequence_id: SequenceId) -> SequenceInfo:
+        """One live sequence; NOT_FOUND when it is not live (the message says why when it is a
+        session that ended or expired)."""
+        found = self._core.find_sequence(sequence_id)
+        if found is None:
+            raise self._not_live(sequence_id)
+        return self._sequence_info(found)
+
+    def end_sequence(self, sequence_id: SequenceId) -> EndedSequence:
+        """End a live sequence now, as idle expiry does: its slot is freed once the requests
+        already queued for it have run, and with ``timeout_action: TIMEOUT_COMPLETE`` the model
+        gets one final END step first. A backlogged sequence's queued requests are cancelled.
+        Its id is remembered as ended, so a session request for it gets SessionGoneError and a
+        ``sequence_id`` request without START gets Triton's START error."""
+        found = self._core.end_sequence(sequence_id)
+        if found is None:
+            raise self._not_live(sequence_id)
+        info = self._sequence_info(found)
+        log.info(
+            "model '%s' version %d: sequence %r ended through the sequence API", self.name, self.version, sequence_id
+        )
+        return EndedSequence(
+            info,
+            final_step=self._spec.scheduler.timeout_complete and not info.backlogged,
+            cancelled_requests=info.queued if info.backlogged else 0,
+        )
+
+    def _sequence_info(self, x: _core.SequenceInfo) -> SequenceInfo:
+        held = not x.backlogged
+        return SequenceInfo(
+            sequence_id=x.sequence_id,
+            backlogged=x.backlogged,
+            session=x.session,
+            instance=self.instance_names[x.instance] if held else None,
+            slot=x.slot if held else None,
+            age_s=x.age_s,
+            idle_s=x.idle_s,
+            steps=x.steps,
+            state_bytes=x.state_bytes,
+            queued=x.queued,
+        )
+
+    def _not_live(self, sequence_id: SequenceId) -> InferenceError:
+        msg = f"sequence {sequence_id!r} of model '{self.name}' version {self.version} is not live"
+        if not self.is_sequence:
+            msg = f"model '{self.name}' is not a sequence model"
+        else:
+            gone = self._core.session_gone(sequence_id)
+            if gone:
+                msg += f": {gone}"
+        return InferenceError(Code.NOT_FOUND, msg)
+
     @property
     def inflight_sequences(self) -> int:
         return self._core.inflight_sequences()
@@ -282,6 +398,7 @@ class LoadedModel:
                 timeout_us if 0 <= timeout_us <= _MAX_TIMEOUT_US else max(0, min(timeout_us, _MAX_TIMEOUT_US)),
                 checked.rows,
                 priority if 0 <= priority <= _MAX_PRIORITY else 0,
+                request.session,
             )
         except BaseException:
             del self._pending[handle]  # refused by the binding: nothing of it stays behind
@@ -289,6 +406,10 @@ class LoadedModel:
         if err is not None:
             del self._pending[handle]
             self._validator.failures += 1
+            if err.code == _core.Code.NOT_FOUND:  # a session that ended or expired
+                raise SessionGoneError(err.message)
+            if err.code == _core.Code.UNAVAILABLE:
+                self._rejected += 1
             # Sequence-batcher errors carry no request id in Triton; the others do.
             msg = err.message if self.is_sequence else f"[request id: {request.id or '<id_unknown>'}] {err.message}"
             raise InferenceError(Code(err.code), msg)

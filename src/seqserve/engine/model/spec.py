@@ -14,6 +14,7 @@ import numpy as np
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import _core
 from seqserve.engine.config import read_initial_state
+from seqserve.engine.sessions import SessionPolicy
 from seqserve.engine.tensors import BY_CONFIG
 
 log = logging.getLogger("seqserve.model")
@@ -48,8 +49,17 @@ def core_dtype(data_type: int) -> np.dtype[Any]:
     return dt.numpy if dt.numpy is not None else np.dtype(np.uint16)
 
 
-def build_core_spec(cfg: mc.ModelConfig, model_dir: Path, instance_count: int) -> CoreSpec:
+#: Triton's first-response histogram, whose buckets a config's model_metrics may set
+LATENCY_HISTOGRAM = "nv_inference_first_response_histogram_ms"
+#: its default buckets (ms), Triton's (core ``metric_model_reporter.h``)
+DEFAULT_LATENCY_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
+
+
+def build_core_spec(
+    cfg: mc.ModelConfig, model_dir: Path, instance_count: int, sessions: SessionPolicy | None = None
+) -> CoreSpec:
     """The core's spec for a finished, validated config."""
+    sessions = sessions or SessionPolicy()
     is_sequence = cfg.HasField("sequence_batching")
     sb = cfg.sequence_batching
     controls: list[_core.ControlSpec] = []
@@ -85,6 +95,9 @@ def build_core_spec(cfg: mc.ModelConfig, model_dir: Path, instance_count: int) -
         delay_requests=_env_int("TRITONSERVER_DELAY_SCHEDULER"),
         delay_backlog_requests=_env_int("TRITONSERVER_BACKLOG_DELAY_SCHEDULER"),
         timeout_complete=is_sequence and sb.timeout_action == mc.TIMEOUT_COMPLETE,
+        tombstone_us=int(sessions.tombstone_s * 1e6),
+        max_tombstones=sessions.tombstone_max,
+        latency_buckets_ms=_latency_buckets(cfg),
         **batching,
     )
     return CoreSpec(
@@ -96,6 +109,21 @@ def build_core_spec(cfg: mc.ModelConfig, model_dir: Path, instance_count: int) -
         corrid_dtype=corrid_dtype,
         corrid_name=corrid_name,
     )
+
+
+def _latency_buckets(cfg: mc.ModelConfig) -> list[float]:
+    """The latency histogram's buckets: Triton's, unless the config's ``model_metrics`` sets
+    them for its family (unknown families are warned about and ignored, as Triton does)."""
+    buckets = list(DEFAULT_LATENCY_BUCKETS_MS)
+    for control in cfg.model_metrics.metric_control:
+        family = control.metric_identifier.family
+        if family != LATENCY_HISTOGRAM:
+            log.warning(
+                "model '%s': metric family '%s' in 'metric_identifier' is not a customizable metric", cfg.name, family
+            )
+            continue
+        buckets = sorted(set(control.histogram_options.buckets))
+    return buckets
 
 
 def _batching_spec(cfg: mc.ModelConfig, is_sequence: bool, instance_count: int) -> dict[str, Any]:
