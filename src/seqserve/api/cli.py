@@ -78,10 +78,11 @@ def _poll_secs(value: str) -> float:
     return secs
 
 
-def _positive_int(value: str) -> int:
+def _limit_int(value: str) -> int:
+    """A size or count for grpc core and the servers: an int32 above 0."""
     n = int(value)
     if not 0 < n < 2**31:
-        raise argparse.ArgumentTypeError(f"{value} is not a whole number from 1 to 2147483647")
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer up to 2147483647")
     return n
 
 
@@ -96,7 +97,7 @@ def _limits_group(s: argparse.ArgumentParser) -> None:
     g = s.add_argument_group("limits", "bounded input (docs/security.md, 'Bounded input')")
     g.add_argument(
         "--http-max-body-bytes",
-        type=_positive_int,
+        type=_limit_int,
         default=lim.DEFAULT_MAX_BODY_BYTES,
         metavar="BYTES",
         help="largest accepted HTTP request body, checked before and after decompression: larger gets 413 "
@@ -128,7 +129,7 @@ def _limits_group(s: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--http-max-connections",
-        type=_positive_int,
+        type=_limit_int,
         default=lim.DEFAULT_MAX_CONNECTIONS,
         metavar="N",
         help="most HTTP connections served at once (granian: more wait to be accepted; hypercorn: more get "
@@ -136,7 +137,7 @@ def _limits_group(s: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--grpc-max-receive-message-bytes",
-        type=_positive_int,
+        type=_limit_int,
         default=None,
         metavar="BYTES",
         help="largest gRPC request message: larger fails with RESOURCE_EXHAUSTED before it is read "
@@ -144,14 +145,14 @@ def _limits_group(s: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--grpc-max-send-message-bytes",
-        type=_positive_int,
+        type=_limit_int,
         default=None,
         metavar="BYTES",
         help="largest gRPC response message (default: --http-max-body-bytes)",
     )
     g.add_argument(
         "--grpc-max-concurrent-streams",
-        type=_positive_int,
+        type=_limit_int,
         default=lim.DEFAULT_GRPC_MAX_CONCURRENT_STREAMS,
         metavar="N",
         help="concurrent calls per gRPC connection; a client queues the calls beyond "
