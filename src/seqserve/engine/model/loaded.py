@@ -39,6 +39,8 @@ from seqserve.engine.tensors import wire_dtype_name
 log = logging.getLogger("seqserve.model")
 
 _handles = itertools.count(1)
+_MAX_PRIORITY = 2**31 - 1  # the core's priority is an int
+_MAX_TIMEOUT_US = 2**62 // 1000  # ns on the core's steady clock, added to now: 146 years
 
 
 class LoadedModel:
@@ -394,17 +396,25 @@ class LoadedModel:
             in_order,
         )
         self._pending[handle] = rec
-        err = self._core.submit(
-            handle,
-            rec.keep,
-            checked.corrid,
-            request.sequence_start,
-            request.sequence_end,
-            request.timeout_us,
-            checked.rows,
-            request.priority,
-            request.session,
-        )
+        priority = request.priority
+        timeout_us = request.timeout_us
+        try:
+            err = self._core.submit(
+                handle,
+                rec.keep,
+                checked.corrid,
+                request.sequence_start,
+                request.sequence_end,
+                # the longest timeout is what the core's clock can add without overflowing, and a
+                # priority level the model does not have means its default level (Triton's rule)
+                timeout_us if 0 <= timeout_us <= _MAX_TIMEOUT_US else max(0, min(timeout_us, _MAX_TIMEOUT_US)),
+                checked.rows,
+                priority if 0 <= priority <= _MAX_PRIORITY else 0,
+                request.session,
+            )
+        except BaseException:
+            del self._pending[handle]  # refused by the binding: nothing of it stays behind
+            raise
         if err is not None:
             del self._pending[handle]
             self._validator.failures += 1
