@@ -176,6 +176,10 @@ class HttpCase:
     ok: Callable[[HttpReply], None] | None = None  # checks a 200, where 200 is expected
     bound: float = ANSWER_BOUND_S
     method: str = "POST"
+    #: malformed framing or oversized headers/URL: the HTTP server's own parser answers before the
+    #: app runs (granian gives no hook to write a body there), so the right 4xx status with an
+    #: empty body is accepted; anything the app answers must still carry {"error": ...}
+    framing: bool = False
 
 
 def _h(cid: str, data: bytes, expect: frozenset[int] = E400, **kw: Any) -> HttpCase:
@@ -400,25 +404,27 @@ HTTP_FRAMING_CASES = [
     _h("chunk-size-negative", _ok_head + b"-10\r\n" + _valid_json + b"\r\n0\r\n\r\n"),
     _h("chunked-and-content-length", http_bytes("POST", infer_path(), b"5\r\nhello\r\n0\r\n\r\n",
                                                 [("Transfer-Encoding", "chunked"), ("Content-Length", "3")])),
-    _h("content-length-negative", http_bytes("POST", infer_path(), _valid_json, [("Content-Length", "-1")])),
-    _h("content-length-not-a-number", http_bytes("POST", infer_path(), _valid_json, [("Content-Length", "abc")])),
+    _h("content-length-negative", http_bytes("POST", infer_path(), _valid_json, [("Content-Length", "-1")]),
+       framing=True),
+    _h("content-length-not-a-number", http_bytes("POST", infer_path(), _valid_json, [("Content-Length", "abc")]),
+       framing=True),
     _h("content-length-2e70", http_bytes("POST", infer_path(), _valid_json, [("Content-Length", str(2**70))]),
-       E400_413),
+       E400_413, framing=True),
     _h("content-length-twice-different",
        http_bytes("POST", infer_path(), _valid_json,
-                  [("Content-Length", str(len(_valid_json))), ("Content-Length", "3")])),
+                  [("Content-Length", str(len(_valid_json))), ("Content-Length", "3")]), framing=True),
     _h("content-length-8gib-declared", http_bytes("POST", infer_path(), b"{}", [("Content-Length", str(8 << 30))]),
        E413),
     _h("header-1mib", http_bytes("POST", infer_path(), _valid_json, [("X-Big", "a" * (1 << 20))]),
-       frozenset({400, 413, 431})),
+       frozenset({400, 413, 431}), framing=True),
     _h("headers-10k", http_bytes("POST", infer_path(), _valid_json, [(f"X-H{i}", "v") for i in range(10_000)]),
-       frozenset({400, 413, 431})),
+       frozenset({400, 413, 431}), framing=True),
 ]  # fmt: skip
 
 _long64k = "m" * 65536
 HTTP_URL_METHOD_CASES = [
-    _h("model-name-64k", post(_valid_json, model=_long64k), TOO_LONG),
-    _h("model-name-1mib", post(_valid_json, model="m" * (1 << 20)), frozenset({400, *TOO_LONG})),
+    _h("model-name-64k", post(_valid_json, model=_long64k), TOO_LONG, framing=True),
+    _h("model-name-1mib", post(_valid_json, model="m" * (1 << 20)), frozenset({400, *TOO_LONG}), framing=True),
     _h("model-dotdot", post(_valid_json, model=".."), E404),
     _h("model-dotdot-encoded", post(_valid_json, model="%2e%2e"), E400_404),
     _h("model-encoded-slash-traversal", post(_valid_json, model="accumulator%2F..%2Fadd_sub"), E400_404),
@@ -434,7 +440,7 @@ HTTP_URL_METHOD_CASES = [
     _h("version-negative-infer", http_bytes("POST", infer_path(version="-1"), _valid_json), E404),
     _h("version-zero-infer", http_bytes("POST", infer_path(version="0"), _valid_json), E404),
     _h("stats-model-name-64k", http_bytes("GET", f"/v2/models/{_long64k}/stats"), frozenset({400, *TOO_LONG}),
-       method="GET"),
+       method="GET", framing=True),
     _h("ready-version-abc", http_bytes("GET", "/v2/models/accumulator/versions/abc/ready"), E400_404, method="GET"),
     _h("method-put-infer", http_bytes("PUT", infer_path(), _valid_json), E405, method="PUT"),
     _h("method-delete-model", http_bytes("DELETE", "/v2/models/accumulator"), E405, method="DELETE"),
@@ -453,7 +459,7 @@ HTTP_CASES = HTTP_JSON_CASES + HTTP_BINARY_CASES + HTTP_ENCODING_CASES + HTTP_FR
 def test_http_hostile(hostile: Harness, case: HttpCase) -> None:
     def run() -> None:
         reply = send_raw(hostile.port, case.data, method=case.method)
-        assert_clean_http(reply, case.expect, case.bound)
+        assert_clean_http(reply, case.expect, case.bound, empty_ok=case.framing)
         if reply.status == 200:
             assert case.ok is not None, f"unexpected 200: {reply.describe()}"
             case.ok(reply)
