@@ -32,6 +32,7 @@ class ServeOptions:
     grpc_tls_cert: str | None = None
     grpc_tls_key: str | None = None
     http_server: str = "auto"  # "hypercorn", "granian", or "auto": granian when installed
+    python_isolation: str = "thread"  # or "process": see docs/isolation.md
 
 
 def resolve_http_server(choice: str) -> str:
@@ -51,6 +52,7 @@ async def serve(opts: ServeOptions) -> int:
         opts.model_repository,
         exit_timeout_s=opts.exit_timeout_s,
         auto_sequence_ids=not opts.strict_sequence_ids,
+        python_isolation=opts.python_isolation,
     )
     await server.start()
     for entry in server.repository_index():

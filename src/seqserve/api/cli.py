@@ -63,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="HTTP server for the ASGI app (default: granian when installed, else hypercorn)",
     )
+    s.add_argument(
+        "--python-isolation",
+        choices=["thread", "process"],
+        default="thread",
+        help="where Python models' instances run unless their config says (parameter 'isolation'): in the "
+        "server process, or each in its own child process that is restarted if it dies (default: thread)",
+    )
     s.add_argument("--tls-cert", help="PEM certificate for both front-ends")
     s.add_argument("--tls-key", help="PEM private key for both front-ends")
     s.add_argument("--http-tls-cert", help="PEM certificate for HTTP (overrides --tls-cert)")
@@ -106,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         grpc_tls_cert=grpc_cert,
         grpc_tls_key=grpc_key,
         http_server=args.http_server,
+        python_isolation=args.python_isolation,
     )
     try:
         return run(opts)

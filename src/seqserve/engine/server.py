@@ -24,6 +24,7 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends import find_backend
 from seqserve.engine.config import config_to_json, finish_model_config, parse_config_json, parse_model_config
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.isolation.settings import check_mode
 from seqserve.engine.model import LoadedModel
 from seqserve.engine.repository import available_versions, discover_models, select_versions, write_override_files
 from seqserve.engine.request import InferRequest, SequenceId
@@ -76,11 +77,21 @@ class Server:
     )
 
     def __init__(
-        self, model_repository: str | Path, *, exit_timeout_s: float = 30.0, auto_sequence_ids: bool = True
+        self,
+        model_repository: str | Path,
+        *,
+        exit_timeout_s: float = 30.0,
+        auto_sequence_ids: bool = True,
+        python_isolation: str = "thread",
     ) -> None:
         """auto_sequence_ids: a request to a sequence model that names no sequence starts a new
         one with a server-generated id (returned as the `sequence_id` response parameter).
-        False gives Triton's strict behaviour: such a request is an error."""
+        False gives Triton's strict behaviour: such a request is an error.
+
+        python_isolation: where Python models' instances run unless their config says
+        (parameter `isolation`): "thread" (in this process) or "process" (one child process
+        per instance; see docs/isolation.md)."""
+        self.python_isolation = check_mode(python_isolation, "python_isolation")
         self.repository = Path(model_repository)
         self.exit_timeout_s = exit_timeout_s
         self.auto_sequence_ids = auto_sequence_ids
@@ -117,7 +128,9 @@ class Server:
             _autocomplete(cfg, path)
             finish_model_config(cfg, path)
             for v in select_versions(path, cfg):
-                versions[v] = LoadedModel(cfg, version=v, model_dir=path, loop=loop)
+                versions[v] = LoadedModel(
+                    cfg, version=v, model_dir=path, loop=loop, python_isolation=self.python_isolation
+                )
         except Exception as e:
             for m in versions.values():
                 m.close(force=True)
