@@ -386,6 +386,63 @@ async def test_thread_and_process_agree_step_by_step(repo, serve) -> None:
     assert [e[2] for e in expected[0]] == [0] * (steps - 1) + [1]
 
 
+# Stateless, dynamic batches of requests of several rows: what the model sees of the requests.
+ROWS_MODEL = """
+import numpy as np
+
+class Model:
+    def execute(self, batch):
+        rows = batch.request_rows
+        per_row = np.repeat(np.array(rows, np.int32), rows)[:, None]
+        ids = [rid.encode() for rid, n in zip(batch.request_ids, rows) for _ in range(n)]
+        wanted = [",".join(w or ()).encode() for w, n in zip(batch.request_outputs, rows) for _ in range(n)]
+        return {
+            "Y": batch.inputs["X"] * 2,
+            "ROWS": per_row,
+            "RID": np.array(ids, dtype=object)[:, None],
+            "WANTED": np.array(wanted, dtype=object)[:, None],
+        }
+"""
+
+
+def rows_config(name: str, isolation: str) -> str:
+    return f"""
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 2 ] }} ]
+output [
+  {{ name: "Y" data_type: TYPE_FP32 dims: [ 2 ] }},
+  {{ name: "ROWS" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "RID" data_type: TYPE_STRING dims: [ 1 ] }},
+  {{ name: "WANTED" data_type: TYPE_STRING dims: [ 1 ] }}
+]
+dynamic_batching {{ max_queue_delay_microseconds: 20000 }}
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+parameters [ {{ key: "isolation" value: {{ string_value: "{isolation}" }} }} ]
+"""
+
+
+async def test_dynamic_batches_of_multi_row_requests_agree(repo, serve) -> None:
+    write_model(repo, "rows_t", rows_config("rows_t", "thread"), ROWS_MODEL)
+    write_model(repo, "rows_p", rows_config("rows_p", "process"), ROWS_MODEL)
+    s = await serve()
+    sizes = [1, 3, 2, 1, 2]
+    outputs = [None, None, ["Y", "ROWS", "RID", "WANTED"], ["WANTED", "Y"], None]
+
+    async def one(model: str, k: int) -> dict[str, list]:
+        x = np.arange(sizes[k] * 2, dtype=np.float32).reshape(sizes[k], 2) + k
+        rid = f"r{k}" if k % 2 else ""
+        r = await s.infer(model, {"X": x}, request_id=rid, outputs=outputs[k])
+        return {name: value.tolist() for name, value in r.outputs.items()}
+
+    got = {m: await asyncio.gather(*(one(m, k) for k in range(len(sizes)))) for m in ("rows_t", "rows_p")}
+    assert got["rows_t"] == got["rows_p"]
+    assert got["rows_p"][1]["RID"] == [[b"r1"]] * 3
+    assert got["rows_p"][3] == {"WANTED": [[b"WANTED,Y"]], "Y": [[6.0, 8.0]]}
+    assert max(r["ROWS"][0][0] for r in got["rows_p"] if "ROWS" in r) == 3
+
+
 BIG_STATE = """
 import numpy as np
 
@@ -456,6 +513,10 @@ class TritonPythonModel:
         for request in requests:
             n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
             sender = request.get_response_sender()
+            if n < 0:  # one response of -n values (larger than the first response slab)
+                big = np.arange(-n, dtype=np.int32)
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", big)]), flags=1)
+                continue
             sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([-1], np.int32))]))
             t = threading.Thread(target=self.stream, args=(sender, n))
             t.start()
@@ -482,7 +543,7 @@ backend: "python"
 max_batch_size: 0
 model_transaction_policy { decoupled: true }
 input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
 parameters [ { key: "isolation" value: { string_value: "process" } } ]
 """
@@ -529,6 +590,8 @@ async def test_decoupled_triton_model_streams_from_its_threads(repo, serve, capl
     for n in (0, 3, 50):
         got = [int(r.outputs["OUT"][0]) async for r in s.stream("streams", {"N": np.array([n], np.int32)})]
         assert got == [-1, *range(n)]
+    (big,) = [r.outputs["OUT"] async for r in s.stream("streams", {"N": np.array([-100_000], np.int32)})]
+    assert big.tolist() == list(range(100_000))
     assert s.model("streams").open_responses == 0
     await s.unload_model("streams")  # finalize joins the model's threads: their logs are in
     assert exited_logs(caplog, "after final") and all(

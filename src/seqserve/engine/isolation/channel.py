@@ -21,6 +21,7 @@ import os
 import select
 import socket
 import struct
+import threading
 
 _LEN = struct.Struct("<I")
 _HAS_FDS = 1 << 31
@@ -52,6 +53,8 @@ class Channel:
     def send(self, body: bytes | bytearray | memoryview, fds: list[int] | None = None) -> None:
         """Send one message (``body`` starts with its kind byte)."""
         n = len(body)
+        if self.wfd < 0:
+            raise ChannelClosed("closed")
         try:
             if fds:
                 self.fdsock.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
@@ -66,6 +69,8 @@ class Channel:
     def recv(self, timeout: float | None = None) -> tuple[memoryview, list[int]]:
         """The next message's body (valid until the next ``recv``) and the descriptors that
         came with it. ``timeout`` (seconds) bounds the wait for the message to start."""
+        if self.rfd < 0 or self.dead:
+            raise ChannelClosed("closed")
         if timeout is not None and self._have == 0:
             if self._poll is None:
                 self._poll = select.poll()
@@ -73,7 +78,7 @@ class Channel:
             if not self._poll.poll(timeout * 1000):
                 raise TimeoutError("no message within the timeout")
         while self._have < 4:
-            self._fill()
+            self._fill(4)
         (word,) = _LEN.unpack_from(self._buf, 0)
         n = word & ~_HAS_FDS
         if n > MAX_MESSAGE:
@@ -85,7 +90,7 @@ class Channel:
             self._buf = grown
             self._mv = memoryview(grown)
         while self._have < end:
-            self._fill()
+            self._fill(end)
         fds = self._recv_fds() if word & _HAS_FDS else []
         body = self._mv[4:end]
         if self._have > end:  # never expected (request/reply), but keep what follows
@@ -97,11 +102,13 @@ class Channel:
             self._have = 0
         return body, fds
 
-    def _fill(self) -> None:
+    def _fill(self, want: int) -> None:
         n = os.readv(self.rfd, [self._mv[self._have :]])
-        if n == 0 or self.dead:
+        if n == 0:
             raise ChannelClosed("end of stream")
         self._have += n
+        if self.dead and self._have < want:  # the peer died part way: what came is useless
+            raise ChannelClosed("the peer has exited")
 
     def _recv_fds(self) -> list[int]:
         try:
@@ -136,6 +143,7 @@ class Ends:
         c2p_r, c2p_w = os.pipe()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.wake_fd = os.dup(c2p_w)  # not inheritable (os.dup gives a non-inheritable copy)
+        self._wake_lock = threading.Lock()  # the reaper wakes while the reader may be closing
         self.channel = Channel(c2p_r, p2c_w, mine)
         self.child_fds: tuple[int, ...] = (p2c_r, c2p_w, theirs.detach())
 
@@ -146,18 +154,22 @@ class Ends:
         self.child_fds = ()
 
     def wake(self) -> None:
-        """Wake a thread blocked in the server's ``recv`` (it raises ChannelClosed)."""
+        """Wake a thread blocked in the server's ``recv`` (it raises ChannelClosed); once."""
         self.channel.dead = True
-        if self.wake_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.write(self.wake_fd, b"\0")
+        with self._wake_lock:
+            if self.wake_fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.write(self.wake_fd, b"\0")
+                os.close(self.wake_fd)
+                self.wake_fd = -1
 
     def close(self) -> None:
         if self.child_fds:
             self.close_child_fds()
-        if self.wake_fd >= 0:
-            os.close(self.wake_fd)
-            self.wake_fd = -1
+        with self._wake_lock:
+            if self.wake_fd >= 0:
+                os.close(self.wake_fd)
+                self.wake_fd = -1
         self.channel.close()
 
 

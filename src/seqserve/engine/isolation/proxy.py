@@ -106,18 +106,24 @@ class _Child:
         with contextlib.suppress(OSError):
             self.proc.kill()
 
-    def wake(self) -> None:
-        """Wake any thread blocked on this child's channels (they see end of stream)."""
+    def exited_now(self) -> None:
+        """Reaper, once the process has exited: wake any thread blocked on its channels (they
+        see end of stream) and let go of the pipe that told the child the server was alive.
+        The channels themselves are closed by the threads that use them, never under them."""
         for ends in self._ends:
             ends.wake()
-
-    def close(self) -> None:
-        for ends in self._ends:
-            ends.close()
         if self.life_w >= 0:
             os.close(self.life_w)
             self.life_w = -1
+
+    def close_batch(self) -> None:
+        """By the thread that drives the batch channel, once it is done with this child."""
+        self._ends[0].close()
         self.results.close()
+
+    def close_events(self) -> None:
+        """By the event thread, as it ends."""
+        self._ends[1].close()
         self.event_reader.close()
 
 
@@ -285,7 +291,6 @@ class IsolatedInstance(BackendInstance):
             else:
                 log.error("%s", child.death)
         self._fail_open(child, InferenceError(Code.UNAVAILABLE, child.death))
-        child.close()
         with contextlib.suppress(ValueError):
             self._children.remove(child)
         if restart:
@@ -308,6 +313,8 @@ class IsolatedInstance(BackendInstance):
                 if child is not None:
                     child.retiring = True
                     child.kill()
+                    child.wait_exit()
+                    child.close_batch()
                 self._streak += 1
                 delay = max(backoff_delay(self._streak), BACKOFF_BASE_S)
                 msg = f"model '{self.model}' instance '{self.name}' failed to restart: {e}"
@@ -330,9 +337,12 @@ class IsolatedInstance(BackendInstance):
                 closed = self._closed
             if closed:
                 self._retire(child)  # unloaded while it started
+                child.close_batch()
                 return
             self._streak += 1  # it died as soon as it was ready
             delay = max(backoff_delay(self._streak), BACKOFF_BASE_S)
+            child.wait_exit()
+            child.close_batch()
             with self._cond:
                 self._starting = False
                 self._retry_at = time.monotonic() + delay
@@ -370,6 +380,8 @@ class IsolatedInstance(BackendInstance):
         message = ""
         if child is not None:
             message = self._retire(child, finalize=True)
+        for used in {child, self._writer_child, self._first} - {None}:
+            used.close_batch()  # type: ignore[union-attr]
         self._writer.close()
         with self._open_lock:
             self._open.clear()
@@ -405,6 +417,7 @@ class IsolatedInstance(BackendInstance):
             self._cond.notify_all()
         self._stop.set()
         self._retire(child)
+        child.close_batch()
         self._writer.close()
         self._finalizer.detach()
 
@@ -454,6 +467,8 @@ class IsolatedInstance(BackendInstance):
             if child is None:
                 child = self._wait_for_child()
             if self._writer_child is not child:
+                if self._writer_child is not None:
+                    self._writer_child.close_batch()  # the previous child, gone
                 self._writer.reset()
                 self._writer_child = child
             token = next(self._tokens)
@@ -484,12 +499,15 @@ class IsolatedInstance(BackendInstance):
     # -------------------------------------------------------------------------- responders
 
     def _settle(self, token: int, entry: _Open | None, owed: set[int] | None) -> None:
-        """Execute is over: keep the batch's responders while the model owes responses."""
+        """Execute is over: keep the batch's responders while the model owes responses (made
+        now, so that the engine counts those requests as open until they are answered)."""
         if entry is None:
             return
         with self._open_lock:
             entry.done = True
             entry.open = (owed or set()) - entry.finished
+            for index in entry.open:
+                entry.responder(index)
             if not entry.open:
                 self._open.pop(token, None)
 
@@ -547,17 +565,23 @@ class IsolatedInstance(BackendInstance):
 def _reap(ref: weakref.ref[IsolatedInstance], child: _Child) -> None:
     """A child's reaper thread: wait for its exit (holding no reference to the instance)."""
     child.proc.wait()
-    child.wake()
+    child.exited_now()
     inst = ref()
-    if inst is None:
+    if inst is None:  # dropped without finalize (its children were killed)
         child.exited.set()
-        child.close()
         return
     inst._exited(child)
 
 
 def _serve_events(ref: weakref.ref[IsolatedInstance], child: _Child) -> None:
     """A child's event thread: answer its responders' messages until it exits."""
+    try:
+        _relay_events(ref, child)
+    finally:
+        child.close_events()
+
+
+def _relay_events(ref: weakref.ref[IsolatedInstance], child: _Child) -> None:
     channel = child.events
     while True:
         try:
