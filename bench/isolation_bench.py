@@ -13,6 +13,9 @@ Sections:
    result: copies outputs that are views (``Delivery``) and copies the state (``set_state``).
    Reported per batch: wall time median and p99 for each mode, the difference (the overhead
    isolation adds), and CPU time per batch in the server's calling thread and in the child.
+   1b. The same process-isolated call with the caller busy for a while between batches (the
+   gap), as a single client's closed loop leaves the child idle between steps: on a virtual
+   machine an idle vCPU takes far longer to wake than a busy one.
 2. End to end through ``Server.infer`` (in process): one sequence, one step at a time, on the
    demo accumulator, thread vs process isolation.
 3. Where the time goes: a round trip between two processes with each wake-up mechanism
@@ -147,6 +150,37 @@ def run_batches(inst: Any, batch: ExecuteBatch, n: int, child_pid: int | None) -
         "server_cpu_us": (tcpu() - c0) / n * 1e6,
         "child_cpu_us": ((child_cpu_s(child_pid) - k0) / n * 1e6) if child_pid else 0.0,
     }
+
+
+def run_with_gaps(inst: Any, batch: ExecuteBatch, n: int, gap_us: float) -> float:
+    walls: list[float] = []
+    perf = time.perf_counter_ns
+    for _ in range(n):
+        t = perf()
+        inst.execute(batch)
+        walls.append((perf() - t) / 1000)
+        end = perf() + gap_us * 1000
+        while perf() < end:  # busy, as a caller that does other work
+            pass
+    return statistics.median(walls)
+
+
+def section_gaps(root: Path, batches: int, reps: int) -> list[dict[str, Any]]:
+    ctx = make_model(root, "gaps", 1)
+    ictx = InstanceContext(ctx, 0, "gaps_0", "cpu")
+    iso = IsolatedInstance(ictx)
+    iso.wait_ready()
+    batch = make_batch(1, 1)
+    rows = []
+    try:
+        run_with_gaps(iso, batch, batches // 5, 0)
+        for gap in (0, 25, 50, 100, 200, 500, 1000):
+            n = max(200, batches // 5 if gap < 200 else batches // 20)
+            p50 = statistics.median(run_with_gaps(iso, batch, n, gap) for _ in range(reps))
+            rows.append({"gap_us": gap, "process_median_us": p50})
+    finally:
+        iso.finalize()
+    return rows
 
 
 def section_execute(root: Path, batches: int, reps: int) -> list[dict[str, Any]]:
@@ -374,6 +408,9 @@ def report(doc: dict[str, Any]) -> str:
             f"{r['process_median_us']:11.1f} {r['process_p99_us']:8.1f} {r['added_median_us']:9.1f} "
             f"{r['added_p99_us']:9.1f} {r['process_server_cpu_us']:10.1f} {r['process_child_cpu_us']:9.1f}"
         )
+    lines += ["", "1b. process-isolated execute (small, B=1) after the caller was busy for a gap (us)"]
+    for r in doc["gaps"]:
+        lines.append(f"   gap {r['gap_us']:5d}   p50 {r['process_median_us']:7.1f}")
     s = doc["server"]
     lines += [
         "",
@@ -410,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         doc["steps"] = section_steps(Path(tmp))
         doc["execute"] = section_execute(Path(tmp), args.batches, args.reps)
+        doc["gaps"] = section_gaps(Path(tmp), args.batches, args.reps)
     doc["server"] = section_server(args.steps, args.reps)
     doc["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(report(doc))
