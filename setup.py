@@ -24,10 +24,15 @@ if sanitize:
     compile_args += [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-g"]
     link_args += [f"-fsanitize={sanitize}"]
 
+# The core (no Python), then its binding; headers listed so that editing one rebuilds.
+core = ["batch", "state_store", "sequence_table", "scheduler", "sequence_scheduler", "direct", "oldest", "dynamic", "stateless"]
+binding = ["module", "bind_spec", "bind_batch"]
+headers = ["common", "spec", "request", "batch", "state_store", "tombstones", "sequence_table", "scheduler", "sequence_scheduler", "binding"]
+
 ext = Pybind11Extension(
     "seqserve.engine._core",
-    sources=["csrc/scheduler.cc", "csrc/module.cc"],
-    depends=["csrc/common.h", "csrc/scheduler.h"],
+    sources=[f"csrc/{n}.cc" for n in core + binding],
+    depends=[f"csrc/{n}.h" for n in headers],
     cxx_std=17,
     extra_compile_args=compile_args + ["-Wall", "-Wno-sign-compare"],
     extra_link_args=link_args + ["-pthread"],

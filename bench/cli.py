@@ -461,7 +461,7 @@ def _check_args(args: argparse.Namespace) -> None:
             import matplotlib  # noqa: F401
         except ImportError:
             raise SystemExit(
-                "--plot needs matplotlib: pip install 'seqserve[bench]' (or pip install matplotlib)"
+                "--plot needs matplotlib: pip install '.[bench]' in the seqserve checkout (or pip install matplotlib)"
             ) from None
     needs_http = any(t.startswith("http") for t in args.transports)
     needs_grpc = any(t.startswith("grpc") for t in args.transports)

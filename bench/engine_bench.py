@@ -184,7 +184,7 @@ def summarize(path: str, wl: Workload, reps: list[Rep], args: argparse.Namespace
 
 
 def core_stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """Per-batch averages from two raw ``_core.Scheduler.stats()`` snapshots."""
+    """Per-batch averages from two ``core_stats`` snapshots."""
 
     def tot(s: dict[str, Any], key: str) -> tuple[int, int]:
         c = sum(b[key]["count"] for b in s["batch_stats"])
@@ -332,9 +332,20 @@ def make_scheduler(name: str, mbs: int, runner: Callable[[Any], bool]) -> Any:
     def on_fail(handles: list[int], code: int, msg: str) -> None:
         log(f"  on_fail: {len(handles)} requests: {code} {msg}")
 
+    core: Any = _core  # also drives cores from before the typed boundary, for baselines
+    if hasattr(core, "ModelSpec"):
+        spec = core.ModelSpec(
+            name=name,
+            strategy=core.Strategy.DIRECT,
+            max_batch_size=mbs,
+            slots_per_instance=max(1, mbs),
+            idle_us=600_000_000,
+            inputs=[core.InputSpec(name="INPUT", dtype=np.dtype(np.float32), default_shape=[1])],
+        )
+        return core.Scheduler(spec, runner=runner, on_fail=on_fail, on_warning=log)
     kw: dict[str, Any] = dict(
         name=name,
-        strategy=_core.DIRECT,
+        strategy=core.DIRECT,
         max_batch_size=mbs,
         instance_count=1,
         slots_per_instance=max(1, mbs),
@@ -350,9 +361,29 @@ def make_scheduler(name: str, mbs: int, runner: Callable[[Any], bool]) -> Any:
         on_warning=log,
     )
     try:  # inputs: (name, dtype, shapes must match, default item shape); older cores took 3 fields
-        return _core.Scheduler(inputs=[("INPUT", TYPE_FP32, False, [1])], **kw)
+        return core.Scheduler(inputs=[("INPUT", TYPE_FP32, False, [1])], **kw)
     except TypeError:
-        return _core.Scheduler(inputs=[("INPUT", TYPE_FP32, False)], **kw)  # type: ignore[list-item]
+        return core.Scheduler(inputs=[("INPUT", TYPE_FP32, False)], **kw)
+
+
+def core_stats(sched: Any) -> dict[str, Any]:
+    """``Scheduler.stats()`` in the raw shape core_stats_delta reads (older cores gave a dict)."""
+    s = sched.stats()
+    if isinstance(s, dict):
+        return s
+
+    def dur(d: Any) -> dict[str, int]:
+        return {"count": d.count, "ns": d.ns}
+
+    return {
+        "execution_count": s.execution_count,
+        "inference_count": s.inference_count,
+        "queue": dur(s.queue),
+        "batch_stats": [
+            {k: dur(getattr(b, k)) for k in ("compute_input", "compute_infer", "compute_output")}
+            for b in s.batches.values()
+        ],
+    }
 
 
 def make_runner(reads: str, rec: list[Any], q: queue.SimpleQueue[Any] | None) -> Callable[[Any], bool]:
@@ -451,9 +482,9 @@ def run_core(wl: Workload, args: argparse.Namespace) -> tuple[Summary, list[Rep]
     try:
         for rep in range(args.reps + 1):
             gc.collect()
-            before = sched.stats()
+            before = core_stats(sched)
             r = core_rep(sched, wl, rec, q)
-            r.stats = core_stats_delta(before, sched.stats())
+            r.stats = core_stats_delta(before, core_stats(sched))
             progress("b", wl, rep, args.reps, r)
             if rep:
                 reps.append(r)

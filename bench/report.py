@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,11 @@ NEAR = 0.8  # "near the generator's ceiling": at least this fraction of what it 
 
 def _pct(a: np.ndarray, q: float) -> float:
     return float(np.percentile(a, q)) if a.size else float("nan")
+
+
+# The latency CDF kept in the JSON (so that --plot can be drawn again from it): these quantiles,
+# every percent and a finer tail.
+CDF_QUANTILES = [i / 100 for i in range(100)] + [0.995, 0.999, 0.9995, 0.9999, 1.0]
 
 
 def summarize(r: RunResult) -> dict[str, Any]:
@@ -42,6 +48,8 @@ def summarize(r: RunResult) -> dict[str, Any]:
         "p99_9_ms": float(pct[3]),
         "max_ms": float(lat_ms.max()) if n else float("nan"),
         "mean_ms": float(lat_ms.mean()) if n else float("nan"),
+        # the latency CDF: latency (ms) at each of CDF_QUANTILES
+        "cdf_ms": [round(float(v), 4) for v in np.quantile(lat_ms, CDF_QUANTILES)] if n else [],
         "start_steps": int(start_ms.size),
         "start_p50_ms": _pct(start_ms, 50),
         "start_max_ms": float(start_ms.max()) if start_ms.size else float("nan"),
@@ -280,6 +288,44 @@ def write_json(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]], **e
     path.write_text(json.dumps(doc, indent=2, default=float) + "\n")
 
 
+def _log_ticks(lo: float, hi: float) -> list[float]:
+    """Tick values for a log axis from lo to hi: 1-2-5 steps, fewer over many decades, more
+    within a narrow range, so that labels neither crowd nor vanish."""
+    if not (lo > 0 and hi > lo):
+        return []
+    decades = math.log10(hi / lo)
+    if decades > 4:
+        mantissas: tuple[float, ...] = (1,)
+    elif decades > 2:
+        mantissas = (1, 3)
+    else:
+        mantissas = (1, 2, 5)
+    first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    ticks = [m * 10.0**e for e in range(first, last + 1) for m in mantissas]
+    ticks = [t for t in ticks if lo <= t <= hi]
+    if len(ticks) < 3:  # less than about half a decade: every integer mantissa
+        ticks = [m * 10.0**e for e in range(first, last + 1) for m in range(1, 10)]
+        ticks = [t for t in ticks if lo <= t <= hi]
+        while len(ticks) > 8:
+            ticks = ticks[::2]
+    return ticks
+
+
+def _plain_log_axis(axis: Any, ticks: list[float], labels: list[str] | None = None) -> None:
+    """Labels as plain numbers ("0.5", "2", "100") at the given ticks only: matplotlib's own log
+    labels (10^x, plus minor-tick labels on short ranges) overlap and are hard to read."""
+    from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter, NullFormatter
+
+    if not ticks:
+        return
+    axis.set_major_locator(FixedLocator(ticks))
+    if labels is not None:
+        axis.set_major_formatter(FixedFormatter(labels))
+    else:
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def plot(path: Path, runs: list[tuple[dict[str, Any], RunResult]]) -> None:
     """Latency (p50/p99/p99.9) against load per target and transport (floors: p50 only, thin), and
     each run's latency CDF (floors dashed). Ceiling runs (a calibration) are left out."""
@@ -312,6 +358,9 @@ def plot(path: Path, runs: list[tuple[dict[str, Any], RunResult]]) -> None:
     ax1.set_ylabel("latency (ms)")
     ax1.set_yscale("log")
     ax1.set_xscale("log", base=2)
+    loads_x = sorted({row["concurrency"] for row, _ in runs})
+    _plain_log_axis(ax1.xaxis, [float(n) for n in loads_x], [str(n) for n in loads_x])
+    _plain_log_axis(ax1.yaxis, _log_ticks(*ax1.get_ylim()))
     ax1.set_title("latency vs load")
     ax1.grid(True, which="both", alpha=0.3)
     ax1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.12), ncol=2, frameon=False)
@@ -319,9 +368,12 @@ def plot(path: Path, runs: list[tuple[dict[str, Any], RunResult]]) -> None:
     shade = {n: 0.45 + 0.55 * i / max(1, len(loads) - 1) for i, n in enumerate(loads)}
     for row, res in runs:
         lat = np.sort(res.latencies_ns) / 1e6
-        if not lat.size:
+        if lat.size:
+            y = np.arange(1, lat.size + 1) / lat.size
+        elif len(row.get("cdf_ms") or []) == len(CDF_QUANTILES):  # redrawn from a JSON file
+            lat, y = np.asarray(row["cdf_ms"]), np.asarray(CDF_QUANTILES)
+        else:
             continue
-        y = np.arange(1, lat.size + 1) / lat.size
         if lat.size > 5000:  # thin out, keeping the tail
             head = np.linspace(0, lat.size - 1, 4000).astype(int)
             idx = np.unique(np.concatenate([head, np.arange(lat.size - 1000, lat.size)]))
@@ -337,6 +389,7 @@ def plot(path: Path, runs: list[tuple[dict[str, Any], RunResult]]) -> None:
             label=f"{row['target'] + ' ' if row['target'] else ''}{row['transport']} {_load(row)}",
         )
     ax2.set_xscale("log")
+    _plain_log_axis(ax2.xaxis, _log_ticks(*ax2.get_xlim()))
     ax2.set_xlabel("latency (ms)")
     ax2.set_ylabel("fraction of steps")
     ax2.set_title("latency CDF (darker: more load; dashed: floor)")
@@ -345,3 +398,33 @@ def plot(path: Path, runs: list[tuple[dict[str, Any], RunResult]]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def replot(json_path: Path, png: Path) -> None:
+    """Draw --plot's figure again from a --json file (needs the runs' ``cdf_ms``)."""
+    doc = json.loads(json_path.read_text())
+    rows = doc["runs"]
+    missing = [r for r in rows if not r["target"].startswith("ceiling:") and not r.get("cdf_ms")]
+    if missing:
+        raise SystemExit(
+            f"{json_path}: {len(missing)} run(s) have no latency CDF (cdf_ms; files written before it was "
+            "recorded): the plot cannot be drawn from this file, re-run the benchmark with --plot"
+        )
+    empty = [RunResult(transport=r["transport"], concurrency=r["concurrency"], seq_len=r["seq_len"]) for r in rows]
+    plot(png, list(zip(rows, empty, strict=True)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m bench.report", description="Redraw a benchmark plot from its JSON.")
+    ap.add_argument("json", type=Path, help="a file written by python -m bench --json")
+    ap.add_argument("--plot", type=Path, required=True, metavar="PATH.png")
+    args = ap.parse_args(argv)
+    replot(args.json, args.plot)
+    print(f"plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,14 +1,20 @@
-// Shared definitions of the seqserve core: status codes, data types, correlation ids,
-// clocks and a growable ring queue that allocates nothing in steady state.
+// Shared definitions of the seqserve core: status codes, correlation ids, clocks, a growable
+// ring queue and an aligned buffer that allocate nothing in steady state.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
+
+// Tensor data is little-endian on the wire (BYTES length prefixes) and in numpy's '<' dtypes;
+// the core copies both as native bytes.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the seqserve core assumes a little-endian host");
 
 namespace seqserve {
 
@@ -23,23 +29,6 @@ enum Code : int {
   kAlreadyExists = 6,
   kCancelled = 7,
 };
-
-// model_config.proto DataType numbers.
-enum DType : int {
-  kInvalid = 0, kBool = 1, kUint8 = 2, kUint16 = 3, kUint32 = 4, kUint64 = 5, kInt8 = 6,
-  kInt16 = 7, kInt32 = 8, kInt64 = 9, kFp16 = 10, kFp32 = 11, kFp64 = 12, kString = 13,
-  kBf16 = 14,
-};
-
-inline size_t dtype_size(int dt) {
-  switch (dt) {
-    case kBool: case kUint8: case kInt8: return 1;
-    case kUint16: case kInt16: case kFp16: case kBf16: return 2;
-    case kUint32: case kInt32: case kFp32: return 4;
-    case kUint64: case kInt64: case kFp64: return 8;
-    default: return 0;  // strings are variable-sized
-  }
-}
 
 inline int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -1,83 +1,14 @@
-// pybind11 binding of the seqserve core: seqserve.engine._core.
-// The API is deliberately small; its typed description is seqserve/engine/_core.pyi.
+// pybind11 binding of the seqserve core: seqserve.engine._core. The API is deliberately small;
+// its typed description is src/seqserve/engine/_core.pyi. This file binds the Scheduler and
+// its Python hooks; bind_spec.cc the values that cross the boundary; bind_batch.cc the batch.
 #include <pybind11/functional.h>
-#include <pybind11/numpy.h>
-#include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "scheduler.h"
+#include "binding.h"
 
-namespace py = pybind11;
-using namespace seqserve;
+namespace seqserve::binding {
 
 namespace {
-
-py::dtype numpy_dtype(int dt) {
-  switch (dt) {
-    case kBool: return py::dtype("?");
-    case kUint8: return py::dtype("u1");
-    case kUint16: return py::dtype("u2");
-    case kUint32: return py::dtype("u4");
-    case kUint64: return py::dtype("u8");
-    case kInt8: return py::dtype("i1");
-    case kInt16: return py::dtype("i2");
-    case kInt32: return py::dtype("i4");
-    case kInt64: return py::dtype("i8");
-    case kFp16: return py::dtype("f2");
-    case kFp32: return py::dtype("f4");
-    case kFp64: return py::dtype("f8");
-    case kString: return py::dtype("O");
-    default: throw std::invalid_argument("unsupported data type " + std::to_string(dt));
-  }
-}
-
-// BYTES wire format: per element a 4-byte little-endian length and the bytes, row-major.
-py::array deserialize(const uint8_t* p, size_t n, const std::vector<int64_t>& shape) {
-  int64_t count = 1;
-  for (auto d : shape) count *= d;
-  py::array out(py::dtype("O"), shape);
-  auto** slots = static_cast<PyObject**>(out.mutable_data());
-  size_t off = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    if (off + 4 > n) throw py::value_error("BYTES tensor data is truncated");
-    uint32_t len;
-    std::memcpy(&len, p + off, 4);
-    off += 4;
-    if (off + len > n) throw py::value_error("BYTES tensor data is truncated");
-    PyObject* b = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(p + off), len);
-    if (!b) throw py::error_already_set();
-    Py_XDECREF(slots[i]);
-    slots[i] = b;
-    off += len;
-  }
-  if (off != n) throw py::value_error("BYTES tensor has " + std::to_string(n - off) + " unexpected trailing bytes");
-  return out;
-}
-
-std::string serialize(const py::array& arr) {
-  std::string out;
-  py::array flat = py::array(arr.attr("ravel")());
-  const ssize_t n = flat.size();
-  for (ssize_t i = 0; i < n; ++i) {
-    py::object item = flat.attr("item")(i);
-    std::string s;
-    if (py::isinstance<py::bytes>(item)) s = item.cast<std::string>();
-    else if (py::isinstance<py::str>(item)) s = item.cast<std::string>();
-    else s = py::str(item).cast<std::string>();
-    const uint32_t len = static_cast<uint32_t>(s.size());
-    out.append(reinterpret_cast<const char*>(&len), 4);
-    out.append(s);
-  }
-  return out;
-}
-
-std::vector<int64_t> to_shape(const py::handle& seq) {
-  std::vector<int64_t> v;
-  for (auto h : seq) v.push_back(h.cast<int64_t>());
-  return v;
-}
-
-class PyScheduler;
 
 // One Python thread state per core thread, kept for the thread's life: acquiring the GIL then
 // costs ~0.1 us instead of creating and destroying a thread state (~7 us) per batch.
@@ -99,23 +30,12 @@ void detach_thread() {
   t_saved = nullptr;
 }
 
-// The batch handed to the runner. Valid only during that call: arrays are views onto the
-// instance's reused buffers.
-struct BatchView {
-  PyScheduler* owner = nullptr;
-  Instance* inst = nullptr;
-  bool valid = true;
-  Instance& get() {
-    if (!valid) throw std::runtime_error("this batch has finished executing; its arrays are no longer valid");
-    return *inst;
-  }
-};
-
 class PyScheduler {
  public:
   PyScheduler(ModelSpec spec, py::function runner, py::function on_fail, py::function on_warning,
               py::object on_expire)
-      : runner_(std::move(runner)),
+      : dtypes_(spec),
+        runner_(std::move(runner)),
         on_fail_(std::move(on_fail)),
         on_warning_(std::move(on_warning)),
         on_expire_(std::move(on_expire)) {
@@ -125,7 +45,7 @@ class PyScheduler {
     h.enter = enter_runtime;
     h.leave = leave_runtime;
     h.run = [this](Instance& inst) { return run(inst); };
-    h.fail = [this](const std::vector<uint64_t>& handles, int code, const std::string& msg) {
+    h.fail = [this](const std::vector<uint64_t>& handles, Code code, const std::string& msg) {
       py::gil_scoped_acquire g;
       try {
         on_fail_(handles, code, msg);
@@ -140,26 +60,18 @@ class PyScheduler {
         e.discard_as_unraisable("seqserve scheduler on_warning hook");
       }
     };
-    if (!on_expire_.is_none()) {
+    spec.describe_on_expiry = !on_expire_.is_none();
+    if (spec.describe_on_expiry) {
       h.describe = [this](const ExpiredSequence& x) {
         py::gil_scoped_acquire g;
         try {
-          py::dict d;
-          if (x.id.is_str) d["sequence_id"] = py::str(x.id.str);
-          else d["sequence_id"] = py::int_(x.id.num);
-          d["age_s"] = x.age_s;
-          d["idle_s"] = x.idle_s;
-          d["steps"] = x.steps;
-          d["state_bytes"] = x.state_bytes;
-          d["instance"] = x.instance;
-          d["slot"] = x.slot;
-          on_expire_(d);
+          on_expire_(x);
         } catch (py::error_already_set& e) {
           e.discard_as_unraisable("seqserve scheduler on_expire hook");
         }
       };
     }
-    sched_ = std::make_unique<Scheduler>(std::move(spec), std::move(h));
+    sched_ = Scheduler::create(std::move(spec), std::move(h));
   }
 
   ~PyScheduler() { close(true); }
@@ -176,7 +88,7 @@ class PyScheduler {
 
   bool run(Instance& inst) {
     py::gil_scoped_acquire g;
-    auto view_obj = py::cast(BatchView{this, &inst, true});
+    auto view_obj = py::cast(BatchView{sched_.get(), &dtypes_, &inst, true});
     bool ok = false;
     try {
       ok = runner_(view_obj).cast<bool>();
@@ -187,8 +99,10 @@ class PyScheduler {
     return ok;
   }
 
+  // Hot path (event loop, GIL held): raw pointers to the input buffers go to the core; the
+  // caller keeps the arrays alive until the handle completes.
   py::object submit(uint64_t handle, py::tuple inputs, py::object corrid, bool start, bool end,
-                    uint64_t timeout_us, int64_t rows, int priority) {
+                    uint64_t timeout_us, int64_t rows, int priority, bool session) {
     const ModelSpec& spec = sched_->spec();
     if (static_cast<size_t>(inputs.size()) != spec.inputs.size())
       throw py::value_error("expected " + std::to_string(spec.inputs.size()) + " inputs, got " +
@@ -197,6 +111,7 @@ class PyScheduler {
     r->handle = handle;
     r->start = start;
     r->end = end;
+    r->session = session;
     r->timeout_ns = static_cast<int64_t>(timeout_us) * 1000;
     r->rows = rows;
     try {
@@ -210,294 +125,67 @@ class PyScheduler {
         r->id.num = corrid.cast<uint64_t>();
       }
       r->inputs.resize(spec.inputs.size());
-      for (size_t k = 0; k < spec.inputs.size(); ++k) {
-        py::handle item = inputs[k];
-        TensorRef& t = r->inputs[k];
-        if (py::isinstance<py::array>(item)) {
-          auto arr = py::reinterpret_borrow<py::array>(item);
-          if (!(arr.flags() & py::array::c_style)) throw py::value_error("input arrays must be C-contiguous");
-          if (arr.ndim() > kMaxRank) throw py::value_error("input rank is above the supported maximum of 16");
-          t.data = static_cast<const uint8_t*>(arr.data());
-          t.nbytes = static_cast<size_t>(arr.nbytes());
-          t.ndim = static_cast<int>(arr.ndim());
-          for (int d = 0; d < t.ndim; ++d) t.shape[d] = arr.shape(d);
-        } else {
-          // BYTES: (serialized buffer, shape)
-          auto pair = py::reinterpret_borrow<py::tuple>(item);
-          py::buffer_info info = py::reinterpret_borrow<py::buffer>(pair[0]).request();
-          auto shape = to_shape(pair[1]);
-          if (shape.size() > kMaxRank) throw py::value_error("input rank is above the supported maximum of 16");
-          t.data = static_cast<const uint8_t*>(info.ptr);
-          t.nbytes = static_cast<size_t>(info.size * info.itemsize);
-          t.ndim = static_cast<int>(shape.size());
-          for (int d = 0; d < t.ndim; ++d) t.shape[d] = shape[d];
-        }
-      }
+      for (size_t k = 0; k < spec.inputs.size(); ++k) fill_input(r->inputs[k], inputs[k]);
     } catch (...) {
       sched_->recycle(r);
       throw;
     }
     SubmitResult res = sched_->submit(r, priority);
-    if (res.code < 0) return py::none();
-    return py::make_tuple(res.code, res.message);
+    if (res.accepted) return py::none();
+    return py::cast(std::move(res));
   }
 
   Scheduler& sched() { return *sched_; }
 
  private:
+  static void fill_input(TensorRef& t, py::handle item) {
+    if (py::isinstance<py::array>(item)) {
+      auto arr = py::reinterpret_borrow<py::array>(item);
+      if (!(arr.flags() & py::array::c_style)) throw py::value_error("input arrays must be C-contiguous");
+      if (arr.ndim() > kMaxRank) throw py::value_error("input rank is above the supported maximum of 16");
+      t.data = static_cast<const uint8_t*>(arr.data());
+      t.nbytes = static_cast<size_t>(arr.nbytes());
+      t.ndim = static_cast<int>(arr.ndim());
+      for (int d = 0; d < t.ndim; ++d) t.shape[d] = arr.shape(d);
+      return;
+    }
+    // BYTES: (serialized buffer, shape)
+    auto pair = py::reinterpret_borrow<py::tuple>(item);
+    py::buffer_info info = py::reinterpret_borrow<py::buffer>(pair[0]).request();
+    py::handle shape = pair[1];
+    if (py::len(shape) > kMaxRank) throw py::value_error("input rank is above the supported maximum of 16");
+    t.data = static_cast<const uint8_t*>(info.ptr);
+    t.nbytes = static_cast<size_t>(info.size * info.itemsize);
+    t.ndim = 0;
+    for (auto d : shape) t.shape[t.ndim++] = d.cast<int64_t>();
+  }
+
+  Dtypes dtypes_;
   std::unique_ptr<Scheduler> sched_;
   py::function runner_, on_fail_, on_warning_;
   py::object on_expire_;
 };
 
-py::array view_array(py::object base, int dtype, const std::vector<int64_t>& shape, uint8_t* data,
-                     size_t nbytes, bool writeable) {
-  if (dtype == kString) return deserialize(data, nbytes, shape);
-  py::array arr(numpy_dtype(dtype), shape, {}, data, base);
-  if (!writeable) py::detail::array_proxy(arr.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
-  return arr;
-}
-
-std::vector<int64_t> row_shape(const Instance& inst, bool batched) {
-  return batched ? std::vector<int64_t>{inst.batch_size, 1} : std::vector<int64_t>{1};
-}
-
-py::dict stats_dict(const Stats& s) {
-  auto dur = [](const DurationStat& d) {
-    py::dict o;
-    o["count"] = d.count;
-    o["ns"] = d.ns;
-    return o;
-  };
-  py::dict out;
-  out["inference_count"] = s.inference_count;
-  out["execution_count"] = s.execution_count;
-  out["last_inference"] = s.last_inference_ms;
-  out["success"] = dur(s.success);
-  out["fail"] = dur(s.fail);
-  out["queue"] = dur(s.queue);
-  out["compute_input"] = dur(s.compute_input);
-  out["compute_infer"] = dur(s.compute_infer);
-  out["compute_output"] = dur(s.compute_output);
-  py::list batches;
-  for (auto& kv : s.batches) {
-    py::dict b;
-    b["batch_size"] = kv.first;
-    b["compute_input"] = dur(kv.second.compute_input);
-    b["compute_infer"] = dur(kv.second.compute_infer);
-    b["compute_output"] = dur(kv.second.compute_output);
-    batches.append(b);
-  }
-  out["batch_stats"] = batches;
-  return out;
-}
-
 }  // namespace
 
+}  // namespace seqserve::binding
+
 PYBIND11_MODULE(_core, m) {
+  using namespace seqserve;
+  using namespace seqserve::binding;
   m.doc() = "seqserve compiled core: sequence slots, backlog, idle reaper, batch assembly, state.";
-  m.attr("STATELESS") = static_cast<int>(kStateless);
-  m.attr("DIRECT") = static_cast<int>(kDirect);
-  m.attr("OLDEST") = static_cast<int>(kOldest);
-  m.attr("DYNAMIC") = static_cast<int>(kDynamic);
+  bind_spec(m);
+  bind_batch(m);
 
-  m.def(
-      "serialize_bytes", [](py::array arr) { return py::bytes(serialize(arr)); }, py::arg("array"),
-      "Serialize a BYTES tensor (object array) to the 4-byte-length-prefixed wire format.");
-  m.def(
-      "deserialize_bytes",
-      [](py::buffer buf, std::vector<int64_t> shape) {
-        py::buffer_info info = buf.request();
-        return deserialize(static_cast<const uint8_t*>(info.ptr), info.size * info.itemsize, shape);
-      },
-      py::arg("data"), py::arg("shape"), "Parse wire-format BYTES data into an object array of bytes.");
-
-  py::class_<BatchView>(m, "Batch", "One batch formed by the scheduler, valid during the runner call.")
-      .def_property_readonly("size", [](BatchView& v) { return v.get().batch_size; })
-      .def_property_readonly("instance", [](BatchView& v) { return v.get().index; })
-      .def_property_readonly("handles",
-                             [](BatchView& v) {
-                               Instance& inst = v.get();
-                               py::list out(inst.rows.size());
-                               for (size_t i = 0; i < inst.rows.size(); ++i)
-                                 out[i] = py::int_(inst.rows[i].req ? inst.rows[i].req->handle : 0);
-                               return out;
-                             })
-      .def("inputs",
-           [](py::object self) {
-             BatchView& v = self.cast<BatchView&>();
-             Instance& inst = v.get();
-             const ModelSpec& spec = v.owner->sched().spec();
-             py::dict out;
-             for (size_t k = 0; k < spec.inputs.size(); ++k)
-               out[py::str(spec.inputs[k].name)] = view_array(self, spec.inputs[k].dtype, inst.input_shapes[k],
-                                                              inst.input_bufs[k].data(), inst.input_nbytes[k], false);
-             return out;
-           })
-      .def("controls",
-           [](py::object self) {
-             BatchView& v = self.cast<BatchView&>();
-             Instance& inst = v.get();
-             const ModelSpec& spec = v.owner->sched().spec();
-             const auto shape = row_shape(inst, spec.max_batch_size > 0);
-             py::dict out;
-             for (size_t c = 0; c < spec.controls.size(); ++c)
-               out[py::str(spec.controls[c].name)] = view_array(self, spec.controls[c].dtype, shape,
-                                                                inst.control_bufs[c].data(), inst.control_bytes[c], false);
-             return out;
-           })
-      .def("states",
-           [](py::object self) {
-             BatchView& v = self.cast<BatchView&>();
-             Instance& inst = v.get();
-             const ModelSpec& spec = v.owner->sched().spec();
-             py::dict out;
-             for (size_t k = 0; k < spec.states.size(); ++k) {
-               const StateSpec& st = spec.states[k];
-               uint8_t* data = inst.state_gathered[k] ? inst.state_gather[k].data() : inst.state_store[k].data();
-               out[py::str(st.input_name)] = view_array(self, st.dtype, inst.state_shapes[k], data,
-                                                        inst.state_nbytes[k], false);
-             }
-             return out;
-           })
-      .def_property_readonly("start",
-                             [](py::object self) {
-                               Instance& inst = self.cast<BatchView&>().get();
-                               return view_array(self, kBool, {inst.batch_size}, inst.flag_start.data(), inst.batch_size, false);
-                             })
-      .def_property_readonly("end",
-                             [](py::object self) {
-                               Instance& inst = self.cast<BatchView&>().get();
-                               return view_array(self, kBool, {inst.batch_size}, inst.flag_end.data(), inst.batch_size, false);
-                             })
-      .def_property_readonly("ready",
-                             [](py::object self) {
-                               Instance& inst = self.cast<BatchView&>().get();
-                               return view_array(self, kBool, {inst.batch_size}, inst.flag_ready.data(), inst.batch_size, false);
-                             })
-      .def_property_readonly("corrid",
-                             [](py::object self) -> py::array {
-                               Instance& inst = self.cast<BatchView&>().get();
-                               const size_t n = static_cast<size_t>(inst.batch_size);
-                               bool any_str = false;
-                               for (size_t i = 0; i < n && i < inst.rows.size(); ++i)
-                                 any_str |= inst.rows[i].req && inst.rows[i].req->id.is_str;
-                               if (!any_str)
-                                 return view_array(self, kUint64, {static_cast<int64_t>(n)},
-                                                   reinterpret_cast<uint8_t*>(inst.corrid_num.data()), n * 8, false);
-                               // Mixed batch: str for string ids, int for numeric ids and padding.
-                               py::array out(py::dtype("O"), std::vector<int64_t>{static_cast<int64_t>(n)});
-                               auto** slots = static_cast<PyObject**>(out.mutable_data());
-                               for (size_t i = 0; i < n; ++i) {
-                                 Py_XDECREF(slots[i]);
-                                 const Request* r = inst.rows[i].req;
-                                 if (r && r->id.is_str) {
-                                   const std::string& s = inst.corrid_str[i];
-                                   slots[i] = PyUnicode_DecodeUTF8(s.data(), s.size(), "surrogateescape");
-                                 } else {
-                                   slots[i] = PyLong_FromUnsignedLongLong(inst.corrid_num[i]);
-                                 }
-                                 if (!slots[i]) throw py::error_already_set();
-                               }
-                               return out;
-                             })
-      .def(
-          "set_state",
-          [](BatchView& v, size_t index, py::array value) {
-            Instance& inst = v.get();
-            Scheduler& s = v.owner->sched();
-            if (index >= s.spec().states.size()) throw py::index_error("state index out of range");
-            const StateSpec& st = s.spec().states[index];
-            std::vector<int64_t> shape(value.shape(), value.shape() + value.ndim());
-            if (st.dtype == kString) {
-              std::string blob = serialize(value);
-              s.set_output_state(inst, index, reinterpret_cast<const uint8_t*>(blob.data()), blob.size(),
-                                 shape.data(), static_cast<int>(shape.size()));
-              return;
-            }
-            py::array arr = py::array::ensure(value, py::array::c_style);
-            if (!arr || !arr.dtype().is(numpy_dtype(st.dtype)))
-              arr = py::array(py::module_::import("numpy").attr("ascontiguousarray")(value, numpy_dtype(st.dtype)));
-            s.set_output_state(inst, index, static_cast<const uint8_t*>(arr.data()), arr.nbytes(), shape.data(),
-                               static_cast<int>(shape.size()));
-          },
-          py::arg("index"), py::arg("value"), "Store the output state for every real row of the batch.")
-      .def(
-          "mark_executed", [](BatchView& v) { v.get().t_executed = now_ns(); },
-          "Record the end of the model call (splits compute_infer from compute_output).")
-      .def(
-          "finish",
-          [](BatchView& v, bool ok) {
-            Instance& inst = v.get();
-            py::gil_scoped_release r;
-            v.owner->sched().record_batch(inst, ok);
-          },
-          py::arg("ok"), "Record this batch's statistics now, before its replies are sent.");
-
-  py::class_<PyScheduler>(m, "Scheduler", "Scheduler and executors of one model.")
-      .def(py::init([](std::string name, int strategy, int max_batch_size, int instance_count,
-                       int slots_per_instance, uint64_t idle_us, uint64_t max_queue_delay_us,
-                       double min_slot_utilization,
-                       std::vector<std::tuple<std::string, int, bool, std::vector<int64_t>>> inputs,
-                       std::vector<std::tuple<std::string, int, int, double, double>> controls,
-                       std::vector<std::tuple<std::string, std::string, int, std::vector<int64_t>, bool, py::bytes,
-                                              std::vector<int64_t>>>
-                           states,
-                       int64_t delay_requests, int64_t delay_backlog_requests, py::function runner,
-                       py::function on_fail, py::function on_warning, std::vector<int64_t> preferred_batch_sizes,
-                       uint64_t batch_delay_us, int priority_levels, int default_priority,
-                       std::vector<std::tuple<bool, uint64_t, bool, uint32_t>> queue_policies,
-                       bool timeout_complete, py::object on_expire) {
-             ModelSpec spec;
-             spec.name = std::move(name);
-             if (strategy < kStateless || strategy > kDynamic) throw py::value_error("unknown strategy");
-             spec.strategy = strategy;
-             spec.max_batch_size = max_batch_size;
-             spec.instance_count = instance_count;
-             spec.slots_per_instance = slots_per_instance;
-             spec.idle_ns = static_cast<int64_t>(idle_us) * 1000;
-             spec.max_queue_delay_ns = static_cast<int64_t>(max_queue_delay_us) * 1000;
-             spec.min_slot_utilization = min_slot_utilization;
-             for (auto& [n, dt, mm, dflt] : inputs) spec.inputs.push_back(InputSpec{n, dt, mm, dflt});
-             for (auto& [n, kind, dt, f, t] : controls) spec.controls.push_back(ControlSpec{n, kind, dt, f, t});
-             for (auto& [in, out, dt, dims, var, init, init_dims] : states) {
-               StateSpec st;
-               st.input_name = in;
-               st.output_name = out;
-               st.dtype = dt;
-               st.dims = dims;
-               st.variable = var;
-               st.initial = std::string(init);
-               st.initial_dims = init_dims;
-               spec.states.push_back(std::move(st));
-             }
-             spec.delay_requests = delay_requests;
-             spec.delay_backlog_requests = delay_backlog_requests;
-             spec.preferred_batch_sizes = preferred_batch_sizes;
-             spec.batch_delay_ns = static_cast<int64_t>(batch_delay_us) * 1000;
-             spec.priority_levels = priority_levels;
-             spec.default_priority = default_priority;
-             for (auto& [delay, timeout_us, override_ok, max_size] : queue_policies)
-               spec.policies.push_back(
-                   QueuePolicy{delay, static_cast<int64_t>(timeout_us) * 1000, override_ok, max_size});
-             spec.timeout_complete = timeout_complete;
-             spec.describe_on_expiry = !on_expire.is_none();
-             return std::make_unique<PyScheduler>(std::move(spec), std::move(runner), std::move(on_fail),
-                                                  std::move(on_warning), std::move(on_expire));
-           }),
-           py::kw_only(), py::arg("name"), py::arg("strategy"), py::arg("max_batch_size"), py::arg("instance_count"),
-           py::arg("slots_per_instance"), py::arg("idle_us"), py::arg("max_queue_delay_us"),
-           py::arg("min_slot_utilization"), py::arg("inputs"), py::arg("controls"), py::arg("states"),
-           py::arg("delay_requests"), py::arg("delay_backlog_requests"), py::arg("runner"), py::arg("on_fail"),
-           py::arg("on_warning"), py::arg("preferred_batch_sizes") = std::vector<int64_t>{},
-           py::arg("batch_delay_us") = 0, py::arg("priority_levels") = 1, py::arg("default_priority") = 1,
-           py::arg("queue_policies") = std::vector<std::tuple<bool, uint64_t, bool, uint32_t>>{},
-           py::arg("timeout_complete") = false, py::arg("on_expire") = py::none())
+  py::class_<PyScheduler>(m, "Scheduler", "Scheduler and executor threads of one model.")
+      .def(py::init<ModelSpec, py::function, py::function, py::function, py::object>(), py::arg("spec"),
+           py::kw_only(), py::arg("runner"), py::arg("on_fail"), py::arg("on_warning"),
+           py::arg("on_expire") = py::none())
       .def("start", [](PyScheduler& s) { s.sched().start(); })
       .def("submit", &PyScheduler::submit, py::arg("handle"), py::arg("inputs"), py::arg("corrid") = 0,
            py::arg("start") = false, py::arg("end") = false, py::arg("timeout_us") = 0, py::arg("rows") = 1,
-           py::arg("priority") = 0,
-           "Queue a request. Returns None when accepted, else (code, message).")
+           py::arg("priority") = 0, py::arg("session") = false,
+           "Queue a request. Returns None when accepted, else the Refusal.")
       .def("stop_accepting", [](PyScheduler& s) { s.sched().stop_accepting(); })
       .def("inflight_sequences", [](PyScheduler& s) { return s.sched().inflight_sequences(); })
       .def("pending_requests", [](PyScheduler& s) { return s.sched().pending_requests(); })
@@ -509,7 +197,40 @@ PYBIND11_MODULE(_core, m) {
              s.sched().describe_slots(out);
              return out;
            })
-      .def("stats", [](PyScheduler& s) { return stats_dict(s.sched().stats()); })
+      .def("stats", [](PyScheduler& s) { return s.sched().stats(); })
+      .def(
+          "list_sequences",
+          [](PyScheduler& s, size_t limit) {
+            std::vector<SequenceInfo> out;
+            const int64_t total = s.sched().list_sequences(out, limit);
+            return py::make_tuple(total, py::cast(std::move(out)));
+          },
+          py::arg("limit"), "(how many live sequences, up to `limit` of them in no particular order).")
+      .def(
+          "find_sequence",
+          [](PyScheduler& s, py::object corrid) -> py::object {
+            SequenceInfo info;
+            if (!s.sched().find_sequence(corrid_from(corrid), info)) return py::none();
+            return py::cast(std::move(info));
+          },
+          py::arg("corrid"), "The live sequence `corrid`, or None.")
+      .def(
+          "end_sequence",
+          [](PyScheduler& s, py::object corrid) -> py::object {
+            SequenceInfo info;
+            if (!s.sched().end_sequence(corrid_from(corrid), info)) return py::none();
+            return py::cast(std::move(info));
+          },
+          py::arg("corrid"),
+          "End the live sequence `corrid` as idle expiry does; None when it is not live. Returns it as it was.")
+      .def(
+          "session_gone",
+          [](PyScheduler& s, py::object corrid) -> py::object {
+            std::string why = s.sched().session_gone(corrid_from(corrid));
+            if (why.empty()) return py::none();
+            return py::str(why);
+          },
+          py::arg("corrid"), "Why a session that is not live would be refused, or None.")
       .def("close", &PyScheduler::close, py::arg("force") = false,
            "Stop the executors once queues drain (force: now); unanswered requests fail UNAVAILABLE.");
 }

@@ -1,85 +1,25 @@
-// The sequence / stateless scheduler of one model: slot table, per-slot queues, backlog,
-// idle reaper, batch assembly into reused buffers, state stores and one executor thread per
-// model instance. It knows nothing about Python objects except through the Runner hooks,
-// which are only ever called without the scheduler lock held.
+// The scheduler of one model: what every batching strategy shares. It owns the lock, the
+// request pool, one executor thread per model instance (each with its reused batch area and
+// state store), statistics and shutdown. A strategy (direct.cc, oldest.cc, dynamic.cc,
+// stateless.cc; the sequence ones over sequence_scheduler.h) supplies the queueing of a
+// request and the executor loop that forms batches. Python is reached only through Hooks,
+// which are never called with the lock held.
 #pragma once
 
-#include <atomic>
+#include <algorithm>
 #include <condition_variable>
-#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <queue>
-#include <set>
 #include <thread>
-#include <unordered_map>
 
+#include "batch.h"
 #include "common.h"
+#include "request.h"
+#include "spec.h"
+#include "state_store.h"
 
 namespace seqserve {
-
-constexpr int kMaxRank = 16;
-
-// kStateless: one request per batch; kDynamic: dynamic batcher; kDirect / kOldest: sequences.
-enum Strategy : int { kStateless = 0, kDirect = 1, kOldest = 2, kDynamic = 3 };
-enum ControlKind : int { kCtlStart = 0, kCtlReady = 1, kCtlEnd = 2, kCtlCorrid = 3 };
-
-struct InputSpec {
-  std::string name;
-  int dtype = kInvalid;
-  bool must_match = false;  // variable dims without ragged batching: shapes must be equal
-  std::vector<int64_t> default_shape;  // item dims with -1 -> 1: the shape of zero-filled rows
-};
-
-struct QueuePolicy {
-  bool delay_on_timeout = false;  // DELAY (else REJECT)
-  int64_t default_timeout_ns = 0;
-  bool allow_override = false;
-  uint32_t max_queue_size = 0;  // 0: unlimited
-};
-
-struct ControlSpec {
-  std::string name;
-  int kind = kCtlStart;
-  int dtype = kInt32;
-  double false_value = 0, true_value = 1;
-};
-
-struct StateSpec {
-  std::string input_name, output_name;
-  int dtype = kFp32;
-  std::vector<int64_t> dims;  // without the batch dim; -1 allowed
-  bool variable = false;
-  std::string initial;  // initial bytes (zeros when the config has no initial_state)
-  std::vector<int64_t> initial_dims;
-};
-
-struct ModelSpec {
-  std::string name;
-  int strategy = kStateless;
-  int max_batch_size = 0;
-  int instance_count = 1;
-  int slots_per_instance = 1;
-  int64_t idle_ns = 1000000000;
-  int64_t max_queue_delay_ns = 0;
-  double min_slot_utilization = 0;
-  std::vector<InputSpec> inputs;
-  std::vector<ControlSpec> controls;
-  std::vector<StateSpec> states;
-  int64_t delay_requests = 0;          // TRITONSERVER_DELAY_SCHEDULER
-  int64_t delay_backlog_requests = 0;  // TRITONSERVER_BACKLOG_DELAY_SCHEDULER
-  // Batch forming for kOldest (per instance) and kDynamic (per model).
-  std::vector<int64_t> preferred_batch_sizes;  // ascending; empty: max(1, max_batch_size)
-  int64_t batch_delay_ns = 0;
-  // kDynamic queues: one per priority level (level 1 is the highest).
-  int priority_levels = 1;
-  int default_priority = 1;
-  std::vector<QueuePolicy> policies;  // one per level
-  // Idle expiry: give the model a final END step (TIMEOUT_COMPLETE) / describe the sequence.
-  bool timeout_complete = false;
-  bool describe_on_expiry = false;
-};
 
 // What DESCRIBE reports about a sequence that expired.
 struct ExpiredSequence {
@@ -88,37 +28,6 @@ struct ExpiredSequence {
   uint64_t steps = 0;
   uint64_t state_bytes = 0;
   int instance = 0, slot = 0;
-};
-
-struct TensorRef {
-  const uint8_t* data = nullptr;
-  size_t nbytes = 0;
-  int ndim = 0;
-  int64_t shape[kMaxRank] = {};
-  int64_t elements() const {
-    int64_t n = 1;
-    for (int i = 0; i < ndim; ++i) n *= shape[i];
-    return n;
-  }
-};
-
-// kForceEnd: idle expiry frees the slot silently; kNotify: idle expiry runs one final END step.
-enum ReqKind : uint8_t { kNormal = 0, kForceEnd = 1, kNotify = 2 };
-
-struct Request {
-  uint64_t handle = 0;
-  CorrId id;
-  bool start = false, end = false;
-  uint8_t kind = kNormal;
-  int64_t arrival_ns = 0;
-  int64_t timeout_ns = 0;
-  int64_t rows = 1;
-  int level = 0;             // kDynamic: priority queue index
-  int64_t deadline_ns = 0;   // kDynamic: queue timeout (0: none)
-  bool expired = false;      // kDynamic: moved behind its level after a DELAY timeout
-  int slot = -1;             // kOldest: the instance-local slot it came from
-  int64_t handoff_ns = 0;    // kOldest: when it reached the instance's batcher
-  std::vector<TensorRef> inputs;
 };
 
 struct DurationStat {
@@ -132,67 +41,40 @@ struct Stats {
   uint64_t inference_count = 0, execution_count = 0, last_inference_ms = 0;
   DurationStat success, fail, queue, compute_input, compute_infer, compute_output;
   std::map<int64_t, BatchStat> batches;
+  // Failures by Triton's `reason` label: REJECTED (queue and backlog timeouts), BACKEND (the
+  // model failed the batch), CANCELED; the rest of `fail` is OTHER.
+  uint64_t fail_rejected = 0, fail_backend = 0, fail_canceled = 0;
+  // Sequences: STARTs accepted (implied ones included), ENDs accepted and sequences ended
+  // through the sequence API, idle expiries.
+  uint64_t sequences_started = 0, sequences_ended = 0, sequences_expired = 0;
+  // Successful requests by latency (arrival to the end of their batch), per bucket of
+  // spec.latency_buckets_ms (the last one: +Inf), and their sum in ms.
+  std::vector<uint64_t> latency_counts;
+  double latency_sum_ms = 0;
+  // A snapshot taken by stats(): requests waiting (queued or backlogged), sequence slots, slots
+  // held, backlogged sequences, implicit state bytes held by the sequences in slots.
+  int64_t pending_requests = 0, sequence_slots = 0, sequences_active = 0, sequences_backlogged = 0;
+  uint64_t state_bytes = 0;
 };
 
-// A backlogged sequence: its requests move into a slot as a whole, FIFO across sequences.
-struct BacklogQueue {
-  uint64_t serial = 0;
+// One live sequence as the sequence API shows it.
+struct SequenceInfo {
   CorrId id;
-  Ring<Request*> reqs;
-  int64_t expiry_ns = INT64_MAX;  // earliest request timeout among its requests
-};
-
-struct SeqEntry {
-  int gslot = -1;  // global slot index, -1 while in the backlog
-  std::list<BacklogQueue>::iterator bq;
-  int64_t last_arrival_ns = 0;
-  uint64_t serial = 0;
-  bool armed = false;  // has a live idle timer (backlogged sequences give theirs up)
-};
-
-struct Slot {
-  int instance = 0, index = 0;
-  Ring<Request*> queue;
-  bool occupied = false;
-  bool in_flight = false;    // kOldest: a request of this slot is being batched or executed
-  bool state_ready = false;  // the slot has had a state created at least once
-  uint64_t steps = 0;        // steps of the current sequence handed to the model
-  int64_t start_ns = 0;      // when the current sequence started
-  // Variable-shape state lives per slot; fixed-shape state lives in the instance's store.
-  std::vector<std::vector<int64_t>> var_shape;
-  std::vector<Buffer> var_data;
-  std::vector<size_t> var_bytes;
-};
-
-struct Row {
-  Request* req = nullptr;  // nullptr: padding
-  int slot = 0;
+  bool backlogged = false;  // waiting for a slot
+  bool session = false;     // named by a session (START may be implied; ends are remembered)
+  int instance = -1, slot = -1;
+  double age_s = 0, idle_s = 0;  // since its START arrived; since its last request arrived
+  uint64_t steps = 0;            // steps handed to the model
+  uint64_t state_bytes = 0;      // implicit state it holds
+  int64_t queued = 0;            // requests waiting in its slot's queue or in the backlog
 };
 
 struct Instance {
   int index = 0;
   std::thread thread;
   std::condition_variable cv;
-  std::vector<Slot> slots;
-  int max_active = -1;  // highest slot index that may hold work
-  // Reused batch assembly area.
-  int64_t batch_size = 0;
-  std::vector<Row> rows;
-  std::vector<Buffer> input_bufs;
-  std::vector<size_t> input_nbytes;
-  std::vector<std::vector<int64_t>> input_shapes;
-  std::vector<Buffer> control_bufs;
-  std::vector<size_t> control_bytes;
-  std::vector<Buffer> state_store;  // fixed states: [slots, row bytes]
-  std::vector<Buffer> state_gather;  // states gathered per batch ([B, ...])
-  std::vector<uint8_t> state_gathered;  // per state: the batch reads state_gather, not the store
-  Ring<Request*> ready;  // kOldest: requests handed to this instance's batcher
-  std::vector<int64_t> item_shape;  // gather's scratch (executor thread only)
-  std::vector<std::vector<int64_t>> state_shapes;  // per state, batch shape presented
-  std::vector<size_t> state_nbytes;
-  std::vector<uint8_t> flag_start, flag_end, flag_ready;
-  std::vector<uint64_t> corrid_num;
-  std::vector<std::string> corrid_str;
+  Batch batch;
+  StateStore state;
   int64_t t_form = 0, t_gathered = 0, t_executed = 0;
   bool executing = false;
   bool recorded = false;  // stats of the current batch already recorded
@@ -202,7 +84,7 @@ struct Instance {
 // GIL themselves.
 struct Hooks {
   std::function<bool(Instance&)> run;  // returns success
-  std::function<void(const std::vector<uint64_t>&, int, const std::string&)> fail;
+  std::function<void(const std::vector<uint64_t>&, Code, const std::string&)> fail;
   std::function<void(const std::string&)> log_warning;
   std::function<void(const ExpiredSequence&)> describe;
   // Called on each core thread when it starts and before it exits (the binding attaches one
@@ -214,15 +96,18 @@ struct Hooks {
   std::function<void()> enter, leave;
 };
 
+// submit()'s answer: accepted, or refused with nothing queued.
 struct SubmitResult {
-  int code = -1;  // -1: accepted
+  bool accepted = true;
+  Code code = kUnknown;
   std::string message;
 };
 
 class Scheduler {
  public:
-  Scheduler(ModelSpec spec, Hooks hooks);
-  ~Scheduler();
+  // The scheduler for spec.strategy.
+  static std::unique_ptr<Scheduler> create(ModelSpec spec, Hooks hooks);
+  virtual ~Scheduler() = default;
 
   const ModelSpec& spec() const { return spec_; }
   void start();
@@ -234,13 +119,23 @@ class Scheduler {
   void stop_accepting();
   int64_t inflight_sequences();
   // Stops the executors once every queue has drained (force: at once); whatever is left is
-  // failed with UNAVAILABLE.
+  // failed with UNAVAILABLE. Concrete schedulers call close(true) in their destructor, before
+  // the members their threads use are gone.
   void close(bool force);
   Stats stats();
   int64_t pending_requests();
   int64_t free_slots();
   int64_t backlog_sequences();
   void describe_slots(std::vector<std::pair<std::string, int>>& out);
+  // The sequence API. list: up to `limit` live sequences (in no particular order); returns how
+  // many there are. find: one sequence, false when it is not live. end: ends a live sequence as
+  // idle expiry does (a final END step with TIMEOUT_COMPLETE), or drops a backlogged one and
+  // fails its requests (CANCELLED); false when it is not live. gone: why a session id that is
+  // not live is refused, or "" (sessions it does not remember).
+  int64_t list_sequences(std::vector<SequenceInfo>& out, size_t limit);
+  bool find_sequence(const CorrId& id, SequenceInfo& out);
+  bool end_sequence(const CorrId& id, SequenceInfo& out);
+  std::string session_gone(const CorrId& id);
 
   // Used by the Python batch view while the runner executes (executor thread, GIL held).
   void set_output_state(Instance& inst, size_t state_index, const uint8_t* data, size_t nbytes,
@@ -250,84 +145,152 @@ class Scheduler {
   // client that reads statistics after its reply sees its request counted.
   void record_batch(Instance& inst, bool ok);
 
- private:
+ protected:
   using Fails = std::vector<std::pair<std::vector<uint64_t>, std::string>>;
-  void direct_loop(Instance& inst);
-  void oldest_loop(Instance& inst);
-  void stateless_loop(Instance& inst);
-  void dynamic_loop(Instance& inst);
-  void handoff_locked(Instance& inst, int s);
+
+  // `sequences`: batches carry sequence flags and controls, and slots_per_instance slots per
+  // instance; `gather_state`: fixed-shape state is gathered by slot rather than read in place.
+  Scheduler(ModelSpec spec, Hooks hooks, bool sequences, bool gather_state);
+
+  // --- what a strategy supplies (lock held unless noted)
+  // Queues `r` (closing_ already checked, arrival stamped). Sets `wake` to an instance to
+  // notify once the lock is dropped, `warning` to a message to log.
+  virtual SubmitResult enqueue_locked(Request* r, int priority, Instance*& wake, std::string& warning) = 0;
+  virtual void run(Instance& inst) = 0;  // the executor loop; takes the lock itself
+  virtual void start_helpers() {}        // lock held
+  virtual void stop_helpers() {}         // after the executors joined; no lock held
+  // Hands every request still queued to `take` and forgets them.
+  virtual void drain_locked(const std::function<void(Request*)>& take) = 0;
+  virtual int64_t inflight_locked();
+  virtual int64_t free_slots_locked() { return 0; }
+  virtual int64_t backlog_sequences_locked() { return 0; }
+  virtual void describe_locked(std::vector<std::pair<std::string, int>>&) {}
+  // Sequence strategies: the table's gauges, and the sequence API (see the public methods).
+  virtual void sequence_gauges_locked(Stats&) {}
+  virtual int64_t list_sequences_locked(std::vector<SequenceInfo>&, size_t) { return 0; }
+  virtual bool find_sequence_locked(const CorrId&, SequenceInfo&) { return false; }
+  virtual bool end_sequence_locked(const CorrId&, SequenceInfo&, Fails&) { return false; }
+  virtual std::string session_gone_locked(const CorrId&) { return {}; }
+
+  // --- shared by the strategies (lock held unless noted)
+  static SubmitResult refuse(Code code, std::string message) { return {false, code, std::move(message)}; }
+  static constexpr const char* kStopping =
+      "Server is stopping, scheduler for model has stopped accepting new inference requests";
+  // A core thread: runs `body` between the thread_start and thread_stop hooks.
+  std::thread spawn(std::function<void()> body);
+  // The test hooks' delay (TRITONSERVER_DELAY_SCHEDULER): nothing runs until enough is queued.
+  bool released_locked();
+  // The first instance not executing a batch, if any.
+  Instance* idle_instance_locked();
+  void recycle_locked(Request* r) { pool_.give(r); }
+  // Equal shapes on the inputs that must match (variable dims without ragged batching).
+  bool shapes_match(const Request* a, const Request* b) const;
   // Size of the batch to form from `n` candidates (rows given by `rows_of`), or 0 to wait
   // until `*wake_ns`. Implements preferred sizes, max batch size and the queue delay.
   template <class RowsOf, class Matches>
   size_t pick_batch(size_t n, RowsOf rows_of, Matches matches, int64_t oldest_ns, int64_t* wake_ns) const;
-  bool expire_queued_locked(int64_t now, Fails& fails, int64_t* next_deadline);
-  Request* take_marker_locked(uint8_t kind, const CorrId& id, int64_t now);
-  void reaper_loop();
-  void execute(Instance& inst);  // no lock held
+  class RuntimeHold;
   // Runs the batch just formed in `inst`; the lock is held on entry and on return.
-  template <class Hold>
-  void run_formed_batch(Instance& inst, std::unique_lock<std::mutex>& lk, Hold& hold, bool more_work);
-  void gather(Instance& inst);
-  void reset_state_rows(Instance& inst);
-  void release_slot(Instance& inst, int s);
-  bool shapes_match(const Request* a, const Request* b) const;
-  bool hooks_released_locked();
-  void notify_slot(int gslot);
-  Slot& gslot_ref(int g) { return instances_[g / spec_.slots_per_instance]->slots[g % spec_.slots_per_instance]; }
-  void push_idle(const CorrId& id, SeqEntry& e);
-  void report(Fails& fails, int code);
-  void recycle_locked(Request* r);
-  void finish_batch_locked(Instance& inst);
-  void record_batch_locked(Instance& inst, bool ok);
-  bool state_shape_matches(Instance& inst, int slot, const Request* r, const std::vector<std::vector<int64_t>>& rep) ;
-  void effective_state_shapes(Slot& sl, const Request* r, std::vector<std::vector<int64_t>>& out);
-  std::vector<std::vector<int64_t>> rep_state_shapes_;
+  // `more_work`: a shared queue holds more, so an idle instance is woken for it.
+  void run_formed_batch(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold, bool more_work);
+  void report(Fails& fails, Code code);  // no lock held
+  // A successful request's latency into the histogram of stats_.
+  void observe_latency_locked(int64_t ns);
 
   ModelSpec spec_;
   Hooks hooks_;
   std::mutex mu_;
   std::vector<std::unique_ptr<Instance>> instances_;
-  std::vector<Request*> pool_;
-  std::vector<std::unique_ptr<Request>> owned_;
-
-  // Sequence state.
-  std::set<std::pair<int, int>> free_slots_;  // (slot index, instance): lowest slot first
-  std::unordered_map<CorrId, SeqEntry, CorrIdHash> seqs_;
-  std::list<BacklogQueue> backlog_;
-  std::unordered_map<uint64_t, std::list<BacklogQueue>::iterator> backlog_index_;
-  uint64_t next_serial_ = 1;
-  int64_t slot_queued_ = 0, backlog_queued_ = 0;
+  RequestPool pool_;
+  QueueCounts counts_;
+  Stats stats_;
   bool delay_released_ = false;
-
-  // Stateless FIFO (kStateless), or per-priority queues (kDynamic; `delayed_` holds requests
-  // whose DELAY timeout expired, served after their level's other requests).
-  Ring<Request*> fifo_;
-  std::vector<Ring<Request*>> levels_, delayed_;
-  int64_t timed_requests_ = 0;
-
-  // Idle reaper: lazy timer heap, at most one live entry per sequence.
-  struct IdleTimer {
-    int64_t deadline;
-    uint64_t serial;
-    CorrId id;
-    bool operator>(const IdleTimer& o) const { return deadline > o.deadline; }
-  };
-  struct BacklogTimer {
-    int64_t deadline;
-    uint64_t serial;
-    bool operator>(const BacklogTimer& o) const { return deadline > o.deadline; }
-  };
-  std::priority_queue<IdleTimer, std::vector<IdleTimer>, std::greater<IdleTimer>> idle_heap_;
-  std::priority_queue<BacklogTimer, std::vector<BacklogTimer>, std::greater<BacklogTimer>> backlog_heap_;
-  std::thread reaper_;
-  std::condition_variable reaper_cv_;
-  int64_t reaper_target_ = INT64_MAX;
-
-  bool reaper_stop_ = false;
   bool accepting_ = true;
   bool closing_ = false, force_ = false, started_ = false, closed_ = false;
-  Stats stats_;
+
+ private:
+  void execute(Instance& inst);  // no lock held
+  void finish_batch_locked(Instance& inst);
+  void record_batch_locked(Instance& inst, bool ok);
+
+  const bool sequences_;
 };
+
+// Holds the Python runtime (via Hooks::enter/leave) around forming and running one batch.
+// Both transitions drop the scheduler lock first, so the lock order is always runtime -> lock.
+class Scheduler::RuntimeHold {
+ public:
+  RuntimeHold(const Hooks& h, std::unique_lock<std::mutex>& lk) : h_(h), lk_(lk) {}
+  ~RuntimeHold() { release(); }
+  bool held() const { return held_; }
+  // True when it had to wait for the runtime: the caller re-examines its queues.
+  bool acquire() {
+    if (held_ || !h_.enter) return false;
+    lk_.unlock();
+    h_.enter();
+    lk_.lock();
+    held_ = true;
+    return true;
+  }
+  void release() {
+    if (!held_) return;
+    lk_.unlock();
+    h_.leave();
+    lk_.lock();
+    held_ = false;
+  }
+  // Same, for a caller that does not hold the lock right now.
+  void release_unlocked() {
+    if (!held_) return;
+    h_.leave();
+    held_ = false;
+  }
+
+ private:
+  const Hooks& h_;
+  std::unique_lock<std::mutex>& lk_;
+  bool held_ = false;
+};
+
+template <class RowsOf, class Matches>
+size_t Scheduler::pick_batch(size_t n, RowsOf rows_of, Matches matches, int64_t oldest_ns, int64_t* wake_ns) const {
+  // Triton's dynamic-batcher rule: grow in queue order up to max_batch_size, stopping at a
+  // shape mismatch, and remember the largest prefix that is a preferred size (or that stops
+  // just short of passing the largest preferred size). Before the delay has passed, send that
+  // prefix; send everything once the batch is full, cannot grow, or the delay has passed.
+  if (n == 0) return 0;
+  const int64_t cap = std::max(1, spec_.max_batch_size);
+  const auto& pref = spec_.preferred_batch_sizes;
+  const int64_t max_pref = pref.empty() ? cap : std::min(cap, pref.back());
+  int64_t total = 0;
+  size_t count = 0, best = 0;
+  bool cannot_grow = false;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t rows = rows_of(i);
+    if (count > 0 && total + rows > max_pref && best == 0) best = count;
+    if ((count > 0 && total + rows > cap) || (i > 0 && !matches(i))) {
+      cannot_grow = true;
+      break;
+    }
+    total += rows;
+    ++count;
+    if (std::binary_search(pref.begin(), pref.end(), total)) best = count;
+    if (total >= cap) break;
+  }
+  // As in Triton, a zero delay never counts as "exceeded": a preferred prefix still goes first.
+  const int64_t now = now_ns();
+  const bool no_delay = spec_.batch_delay_ns == 0;
+  const bool exceeded = closing_ || (!no_delay && now - oldest_ns >= spec_.batch_delay_ns);
+  if (best > 0 && !exceeded) return best;
+  if (exceeded || no_delay || cannot_grow || total >= max_pref) return count;
+  *wake_ns = oldest_ns + spec_.batch_delay_ns;
+  return 0;
+}
+
+// One per strategy, each in its own file.
+std::unique_ptr<Scheduler> make_direct_scheduler(ModelSpec spec, Hooks hooks);
+std::unique_ptr<Scheduler> make_oldest_scheduler(ModelSpec spec, Hooks hooks);
+std::unique_ptr<Scheduler> make_dynamic_scheduler(ModelSpec spec, Hooks hooks);
+std::unique_ptr<Scheduler> make_stateless_scheduler(ModelSpec spec, Hooks hooks);
 
 }  // namespace seqserve

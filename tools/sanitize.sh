@@ -11,9 +11,14 @@ trap 'rm -rf "$work"' EXIT
 (cd "$root" && git ls-files -co --exclude-standard | grep -v '\.so$' | tar -cf - -T -) | tar -xf - -C "$work"
 cd "$work"
 SEQSERVE_SANITIZE=$kind "$py" setup.py -q build_ext --inplace
+# The scratch copy's src/ must come before the checkout's editable install on sys.path, or the
+# tests would import the normal build.
+export PYTHONPATH="$work/src${PYTHONPATH:+:$PYTHONPATH}"
 case $kind in
   address)
-    export LD_PRELOAD=$(gcc -print-file-name=libasan.so)
+    # libstdc++ too: python does not link it, and ASan's __cxa_throw interceptor needs it
+    # loaded from the start or the first C++ exception aborts.
+    export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
     export ASAN_OPTIONS=detect_leaks=0  # CPython's own allocations are not ours to report
     runner=() ;;
   thread)
@@ -22,4 +27,5 @@ case $kind in
     runner=(setarch -R) ;;  # TSan needs a fixed address-space layout
   *) echo "unknown sanitizer: $kind" >&2; exit 2 ;;
 esac
+"${runner[@]}" "$py" -c 'import seqserve.engine._core as c; print("testing", c.__file__)'
 "${runner[@]}" "$py" -m pytest -q -p no:cacheprovider tests/engine "$@"

@@ -17,15 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
+import onnxruntime  # noqa: F401  (a runtime dependency: missing, it is an error, not a skip)
 import pytest
+import tritonclient.grpc as grpcclient
+from onnx import numpy_helper
 
-pytest.importorskip("onnxruntime")
-onnx = pytest.importorskip("onnx")
-grpcclient = pytest.importorskip("tritonclient.grpc")
-
-from onnx import numpy_helper  # noqa: E402
-
-from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server  # noqa: E402
+from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server
 
 MODEL = "lstm"
 MODEL_FILE = DEMO_REPO / MODEL / "1" / "model.onnx"

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnxruntime  # noqa: F401  (a runtime dependency: missing, it is an error, not a skip)
 import pytest
-
-pytest.importorskip("onnxruntime")
-pytest.importorskip("onnx")
+import tritonclient.grpc
+import tritonclient.http
 
 from seqserve.engine import Code, InferenceError, Server
 from tests.backends import onnx_fixtures as fx
@@ -458,8 +458,6 @@ async def test_autocomplete_leaves_sequence_tensors_out(repo, serve):
 
 def test_real_server_with_tritonclient(tmp_path):
     """`seqserve serve` on a repository of ONNX models, driven by tritonclient (HTTP + gRPC)."""
-    tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
-    tritonclient_http = pytest.importorskip("tritonclient.http")
     from tests.integration.conftest import start_server
 
     repo = tmp_path / "models"
@@ -470,19 +468,19 @@ def test_real_server_with_tritonclient(tmp_path):
 
     srv = start_server(repo, log_dir=tmp_path)
     try:
-        g = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
-        h = tritonclient_http.InferenceServerClient(srv.http_url)
+        g = tritonclient.grpc.InferenceServerClient(srv.grpc_url)
+        h = tritonclient.http.InferenceServerClient(srv.http_url)
         meta = h.get_model_metadata(name)
         assert meta["platform"] == "onnxruntime_onnx"
         total = 0
         for step, value in enumerate([3, 4, 5]):
-            inp = tritonclient_grpc.InferInput("INPUT", [1, 1], "INT32")
+            inp = tritonclient.grpc.InferInput("INPUT", [1, 1], "INT32")
             inp.set_data_from_numpy(np.array([[value]], np.int32))
             r = g.infer(name, [inp], sequence_id=77, sequence_start=step == 0, sequence_end=step == 2)
             total += value
             assert r.as_numpy("OUTPUT").tolist() == [[total]]
 
-        inp = tritonclient_http.InferInput("INPUT", [1, 1], "BYTES")
+        inp = tritonclient.http.InferInput("INPUT", [1, 1], "BYTES")
         inp.set_data_from_numpy(np.array([[b"41"]], dtype=object))
         r = h.infer(strings, [inp], sequence_id="s-1", sequence_start=True, sequence_end=True)
         assert r.as_numpy("OUTPUT").tolist() == [[b"42"]]  # READY * (INPUT + START)
@@ -490,7 +488,7 @@ def test_real_server_with_tritonclient(tmp_path):
         a = np.ones((2, 4), np.float32)
         ins = []
         for n in ("INPUT0", "INPUT1"):
-            i = tritonclient_http.InferInput(n, [2, 4], "FP32")
+            i = tritonclient.http.InferInput(n, [2, 4], "FP32")
             i.set_data_from_numpy(a)
             ins.append(i)
         r = h.infer("add_sub", ins)

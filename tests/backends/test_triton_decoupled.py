@@ -13,7 +13,7 @@ import pytest
 
 from seqserve.engine import Code, InferenceError, InferResult, Server
 from seqserve.engine.errors import DecoupledModelError
-from tests.conftest import expect_error, write_model
+from tests.helpers import expect_error, wait_until, write_model
 
 # IN (int32 [n]) -> n responses OUT=[IN[k]], IDX=[k], sent by a thread after execute returns.
 # MODE: 0 = a bare final flag after the last response, 1 = the last response carries the
@@ -255,10 +255,7 @@ async def test_stream_yields_every_response(repeat: Server) -> None:
 async def test_send_after_final_raises_in_the_model(repeat: Server, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.ERROR):
         await collect(repeat, "repeat", repeat_inputs([1]))
-        for _ in range(100):
-            if "after final" in caplog.text:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: "after final" in caplog.text, "the model has tried to send after the final flag")
     assert "after final: Unable to send response. Response sender has been closed." in caplog.text
 
 
@@ -283,10 +280,7 @@ async def test_unload_fails_a_request_that_never_ends(repo, serve) -> None:
     s = await serve(exit_timeout_s=0.2)
     got: asyncio.Queue[tuple[object, bool]] = asyncio.Queue()
     s.submit_streaming("repeat", repeat_inputs([77]), lambda r, f: got.put_nowait((r, f)))
-    for _ in range(200):  # until the model has executed it
-        if s.model("repeat").open_responses:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: s.model("repeat").open_responses, "the model has executed the request")
     await s.unload_model("repeat")
     r, final = await asyncio.wait_for(got.get(), 5)
     assert final and isinstance(r, InferenceError) and r.code == Code.UNAVAILABLE
@@ -298,7 +292,7 @@ async def test_shutdown_waits_for_streaming_requests(repo, serve) -> None:
     s = await serve(exit_timeout_s=10)
     got: asyncio.Queue[tuple[object, bool]] = asyncio.Queue()
     s.submit_streaming("repeat", repeat_inputs(list(range(50))), lambda r, f: got.put_nowait((r, f)))
-    await asyncio.sleep(0.02)
+    await wait_until(lambda: got.qsize() > 0, "the stream has begun")
     await s.shutdown()
     items = [got.get_nowait() for _ in range(got.qsize())]
     assert len(items) == 51 and items[-1] == (None, True)
@@ -353,11 +347,8 @@ async def test_non_decoupled_answers_after_execute(repo, serve, caplog, mode) ->
     responses = await collect(s, "late", {"IN": np.array([4], np.int32), "MODE": np.array([0], np.int32)})
     assert len(responses) == 1 and responses[0][1]
     assert int(responses[0][0].outputs["OUT"][0]) == 8  # type: ignore[attr-defined]
-    for _ in range(100):  # answered requests are not waited for at shutdown
-        if s.model("late").open_responses == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert s.model("late").open_responses == 0
+    # answered requests are not waited for at shutdown
+    await wait_until(lambda: s.model("late").open_responses == 0, "no response is open")
 
 
 # Not decoupled, answering twice: MODE 0 sends OUT=1 with the final flag and also returns
@@ -407,10 +398,8 @@ async def test_a_request_is_answered_once(repo, serve, caplog, mode, expected) -
     inputs = {"IN": np.array([0], np.int32), "MODE": np.array([mode], np.int32)}
     responses: list[tuple[object, bool]] = []
     s.submit_streaming("twice", inputs, lambda r, final: responses.append((r, final)))
-    for _ in range(100):
-        await asyncio.sleep(0.01)
-        if responses:
-            break
+    await wait_until(lambda: responses, "the request is answered")
+    await wait_until(lambda: s.statistics("twice")[0]["execution_count"] == 1, "execute has returned")
     await asyncio.sleep(0.1)  # a second answer would have arrived by now
     assert len(responses) == 1 and responses[0][1]
     assert int(responses[0][0].outputs["OUT"][0]) == expected  # type: ignore[attr-defined]
@@ -536,11 +525,8 @@ async def test_non_decoupled_response_stands_when_execute_raises(repo, serve) ->
     s = await serve()
     r = await s.infer("sr", {"IN": np.array([0], np.int32), "MODE": np.array([0], np.int32)})
     assert r.outputs["OUT"].tolist() == [1000]
-    for _ in range(100):  # the answer can overtake the executor's clean-up of the batch
-        if s.statistics("sr")[0]["inference_stats"]["fail"]["count"] == 1:  # the batch failed
-            break
-        await asyncio.sleep(0.01)
-    assert s.statistics("sr")[0]["inference_stats"]["fail"]["count"] == 1
+    # the answer can overtake the executor's clean-up of the batch, which fails
+    await wait_until(lambda: s.statistics("sr")[0]["inference_stats"]["fail"]["count"] == 1, "the batch has failed")
     assert s.model("sr").open_responses == 0
 
 
@@ -607,11 +593,8 @@ async def test_leaving_a_stream_cancels_the_request(repo, serve) -> None:
         if len(got) == 3:
             break
     assert got == [0, 1, 2]
-    for _ in range(300):  # the model notices, stops and ends the request
-        if s.model("uc").open_responses == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert s.model("uc").open_responses == 0
+    # the model notices, stops and ends the request
+    await wait_until(lambda: s.model("uc").open_responses == 0, "the request has ended")
     model = s.model("uc")._instances[0]._obj  # type: ignore[attr-defined]
     assert model.cancelled_seen == [True]
 
@@ -624,9 +607,11 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args):
+        self.executing = False
         self.seen = []
 
     def execute(self, requests):
+        self.executing = True
         out = []
         for request in requests:
             for _ in range(500):
@@ -644,13 +629,10 @@ async def test_unary_caller_that_leaves_cancels_the_request(repo, serve) -> None
     write_model(repo, "pc", LATE_CONFIG.replace('"late"', '"pc"'), POLLS_CANCEL)
     s = await serve()
     task = asyncio.create_task(s.infer("pc", {"IN": np.array([0], np.int32), "MODE": np.array([0], np.int32)}))
-    await asyncio.sleep(0.1)
-    task.cancel()
     model = s.model("pc")._instances[0]._obj  # type: ignore[attr-defined]
-    for _ in range(200):
-        if model.seen:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: model.executing, "the model is executing the request")
+    task.cancel()
+    await wait_until(lambda: model.seen, "the model has finished the request")
     assert model.seen == [True]
 
 

@@ -17,7 +17,7 @@ from seqserve.engine import Code, InferenceError
 from seqserve.engine.backends.base import ModelContext
 from seqserve.engine.backends.python_batch import PythonBackend
 from seqserve.engine.config import load_model_config
-from tests.conftest import write_model
+from tests.helpers import write_model
 
 # ------------------------------------------------------------------------------ models
 

@@ -25,9 +25,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import Server, _core
-from tests.conftest import write_model
+from tests.helpers import write_model
 
 THREADS, SEQS, STEPS = 8, 25, 20
 TIMEOUT_S = 60.0
@@ -111,20 +110,27 @@ def test_core_submit_from_many_threads(busy_switching: None) -> None:
                 done.set()
         return True
 
-    sched = _core.Scheduler(
+    spec = _core.ModelSpec(
         name="core",
-        strategy=_core.DIRECT,
+        strategy=_core.Strategy.DIRECT,
         max_batch_size=4,
         instance_count=2,
         slots_per_instance=4,
         idle_us=600_000_000,
-        max_queue_delay_us=0,
-        min_slot_utilization=0.0,
-        inputs=[("IN", mc.TYPE_INT64, False, [1])],
-        controls=[],
-        states=[("S_IN", "S_OUT", mc.TYPE_INT64, [1], False, bytes(8), [1])],
-        delay_requests=0,
-        delay_backlog_requests=0,
+        inputs=[_core.InputSpec(name="IN", dtype=np.dtype(np.int64), default_shape=[1])],
+        states=[
+            _core.StateSpec(
+                input_name="S_IN",
+                output_name="S_OUT",
+                dtype=np.dtype(np.int64),
+                dims=[1],
+                initial=bytes(8),
+                initial_dims=[1],
+            )
+        ],
+    )
+    sched = _core.Scheduler(
+        spec,
         runner=runner,
         on_fail=lambda handles, code, msg: failures.append((handles, code, msg)),
         on_warning=lambda msg: failures.append(msg),

@@ -8,53 +8,28 @@ every request of a scenario is queued first, then the batches form one after ano
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 
 import numpy as np
 import pytest
 
 from seqserve.engine import Code, InferenceError
-from tests.conftest import expect_error, recorded, write_model
+from tests.helpers import (
+    ACC_STATE,
+    ACCUM_MODEL,
+    ctl,
+    expect_error,
+    holds_sequence,
+    model_module,
+    recorded,
+    rows,
+    start_error,
+    wait_reaped,
+    wait_until,
+    write_model,
+)
 
 # ----------------------------------------------------------------------------- helpers
-
-ACCUM_MODEL = '''
-import numpy as np
-RECORD = []
-
-class Model:
-    """OUT_X = ACC + IN_X; the new ACC is written back, padding rows get a poison value."""
-
-    def initialize(self, ctx):
-        self.instance = ctx.index
-
-    def execute(self, batch):
-        acc = batch.states["ACC"]
-        x = batch.inputs["IN_X"]
-        RECORD.append({
-            "instance": self.instance, "size": batch.size,
-            "inputs": {k: v.copy() for k, v in batch.inputs.items()},
-            "controls": {k: v.copy() for k, v in batch.controls.items()},
-            "states": {k: v.copy() for k, v in batch.states.items()},
-            "start": batch.start.copy(), "end": batch.end.copy(), "ready": batch.ready.copy(),
-            "corrid": batch.corrid.copy(),
-        })
-        new = (acc + x).astype(acc.dtype)
-        ready = batch.ready.reshape((-1,) + (1,) * (new.ndim - 1))
-        return {"OUT_X": new, "ACC_OUT": np.where(ready, new, -1000).astype(acc.dtype)}
-'''
-
-ACC_STATE = """
-  state [ {
-    input_name: "ACC" output_name: "ACC_OUT" data_type: TYPE_INT32 dims: [ 1 ]
-    initial_state { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "zero" }
-  } ]
-"""
-
-
-def ctl(name: str, kind: str, spec: str) -> str:
-    return f'{{ name: "{name}" control [ {{ kind: CONTROL_SEQUENCE_{kind} {spec} }} ] }}'
 
 
 def flag_controls(spec: str) -> str:
@@ -113,30 +88,14 @@ async def results(tasks, timeout=10.0) -> list:
 
 
 async def settled_stats(s, model: str = "m", *, requests: int) -> dict:
-    """Statistics once `requests` requests are accounted for (success + fail), within 2 s."""
-    deadline = time.monotonic() + 2
-    while True:
-        st = s.statistics(model)[0]
-        done = st["inference_stats"]["success"]["count"] + st["inference_stats"]["fail"]["count"]
-        if done >= requests or time.monotonic() > deadline:
-            return st
-        await asyncio.sleep(0.01)
+    """Statistics once `requests` requests are accounted for (success + fail)."""
 
+    def settled() -> bool:
+        st = s.statistics(model)[0]["inference_stats"]
+        return st["success"]["count"] + st["fail"]["count"] >= requests
 
-def recorded_module(s, model: str = "m"):
-    """The module of a loaded python model (version 1), for models that keep their own record."""
-    return sys.modules[f"seqserve_models.{model}.v1"]
-
-
-def rows(rec: list[dict], key: str) -> list[list]:
-    return [b[key].tolist() for b in rec]
-
-
-def start_error(seq_id, model: str = "m") -> str:
-    return (
-        f"inference request for sequence {seq_id} to model '{model}' must specify the START flag on the "
-        "first request of the sequence"
-    )
+    await wait_until(settled, f"{requests} requests are in the statistics")
+    return s.statistics(model)[0]
 
 
 # ---------------------------------------------------------------- control tensors (§5)
@@ -433,8 +392,10 @@ async def test_idle_sequence_needs_start_again(repo, serve):
     write_model(repo, "m", config(seq=IDLE))
     s = await serve()
     await call(s, 42, 1, start=True)
+    t0 = time.monotonic()
     await call(s, 42, 2)
-    await asyncio.sleep(0.4)
+    await wait_reaped(s, 42)
+    assert time.monotonic() - t0 >= 0.14  # not before its idle limit
     await expect_error(call(s, 42, 3), Code.INVALID_ARG, start_error(42))
     assert await call(s, 42, 4, start=True, end=True) == [[4]]  # START begins a new sequence
 
@@ -458,41 +419,55 @@ async def test_string_id_reaped_message(repo, serve):
     write_model(repo, "m", config(seq=IDLE))
     s = await serve()
     await call(s, "user-7", 1, start=True)
-    await asyncio.sleep(0.4)
+    await wait_reaped(s, "user-7")
     await expect_error(call(s, "user-7", 1), Code.INVALID_ARG, start_error("user-7"))
 
 
 async def test_backlogged_sequence_reaped_soon_after_getting_slot(repo, serve):
     # The idle clock is the last arrival; waiting in the backlog does not refresh it (§4.4).
-    write_model(repo, "m", config(mbs=1, seq="max_sequence_idle_microseconds: 200000"))
+    # Sequence 1 is kept alive by arrivals far closer together than the 1 s idle limit, so a
+    # loaded machine cannot make it expire; 2 waits in the backlog beyond its own limit.
+    idle_s = 1.0
+    write_model(repo, "m", config(mbs=1, seq=f"max_sequence_idle_microseconds: {int(idle_s * 1e6)}"))
     s = await serve()
     await call(s, 1, 1, start=True)
+    sent = time.monotonic()
     waiting = await send(s, 2, 2, start=True)
-    for _ in range(2):
-        await asyncio.sleep(0.12)
-        await call(s, 1, 1)  # keeps 1 alive; 2 stays in the backlog beyond its idle limit
-    await asyncio.sleep(0.12)
+    while time.monotonic() - sent < 1.2 * idle_s:
+        await asyncio.sleep(0.05)
+        await call(s, 1, 1)  # keeps 1 alive
+    assert holds_sequence(s, 2) and not waiting.done()  # not reaped while in the backlog
     await call(s, 1, 1, end=True)
     assert await results([waiting]) == [[2]]  # requests moved with it still run
-    await asyncio.sleep(0.1)
+    slot = time.monotonic()
+    await wait_reaped(s, 2)
+    # soon after getting the slot, not a fresh idle period later
+    assert time.monotonic() - slot < 0.75 * idle_s
     await expect_error(call(s, 2, 3), Code.INVALID_ARG, start_error(2))
 
 
 async def test_idle_clock_counts_from_last_arrival_not_execution(repo, serve):
     # §4.2: a sequence whose requests wait behind a slow model is reaped anyway; the queued
     # requests still run (they are ahead of the force-end marker), later ones need START.
+    # The model holds its first batch until the test has seen the sequence reaped.
     model = """
-    import time
+    import threading
+    GATE = threading.Event()
 
     class Model:
         def execute(self, batch):
-            time.sleep(0.25)
+            GATE.wait(20)
             return {"OUT_X": batch.inputs["IN_X"].copy()}
     """
     write_model(repo, "m", config(seq="max_sequence_idle_microseconds: 150000"), model)
     s = await serve()
-    tasks = [await send(s, 1, 1, start=True), await send(s, 1, 2)]
-    assert await results(tasks) == [[1], [2]]  # 0.5 s of execution, last arrival at ~0 s
+    try:
+        tasks = [await send(s, 1, 1, start=True), await send(s, 1, 2)]
+        await wait_reaped(s, 1)  # while its first request is still executing
+        assert not any(t.done() for t in tasks)
+    finally:
+        model_module("m").GATE.set()
+    assert await results(tasks) == [[1], [2]]
     await expect_error(call(s, 1, 3, end=True), Code.INVALID_ARG, start_error(1))
 
 
@@ -816,14 +791,14 @@ async def test_variable_dims_state_grows_each_step(repo, serve, monkeypatch):
     s = await serve()
     tasks = [await send(s, 1, 1, start=True), await send(s, 2, 10, start=True)]
     assert await results(tasks) == [[0, 1], [0, 10]]
-    first = recorded_module(s).SEEN[:2]
+    first = model_module("m").SEEN[:2]
     assert first == [(1, (1,), [0]), (2, (1,), [0])]  # one batch of [2, 1]
     for step in (2, 3):
         tasks = [await send(s, 1, step), await send(s, 2, 10 * step)]
         assert await results(tasks) == [list(range(step + 1)), [0] + [10 * k for k in range(1, step + 1)]]
     assert await call(s, 1, 4, end=True) == [[0, 1, 2, 3, 4]]
     assert await call(s, 2, 7, start=True) == [[0, 7]]  # START: back to the initial shape
-    seen = recorded_module(s).SEEN
+    seen = model_module("m").SEEN
     assert [(shape, st) for cid, shape, st in seen if cid == 1] == [
         ((1,), [0]), ((2,), [0, 1]), ((3,), [0, 1, 2]), ((4,), [0, 1, 2, 3])
     ]

@@ -16,14 +16,13 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code
-from tests.conftest import expect_error, write_model
+from tests.helpers import expect_error, wait_until, write_model
 
 # ----------------------------------------------------------------------------- helpers
 
 GATED_MODEL = """
 import queue
 import threading
-import time
 import numpy as np
 
 RECORD = []
@@ -41,8 +40,6 @@ class Model:
         ENTERED.put(self.instance)
         if (x == -1).any():
             GATE.wait(20)
-        if (x == -2).any():
-            time.sleep(0.3)
         return {"OUT_X": x.copy()}
 """
 
@@ -136,8 +133,8 @@ async def test_preferred_size_sent_before_the_delay(repo, serve, monkeypatch):
 
 async def test_largest_preferred_prefix_when_more_are_queued(repo, serve, monkeypatch):
     # 5 queued, preferred {2}, max 4: the prefix of 2 goes; then 2 more; the last one waits
-    # for its delay.
-    write_model(repo, "m", config(dyn="preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 300000"), GATED_MODEL)
+    # for its delay (1 s: far longer than the first four take, even on a loaded machine).
+    write_model(repo, "m", config(dyn="preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 1000000"), GATED_MODEL)
     monkeypatch.setenv("TRITONSERVER_DELAY_SCHEDULER", "5")
     s = await serve()
     t0 = time.monotonic()
@@ -145,7 +142,7 @@ async def test_largest_preferred_prefix_when_more_are_queued(repo, serve, monkey
     assert await results(tasks[:4], timeout=5) == [[1], [2], [3], [4]]
     assert not tasks[4].done()
     assert await results(tasks[4:], timeout=5) == [[5]]
-    assert time.monotonic() - t0 >= 0.29
+    assert time.monotonic() - t0 >= 0.99
     assert sizes() == [2, 2, 1]
 
 
@@ -322,12 +319,13 @@ async def test_queue_timeout_reject(repo, serve, policy, timeout_us, rejected):
 
 
 async def test_timeout_reject_leaves_fresh_requests(repo, serve):
-    dyn = f"{SAFE_LEVEL} default_queue_policy {{ default_timeout_microseconds: 500000 }}"
+    # 1 s timeouts: the fresh request is served long before its own expires
+    dyn = f"{SAFE_LEVEL} default_queue_policy {{ default_timeout_microseconds: 1000000 }}"
     write_model(repo, "m", config(dyn=dyn), GATED_MODEL)
     s = await serve()
     running = await blocked(s, priority=1)
     old = [await send(s, 1), await send(s, 2)]
-    await asyncio.sleep(0.6)
+    await asyncio.sleep(1.1)  # past the old ones' timeout
     fresh = await send(s, 3)
     release()
     for t in old:
@@ -367,9 +365,9 @@ async def test_timeout_reject_counts_as_failed_request(repo, serve):
 @pytest.mark.parametrize(
     "dyn",
     [
-        "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 500000 }",
+        "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 1000000 }",
         # seqserve extension: TIMEOUT_COMPLETE makes the default queue policy DELAY
-        "timeout_action: TIMEOUT_COMPLETE default_queue_policy { default_timeout_microseconds: 500000 }",
+        "timeout_action: TIMEOUT_COMPLETE default_queue_policy { default_timeout_microseconds: 1000000 }",
     ],
     ids=["delay", "timeout_complete"],
 )
@@ -381,7 +379,7 @@ async def test_queue_timeout_delay_moves_behind_fresh_requests(repo, serve, dyn)
     assert s.model("m").config.dynamic_batching.default_queue_policy.timeout_action == mc.ModelQueuePolicy.DELAY
     running = await blocked(s)
     late = [await send(s, 1), await send(s, 2)]
-    await asyncio.sleep(0.6)  # 1 and 2 expire while queued (the blocker may too: it runs anyway)
+    await asyncio.sleep(1.1)  # 1 and 2 expire while queued (the blocker may too: it runs anyway)
     fresh = [await send(s, 3), await send(s, 4)]
     release()
     assert await results([running, *late, *fresh]) == [[-1], [1], [2], [3], [4]]  # served, not rejected
@@ -391,13 +389,13 @@ async def test_queue_timeout_delay_moves_behind_fresh_requests(repo, serve, dyn)
 async def test_delayed_requests_stay_within_their_level(repo, serve):
     dyn = """
       priority_levels: 2 default_priority_level: 2
-      priority_queue_policy { key: 1 value: { timeout_action: DELAY default_timeout_microseconds: 500000 } }
+      priority_queue_policy { key: 1 value: { timeout_action: DELAY default_timeout_microseconds: 1000000 } }
     """
     write_model(repo, "m", config(mbs=1, dyn=dyn), GATED_MODEL)
     s = await serve()
     running = await blocked(s, priority=2)
     tasks = [await send(s, 1, priority=1), await send(s, 2, priority=2)]
-    await asyncio.sleep(0.6)
+    await asyncio.sleep(1.1)  # 1 expires while queued
     tasks.append(await send(s, 3, priority=1))
     release()
     assert await results([running, *tasks]) == [[-1], [1], [2], [3]]
@@ -416,16 +414,25 @@ async def test_preserve_ordering_across_two_instances(repo, serve, preserve):
     s = await serve()
     order: list[int] = []
     futures = []
-    for v in (-2, 2, 3, 4):  # -2 sleeps 0.3 s on one instance; the rest run on the other
+    for v in (-1, 2, 3, 4):  # -1 waits for the gate on one instance; the rest run on the other
         fut = s.submit("m", x_in(v))
         fut.add_done_callback(lambda f: order.append(int(f.result().outputs["OUT_X"][0, 0])))
         futures.append(fut)
+    try:
+        await wait_until(lambda: sorted(x for (x,) in xs()) == [-1, 2, 3, 4], "every request has executed")
+        if preserve:
+            await asyncio.sleep(0.1)  # the later replies are held back, not merely late
+            assert not any(f.done() for f in futures)
+        else:
+            await wait_until(lambda: all(f.done() for f in futures[1:]), "2, 3 and 4 are answered")
+    finally:
+        release()
     await asyncio.wait_for(asyncio.gather(*futures), 10)
     assert {b["instance"] for b in mod().RECORD} == {0, 1}
     if preserve:
-        assert order == [-2, 2, 3, 4]
+        assert order == [-1, 2, 3, 4]
     else:
-        assert order[-1] == -2  # the slow one finished last
+        assert order[-1] == -1  # the gated one finished last
 
 
 async def test_two_instances_run_batches_concurrently(repo, serve):
@@ -445,7 +452,7 @@ async def test_stopping_refuses_new_requests(repo, serve):
     s = await serve()
     running = await blocked(s)
     stopping = asyncio.ensure_future(s.shutdown(timeout_s=5))
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: not s.is_live(), "the shutdown has begun")
     await expect_error(
         s.infer("m", x_in(1), request_id="late"),
         Code.UNAVAILABLE,

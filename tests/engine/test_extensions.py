@@ -14,7 +14,6 @@ import logging
 import re
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import orjson
@@ -24,37 +23,25 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import Code
 from seqserve.engine.config import config_to_json, load_model_config
 from seqserve.engine.errors import ModelConfigError
-from tests.conftest import RECORDING_MODEL, expect_error, recorded, write_model
-
-BRIEF = Path(__file__).resolve().parent.parent / "data" / "brief_configs"
+from tests.helpers import (
+    ACCUM_MODEL,
+    BRIEF,
+    BRIEF_A_MODEL,
+    BRIEF_B_IO,
+    BRIEF_B_MODEL,
+    RECORDING_MODEL,
+    expect_error,
+    holds_sequence,
+    model_module,
+    python_brief,
+    recorded,
+    start_error,
+    wait_reaped,
+    wait_until,
+    write_model,
+)
 
 # ----------------------------------------------------------------------------- helpers
-
-ACCUM_MODEL = '''
-import numpy as np
-RECORD = []
-
-class Model:
-    """OUT_X = S + IN_X; the new S is the output state (state name "S" or "ACC"/"ACC_OUT")."""
-
-    def initialize(self, ctx):
-        self.instance = ctx.index
-
-    def execute(self, batch):
-        (name,) = batch.states
-        acc = batch.states[name]
-        x = batch.inputs["IN_X"]
-        RECORD.append({
-            "instance": self.instance, "size": batch.size,
-            "x": x.reshape(-1).tolist(), "state": acc.reshape(-1).tolist(),
-            "start": batch.start.tolist(), "end": batch.end.tolist(), "ready": batch.ready.tolist(),
-            "corrid": batch.corrid.tolist(),
-            "controls": {k: v.reshape(-1).tolist() for k, v in batch.controls.items()},
-        })
-        new = (acc + x).astype(acc.dtype)
-        out_name = "ACC_OUT" if name == "ACC" else name
-        return {"OUT_X": new, out_name: new}
-'''
 
 NAMED_STATE = """
   state { name: "S" data_type: TYPE_INT32 dims: [ 1 ]
@@ -108,15 +95,21 @@ async def results(tasks, timeout: float = 10.0) -> list[int]:
     return [int(r.outputs["OUT_X"].reshape(-1)[0]) for r in out]
 
 
-def start_error(seq_id, model: str = "m") -> str:
-    return (
-        f"inference request for sequence {seq_id} to model '{model}' must specify the START flag on the "
-        "first request of the sequence"
-    )
-
-
 def served_json(s, model: str = "m") -> dict:
     return config_to_json(s.model(model).config)
+
+
+def record(s, model: str = "m") -> list[dict]:
+    """The model's RECORD (ACCUM_MODEL, RECORDING_MODEL) in plain lists: the per-row flags, ids
+    and controls; `x` the IN_X values and `state` the implicit state's, flattened."""
+    out = []
+    for b in recorded(s, model):
+        r = {"instance": b["instance"], "size": b["size"], "x": b["inputs"]["IN_X"].reshape(-1).tolist()}
+        r.update({k: b[k].tolist() for k in ("start", "end", "ready", "corrid")})
+        r["controls"] = {k: v.reshape(-1).tolist() for k, v in b["controls"].items()}
+        r["state"] = [v for st in b["states"].values() for v in st.reshape(-1).tolist()]
+        out.append(r)
+    return out
 
 
 A, B, C, D, E = 201, 202, 203, 204, 205
@@ -131,7 +124,7 @@ async def test_state_name_is_both_input_and_output(repo, serve):
     assert (st["name"], st["input_name"], st["output_name"]) == ("S", "S", "S")
     assert [await call(s, A, v, start=v == 1) for v in (1, 2, 3)] == [1, 3, 6]
     assert await call(s, A, 4, end=True) == 10
-    assert [b["state"] for b in recorded(s, "m")] == [[0], [1], [3], [6]]
+    assert [b["state"] for b in record(s)] == [[0], [1], [3], [6]]
 
 
 async def test_state_name_carries_over_in_batches(repo, serve, monkeypatch):
@@ -145,7 +138,7 @@ async def test_state_name_carries_over_in_batches(repo, serve, monkeypatch):
         await send(s, B, 20, end=True),
     ]
     assert await results(tasks) == [1, 10, 3, 30]
-    assert [b["state"] for b in recorded(s, "m")] == [[0, 0], [1, 10]]
+    assert [b["state"] for b in record(s)] == [[0, 0], [1, 10]]
 
 
 def test_state_name_conflicting_with_input_name_is_refused(repo):
@@ -172,7 +165,7 @@ async def test_reusable_batch_is_oldest_with_candidate_sizes(repo, serve, monkey
     assert m.config.sequence_batching.WhichOneof("strategy_choice") == "reusable_batch"
     tasks = [await send(s, sid, sid, start=True) for sid in (A, B, C, D)]
     assert await results(tasks, timeout=5) == [A, B, C, D]  # candidate size 2, long before 20 s
-    assert [b["size"] for b in recorded(s, "m")] == [2, 2]
+    assert [b["size"] for b in record(s)] == [2, 2]
     assert m.scheduler_state()["free_slots"] == 0  # max_size: 4 sequences per instance
     waiting = [await send(s, E, 1, start=True, end=True), await send(s, E + 1, 2, start=True, end=True)]
     assert m.scheduler_state()["backlog_sequences"] == 2
@@ -180,7 +173,7 @@ async def test_reusable_batch_is_oldest_with_candidate_sizes(repo, serve, monkey
     # the ENDs there have been released. Oldest rules: no padding, one request per sequence.
     tasks = [await send(s, sid, 1, end=True) for sid in (A, B, C, D)]
     assert await results(tasks + waiting, timeout=5) == [A + 1, B + 1, C + 1, D + 1, 1, 2]
-    rec = recorded(s, "m")
+    rec = record(s)
     assert [b["size"] for b in rec] == [2] * 5  # pairs only: nothing waited for the delay
     assert rec[2]["corrid"] == [A, B]
     later = [cid for b in rec[2:] for cid in b["corrid"]]
@@ -242,8 +235,9 @@ async def test_timeout_complete_gives_exactly_one_final_end_step(repo, serve, st
     s = await serve()
     assert await call(s, A, 5, start=True) == 5
     assert await call(s, A, 2) == 7
-    await asyncio.sleep(0.6)  # expired once; nothing may follow
-    rec = recorded(s, "m")
+    await wait_until(lambda: len(record(s)) >= 3, "the final END step has run")
+    await asyncio.sleep(0.3)  # two more idle periods: nothing may follow
+    rec = record(s)
     assert len(rec) == 3
     final = rec[2]
     rows = [i for i, cid in enumerate(final["corrid"]) if cid == A]
@@ -258,7 +252,7 @@ async def test_timeout_complete_gives_exactly_one_final_end_step(repo, serve, st
     await expect_error(call(s, A, 1), Code.INVALID_ARG, start_error(A))
     assert await call(s, A, 3, start=True) == 3
     assert await call(s, A, 1, end=True) == 4
-    ends = [b for b in recorded(s, "m") for j, cid in enumerate(b["corrid"]) if cid == A and b["end"][j]]
+    ends = [b for b in record(s) for j, cid in enumerate(b["corrid"]) if cid == A and b["end"][j]]
     assert len(ends) == 2  # the final step and the client's own END
     st = s.statistics("m")[0]
     assert st["inference_count"] == 4  # the final step is not a request
@@ -273,8 +267,8 @@ async def test_timeout_complete_final_step_before_backlog_takes_the_slot(repo, s
     assert await results([waiting], timeout=5) == [3]  # fresh state
     # B waited in the backlog longer than the idle limit and its clock is not refreshed on the
     # hand-off (§4.4), so it expires right after its first step and gets its own final step.
-    await asyncio.sleep(0.3)
-    rec = recorded(s, "m")
+    await wait_until(lambda: len(record(s)) >= 4, "B's final END step has run")
+    rec = record(s)
     assert [b["corrid"] for b in rec] == [[A], [A], [B], [B]]
     assert [b["end"] for b in rec] == [[False], [True], [False], [True]]
     assert [b["start"] for b in rec] == [[True], [False], [True], [False]]
@@ -282,22 +276,29 @@ async def test_timeout_complete_final_step_before_backlog_takes_the_slot(repo, s
     assert [b["x"] for b in rec] == [[7], [0], [3], [0]]
 
 
-async def test_timeout_complete_with_other_sequences_in_the_batch(repo, serve, monkeypatch):
-    seq = "max_sequence_idle_microseconds: 300000 timeout_action: TIMEOUT_COMPLETE"
+async def test_timeout_complete_with_other_sequences_in_the_batch(repo, serve):
+    # B's arrivals are far closer together than the 1 s idle limit, so a loaded machine cannot
+    # make B expire; A, left alone, does.
+    seq = "max_sequence_idle_microseconds: 1000000 timeout_action: TIMEOUT_COMPLETE"
     write_model(repo, "m", seq_config(seq=seq), ACCUM_MODEL)
     s = await serve()
     assert await call(s, A, 1, start=True) == 1
     assert await call(s, B, 10, start=True) == 10
-    for _ in range(12):  # B stays alive, A expires
+    total = 10
+    deadline = time.monotonic() + 10
+    while holds_sequence(s, A):  # B stays alive, A expires
+        assert time.monotonic() < deadline, "A was never reaped"
         await asyncio.sleep(0.05)
-        assert await call(s, B, 1) > 10
-    await asyncio.sleep(0.1)
-    ends = [(b["corrid"], b["end"], b["x"]) for b in recorded(s, "m") if any(b["end"])]
+        total += 1
+        assert await call(s, B, 1) == total
+    await wait_until(lambda: any(any(b["end"]) for b in record(s)), "A's final END step has run")
+    ends = [(b["corrid"], b["end"], b["x"]) for b in record(s) if any(b["end"])]
     assert len(ends) == 1
     corrid, end, x = ends[0]
     (i,) = [j for j, e in enumerate(end) if e]
     assert corrid[i] == A and x[i] == 0
-    assert await call(s, B, 1, end=True) == 23
+    assert holds_sequence(s, B)
+    assert await call(s, B, 1, end=True) == total + 1
 
 
 @pytest.mark.parametrize("strategy", ["direct { }", "oldest { }"])
@@ -321,8 +322,8 @@ async def test_timeout_complete_final_step_follows_queued_requests(repo, serve, 
     s = await serve()
     tasks = [await send(s, A, 1, start=True), await send(s, A, 2)]
     assert await results(tasks) == [1, 3]
-    await asyncio.sleep(0.6)
-    rec = sys.modules["seqserve_models.m.v1"].RECORD
+    rec = model_module("m").RECORD
+    await wait_until(lambda: len(rec) >= 3, "the final END step has run")
     assert rec == [([A], [False], [1]), ([A], [False], [2]), ([A], [True], [0])]
     await expect_error(call(s, A, 3), Code.INVALID_ARG, start_error(A))
 
@@ -333,11 +334,13 @@ async def test_timeout_reject_never_tells_the_model(repo, serve, action):
     s = await serve()
     assert s.model("m").config.sequence_batching.timeout_action == mc.TIMEOUT_REJECT
     assert await call(s, A, 5, start=True) == 5
-    await asyncio.sleep(0.4)
+    await wait_reaped(s, A)
     await expect_error(call(s, A, 1), Code.INVALID_ARG, start_error(A))
     await expect_error(call(s, A, 1, end=True), Code.INVALID_ARG, start_error(A))
-    assert len(recorded(s, "m")) == 1 and not any(recorded(s, "m")[0]["end"])
+    assert len(record(s)) == 1 and not any(record(s)[0]["end"])
     assert await call(s, A, 2, start=True, end=True) == 2
+    ends = [cid for b in record(s) for cid, e, r in zip(b["corrid"], b["end"], b["ready"], strict=True) if e and r]
+    assert ends == [A]  # only the client's own END reached the model
 
 
 # -------------------------------------------------------------- stateful_model_policy
@@ -353,10 +356,17 @@ async def test_describe_logs_one_structured_line_per_expired_sequence(repo, serv
     assert await call(s, A, 2) == 3
     assert await call(s, "user-9", 4, start=True) == 4
     assert await call(s, B, 1, start=True, end=True) == 1  # ended: never described
-    await asyncio.sleep(0.5)
-    lines = [
-        r.getMessage() for r in caplog.records if r.name == "seqserve.model" and "sequence expired" in r.getMessage()
-    ]
+
+    def expired_lines() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "seqserve.model" and "sequence expired" in r.getMessage()
+        ]
+
+    await wait_until(lambda: len(expired_lines()) >= 2, "two expired sequences are described")
+    await asyncio.sleep(0.3)  # two more idle periods: B is never described
+    lines = expired_lines()
     assert len(lines) == 2, lines
     infos = {}
     for line in lines:
@@ -427,7 +437,7 @@ async def test_policy_without_describe_is_quiet(repo, serve, caplog):
     caplog.set_level(logging.INFO, logger="seqserve.model")
     s = await serve()
     assert await call(s, A, 1, start=True) == 1
-    await asyncio.sleep(0.4)
+    await wait_reaped(s, A)
     await expect_error(call(s, A, 1), Code.INVALID_ARG, start_error(A))
     assert not [r for r in caplog.records if "sequence expired" in r.getMessage()]
 
@@ -471,7 +481,7 @@ async def test_default_batch_size_forms_batches(repo, serve, monkeypatch):
         await asyncio.sleep(0)
     out = await asyncio.wait_for(asyncio.gather(*tasks), 5)  # long before the 20 s delay
     assert [int(r.outputs["OUT_X"][0, 0]) for r in out] == list(range(6))
-    assert [b["size"] for b in recorded(s, "m")] == [3, 3]
+    assert [b["size"] for b in record(s)] == [3, 3]
 
 
 @pytest.mark.parametrize(
@@ -548,7 +558,7 @@ async def test_oldest_batches_with_dynamic_batching_settings(repo, serve, monkey
     s = await serve()
     tasks = [await send(s, sid, 1, start=True) for sid in (A, B, C, D)]
     assert await results(tasks, timeout=5) == [1, 1, 1, 1]
-    assert [b["size"] for b in recorded(s, "m")] == [2, 2]
+    assert [b["size"] for b in record(s)] == [2, 2]
     assert s.model("m").strategy_name == "oldest"
 
 
@@ -560,11 +570,11 @@ async def test_direct_ignores_dynamic_batching(repo, serve, monkeypatch):
     assert s.model("m").strategy_name == "direct"
     tasks = [await send(s, sid, 1, start=True) for sid in (A, B, C)]
     assert await results(tasks, timeout=5) == [1, 1, 1]
-    assert [b["size"] for b in recorded(s, "m")] == [3]  # batch position == slot; no preferred size
+    assert [b["size"] for b in record(s)] == [3]  # batch position == slot; no preferred size
     t0 = time.monotonic()
     assert await call(s, C, 1, end=True) == 2  # and no queue delay
     assert time.monotonic() - t0 < 2
-    assert recorded(s, "m")[-1]["ready"] == [False, False, True]
+    assert record(s)[-1]["ready"] == [False, False, True]
 
 
 # --------------------------------------------------------------------- instance groups (§8)
@@ -684,58 +694,6 @@ def test_brief_configs_load_as_given(dirname, name):
     assert cfg.HasField("sequence_batching")  # brief b: made stateful by its policy
 
 
-def python_brief(repo: Path, dirname: str, name: str, *, inputs: str = "") -> Path:
-    """Copy a brief config into `repo/<name>` with its platform swapped for the python backend."""
-    d = repo / name
-    d.mkdir(parents=True)
-    text = (BRIEF / dirname / "config.pbtxt").read_text()
-    swapped, n = re.subn(r'^platform: "[^"]*".*$', 'backend: "python"', text, flags=re.M)
-    assert n == 1
-    (d / "config.pbtxt").write_text(swapped + inputs)
-    return d
-
-
-BRIEF_A_MODEL = '''
-import numpy as np
-RECORD = []
-
-class Model:
-    """lstm_state[:, 0, 0] keeps the running sum of INPUT__0[:, 0]; OUTPUT__0 = the new state[:, 0, :10]."""
-
-    def execute(self, batch):
-        x = batch.inputs["INPUT__0"]
-        st = batch.states["lstm_state"]
-        RECORD.append({"size": batch.size, "state_shape": st.shape, "corrid": batch.corrid.tolist(),
-                       "ready": batch.ready.tolist()})
-        new = st.copy()
-        new[:, 0, 0] += x[:, 0]
-        new[:, 1, :] = x[:, :1]  # something that changes in the second row too
-        return {"OUTPUT__0": new[:, 0, :10].copy(), "lstm_state": new}
-'''
-
-BRIEF_B_MODEL = '''
-import numpy as np
-SUMS = {}
-
-class Model:
-    """No implicit state in the config: the model keys its running sums by batch.corrid."""
-
-    def execute(self, batch):
-        x = batch.inputs["INPUT"]
-        out = np.zeros((batch.size, 1), np.float32)
-        for row, (ready, start, cid) in enumerate(zip(batch.ready, batch.start, batch.corrid)):
-            if ready:
-                SUMS[cid] = (0.0 if start else SUMS[cid]) + float(x[row, 0])
-                out[row, 0] = SUMS[cid]
-        return {"OUTPUT": out}
-'''
-
-BRIEF_B_IO = """
-input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
-"""
-
-
 def brief_a_input(value: float) -> dict[str, np.ndarray]:
     x = np.zeros((1, 128), np.float32)
     x[0, 0] = value
@@ -743,9 +701,7 @@ def brief_a_input(value: float) -> dict[str, np.ndarray]:
 
 
 async def test_brief_a_served_with_python_backend(repo, serve, caplog, monkeypatch):
-    d = python_brief(repo, "lstm_from_brief_a", "my_lstm_model")
-    (d / "1").mkdir()
-    (d / "1" / "model.py").write_text(BRIEF_A_MODEL)
+    python_brief(repo, "lstm_from_brief_a", "my_lstm_model", BRIEF_A_MODEL)
     caplog.set_level(logging.WARNING)
     monkeypatch.setenv("TRITONSERVER_DELAY_SCHEDULER", "4")
     s = await serve()
@@ -778,9 +734,7 @@ async def test_brief_a_served_with_python_backend(repo, serve, caplog, monkeypat
 
 
 async def test_brief_b_served_with_python_backend(repo, serve, caplog):
-    d = python_brief(repo, "rnn_from_brief_b", "rnn_model", inputs=BRIEF_B_IO)
-    (d / "1").mkdir()
-    (d / "1" / "model.py").write_text(BRIEF_B_MODEL)
+    python_brief(repo, "rnn_from_brief_b", "rnn_model", BRIEF_B_MODEL, BRIEF_B_IO)
     caplog.set_level(logging.INFO, logger="seqserve.model")
     s = await serve()
     m = s.model("rnn_model")

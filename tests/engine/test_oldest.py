@@ -21,45 +21,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqserve.engine import Code, InferenceError, Server
-from tests.conftest import RECORDING_MODEL, expect_error, recorded, write_model
+from tests.helpers import (
+    ACC_STATE,
+    ACCUM_MODEL,
+    RECORDING_MODEL,
+    ctl,
+    expect_error,
+    recorded,
+    rows,
+    start_error,
+    write_model,
+)
 
 # ----------------------------------------------------------------------------- helpers
-
-# OUT_X = ACC + IN_X, and the new ACC is the model's output state. RECORD keeps every batch.
-ACCUM_MODEL = """
-import numpy as np
-RECORD = []
-
-class Model:
-    def initialize(self, ctx):
-        self.instance = ctx.index
-
-    def execute(self, batch):
-        acc = batch.states["ACC"]
-        x = batch.inputs["IN_X"]
-        RECORD.append({
-            "instance": self.instance, "size": batch.size,
-            "inputs": {k: v.copy() for k, v in batch.inputs.items()},
-            "controls": {k: v.copy() for k, v in batch.controls.items()},
-            "states": {k: v.copy() for k, v in batch.states.items()},
-            "start": batch.start.copy(), "end": batch.end.copy(), "ready": batch.ready.copy(),
-            "corrid": batch.corrid.copy(),
-        })
-        new = (acc + x).astype(acc.dtype)
-        return {"OUT_X": new, "ACC_OUT": new}
-"""
-
-ACC_STATE = """
-  state [ {
-    input_name: "ACC" output_name: "ACC_OUT" data_type: TYPE_INT32 dims: [ 1 ]
-    initial_state { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "zero" }
-  } ]
-"""
-
-
-def ctl(name: str, kind: str, spec: str) -> str:
-    return f'{{ name: "{name}" control [ {{ kind: CONTROL_SEQUENCE_{kind} {spec} }} ] }}'
-
 
 CONTROLS = ", ".join(
     [
@@ -121,19 +95,8 @@ async def results(tasks, timeout=10.0) -> list[int]:
     return [int(r.outputs["OUT_X"].reshape(-1)[0]) for r in out]
 
 
-def rows(rec: list[dict], key: str) -> list[list]:
-    return [b[key].tolist() for b in rec]
-
-
 def flat(rec: list[dict], kind: str, name: str) -> list[list]:
     return [b[kind][name].reshape(-1).tolist() for b in rec]
-
-
-def start_error(seq_id, model: str = "m") -> str:
-    return (
-        f"inference request for sequence {seq_id} to model '{model}' must specify the START flag on the "
-        "first request of the sequence"
-    )
 
 
 A, B, C, D, E = 101, 102, 103, 104, 105

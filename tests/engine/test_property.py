@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from seqserve.engine import Server
 from seqserve.engine.errors import Code, InferenceError
-from tests.conftest import write_model
+from tests.helpers import write_model
 from tests.oracle import Batch, DirectOracle, Req
 
 # Accumulator with implicit state. Padding rows write a sentinel state that must never leak.

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.conftest import recorded, write_model
+from tests.helpers import recorded, write_model
 
 CFG = """
 name: "m"

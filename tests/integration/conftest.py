@@ -13,7 +13,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import write_model
 from tests.integration._util import FLAVOURS, Client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,6 +55,7 @@ class ServerProcess:
     log_path: Path
     repo: Path
     args: tuple[str, ...] = field(default_factory=tuple)
+    metrics_port: int = 0  # the Prometheus endpoint (http://127.0.0.1:<port>/metrics)
 
     @property
     def http_url(self) -> str:  # tritonclient form: no scheme
@@ -67,6 +68,10 @@ class ServerProcess:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -105,11 +110,17 @@ def _ready(url: str) -> bool:
 
 
 def start_server(
-    repo: Path, *args: str, log_dir: Path, exit_timeout_s: float = 3.0, tls: bool = False
+    repo: Path,
+    *args: str,
+    log_dir: Path,
+    exit_timeout_s: float = 3.0,
+    tls: bool = False,
+    probe: Callable[[ServerProcess], bool] | None = None,
 ) -> ServerProcess:
-    """Start `seqserve serve` on free ports and wait until /v2/health/ready answers 200."""
+    """Start `seqserve serve` on free ports and wait until /v2/health/ready answers 200
+    (or until `probe(server)` is true: for servers that want a client certificate or a header)."""
     for attempt in range(3):
-        http_port, grpc_port = free_ports(2)
+        http_port, grpc_port, metrics_port = free_ports(3)
         log_path = log_dir / f"seqserve-{http_port}.log"
         cmd = [
             sys.executable,
@@ -122,6 +133,8 @@ def start_server(
             str(http_port),
             "--grpc-port",
             str(grpc_port),
+            "--metrics-port",
+            str(metrics_port),
             "--model-repository",
             str(repo),
             "--exit-timeout-secs",
@@ -130,10 +143,10 @@ def start_server(
         ]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        srv = ServerProcess(proc, http_port, grpc_port, log_path, repo, tuple(args))
+        srv = ServerProcess(proc, http_port, grpc_port, log_path, repo, tuple(args), metrics_port)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline and srv.alive():
-            if _ready(srv.base_url.replace("http:", "https:") if tls else srv.base_url):
+            if probe(srv) if probe else _ready(srv.base_url.replace("http:", "https:") if tls else srv.base_url):
                 return srv
             time.sleep(0.05)
         if srv.alive():
@@ -160,9 +173,15 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     started: list[ServerProcess] = []
 
     def _launch(
-        repo: Path | None = None, *args: str, exit_timeout_s: float = 3.0, tls: bool = False
+        repo: Path | None = None,
+        *args: str,
+        exit_timeout_s: float = 3.0,
+        tls: bool = False,
+        probe: Callable[[ServerProcess], bool] | None = None,
     ) -> ServerProcess:
-        srv = start_server(repo or DEMO_REPO, *args, log_dir=tmp_path, exit_timeout_s=exit_timeout_s, tls=tls)
+        srv = start_server(
+            repo or DEMO_REPO, *args, log_dir=tmp_path, exit_timeout_s=exit_timeout_s, tls=tls, probe=probe
+        )
         started.append(srv)
         return srv
 
@@ -219,14 +238,6 @@ def identity_config(name: str = "identity") -> str:
         f"input [\n{ins}\n]\noutput [\n{outs}\n]\n"
         "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
     )
-
-
-def write_model(repo: Path, name: str, config: str, model_py: str, version: int = 1) -> Path:
-    d = repo / name
-    (d / str(version)).mkdir(parents=True, exist_ok=True)
-    (d / "config.pbtxt").write_text(textwrap.dedent(config))
-    (d / str(version) / "model.py").write_text(textwrap.dedent(model_py))
-    return d
 
 
 @pytest.fixture

@@ -452,9 +452,10 @@ def test_grpc_other_calls_errors(server: ServerProcess, background: BackgroundSe
             (lambda: cl.get_model_config("no_such_model"), "StatusCode.NOT_FOUND"),
             (lambda: cl.get_inference_statistics("no_such_model"), "StatusCode.INVALID_ARGUMENT"),
             (lambda: cl.get_inference_statistics("accumulator", "2"), "StatusCode.INVALID_ARGUMENT"),
-            (lambda: cl.unload_model("no_such_model"), "StatusCode.INVALID_ARGUMENT"),
-            (lambda: cl.load_model("no_such_model"), "StatusCode.INVALID_ARGUMENT"),
-            (lambda: cl.load_model("bad/name"), "StatusCode.INVALID_ARGUMENT"),
+            # model control is off by default (test_model_control.py; explicit mode: test_repository.py)
+            (lambda: cl.unload_model("no_such_model"), "StatusCode.UNAVAILABLE"),
+            (lambda: cl.load_model("no_such_model"), "StatusCode.UNAVAILABLE"),
+            (lambda: cl.load_model("bad/name"), "StatusCode.UNAVAILABLE"),
         ):
             with pytest.raises(InferenceServerException) as info:
                 call()

@@ -18,16 +18,23 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.backends.test_triton_decoupled import ACCUMULATE, ACCUMULATE_CONFIG, REPEAT, REPEAT_CONFIG, UNTIL_CANCELLED
+from tests.helpers import write_model
 from tests.integration._util import SyncStream
-from tests.integration.conftest import ServerProcess, start_server, write_model
+from tests.integration.conftest import ServerProcess, start_server
 
-# Not decoupled, batch-level: OUT = IN after 0.3 s.
+# Not decoupled, batch-level: OUT = IN, once the test has created the file `release` next to
+# model.py (or after 20 s).
 SLOW = """
+import os
 import time
+
+RELEASE = os.path.join(os.path.dirname(__file__), "release")
 
 class Model:
     def execute(self, batch):
-        time.sleep(0.3)
+        deadline = time.monotonic() + 20
+        while not os.path.exists(RELEASE) and time.monotonic() < deadline:
+            time.sleep(0.01)
         return {"OUT": batch.inputs["IN"].copy()}
 """
 
@@ -163,16 +170,18 @@ def test_decoupled_sequences_with_implicit_state(srv: ServerProcess) -> None:
 
 async def test_aio_stream(srv: ServerProcess) -> None:
     async with grpcaio.InferenceServerClient(srv.grpc_url) as client:
+        done = asyncio.Event()
 
         async def requests() -> Any:
             yield {"model_name": "repeat", "inputs": repeat_inputs([7, 8], cls=grpcaio), "request_id": "a"}
-            await asyncio.sleep(0.2)
+            await done.wait()  # keep the request side open until the replies are in
 
         got = []
         async for result, err in client.stream_infer(requests()):
             assert err is None
             got.append(int(result.as_numpy("OUT")[0]))
             if len(got) == 2:
+                done.set()
                 break
         assert got == [7, 8]
 
@@ -308,6 +317,9 @@ def test_stream_reply_order(srv: ServerProcess) -> None:
     streamed.raw_input_contents.extend([np.array([5], np.int32).tobytes(), np.array([1], np.int32).tobytes()])
     with grpc.insecure_channel(srv.grpc_url) as ch:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
-        replies = list(stub.ModelStreamInfer(iter([slow, unknown, streamed]), timeout=20))
+        stream = stub.ModelStreamInfer(iter([slow, unknown, streamed]), timeout=60)
+        replies = [next(stream)]  # while the slow model waits
+        (srv.repo / "slow" / "1" / "release").touch()
+        replies += list(stream)
     assert [r.infer_response.id for r in replies] == ["decoupled", "slow", "unknown"]
     assert "no_such_model" in replies[2].error_message

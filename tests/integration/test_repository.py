@@ -1,5 +1,7 @@
 """The model repository API (load with and without config=, with files=, unload, index)
-through all four tritonclient flavours, on servers with their own tmp repositories."""
+through all four tritonclient flavours, on servers with their own tmp repositories, started
+with --model-control-mode=explicit (the default mode refuses load and unload: see
+test_model_control.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.helpers import write_model
 from tests.integration._util import FLAVOURS, Client, expect_error, http_request, new_int_id
-from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server, write_model
+from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server
+
+EXPLICIT_ALL = ("--model-control-mode", "explicit", "--load-model", "*")
 
 PLUS_ONE_PY = """
 class Model:
@@ -39,7 +44,7 @@ def _plus_one_config(name: str, max_batch_size: int = 4) -> str:
 def repo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("repo") / "models"
     shutil.copytree(DEMO_REPO, repo, ignore=shutil.ignore_patterns("__pycache__"))
-    srv = start_server(repo, log_dir=repo.parent)
+    srv = start_server(repo, *EXPLICIT_ALL, log_dir=repo.parent)
     yield srv
     rc = srv.stop()
     assert rc == 0, f"server exited with {rc}\n{srv.log()}"
@@ -116,6 +121,9 @@ async def test_load_errors(rclient: Client) -> None:
     cl = rclient
     await expect_error(cl("unload_model", f"never_loaded_{cl.flavour}"), cl.code("INVALID_ARG"), "never_loaded")
     await expect_error(cl("load_model", "no_such_model"), cl.code("INVALID_ARG"), "no_such_model")
+    if not cl.is_http:  # over HTTP such names do not reach the route
+        for bad_name in ("bad/name", "..", "a\\b"):
+            await expect_error(cl("load_model", bad_name), cl.code("INVALID_ARG"), "path traversal characters")
     # files without a config
     await expect_error(
         cl("load_model", "orphan", files={"file:1/model.py": PLUS_ONE_PY.encode()}), cl.code("INVALID_ARG"), "config"
@@ -153,7 +161,7 @@ def test_load_http_raw(repo_server: ServerProcess) -> None:
     for bad, fragment in (
         ({"parameters": {"config": {"name": name}}}, "must be a string"),
         ({"parameters": {"config": "{}", "file:1/model.py": "%%% not base64"}}, "not valid base64"),
-        ({"parameters": {"config": "{}", "file:../escape.py": "AAAA"}}, "invalid file path"),
+        ({"parameters": {"config": "{}", "file:../escape.py": "AAAA"}}, "must stay within model directory"),
     ):
         r = http_request(repo_server, "POST", f"/v2/repository/models/{name}/load", bad)
         assert r.status == 400, (bad, r.body)
@@ -163,9 +171,10 @@ def test_load_http_raw(repo_server: ServerProcess) -> None:
     assert (r.status, r.body) == (200, b"")
 
 
-async def test_versions_and_new_model_on_disk(custom_server: ServerProcess, custom_repo: Path) -> None:
+async def test_versions_and_new_model_on_disk(custom_repo: Path, launch: Callable[..., ServerProcess]) -> None:
     """A function-scoped server on its own repository: a model added to the directory after
     startup is loaded through the API, then a second version with version_policy all."""
+    custom_server = launch(custom_repo, *EXPLICIT_ALL)
     cfg = """
         name: "twice"
         backend: "python"
@@ -216,10 +225,11 @@ async def test_versions_and_new_model_on_disk(custom_server: ServerProcess, cust
 
 async def test_broken_model_does_not_stop_the_server(custom_repo: Path, launch: Callable[..., ServerProcess]) -> None:
     """Server.start: "A model that fails to load is reported with its reason and does not stop
-    the others" (the CLI logs every model's state and reason at startup)."""
+    the others" (the CLI logs every model's state and reason at startup). The CLI exits on it
+    unless --exit-on-error=false (tests/integration/test_startup.py)."""
     write_model(custom_repo, "broken", 'name: "broken"\nbackend: "python"\nmax_batch_size: 0\n',
                 "raise RuntimeError('boom')\n")  # fmt: skip
-    srv = launch(custom_repo)
+    srv = launch(custom_repo, "--exit-on-error=false", "--strict-readiness=false")
     cl = Client("http", srv)
     try:
         assert await cl("is_model_ready", "accumulator") is True

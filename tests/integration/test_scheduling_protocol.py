@@ -5,17 +5,16 @@ stream.
 
 The scheduling server runs with TRITONSERVER_DELAY_SCHEDULER=N, so each model's first batch is
 held until N requests are queued: batch composition does not depend on timing. Every test uses
-its own model (the hold only applies to a model's first batch). Requests are sent 0.1 s apart so
-that they reach the server in the order sent.
+its own model (the hold only applies to a model's first batch). Where the order in which requests
+reach the server matters, they go in groups 1 s apart, on connections opened beforehand, or a
+request waits for an earlier one's reply.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import secrets
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,12 +23,12 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
+from tests.helpers import BRIEF_A_MODEL, BRIEF_B_IO, BRIEF_B_MODEL, python_brief, write_model
 from tests.integration._util import SyncStream
-from tests.integration.conftest import ServerProcess, start_server, write_model
+from tests.integration.conftest import ServerProcess, start_server
 
-BRIEF = Path(__file__).resolve().parent.parent / "data" / "brief_configs"
 HOLD = 4  # TRITONSERVER_DELAY_SCHEDULER for the scheduling server
-GAP_S = 0.1
+GAP_S = 1.0  # between groups of requests that must arrive in order: far beyond a send's latency
 
 # Each row: OUT_X = IN_X, BATCH = how many batches this instance ran before this one.
 BATCH_MODEL = """
@@ -99,6 +98,11 @@ class Proto:
         r = await self.client.infer(model, [inp], **kwargs)
         return int(r.as_numpy("OUT_X")[0, 0]), int(r.as_numpy("BATCH")[0, 0])
 
+    async def warm(self, connections: int) -> None:
+        """Open the client's connections: a request on a new one (TCP, and HTTP/2 for gRPC) is
+        the slowest to arrive, and would blur the order in which requests reach the server."""
+        await asyncio.gather(*(self.client.is_server_live() for _ in range(connections)))
+
     async def close(self) -> None:
         await self.client.close()
 
@@ -106,17 +110,20 @@ class Proto:
 @pytest.fixture(params=PROTOCOLS)
 async def proto(request: pytest.FixtureRequest, sched_server: ServerProcess) -> Any:
     p = Proto(request.param, sched_server)
+    await p.warm(HOLD + 2)
     yield p
     await p.close()
 
 
-async def staggered(*coros: Any) -> list[Any]:
-    """Start the coroutines GAP_S apart (so they arrive in order); results or exceptions."""
-    tasks = []
-    for c in coros:
-        tasks.append(asyncio.ensure_future(c))
-        await asyncio.sleep(GAP_S)
-    return await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
+async def in_order(*groups: list[Any]) -> list[Any]:
+    """Start each group of coroutines together, GAP_S after the previous group, so that the
+    groups reach the server in order; the results (or exceptions) of all, flattened."""
+    started = []
+    for k, group in enumerate(groups):
+        if k:
+            await asyncio.sleep(GAP_S)
+        started += [asyncio.ensure_future(c) for c in group]
+    return await asyncio.wait_for(asyncio.gather(*started, return_exceptions=True), 20)
 
 
 def unavailable(e: Any, p: Proto, message: str) -> None:
@@ -130,11 +137,9 @@ def unavailable(e: Any, p: Proto, message: str) -> None:
 
 async def test_priority_parameter_orders_the_batches(proto: Proto) -> None:
     model = f"prio_{proto.proto}"
-    got = await staggered(
-        proto.infer(model, 1),  # default level (2)
-        proto.infer(model, 2, priority=2),
-        proto.infer(model, 3, priority=1),
-        proto.infer(model, 4, priority=1),
+    got = await in_order(
+        [proto.infer(model, 1), proto.infer(model, 2, priority=2)],  # default level (2), and 2
+        [proto.infer(model, 3, priority=1), proto.infer(model, 4, priority=1)],
     )
     # (value, batch): the two level-1 requests form the first batch although they came last
     assert got == [(1, 1), (2, 1), (3, 0), (4, 0)]
@@ -145,10 +150,11 @@ async def test_priority_parameter_orders_the_batches(proto: Proto) -> None:
 
 async def test_timeout_parameter_expires_queued_request(proto: Proto) -> None:
     model = f"timeout_{proto.proto}"
-    early = asyncio.ensure_future(proto.infer(model, 1, timeout=100_000, request_id="t-1"))  # µs
-    await asyncio.sleep(0.4)  # held by the delay hook beyond its timeout
-    rest = await staggered(proto.infer(model, 2), proto.infer(model, 3, timeout=15_000_000), proto.infer(model, 4))
-    (first,) = await asyncio.wait_for(asyncio.gather(early, return_exceptions=True), 20)
+    # the first is held by the delay hook (GAP_S) beyond its 0.1 s timeout before the rest come
+    first, *rest = await in_order(
+        [proto.infer(model, 1, timeout=100_000, request_id="t-1")],  # µs
+        [proto.infer(model, 2), proto.infer(model, 3, timeout=15_000_000), proto.infer(model, 4)],
+    )
     unavailable(first, proto, "Request timeout expired")
     assert rest == [(2, 0), (3, 0), (4, 0)]  # a longer timeout than needed changes nothing
 
@@ -160,59 +166,24 @@ async def test_timeout_parameter_expires_queued_request(proto: Proto) -> None:
 async def test_exceeds_maximum_queue_size_status(proto: Proto, with_id: bool) -> None:
     model = f"qfull_{proto.proto}_{'id' if with_id else 'noid'}"
     rid = f"q-{secrets.token_hex(3)}" if with_id else ""
-    got = await staggered(
-        proto.infer(model, 1),  # level 2: unlimited
-        proto.infer(model, 2, priority=1),  # level 1: fills its queue of 1
-        proto.infer(model, 3, priority=1, request_id=rid),  # refused at once
-        proto.infer(model, 4),
-        proto.infer(model, 5),  # the 4th queued request releases the hold
+    queued = [
+        asyncio.ensure_future(proto.infer(model, 1)),  # level 2: unlimited
+        asyncio.ensure_future(proto.infer(model, 2, priority=1)),  # level 1: fills its queue of 1
+    ]
+    await asyncio.sleep(GAP_S)
+    # refused at once: its reply comes before the rest are sent
+    (refused,) = await asyncio.wait_for(
+        asyncio.gather(proto.infer(model, 3, priority=1, request_id=rid), return_exceptions=True), 20
     )
-    unavailable(got[2], proto, f"[request id: {rid or '<id_unknown>'}] Exceeds maximum queue size")
-    assert [g for k, g in enumerate(got) if k != 2] == [(1, 0), (2, 0), (4, 0), (5, 0)]
+    unavailable(refused, proto, f"[request id: {rid or '<id_unknown>'}] Exceeds maximum queue size")
+    queued += [asyncio.ensure_future(proto.infer(model, v)) for v in (4, 5)]  # the 4th queued releases the hold
+    got = await asyncio.wait_for(asyncio.gather(*queued), 20)
+    assert got == [(1, 0), (2, 0), (4, 0), (5, 0)]
     # The queue has room again.
     assert await proto.infer(model, 6, priority=1) == (6, 1)
 
 
 # ---------------------------------------------------------------- brief configs (gRPC stream)
-
-BRIEF_A_MODEL = """
-import numpy as np
-
-class Model:
-    def execute(self, batch):
-        x = batch.inputs["INPUT__0"]
-        new = batch.states["lstm_state"].copy()
-        new[:, 0, 0] += x[:, 0]
-        return {"OUTPUT__0": new[:, 0, :10].copy(), "lstm_state": new}
-"""
-
-BRIEF_B_MODEL = """
-import numpy as np
-SUMS = {}
-
-class Model:
-    def execute(self, batch):
-        x = batch.inputs["INPUT"]
-        out = np.zeros((batch.size, 1), np.float32)
-        for row, (ready, start, cid) in enumerate(zip(batch.ready, batch.start, batch.corrid)):
-            if ready:
-                SUMS[cid] = (0.0 if start else SUMS[cid]) + float(x[row, 0])
-                out[row, 0] = SUMS[cid]
-        return {"OUTPUT": out}
-"""
-
-BRIEF_B_IO = """
-input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
-"""
-
-
-def python_brief(repo: Path, dirname: str, name: str, model_py: str, extra: str = "") -> None:
-    text = (BRIEF / dirname / "config.pbtxt").read_text()
-    swapped, n = re.subn(r'^platform: "[^"]*".*$', 'backend: "python"', text, flags=re.M)
-    assert n == 1
-    write_model(repo, name, swapped + extra, model_py)
-
 
 @pytest.fixture(scope="module")
 def brief_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:

@@ -294,7 +294,8 @@ def test_session_header_generated(server: ServerProcess, model: str) -> None:
     assert r.status == 200, r.body
     assert raw_output(r) == [2.0]
     sid = r.headers["inference-session-id"]
-    assert str(r.json()["parameters"]["sequence_id"]) == sid
+    sid_param = r.json()["parameters"]["sequence_id"]
+    assert str(sid_param) == sid
 
     cl = httpclient.InferenceServerClient(server.http_url)
     try:
@@ -315,20 +316,25 @@ def test_session_header_generated(server: ServerProcess, model: str) -> None:
     assert r.status == 200, r.body
     assert raw_output(r) == [6.0]
     assert r.headers["inference-session-id"] == sid
+    # ended: the session's next request is refused (410), not started afresh
     r = http_request(
         server, "POST", f"/v2/models/{model}/infer", {"inputs": [acc_input()]}, {"Inference-Session-Id": sid}
     )
+    assert r.status == 410
+    assert r.error() == f"session '{sid}' was ended by its END request; start a new session with a new id"
+    # the sequence_id parameter keeps Triton's START error
+    doc = {"inputs": [acc_input()], "parameters": {"sequence_id": sid_param}}
+    r = http_request(server, "POST", f"/v2/models/{model}/infer", doc)
     assert r.status == 400 and START_MSG in r.error()
 
 
 def test_session_header_names_sequence(server: ServerProcess) -> None:
-    """A client-chosen Inference-Session-Id names the sequence like a string sequence_id."""
+    """A client-chosen Inference-Session-Id names the sequence like a string sequence_id; the
+    first request of a session the server does not know starts it (START implied)."""
     sid = new_str_id()
     path = "/v2/models/accumulator/infer"
     hdr = {"Inference-Session-Id": sid}
     r = http_request(server, "POST", path, {"inputs": [acc_input(1.0)]}, hdr)
-    assert r.status == 400 and START_MSG in r.error() and sid in r.error()
-    r = http_request(server, "POST", path, {"inputs": [acc_input(1.0)], "parameters": {"sequence_start": True}}, hdr)
     assert r.status == 200, r.body
     assert raw_output(r) == [1.0] and r.headers["inference-session-id"] == sid
 

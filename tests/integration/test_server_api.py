@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from seqserve.api.kserve import EXTENSIONS
 from tests.integration._util import Client, expect_error, http_request
 from tests.integration.conftest import ServerProcess
 
@@ -30,6 +31,7 @@ async def test_server_metadata(client: Client) -> None:
     assert isinstance(meta["version"], str) and meta["version"]
     assert "sequence" in meta["extensions"]
     assert "sequence(string_id)" in meta["extensions"]
+    assert list(meta["extensions"]) == list(EXTENSIONS)  # one list, the same on HTTP and gRPC
 
 
 def _ints(shape: list[int | str]) -> list[int]:

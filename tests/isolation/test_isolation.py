@@ -443,6 +443,51 @@ async def test_dynamic_batches_of_multi_row_requests_agree(repo, serve) -> None:
     assert max(r["ROWS"][0][0] for r in got["rows_p"] if "ROWS" in r) == 3
 
 
+# Ragged inputs (allow_ragged_batch): each request's own part, answered as one array per request.
+RAGGED_MODEL = """
+import numpy as np
+
+class Model:
+    def execute(self, batch):
+        parts = batch.request_inputs("IN")
+        shapes = [",".join(map(str, r)).encode() for r in batch.ragged["IN"].shapes]
+        return {
+            "OUT": [p * 2 for p in parts],
+            "SHAPES": [np.array([[s]] * n, dtype=object) for s, n in zip(shapes, batch.request_rows)],
+        }
+"""
+
+
+def ragged_config(name: str, isolation: str) -> str:
+    return f"""
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true }} ]
+output [
+  {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }},
+  {{ name: "SHAPES" data_type: TYPE_STRING dims: [ 1 ] }}
+]
+dynamic_batching {{ max_queue_delay_microseconds: 50000 preferred_batch_size: [ 4 ] }}
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+parameters [ {{ key: "isolation" value: {{ string_value: "{isolation}" }} }} ]
+"""
+
+
+async def test_ragged_inputs_and_per_request_outputs_agree(repo, serve) -> None:
+    write_model(repo, "rg_t", ragged_config("rg_t", "thread"), RAGGED_MODEL)
+    write_model(repo, "rg_p", ragged_config("rg_p", "process"), RAGGED_MODEL)
+    s = await serve()
+    inputs = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([[9]], np.float32), np.ones((1, 4), np.float32)]
+    got = {}
+    for model in ("rg_t", "rg_p"):
+        out = await asyncio.wait_for(asyncio.gather(*(s.infer(model, {"IN": x}) for x in inputs)), 30)
+        got[model] = [{k: v.tolist() for k, v in r.outputs.items()} for r in out]
+    assert got["rg_t"] == got["rg_p"]
+    assert got["rg_p"][0]["OUT"] == (inputs[0] * 2).tolist()
+    assert got["rg_p"][2]["OUT"] == [[2.0] * 4]
+
+
 BIG_STATE = """
 import numpy as np
 

@@ -6,22 +6,37 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from seqserve import __version__
+from seqserve.api import security
 from seqserve.api.http import DEFAULT_MAX_BODY_BYTES, HttpFrontend
-from seqserve.engine import Server
+from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig, MetricsServer, start_metrics
+from seqserve.engine import (
+    DEFAULT_REPOSITORY_POLL_SECS,
+    DEFAULT_TOMBSTONE_MAX,
+    DEFAULT_TOMBSTONE_S,
+    ModelControlMode,
+    Server,
+    SessionPolicy,
+)
 
 log = logging.getLogger("seqserve")
 
 
+class StartupError(Exception):
+    """Startup cannot go on (a port that cannot be bound, a model that failed to load): the
+    message is the one line logged, and the process exits non-zero."""
+
+
 @dataclass(slots=True)
 class ServeOptions:
-    model_repository: Path
-    host: str = "0.0.0.0"
+    model_repository: Path | list[Path]  # several: Triton's repeated --model-repository
+    host: str = "0.0.0.0"  # both front-ends, unless http_address / grpc_address say otherwise
     http_port: int | None = 8000  # None: HTTP off
     grpc_port: int | None = 8001  # None: gRPC off
     exit_timeout_s: float = 30.0
@@ -31,8 +46,37 @@ class ServeOptions:
     http_tls_key: str | None = None
     grpc_tls_cert: str | None = None
     grpc_tls_key: str | None = None
+    http_tls_client_ca: str | None = None  # mutual TLS: clients need a certificate this CA signed
+    grpc_tls_client_ca: str | None = None
+    http_restricted: security.Restrictions = field(default_factory=security.Restrictions)
+    grpc_restricted: security.Restrictions = field(default_factory=security.Restrictions)
     http_server: str = "auto"  # "hypercorn", "granian", or "auto": granian when installed
+    model_control: ModelControlMode = ModelControlMode.NONE
+    startup_models: list[str] | None = None  # None: every model of the repository
+    repository_poll_secs: float = DEFAULT_REPOSITORY_POLL_SECS
+    http_address: str | None = None  # None: host
+    grpc_address: str | None = None  # None: host
+    exit_on_error: bool = True  # a model that fails to load at startup ends startup (Triton's default)
+    strict_readiness: bool = True  # /v2/health/ready is false while a model failed to load
+    metrics_port: int | None = DEFAULT_METRICS_PORT  # None: no metrics (--allow-metrics=false)
+    metrics_address: str | None = None  # None: the HTTP address (Triton's default)
+    metrics_interval_ms: int = DEFAULT_INTERVAL_MS
+    metrics_config: MetricsConfig = field(default_factory=MetricsConfig)
+    session_tombstone_s: float = DEFAULT_TOMBSTONE_S
+    session_tombstone_max: int = DEFAULT_TOMBSTONE_MAX
     python_isolation: str = "thread"  # or "process": see docs/isolation.md
+
+    @property
+    def http_host(self) -> str:
+        return self.http_address or self.host
+
+    @property
+    def grpc_host(self) -> str:
+        return self.grpc_address or self.host
+
+    @property
+    def metrics_host(self) -> str:
+        return self.metrics_address or self.http_host
 
 
 def resolve_http_server(choice: str) -> str:
@@ -52,12 +96,26 @@ async def serve(opts: ServeOptions) -> int:
         opts.model_repository,
         exit_timeout_s=opts.exit_timeout_s,
         auto_sequence_ids=not opts.strict_sequence_ids,
+        model_control=opts.model_control,
+        repository_poll_secs=opts.repository_poll_secs,
+        strict_readiness=opts.strict_readiness,
+        sessions=SessionPolicy(opts.session_tombstone_s, opts.session_tombstone_max),
         python_isolation=opts.python_isolation,
     )
-    await server.start()
+    log.info("model control mode: %s", opts.model_control.value)
+    await server.start(opts.startup_models)
     for entry in server.repository_index():
         state = entry["state"] + (f" ({entry['reason']})" if entry["reason"] else "")
         log.info("model %-24s version %-4s %s", entry["name"], entry["version"] or "-", state)
+    failed = server.failed_models()
+    if failed and opts.exit_on_error:
+        # Triton: "error: creating server: Internal - failed to load all models"
+        log.error(
+            "failed to load all models (%s); exiting (--exit-on-error=false keeps serving the others)",
+            ", ".join(sorted(failed)),
+        )
+        await server.shutdown(timeout_s=0)
+        return 1
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -67,24 +125,47 @@ async def serve(opts: ServeOptions) -> int:
 
     tasks: list[asyncio.Task[None]] = []
     grpc_server = None
-    if opts.grpc_port is not None:
-        from seqserve.api.grpc import start_grpc
-
-        grpc_server = await start_grpc(
-            server, opts.host, opts.grpc_port, cert=opts.grpc_tls_cert, key=opts.grpc_tls_key
-        )
-        log.info("gRPC listening on %s:%d", opts.host, opts.grpc_port)
+    metrics: MetricsServer | None = None
     http_done = asyncio.Event()
     stop_http = http_done.set
-    if opts.http_port is not None:
-        app = HttpFrontend(server, max_body_bytes=opts.http_max_body_bytes).asgi()
-        kind = resolve_http_server(opts.http_server)
-        if kind == "granian":
-            stop_http = _start_granian(app, opts, tasks)
-        else:
-            _start_hypercorn(app, opts, tasks, http_done)
-        scheme = "https" if opts.http_tls_cert else "http"
-        log.info("HTTP (%s) listening on %s://%s:%d", kind, scheme, opts.host, opts.http_port)
+    try:
+        if opts.grpc_port is not None:
+            grpc_server = await _start_grpc(server, opts)
+            log.info("gRPC listening on %s:%d%s", opts.grpc_host, opts.grpc_port, _tls_note(opts.grpc_tls_client_ca))
+            if opts.grpc_restricted:
+                log.info("gRPC restricted protocols: %s", opts.grpc_restricted.describe())
+        if opts.http_port is not None:
+            app = HttpFrontend(server, max_body_bytes=opts.http_max_body_bytes).asgi()
+            # app itself when nothing is restricted
+            app = security.restrict_http(app, opts.http_restricted, max_body_bytes=opts.http_max_body_bytes)
+            kind = resolve_http_server(opts.http_server)
+            if kind == "granian":
+                stop_http = await _start_granian(app, opts, tasks)
+            else:
+                _start_hypercorn(app, opts, tasks, http_done)
+            scheme = "https" if opts.http_tls_cert else "http"
+            log.info(
+                "HTTP (%s) listening on %s://%s:%d%s",
+                kind, scheme, opts.http_host, opts.http_port, _tls_note(opts.http_tls_client_ca),
+            )  # fmt: skip
+            if opts.http_restricted:
+                log.info("HTTP restricted APIs: %s", opts.http_restricted.describe())
+        if opts.metrics_port is not None:
+            sock = _listen("metrics", opts.metrics_host, opts.metrics_port)
+            metrics = await start_metrics(
+                server, sock, interval_ms=opts.metrics_interval_ms, config=opts.metrics_config
+            )
+            log.info("metrics listening on http://%s:%d/metrics", opts.metrics_host, opts.metrics_port)
+    except StartupError as e:
+        log.error("%s", e)
+        stop_http()
+        if grpc_server is not None:
+            await grpc_server.stop(grace=None)
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        await server.shutdown(timeout_s=0)
+        return 1
     log.info("seqserve %s ready", __version__)
 
     await stop.wait()
@@ -95,8 +176,53 @@ async def serve(opts: ServeOptions) -> int:
         await grpc_server.stop(grace=1.0)
     for t in tasks:
         await t
+    if metrics is not None:
+        await metrics.close()
     log.info("stopped")
     return 0
+
+
+def _listen(what: str, host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port, or StartupError naming the port and why."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise StartupError(f"cannot listen for {what} on {host}:{port} (port {port}): {_reason(e)}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(address)
+        sock.listen(1024)
+    except OSError as e:
+        sock.close()
+        raise StartupError(f"cannot listen for {what} on {host}:{port} (port {port}): {_reason(e)}") from None
+    return sock
+
+
+def _reason(e: OSError) -> str:
+    return (e.strerror or str(e)).lower()
+
+
+async def _start_grpc(server: Server, opts: ServeOptions) -> Any:
+    from seqserve.api.grpc import start_grpc
+
+    host, port = opts.grpc_host, opts.grpc_port or 0
+    _listen("gRPC", host, port).close()  # gRPC's own failure says neither why nor in one line
+    try:
+        return await start_grpc(
+            server,
+            host,
+            port,
+            cert=opts.grpc_tls_cert,
+            key=opts.grpc_tls_key,
+            client_ca=opts.grpc_tls_client_ca,
+            restrictions=opts.grpc_restricted,
+        )
+    except (RuntimeError, OSError):
+        raise StartupError(f"cannot listen for gRPC on {host}:{port} (port {port})") from None
 
 
 def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]], done: asyncio.Event) -> None:
@@ -104,40 +230,61 @@ def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None
     from hypercorn.config import Config
 
     cfg = Config()
-    cfg.bind = [f"{opts.host}:{opts.http_port}"]
+    # Bound here, so that a busy port ends startup at once; hypercorn serves the socket.
+    sock = _listen("HTTP", opts.http_host, opts.http_port or 0)
+    cfg.bind = [f"fd://{sock.detach()}"]
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("hypercorn.error")
     cfg.keep_alive_timeout = 75
     cfg.graceful_timeout = 1.0
-    if opts.http_tls_cert:
-        cfg.certfile = opts.http_tls_cert
-        cfg.keyfile = opts.http_tls_key
+    tls = _http_tls(opts)
+    if tls is not None:
+        security.hypercorn_tls(cfg, tls)
     tasks.append(asyncio.create_task(hypercorn_serve(app, cfg, shutdown_trigger=done.wait)))  # type: ignore[arg-type]
 
 
-def _start_granian(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:
+async def _start_granian(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:
     """Granian's embedded server: its Rust HTTP stack feeds our ASGI app on this same loop."""
     from granian.constants import Interfaces
     from granian.server.embed import Server as GranianServer
 
+    host, port = opts.http_host, opts.http_port or 8000
+    _listen("HTTP", host, port).close()  # granian binds its own socket: a busy port is found here
     logging.getLogger("_granian").setLevel(logging.WARNING)  # it warns that embedding is experimental
     server = GranianServer(
         app,
-        address=opts.host,
-        port=opts.http_port or 8000,
+        address=host,
+        port=port,
         interface=Interfaces.ASGINL,
         log_enabled=False,
-        ssl_cert=Path(opts.http_tls_cert) if opts.http_tls_cert else None,
-        ssl_key=Path(opts.http_tls_key) if opts.http_tls_key else None,
+        **security.granian_tls(_http_tls(opts)),
     )
-    tasks.append(asyncio.create_task(server.serve()))
+    task = asyncio.create_task(server.serve())
+    tasks.append(task)
+    await asyncio.sleep(0)  # granian binds in the task's first step
+    if task.done() and task.exception() is not None:
+        tasks.remove(task)
+        raise StartupError(f"cannot listen for HTTP on {host}:{port} (port {port}): {task.exception()}")
     return server.stop
+
+
+def _http_tls(opts: ServeOptions) -> security.TlsFiles | None:
+    if not (opts.http_tls_cert and opts.http_tls_key):
+        return None
+    return security.TlsFiles(opts.http_tls_cert, opts.http_tls_key, opts.http_tls_client_ca)
+
+
+def _tls_note(client_ca: str | None) -> str:
+    return f" (mutual TLS: client certificates from {client_ca})" if client_ca else ""
 
 
 def run(opts: ServeOptions) -> int:
     """Run `serve` on uvloop when it is installed, else on the default asyncio loop."""
+    runner: Callable[..., int] = asyncio.run
     try:
         import uvloop
+
+        runner = uvloop.run
     except ImportError:
-        return asyncio.run(serve(opts))
-    return uvloop.run(serve(opts))
+        pass  # asyncio's loop; it runs outside this block, so a later error is not chained to the ImportError
+    return runner(serve(opts))

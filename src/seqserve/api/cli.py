@@ -8,8 +8,17 @@ import sys
 from pathlib import Path
 
 from seqserve import __version__
-from seqserve.api.app import ServeOptions, run
+from seqserve.api import security
+from seqserve.api.app import ServeOptions, resolve_http_server, run
 from seqserve.api.http import DEFAULT_MAX_BODY_BYTES
+from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig
+from seqserve.engine import (
+    DEFAULT_REPOSITORY_POLL_SECS,
+    DEFAULT_TOMBSTONE_MAX,
+    DEFAULT_TOMBSTONE_S,
+    ModelControlMode,
+    startup_models,
+)
 
 DEMO_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
 
@@ -24,6 +33,51 @@ def _port(value: str) -> int | None:
     return port
 
 
+def _bool(value: str) -> bool:
+    """Triton's boolean option values."""
+    v = value.strip().lower()
+    if v in ("true", "1", "yes", "on"):
+        return True
+    if v in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{value!r} is not a boolean (true or false)")
+
+
+def _log_verbose(value: str) -> int:
+    level = int(value)
+    if level < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a verbose level (0 or more)")
+    return level
+
+
+def _tcp_port(value: str) -> int:
+    port = int(value)
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (1-65535)")
+    return port
+
+
+def _positive_int(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return n
+
+
+def _count(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not an integer >= 0")
+    return n
+
+
+def _poll_secs(value: str) -> float:
+    secs = float(value)
+    if not secs >= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a number of seconds >= 0")
+    return secs
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="seqserve", description="Inference server for stateful models.")
     p.add_argument("--version", action="version", version=f"seqserve {__version__}")
@@ -32,13 +86,77 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--model-repository",
         type=Path,
-        default=DEMO_REPOSITORY,
-        help="model repository directory (default: the bundled demo models)",
+        action="append",
+        default=None,
+        help="model repository directory; repeat it to serve several (a model name found in two of them "
+        "fails to load, as in Triton) (default: the bundled demo models)",
     )
-    s.add_argument("--host", default="0.0.0.0", help="address to bind (default: 0.0.0.0)")
+    s.add_argument(
+        "--exit-on-error",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="BOOL",
+        help="exit when a model fails to load at startup, as Triton (default: true; false: log it, list it "
+        "UNAVAILABLE and serve the others)",
+    )
+    s.add_argument(
+        "--strict-readiness",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="BOOL",
+        help="/v2/health/ready (and gRPC ServerReady) answers ready only while every model that was asked to "
+        "load is READY (default: true; false: ready once the server is up)",
+    )
+    s.add_argument(
+        "--model-control-mode",
+        type=str.lower,
+        choices=[m.value for m in ModelControlMode],
+        default=ModelControlMode.NONE.value,
+        help="how the loaded models may change (as Triton's option). 'none' (default): every model of the "
+        "repository loads at startup and nothing changes afterwards; load and unload requests over HTTP and "
+        "gRPC are refused. 'poll': every model loads at startup, then the repository is polled every "
+        "--repository-poll-secs and models are loaded, unloaded and reloaded as their folders appear, "
+        "disappear and change; load and unload requests are refused. 'explicit': only the --load-model "
+        "models load at startup, and clients load and unload models (uploaded files included, which runs "
+        "code they send): open it only to trusted clients",
+    )
+    s.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --model-control-mode=explicit, a model to load at startup; repeat it for more models, or "
+        "give '*' alone to load every model. Without it explicit mode starts with no model loaded",
+    )
+    s.add_argument(
+        "--repository-poll-secs",
+        type=_poll_secs,
+        default=None,
+        metavar="SECONDS",
+        help="with --model-control-mode=poll, the interval between two scans of the model repository "
+        f"(default: {DEFAULT_REPOSITORY_POLL_SECS:g}; 0: scan at startup only)",
+    )
+    s.add_argument(
+        "--host",
+        default="0.0.0.0",
+        help="address both front-ends bind, unless --http-address or --grpc-address says otherwise (default: 0.0.0.0)",
+    )
+    s.add_argument("--http-address", metavar="ADDRESS", help="address the HTTP server binds (default: --host)")
     s.add_argument("--http-port", type=_port, default=8000, help="HTTP port, or 'off' (default: 8000)")
+    s.add_argument("--grpc-address", metavar="ADDRESS", help="address the gRPC server binds (default: --host)")
     s.add_argument("--grpc-port", type=_port, default=8001, help="gRPC port, or 'off' (default: 8001)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument(
+        "--log-verbose",
+        type=_log_verbose,
+        default=0,
+        metavar="N",
+        help="verbose logging, as Triton's option: 0 (default) keeps --log-level; 1 or more logs at debug level",
+    )
     s.add_argument(
         "--exit-timeout-secs",
         type=float,
@@ -61,7 +179,56 @@ def build_parser() -> argparse.ArgumentParser:
         "--http-server",
         choices=["auto", "hypercorn", "granian"],
         default="auto",
-        help="HTTP server for the ASGI app (default: granian when installed, else hypercorn)",
+        help="HTTP server for the ASGI app: 'auto' (default) picks granian, installed with seqserve wherever it "
+        "has wheels, else hypercorn; 'hypercorn' selects hypercorn",
+    )
+    s.add_argument(
+        "--allow-metrics",
+        type=_bool,
+        default=True,
+        metavar="BOOL",
+        help="serve Prometheus metrics at http://<metrics-address>:<metrics-port>/metrics (default: true)",
+    )
+    s.add_argument(
+        "--metrics-port",
+        type=_tcp_port,
+        default=DEFAULT_METRICS_PORT,
+        help=f"port of the metrics endpoint (default: {DEFAULT_METRICS_PORT})",
+    )
+    s.add_argument(
+        "--metrics-address", help="address the metrics endpoint binds (default: the HTTP address, as in Triton)"
+    )
+    s.add_argument(
+        "--metrics-interval-ms",
+        type=_positive_int,
+        default=DEFAULT_INTERVAL_MS,
+        metavar="MS",
+        help="how often the per-interval metrics (CPU) are read again; the model metrics are read at "
+        f"every scrape (default: {DEFAULT_INTERVAL_MS})",
+    )
+    s.add_argument(
+        "--metrics-config",
+        action="append",
+        default=[],
+        metavar="SETTING=VALUE",
+        help="Triton's metric settings: counter_latencies=true|false (the *_duration_us counters, default "
+        "true), histogram_latencies=true|false (nv_inference_first_response_histogram_ms, default false)",
+    )
+    s.add_argument(
+        "--session-tombstone-secs",
+        type=_poll_secs,
+        default=DEFAULT_TOMBSTONE_S,
+        metavar="SECONDS",
+        help="how long an ended or expired session is remembered, so that its next request is refused "
+        f"instead of starting a new session (default: {DEFAULT_TOMBSTONE_S:g}; 0: not remembered)",
+    )
+    s.add_argument(
+        "--session-tombstone-max",
+        type=_count,
+        default=DEFAULT_TOMBSTONE_MAX,
+        metavar="N",
+        help="how many ended or expired sessions each model version remembers at most, the least recently "
+        f"used forgotten first (default: {DEFAULT_TOMBSTONE_MAX}; 0: none)",
     )
     s.add_argument(
         "--python-isolation",
@@ -76,13 +243,39 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--http-tls-key", help="PEM private key for HTTP (overrides --tls-key)")
     s.add_argument("--grpc-tls-cert", help="PEM certificate for gRPC (overrides --tls-cert)")
     s.add_argument("--grpc-tls-key", help="PEM private key for gRPC (overrides --tls-key)")
+    s.add_argument(
+        "--tls-client-ca",
+        metavar="PEM",
+        help="mutual TLS on both front-ends: clients must present a certificate signed by a CA of this PEM "
+        "bundle (needs --tls-cert/--tls-key or the front-end's own)",
+    )
+    s.add_argument("--http-tls-client-ca", metavar="PEM", help="mutual TLS for HTTP (overrides --tls-client-ca)")
+    s.add_argument("--grpc-tls-client-ca", metavar="PEM", help="mutual TLS for gRPC (overrides --tls-client-ca)")
+    groups = ", ".join(security.GROUPS)
+    s.add_argument(
+        "--http-restricted-api",
+        action="append",
+        default=[],
+        metavar="API[,API...]:KEY=VALUE",
+        help="as Triton's option: HTTP requests to these APIs must carry the header KEY with VALUE, or get "
+        f"403. Repeat it for groups with other keys; an API may be in one group only. APIs: {groups}",
+    )
+    s.add_argument(
+        "--grpc-restricted-protocol",
+        action="append",
+        default=[],
+        metavar="PROTOCOL[,PROTOCOL...]:KEY=VALUE",
+        help="as Triton's option: gRPC calls to these protocols must carry the metadata "
+        f"'{security.GRPC_HEADER_PREFIX}KEY' with VALUE, or get UNAVAILABLE. Repeatable, as "
+        f"--http-restricted-api. Protocols: {groups}",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(),
+        level="DEBUG" if args.log_verbose > 0 else args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -97,12 +290,72 @@ def main(argv: list[str] | None = None) -> int:
         if bool(cert) != bool(key):
             print(f"seqserve: {what} TLS needs both a certificate and a key", file=sys.stderr)
             return 2
-    if not args.model_repository.is_dir():
-        print(f"seqserve: model repository '{args.model_repository}' is not a directory", file=sys.stderr)
+    http_ca = args.http_tls_client_ca or args.tls_client_ca
+    grpc_ca = args.grpc_tls_client_ca or args.tls_client_ca
+    for what, on, cert, ca in (
+        ("HTTP", args.http_port, http_cert, http_ca),
+        ("gRPC", args.grpc_port, grpc_cert, grpc_ca),
+    ):
+        if on is not None and ca and not cert:
+            print(f"seqserve: {what} mutual TLS (a client CA) needs TLS: give a certificate and a key", file=sys.stderr)
+            return 2
+    if (
+        args.http_port is not None
+        and http_ca
+        and resolve_http_server(args.http_server) == "granian"
+        and not security.granian_client_verify_supported()
+    ):
+        if args.http_server == "granian":
+            print(
+                "seqserve: this granian cannot require client certificates (mutual TLS); "
+                "use --http-server hypercorn or a granian with ssl_client_verify",
+                file=sys.stderr,
+            )
+            return 2
+        args.http_server = "hypercorn"  # auto: the server that can
+    for what, on, cert, key, ca in (
+        ("HTTP", args.http_port, http_cert, http_key, http_ca),
+        ("gRPC", args.grpc_port, grpc_cert, grpc_key, grpc_ca),
+    ):
+        if on is not None and cert and key:
+            try:
+                security.check_tls(what, security.TlsFiles(cert, key, ca))
+            except ValueError as e:
+                print(f"seqserve: {e}", file=sys.stderr)
+                return 2
+    try:
+        http_restricted = security.Restrictions.parse("http-restricted-api", args.http_restricted_api)
+        grpc_restricted = security.Restrictions.parse("grpc-restricted-protocol", args.grpc_restricted_protocol)
+    except security.RestrictionError as e:
+        print(f"seqserve: {e}", file=sys.stderr)
         return 2
+    mode = ModelControlMode.parse(args.model_control_mode)
+    try:
+        models = startup_models(mode, args.load_model)
+    except ValueError as e:
+        print(f"seqserve: {e}", file=sys.stderr)
+        return 2
+    if args.repository_poll_secs is not None and mode is not ModelControlMode.POLL:
+        logging.getLogger("seqserve").warning(
+            "--repository-poll-secs is ignored: the repository is polled with --model-control-mode=poll only"
+        )
+    try:
+        metrics_config = MetricsConfig.parse(args.metrics_config)
+    except ValueError as e:
+        print(f"seqserve: {e}", file=sys.stderr)
+        return 2
+    repositories: list[Path] = args.model_repository or [DEMO_REPOSITORY]
+    for repo in repositories:
+        if not repo.is_dir():
+            print(f"seqserve: model repository '{repo}' is not a directory", file=sys.stderr)
+            return 2
     opts = ServeOptions(
-        model_repository=args.model_repository,
+        model_repository=repositories,
         host=args.host,
+        http_address=args.http_address,
+        grpc_address=args.grpc_address,
+        exit_on_error=args.exit_on_error,
+        strict_readiness=args.strict_readiness,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         exit_timeout_s=args.exit_timeout_secs,
@@ -112,7 +365,22 @@ def main(argv: list[str] | None = None) -> int:
         http_tls_key=http_key,
         grpc_tls_cert=grpc_cert,
         grpc_tls_key=grpc_key,
+        http_tls_client_ca=http_ca,
+        grpc_tls_client_ca=grpc_ca,
+        http_restricted=http_restricted,
+        grpc_restricted=grpc_restricted,
         http_server=args.http_server,
+        model_control=mode,
+        startup_models=models,
+        repository_poll_secs=(
+            DEFAULT_REPOSITORY_POLL_SECS if args.repository_poll_secs is None else args.repository_poll_secs
+        ),
+        metrics_port=args.metrics_port if args.allow_metrics else None,
+        metrics_address=args.metrics_address,
+        metrics_interval_ms=args.metrics_interval_ms,
+        metrics_config=metrics_config,
+        session_tombstone_s=args.session_tombstone_secs,
+        session_tombstone_max=args.session_tombstone_max,
         python_isolation=args.python_isolation,
     )
     try:

@@ -17,15 +17,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from seqserve._proto import model_config_pb2 as mc
-from seqserve.api import codec
-from seqserve.engine import Code, InferenceError, Server
+from seqserve.api import kserve_json, sequences
+from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, enqueue_single
+from seqserve.engine import Code, InferenceError, Server, SessionGoneError
 
 _ENDPOINT = "HTTP end point"  # names this front-end in the refusal of decoupled models
 
 log = logging.getLogger("seqserve.http")
 
-SESSION_HEADER = "inference-session-id"
+SESSION_HEADER = SESSION_ID_KEY
 # Model names cannot contain "/" (as in Triton); versions are decimal.
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 DEFAULT_MAX_BODY_BYTES = 1 << 30
@@ -41,17 +41,6 @@ HTTP_STATUS = {
     Code.CANCELLED: 400,
 }
 
-EXTENSIONS = [
-    "sequence",
-    "sequence(string_id)",
-    "binary_tensor_data",
-    "model_configuration",
-    "statistics",
-    "model_repository",
-    "parameters",
-    "schedule_policy",
-]
-
 _JSON = "application/json"
 
 
@@ -63,9 +52,17 @@ def error_response(message: str, status: int, headers: dict[str, str] | None = N
     return _json({"error": message}, status, headers)
 
 
+def http_status(e: InferenceError) -> int:
+    """An engine error's HTTP status: Triton's mapping, and 410 Gone for a session that ended
+    or expired."""
+    if isinstance(e, SessionGoneError):
+        return 410
+    return HTTP_STATUS.get(e.code, 400)
+
+
 def _from_error(e: InferenceError) -> Response:
     headers = {"Accept-Encoding": "gzip, deflate"} if e.message == "Unsupported compression type" else None
-    return error_response(e.message, HTTP_STATUS.get(e.code, 400), headers)
+    return error_response(e.message, http_status(e), headers)
 
 
 def _empty(status: int = 200) -> Response:
@@ -127,9 +124,7 @@ class HttpFrontend:
     # ----------------------------------------------------------------------- metadata
 
     async def metadata(self, request: Request) -> Response:
-        meta = self.server.metadata()
-        meta["extensions"] = EXTENSIONS
-        return _json(meta)
+        return _json({**self.server.metadata(), "extensions": EXTENSIONS})
 
     @_errors
     async def model_metadata(self, request: Request) -> Response:
@@ -168,6 +163,7 @@ class HttpFrontend:
     @_errors
     async def load(self, request: Request) -> Response:
         body = await self._body(request)
+        self.server.check_model_control()  # before anything of the request is decoded
         params: dict[str, Any] = {}
         if body.strip():
             try:
@@ -185,13 +181,13 @@ class HttpFrontend:
                     raise InferenceError(Code.INVALID_ARG, f"'{key}' is not valid base64: {e}") from None
         if config is not None and not isinstance(config, str):
             raise InferenceError(Code.INVALID_ARG, "the 'config' load parameter must be a string of JSON")
-        await self.server.load_model(request.path_params["model"], config_json=config, files=files or None)
+        await self.server.request_load_model(request.path_params["model"], config_json=config, files=files or None)
         return _empty()
 
     @_errors
     async def unload(self, request: Request) -> Response:
         await self._body(request)
-        await self.server.unload_model(request.path_params["model"])
+        await self.server.request_unload_model(request.path_params["model"])
         return _empty()
 
     # -------------------------------------------------------------------------- infer
@@ -203,19 +199,19 @@ class HttpFrontend:
             body = await self._body(request)
         except _TooLarge as e:
             return error_response(str(e), 413)
-        status, headers, out = await self.infer_reply(p["model"], p.get("version", ""), request.headers, body)
+        status, headers, out = await self.infer_reply(p["model"], str(p.get("version", "")), request.headers, body)
         return Response(out, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
     async def infer_reply(
-        self, model: str, version: Any, headers: Mapping[str, str], body: bytes
+        self, model: str, version: str, headers: Mapping[str, str], body: bytes
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """One infer request, transport-neutral: (status, response headers, body).
-        `headers` is looked up by lower-case name."""
+        """One infer request, whatever HTTP server carries it: (status, response headers, body).
+        `headers` is looked up by lower-case name; `version` is "" or the path's digits."""
         session = None
         try:
             encoding = headers.get("content-encoding")
             if encoding:
-                body = codec.decompress(body, encoding)
+                body = kserve_json.decompress(body, encoding)
             ihcl_raw = headers.get("inference-header-content-length")
             ihcl = None
             if ihcl_raw is not None:
@@ -225,25 +221,17 @@ class HttpFrontend:
                         f"Inference-Header-Content-Length '{ihcl_raw}' is not a non-negative integer",
                     )
                 ihcl = int(ihcl_raw)
-            req = codec.parse_http_request(body, ihcl, model)
+            req, options = kserve_json.decode_request(body, ihcl, model, version)
             session = headers.get(SESSION_HEADER)
-            if session and not req.sequence_id:
-                req.sequence_id = self._session_sequence_id(session, model, version)
-            result = await codec.submit(self.server, model, version, req, _ENDPOINT)
-            out, json_len = codec.encode_http_response(
-                result.model_name,
-                result.model_version,
-                result.id,
-                result.outputs,
-                req.outputs,
-                req.binary_output,
-                result.parameters,
-            )
+            if session is not None or SESSION_END_KEY in headers:
+                apply_session(self.server, req, session, headers.get(SESSION_END_KEY))
+            result = await enqueue_single(self.server, req, _ENDPOINT)
+            out, json_len = kserve_json.encode_response(result, options)
         except InferenceError as e:
             reply = [(b"content-type", b"application/json")]
             if e.message == "Unsupported compression type":
                 reply.append((b"accept-encoding", b"gzip, deflate"))
-            return HTTP_STATUS.get(e.code, 400), reply, orjson.dumps({"error": e.message})
+            return http_status(e), reply, orjson.dumps({"error": e.message})
         reply = []
         if json_len is not None:
             reply.append((b"content-type", b"application/octet-stream"))
@@ -255,9 +243,9 @@ class HttpFrontend:
             reply.append((b"inference-session-id", str(generated if generated is not None else session).encode()))
         accept = headers.get("accept-encoding")
         if accept:
-            enc = codec.choose_encoding(accept)
+            enc = kserve_json.choose_encoding(accept)
             if enc:
-                out = codec.compress(out, enc)
+                out = kserve_json.compress(out, enc)
                 reply.append((b"content-encoding", enc.encode()))
         return 200, reply, out
 
@@ -309,21 +297,22 @@ class HttpFrontend:
 
         return serve
 
-    def _session_sequence_id(self, session: str, model: str, version: Any) -> int | str:
-        """The header names a string sequence, except for models whose CORRID control is an
-        integer type (they cannot take string ids): there a decimal header is the uint64 id, so
-        the integer ids the server generates for them round-trip through the header."""
-        if not (session.isascii() and session.isdigit() and int(session) < 2**64):
-            return session
-        try:
-            cfg = self.server.model_config(model, version)
-        except InferenceError:
-            return session
-        for ci in cfg.sequence_batching.control_input:
-            for c in ci.control:
-                if c.kind == mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:
-                    return session if c.data_type == mc.TYPE_STRING else int(session)
-        return session
+    # ------------------------------------------------------------------ sequence API
+
+    @_errors
+    async def sequences(self, request: Request) -> Response:
+        p = request.path_params
+        return _json(sequences.list_doc(self.server, p["model"], str(p.get("version", "")), request.query_params))
+
+    @_errors
+    async def sequence(self, request: Request) -> Response:
+        p = request.path_params
+        version = str(p.get("version", ""))
+        if request.method == "DELETE":
+            doc = sequences.end_doc(self.server, p["model"], version, p["sequence_id"], request.query_params)
+        else:
+            doc = sequences.show_doc(self.server, p["model"], version, p["sequence_id"], request.query_params)
+        return _json(doc)
 
     # -------------------------------------------------------------------------- app
 
@@ -344,6 +333,11 @@ class HttpFrontend:
             Route("/v2/models/{model}" + v + "/config", s.model_config, methods=["GET"]),
             Route("/v2/models/{model}/infer", s.infer, methods=["POST"]),
             Route("/v2/models/{model}" + v + "/infer", s.infer, methods=["POST"]),
+            # the sequence API (restrictable group "sequence"): docs/sequence-api.md
+            Route("/v2/models/{model}/sequences", s.sequences, methods=["GET"]),
+            Route("/v2/models/{model}" + v + "/sequences", s.sequences, methods=["GET"]),
+            Route("/v2/models/{model}/sequences/{sequence_id:path}", s.sequence, methods=["GET", "DELETE"]),
+            Route("/v2/models/{model}" + v + "/sequences/{sequence_id:path}", s.sequence, methods=["GET", "DELETE"]),
             Route("/v2/models/{model}", s.model_metadata, methods=["GET"]),
             Route("/v2/models/{model}" + v, s.model_metadata, methods=["GET"]),
             Route("/v2/repository/index", s.repository_index, methods=["POST"]),

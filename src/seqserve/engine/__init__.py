@@ -1,21 +1,54 @@
 """The seqserve engine: model repository, schedulers over the compiled core, backends and
-the in-process API. Nothing here knows about HTTP, gRPC or wire formats."""
+the in-process API. Nothing here knows about HTTP, gRPC or wire formats.
+
+What the front-ends (``seqserve.api``) use comes from here and from ``seqserve.engine.tensors``
+(the datatype table and the BYTES codec); nothing else of the engine is theirs to import.
+"""
 
 from __future__ import annotations
 
-from seqserve.engine.batch import ExecuteBatch
-from seqserve.engine.errors import Code, InferenceError, ModelConfigError
+from seqserve.engine.batch import ExecuteBatch, RaggedInput
+from seqserve.engine.counters import ModelCounters
+from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
+from seqserve.engine.model_control import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, startup_models
+from seqserve.engine.ordering import OrderedRelease
 from seqserve.engine.request import InferRequest, SequenceId
-from seqserve.engine.responses import InferResult
+from seqserve.engine.responses import InferResult, ResponseCallback
 from seqserve.engine.server import Server
+from seqserve.engine.sessions import (
+    DEFAULT_TOMBSTONE_MAX,
+    DEFAULT_TOMBSTONE_S,
+    EndedSequence,
+    SequenceInfo,
+    SequenceList,
+    SessionGoneError,
+    SessionPolicy,
+    parse_sequence_id,
+)
 
 __all__ = [
+    "DEFAULT_REPOSITORY_POLL_SECS",
+    "DEFAULT_TOMBSTONE_MAX",
+    "DEFAULT_TOMBSTONE_S",
     "Code",
+    "DecoupledModelError",
+    "EndedSequence",
     "ExecuteBatch",
     "InferRequest",
     "InferResult",
     "InferenceError",
     "ModelConfigError",
+    "ModelControlMode",
+    "ModelCounters",
+    "OrderedRelease",
+    "RaggedInput",
+    "ResponseCallback",
     "SequenceId",
+    "SequenceInfo",
+    "SequenceList",
     "Server",
+    "SessionGoneError",
+    "SessionPolicy",
+    "parse_sequence_id",
+    "startup_models",
 ]

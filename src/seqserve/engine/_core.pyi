@@ -1,14 +1,364 @@
-"""Typed surface of the compiled core (csrc/, built by setup.py). Checked by mypy.stubtest."""
+"""Typed surface of the compiled core (csrc/, built by setup.py). Checked by mypy.stubtest.
 
+Only the engine imports this module. Element types are numpy dtypes from the engine's one
+dtype table (``engine/tensors.py``); an object dtype means BYTES. Times are microseconds.
+"""
+
+import enum
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import numpy as np
 
-STATELESS: int
-DIRECT: int
-OLDEST: int
-DYNAMIC: int
+class _Pybind11Type(type):
+    """pybind11's metaclass (pybind11_builtins.pybind11_type) of every class below."""
+
+class Strategy(enum.IntEnum):
+    """How a model's requests are batched."""
+
+    STATELESS = 0
+    DIRECT = 1
+    OLDEST = 2
+    DYNAMIC = 3
+
+class ControlKind(enum.IntEnum):
+    """What a sequence control tensor carries."""
+
+    START = 0
+    READY = 1
+    END = 2
+    CORRID = 3
+
+class Code(enum.IntEnum):
+    """Why the core refused or failed a request (as engine.errors.Code)."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+class InputSpec(metaclass=_Pybind11Type):
+    """A model input as the core gathers it into batches."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        dtype: np.dtype[Any],
+        must_match: bool = False,
+        default_shape: list[int] = ...,
+        ragged: bool = False,
+    ) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+    @property
+    def must_match(self) -> bool:
+        """Variable dims without ragged batching: a batch's requests must have equal shapes."""
+    @property
+    def default_shape(self) -> list[int]:
+        """Item dims with -1 -> 1: the shape of zero-filled rows when no request fixes one."""
+    @property
+    def ragged(self) -> bool:
+        """allow_ragged_batch on a batched model: the batch holds every request's elements end
+        to end (1-D) and each request's shape."""
+
+class ControlSpec(metaclass=_Pybind11Type):
+    """A sequence control tensor the core fills per batch row. START/END/READY hold
+    ``true_value`` or ``false_value`` in a numeric dtype; CORRID holds the sequence id, in an
+    integer dtype (its low bytes) or object (BYTES, string ids)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        kind: ControlKind,
+        dtype: np.dtype[Any],
+        false_value: float = 0.0,
+        true_value: float = 1.0,
+    ) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> ControlKind: ...
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+    @property
+    def false_value(self) -> float: ...
+    @property
+    def true_value(self) -> float: ...
+
+class StateSpec(metaclass=_Pybind11Type):
+    """An implicit state the core keeps per sequence slot. ``initial`` is one sequence's starting
+    value (BYTES: serialized) of shape ``initial_dims``; a dim of -1 in ``dims`` makes it
+    variable-shaped."""
+
+    def __init__(
+        self,
+        *,
+        input_name: str,
+        output_name: str,
+        dtype: np.dtype[Any],
+        dims: list[int],
+        initial: bytes,
+        initial_dims: list[int],
+    ) -> None: ...
+    @property
+    def input_name(self) -> str: ...
+    @property
+    def output_name(self) -> str: ...
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+    @property
+    def dims(self) -> list[int]: ...
+    @property
+    def initial(self) -> bytes: ...
+    @property
+    def initial_dims(self) -> list[int]: ...
+
+class QueuePolicy(metaclass=_Pybind11Type):
+    """The dynamic batcher's policy for one priority level."""
+
+    def __init__(
+        self,
+        *,
+        delay_on_timeout: bool = False,
+        default_timeout_us: int = 0,
+        allow_override: bool = False,
+        max_queue_size: int = 0,
+    ) -> None: ...
+    @property
+    def delay_on_timeout(self) -> bool:
+        """A timed-out request waits behind its level (DELAY) instead of failing (REJECT)."""
+    @property
+    def default_timeout_us(self) -> int: ...
+    @property
+    def allow_override(self) -> bool: ...
+    @property
+    def max_queue_size(self) -> int:
+        """0: unlimited."""
+
+class ModelSpec(metaclass=_Pybind11Type):
+    """Everything the core needs to schedule one model (read-only once built)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        strategy: Strategy = ...,
+        max_batch_size: int = 0,
+        instance_count: int = 1,
+        slots_per_instance: int = 1,
+        idle_us: int = 1000000,
+        max_queue_delay_us: int = 0,
+        min_slot_utilization: float = 0.0,
+        inputs: list[InputSpec] = ...,
+        controls: list[ControlSpec] = ...,
+        states: list[StateSpec] = ...,
+        delay_requests: int = 0,
+        delay_backlog_requests: int = 0,
+        preferred_batch_sizes: list[int] = ...,
+        batch_delay_us: int = 0,
+        priority_levels: int = 1,
+        default_priority: int = 1,
+        queue_policies: list[QueuePolicy] = ...,
+        timeout_complete: bool = False,
+        tombstone_us: int = 3600000000,
+        max_tombstones: int = 10000,
+        latency_buckets_ms: list[float] = ...,
+    ) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def strategy(self) -> Strategy: ...
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def instance_count(self) -> int: ...
+    @property
+    def slots_per_instance(self) -> int: ...
+    @property
+    def idle_us(self) -> int: ...
+    @property
+    def max_queue_delay_us(self) -> int: ...
+    @property
+    def min_slot_utilization(self) -> float: ...
+    @property
+    def inputs(self) -> list[InputSpec]: ...
+    @property
+    def controls(self) -> list[ControlSpec]: ...
+    @property
+    def states(self) -> list[StateSpec]: ...
+    @property
+    def delay_requests(self) -> int: ...
+    @property
+    def delay_backlog_requests(self) -> int: ...
+    @property
+    def preferred_batch_sizes(self) -> list[int]: ...
+    @property
+    def batch_delay_us(self) -> int: ...
+    @property
+    def priority_levels(self) -> int: ...
+    @property
+    def default_priority(self) -> int: ...
+    @property
+    def queue_policies(self) -> list[QueuePolicy]: ...
+    @property
+    def timeout_complete(self) -> bool: ...
+    @property
+    def tombstone_us(self) -> int:
+        """How long an ended or expired session is remembered (0: not at all)."""
+    @property
+    def max_tombstones(self) -> int:
+        """How many ended or expired sessions are remembered at most (least recently used
+        dropped first)."""
+    @property
+    def latency_buckets_ms(self) -> list[float]:
+        """Upper bounds of the request latency histogram's buckets, ascending (+Inf implied)."""
+
+class Refusal(metaclass=_Pybind11Type):
+    """Why submit() did not queue a request. NOT_FOUND: a session request whose session ended
+    or expired (the message says which)."""
+
+    @property
+    def code(self) -> Code: ...
+    @property
+    def message(self) -> str: ...
+
+class ExpiredSequence(metaclass=_Pybind11Type):
+    """A sequence the idle reaper expired (stateful_model_policy DESCRIBE)."""
+
+    @property
+    def sequence_id(self) -> int | str: ...
+    @property
+    def age_s(self) -> float: ...
+    @property
+    def idle_s(self) -> float: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def state_bytes(self) -> int: ...
+    @property
+    def instance(self) -> int: ...
+    @property
+    def slot(self) -> int: ...
+
+class Duration(metaclass=_Pybind11Type):
+    """How many, and how long in total (ns)."""
+
+    @property
+    def count(self) -> int: ...
+    @property
+    def ns(self) -> int: ...
+
+class BatchStats(metaclass=_Pybind11Type):
+    """Compute times of the batches of one size."""
+
+    @property
+    def compute_input(self) -> Duration: ...
+    @property
+    def compute_infer(self) -> Duration: ...
+    @property
+    def compute_output(self) -> Duration: ...
+
+class Stats(metaclass=_Pybind11Type):
+    """A model's statistics, as Triton counts them."""
+
+    @property
+    def inference_count(self) -> int: ...
+    @property
+    def execution_count(self) -> int: ...
+    @property
+    def last_inference_ms(self) -> int:
+        """Wall-clock time of the last batch, ms since the epoch."""
+    @property
+    def success(self) -> Duration: ...
+    @property
+    def fail(self) -> Duration: ...
+    @property
+    def queue(self) -> Duration: ...
+    @property
+    def compute_input(self) -> Duration: ...
+    @property
+    def compute_infer(self) -> Duration: ...
+    @property
+    def compute_output(self) -> Duration: ...
+    @property
+    def batches(self) -> dict[int, BatchStats]:
+        """Keyed by batch size."""
+    @property
+    def fail_rejected(self) -> int:
+        """Failed by a queue or backlog timeout (Triton's reason REJECTED)."""
+    @property
+    def fail_backend(self) -> int:
+        """Failed because the model failed their batch (BACKEND)."""
+    @property
+    def fail_canceled(self) -> int:
+        """Cancelled (CANCELED): backlogged requests of a sequence ended through the API."""
+    @property
+    def sequences_started(self) -> int:
+        """START requests accepted, implied ones included."""
+    @property
+    def sequences_ended(self) -> int:
+        """END requests accepted, plus sequences ended through the sequence API."""
+    @property
+    def sequences_expired(self) -> int:
+        """Sequences the idle reaper expired."""
+    @property
+    def latency_counts(self) -> list[int]:
+        """Successful requests per latency bucket (spec.latency_buckets_ms, then +Inf); the
+        latency runs from arrival to the end of the request's batch."""
+    @property
+    def latency_sum_ms(self) -> float: ...
+    @property
+    def pending_requests(self) -> int:
+        """Requests waiting: queued for a batch or backlogged (a snapshot)."""
+    @property
+    def sequence_slots(self) -> int:
+        """Sequence slots of all instances (0 for other models)."""
+    @property
+    def sequences_active(self) -> int:
+        """Slots held by a sequence."""
+    @property
+    def sequences_backlogged(self) -> int: ...
+    @property
+    def state_bytes(self) -> int:
+        """Implicit state held by the sequences in slots."""
+
+class SequenceInfo(metaclass=_Pybind11Type):
+    """One live sequence, as the sequence API shows it."""
+
+    @property
+    def sequence_id(self) -> int | str: ...
+    @property
+    def backlogged(self) -> bool:
+        """Waiting for a slot (instance and slot are -1)."""
+    @property
+    def session(self) -> bool:
+        """Named by a session: START may be implied, and its end or expiry is remembered."""
+    @property
+    def instance(self) -> int: ...
+    @property
+    def slot(self) -> int: ...
+    @property
+    def age_s(self) -> float:
+        """Since its START arrived."""
+    @property
+    def idle_s(self) -> float:
+        """Since its last request arrived."""
+    @property
+    def steps(self) -> int:
+        """Steps handed to the model."""
+    @property
+    def state_bytes(self) -> int: ...
+    @property
+    def queued(self) -> int:
+        """Requests waiting in its slot's queue or in the backlog."""
 
 def serialize_bytes(array: np.ndarray) -> bytes:
     """Serialize a BYTES tensor (object array) to the 4-byte-length-prefixed wire format."""
@@ -16,7 +366,7 @@ def serialize_bytes(array: np.ndarray) -> bytes:
 def deserialize_bytes(data: Any, shape: list[int] | tuple[int, ...]) -> np.ndarray:
     """Parse wire-format BYTES data into an object array of bytes."""
 
-class Batch:
+class Batch(metaclass=_Pybind11Type):
     """One batch formed by the scheduler; valid only during the runner call."""
 
     @property
@@ -27,6 +377,9 @@ class Batch:
     def handles(self) -> list[int]:
         """The request handle of every row; 0 for padding rows."""
     def inputs(self) -> dict[str, np.ndarray]: ...
+    def ragged(self) -> dict[str, list[tuple[int, ...]]]:
+        """Ragged inputs: each request's shape (batch dim included), in request order; the
+        input's array holds their elements end to end."""
     def controls(self) -> dict[str, np.ndarray]: ...
     def states(self) -> dict[str, np.ndarray]:
         """Implicit state keyed by state input name (read-only views)."""
@@ -44,38 +397,20 @@ class Batch:
     def finish(self, ok: bool) -> None:
         """Record this batch's statistics now, before its replies are sent."""
 
+#: One input of submit(): a C-contiguous array, or BYTES as (serialized data, shape).
 _InputArg: TypeAlias = np.ndarray | tuple[bytes | np.ndarray, tuple[int, ...] | list[int]]
-_StateArg: TypeAlias = tuple[str, str, int, list[int], bool, bytes, list[int]]
 
-class Scheduler:
+class Scheduler(metaclass=_Pybind11Type):
     """Scheduler and executor threads of one model."""
 
     def __init__(
         self,
+        spec: ModelSpec,
         *,
-        name: str,
-        strategy: int,
-        max_batch_size: int,
-        instance_count: int,
-        slots_per_instance: int,
-        idle_us: int,
-        max_queue_delay_us: int,
-        min_slot_utilization: float,
-        inputs: list[tuple[str, int, bool, list[int]]],
-        controls: list[tuple[str, int, int, float, float]],
-        states: list[_StateArg],
-        delay_requests: int,
-        delay_backlog_requests: int,
         runner: Callable[[Batch], bool],
-        on_fail: Callable[[list[int], int, str], None],
+        on_fail: Callable[[list[int], Code, str], None],
         on_warning: Callable[[str], None],
-        preferred_batch_sizes: list[int] = ...,
-        batch_delay_us: int = 0,
-        priority_levels: int = 1,
-        default_priority: int = 1,
-        queue_policies: list[tuple[bool, int, bool, int]] = ...,
-        timeout_complete: bool = False,
-        on_expire: Callable[[dict[str, Any]], None] | None = None,
+        on_expire: Callable[[ExpiredSequence], None] | None = None,
     ) -> None: ...
     def start(self) -> None: ...
     def submit(
@@ -88,13 +423,24 @@ class Scheduler:
         timeout_us: int = 0,
         rows: int = 1,
         priority: int = 0,
-    ) -> tuple[int, str] | None:
-        """Queue a request. Returns None when accepted, else (code, message)."""
+        session: bool = False,
+    ) -> Refusal | None:
+        """Queue a request. Returns None when accepted, else the Refusal. ``session``: START is
+        implied when the sequence is not live, unless it is a session that ended or expired."""
     def stop_accepting(self) -> None: ...
     def inflight_sequences(self) -> int: ...
     def pending_requests(self) -> int: ...
     def free_slots(self) -> int: ...
     def backlog_sequences(self) -> int: ...
-    def sequences(self) -> list[tuple[str, int]]: ...
-    def stats(self) -> dict[str, Any]: ...
+    def sequences(self) -> list[tuple[str, int]]:
+        """(sequence id, global slot) of every live sequence; slot -1 while backlogged."""
+    def stats(self) -> Stats: ...
+    def list_sequences(self, limit: int) -> tuple[int, list[SequenceInfo]]:
+        """(how many live sequences, up to `limit` of them in no particular order)."""
+    def find_sequence(self, corrid: int | str) -> SequenceInfo | None:
+        """The live sequence `corrid`, or None."""
+    def end_sequence(self, corrid: int | str) -> SequenceInfo | None:
+        """End the live sequence `corrid` as idle expiry does; None when it is not live. Returns it as it was."""
+    def session_gone(self, corrid: int | str) -> str | None:
+        """Why a session that is not live would be refused, or None."""
     def close(self, force: bool = False) -> None: ...

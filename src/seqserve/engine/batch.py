@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -12,6 +12,40 @@ if TYPE_CHECKING:
     from seqserve.engine.responses import Responder
 
 
+class RaggedInput:
+    """Where each request's part of a ragged input lies (``allow_ragged_batch: true``).
+
+    A ragged input is not cut into equal rows: ``batch.inputs[name]`` holds every request's
+    elements end to end, as a 1-D array (Triton's layout for ragged inputs), and request ``i``
+    of the batch owns ``data[offsets[i]:offsets[i + 1]]``, which has shape ``shapes[i]``.
+    Requests are those of ``batch.request_rows`` (padding rows count as one request of one
+    row in the shape of a real one).
+    """
+
+    __slots__ = ("offsets", "shapes")
+
+    def __init__(self, shapes: Sequence[tuple[int, ...]]) -> None:
+        #: per request: its shape, batch dimension included (``[1, n]`` for one sequence step)
+        self.shapes: tuple[tuple[int, ...], ...] = tuple(tuple(s) for s in shapes)
+        counts = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
+        #: int64 [R + 1]: request i's elements are ``data[offsets[i]:offsets[i + 1]]``
+        self.offsets: np.ndarray = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=self.offsets[1:])
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """int64 [R]: the element count of each request."""
+        return np.diff(self.offsets)
+
+    def split(self, data: np.ndarray) -> list[np.ndarray]:
+        """Each request's part of ``data`` (the input's 1-D array), in its own shape (views)."""
+        off = self.offsets
+        return [data[off[i] : off[i + 1]].reshape(shape) for i, shape in enumerate(self.shapes)]
+
+    def __repr__(self) -> str:
+        return f"RaggedInput(shapes={list(self.shapes)})"
+
+
 @dataclass(slots=True)
 class ExecuteBatch:
     """One batch formed by the scheduler.
@@ -19,7 +53,7 @@ class ExecuteBatch:
     Arrays are read-only views onto the engine's reused buffers and are only valid during
     ``execute``: copy what must outlive the call. Row ``i`` of every array belongs to the same
     request; rows whose ``ready`` is false are padding (Direct strategy) and their data is
-    meaningless.
+    meaningless. Ragged inputs (``allow_ragged_batch``) are the exception: see ``ragged``.
     """
 
     size: int
@@ -43,3 +77,26 @@ class ExecuteBatch:
     #: for instances with ``uses_responders``: request i's Responder (see
     #: ``seqserve.engine.responses``); usable during ``execute`` and after it returns, from any thread
     responder: Callable[[int], Responder] | None = None
+    #: ragged inputs (``allow_ragged_batch: true`` on a batched model), keyed by input name:
+    #: ``inputs[name]`` is then 1-D, every request's elements end to end, and this tells each
+    #: request's extent and shape
+    ragged: dict[str, RaggedInput] = field(default_factory=dict)
+    #: the model has a batch dimension (``max_batch_size > 0``)
+    batched: bool = True
+
+    def request_inputs(self, name: str) -> list[np.ndarray]:
+        """Input ``name`` of each request of the batch, in its own shape (views): a ragged
+        input split by its extents, any other input sliced by ``request_rows`` (without a
+        batch dimension, ``max_batch_size: 0``, the one request gets the whole array)."""
+        data = self.inputs[name]
+        ragged = self.ragged.get(name)
+        if ragged is not None:
+            return ragged.split(data)
+        if not self.batched:
+            return [data]
+        out: list[np.ndarray] = []
+        row = 0
+        for rows in self.request_rows:
+            out.append(data[row : row + rows])
+            row += rows
+        return out

@@ -27,3 +27,6 @@ class InferRequest:
     priority: int = 0  # 0 = the model's default level
     timeout_us: int = 0  # 0 = the queue policy's default
     parameters: dict[str, Any] = field(default_factory=dict)  # the client's other parameters
+    #: named by a session (engine/sessions.py): START is implied when the sequence is not
+    #: live, and a session that ended or expired is refused (SessionGoneError)
+    session: bool = False

@@ -90,6 +90,9 @@ class Backend(ABC):
     supports_implicit_state: ClassVar[bool] = False
     #: its instances answer decoupled models' requests through responders (``uses_responders``)
     supports_decoupled: ClassVar[bool] = False
+    #: its instances handle ragged inputs (``allow_ragged_batch``): 1-D, every request's
+    #: elements end to end, with ``batch.ragged`` giving each request's extent
+    supports_ragged_batch: ClassVar[bool] = False
 
     def __init__(self, ctx: ModelContext) -> None:
         self.ctx = ctx

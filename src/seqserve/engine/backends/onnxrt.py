@@ -41,6 +41,7 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends.base import Backend, BackendInstance, InstanceContext, ModelContext
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.paths import inside
 from seqserve.engine.tensors import DATA_TYPES
 
 log = logging.getLogger("seqserve.onnxruntime")
@@ -92,13 +93,29 @@ def _graph_dims(shape: Any) -> list[int] | None:
 
 
 def _model_path(version_dir: Path, cfg: mc.ModelConfig) -> Path:
-    path = version_dir / (cfg.default_model_filename or DEFAULT_MODEL_FILENAME)
+    where = f"the version folder of model '{cfg.name}'"
+    path = inside(version_dir, cfg.default_model_filename or DEFAULT_MODEL_FILENAME, "default_model_filename", where)
     if path.is_dir():  # a model directory (external data): Triton loads model.onnx inside it
         path = path / DEFAULT_MODEL_FILENAME
     return path
 
 
-def _session_options(ort: Any, cfg: mc.ModelConfig, params: Mapping[str, str]) -> tuple[Any, Any]:
+#: words of a session config key that names a file or folder ("session.<...>_file_folder_path")
+_PATH_WORDS = frozenset({"file", "filename", "filepath", "path", "folder", "dir", "directory"})
+
+
+def _session_entry_value(key: str, value: str, version_dir: Path, model: str) -> str:
+    """A ``session.*`` parameter goes to ONNX Runtime as is, except one that names a file or a
+    folder (ONNX Runtime reads or writes it): that must be a path inside the model's version
+    folder (``seqserve.engine.paths``), and is handed over as that absolute path."""
+    words = set(key.replace(".", "_").lower().split("_"))
+    if not value or not words & _PATH_WORDS:
+        return value
+    where = f"the version folder of model '{model}'"
+    return str(inside(version_dir, value, f"parameter '{key}'", where))
+
+
+def _session_options(ort: Any, cfg: mc.ModelConfig, params: Mapping[str, str], version_dir: Path) -> tuple[Any, Any]:
     """SessionOptions and RunOptions from the config's parameters and optimization level."""
     name = cfg.name
     so = ort.SessionOptions()
@@ -147,7 +164,7 @@ def _session_options(ort: Any, cfg: mc.ModelConfig, params: Mapping[str, str]) -
         ro.add_run_config_entry("memory.enable_memory_arena_shrinkage", shrink)
     for key, value in params.items():
         if key.startswith("session."):
-            so.add_session_config_entry(key, value)
+            so.add_session_config_entry(key, _session_entry_value(key, value, version_dir, name))
 
     level = cfg.optimization.graph.level if cfg.optimization.HasField("graph") else 0
     so.graph_optimization_level = {
@@ -437,7 +454,7 @@ class OnnxRuntimeBackend(Backend):
         self._ort = _import_ort()
         cfg = ctx.config
         self.path = _model_path(ctx.version_dir, cfg)
-        self._options, self._run_options = _session_options(self._ort, cfg, ctx.parameters)
+        self._options, self._run_options = _session_options(self._ort, cfg, ctx.parameters, ctx.version_dir)
         # The load-time check uses a CPU session, which the first CPU instance then keeps.
         session = self._session("cpu")
         self.plan = _plan(cfg, session)

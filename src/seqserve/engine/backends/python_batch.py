@@ -37,6 +37,7 @@ from seqserve.engine.backends.base import Backend, BackendInstance, InstanceCont
 from seqserve.engine.backends.triton_adapter import TritonInstance
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.paths import inside
 
 
 def _install_pb_utils() -> None:
@@ -47,7 +48,7 @@ def _install_pb_utils() -> None:
 
 def _load_module(ctx: ModelContext) -> ModuleType:
     filename = ctx.config.default_model_filename or "model.py"
-    path = ctx.version_dir / filename
+    path = inside(ctx.version_dir, filename, "default_model_filename", f"the version folder of model '{ctx.name}'")
     if not path.is_file():
         raise InferenceError(Code.INVALID_ARG, f"python model file not found: {path}")
     mod_name = f"seqserve_models.{ctx.name}.v{ctx.version}"
@@ -96,6 +97,7 @@ class PythonBackend(Backend):
     names = ("python",)
     supports_implicit_state = True
     supports_decoupled = True
+    supports_ragged_batch = True
 
     def __init__(self, ctx: ModelContext) -> None:
         super().__init__(ctx)

@@ -1,11 +1,13 @@
 """The `pytorch` backend: TorchScript models (`platform: "pytorch_libtorch"` or `backend: "pytorch"`).
 
-Needs the optional extra: ``pip install seqserve[torch]``. torch is imported when a model that
-uses this backend loads, so a server without torch pays nothing for it.
+Needs the optional extra: ``pip install '.[torch]'`` from a seqserve checkout (seqserve is not on
+PyPI). torch is imported when a model that uses this backend loads, so a server without torch
+pays nothing for it.
 
 Model file: ``<version>/model.pt`` (or ``default_model_filename``), a TorchScript module
 (``torch.jit.script`` / ``torch.jit.trace``, then ``.save``), loaded once per model instance
-with ``torch.jit.load`` on the CPU and put in eval mode. One ``forward`` call per batch.
+with ``torch.jit.load`` on the CPU and put in eval mode (torch 2.10+ deprecates TorchScript and
+names no other loader for it: see ``load_torchscript``). One ``forward`` call per batch.
 
 What ``forward`` receives (the "feeds"): every config ``input``, every configured control
 tensor (START/END/READY/CORRID, [B, 1]) and every implicit-state input (``state.input_name``,
@@ -47,6 +49,7 @@ import logging
 import re
 import warnings
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -55,6 +58,7 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends.base import Backend, BackendInstance, InstanceContext, ModelContext
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.paths import inside
 
 log = logging.getLogger("seqserve.model")
 
@@ -68,11 +72,27 @@ def _import_torch(model: str) -> Any:
     except ImportError as e:
         raise InferenceError(
             Code.INVALID_ARG,
-            f"model '{model}': the pytorch backend needs `pip install seqserve[torch]` ({e})",
+            f"model '{model}': the pytorch backend needs torch: `pip install '.[torch]'` in the seqserve "
+            f"checkout ({e})",
         ) from e
     # Engine buffers are read-only numpy views; torch warns (once) that it cannot protect them.
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
     return torch
+
+
+# torch 2.10+ deprecates the whole TorchScript API (script, trace, save, load; "Please switch to
+# torch.export"). torch.export saves and loads another format (an ExportedProgram, .pt2), and no
+# public, non-deprecated function loads a TorchScript archive, which is what this backend serves
+# (as Triton's pytorch_libtorch platform does). So the one deprecation notice of `torch.jit.load`
+# is silenced for our call only; its Python 3.14 warning ("not supported ... and may break") is not.
+_JIT_LOAD_DEPRECATED = r"`torch\.jit\.load` is deprecated"
+
+
+def load_torchscript(torch: Any, path: Path) -> Any:
+    """``torch.jit.load`` on the CPU, without its deprecation notice (see above)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_JIT_LOAD_DEPRECATED, category=DeprecationWarning)
+        return torch.jit.load(str(path), map_location="cpu")
 
 
 def _flatten(value: Any) -> Iterator[Any]:
@@ -147,7 +167,8 @@ class TorchScriptBackend(Backend):
         super().__init__(ctx)
         cfg = ctx.config
         self.torch = _import_torch(ctx.name)
-        self.path = ctx.version_dir / (cfg.default_model_filename or "model.pt")
+        where = f"the version folder of model '{ctx.name}'"
+        self.path = inside(ctx.version_dir, cfg.default_model_filename or "model.pt", "default_model_filename", where)
         if not self.path.is_file():
             raise InferenceError(Code.INVALID_ARG, f"pytorch model file not found: {self.path}")
         self._check_dtypes(cfg)
@@ -205,7 +226,7 @@ class TorchScriptBackend(Backend):
     def create_instance(self, ictx: InstanceContext) -> BackendInstance:
         torch = self.torch
         try:
-            module = torch.jit.load(str(self.path), map_location="cpu")
+            module = load_torchscript(torch, self.path)
         except Exception as e:
             raise InferenceError(
                 Code.INVALID_ARG, f"failed to load TorchScript model {self.path}: {type(e).__name__}: {e}"

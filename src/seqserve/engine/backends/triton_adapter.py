@@ -152,6 +152,8 @@ class TritonInstance(BackendInstance):
     def _requests(self, batch: ExecuteBatch) -> tuple[list[pb.InferenceRequest], list[int], list[tuple[int, int]]]:
         """The requests of a batch, the batch position of each, and every position's rows."""
         tensors: dict[str, np.ndarray] = {**batch.inputs, **batch.controls, **batch.states}
+        # ragged inputs: each request's own part, in its own shape (as Triton's python backend)
+        ragged = {name: batch.request_inputs(name) for name in batch.ragged}
         corrid = batch.corrid
         requests: list[pb.InferenceRequest] = []
         owners: list[int] = []
@@ -166,7 +168,12 @@ class TritonInstance(BackendInstance):
             if batch.request_outputs[i] is None and not (batch.ready[i] and batch.end[i]):
                 continue  # padding; a ready END row without a reply is a final END step
             wanted = batch.request_outputs[i]
-            if self._batched:
+            if ragged:
+                inputs = [
+                    pb.Tensor(name, np.array(ragged[name][i] if name in ragged else arr[lo:hi]))
+                    for name, arr in tensors.items()
+                ]
+            elif self._batched:
                 inputs = [pb.Tensor(name, np.array(arr[lo:hi])) for name, arr in tensors.items()]
             else:
                 inputs = [pb.Tensor(name, np.array(arr)) for name, arr in tensors.items()]

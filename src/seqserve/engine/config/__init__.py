@@ -24,7 +24,7 @@ from seqserve.engine.config.parse import (
     parse_config_json,
     parse_model_config,
 )
-from seqserve.engine.config.validate import state_input_name, state_output_name, validate_config
+from seqserve.engine.config.validate import state_input_name, state_output_name, validate_config, validate_paths
 
 __all__ = [
     "CONFIG_FILENAME",
@@ -41,4 +41,5 @@ __all__ = [
     "state_input_name",
     "state_output_name",
     "validate_config",
+    "validate_paths",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from pathlib import Path, PurePath
+from pathlib import Path
 
 from seqserve._proto.model_config_pb2 import (
     DataType,
@@ -12,6 +12,7 @@ from seqserve._proto.model_config_pb2 import (
 )
 from seqserve.engine.config.names import INITIAL_STATE_DIR, WILDCARD_DIM, State
 from seqserve.engine.errors import ModelConfigError
+from seqserve.engine.paths import inside
 from seqserve.engine.tensors import BY_CONFIG
 
 
@@ -47,13 +48,9 @@ def read_initial_state(model_dir: Path, state: State, max_batch_size: int) -> tu
 
 def initial_state_path(model_dir: Path, data_file: str) -> Path:
     # A config can arrive over the load API, so the name must not lead out of
-    # the folder. Symlinks the repository owner placed there are fine.
-    rel = PurePath(data_file)
-    if rel.is_absolute() or ".." in rel.parts:
-        raise ModelConfigError(
-            f"initial_state data_file '{data_file}' must be a file inside {model_dir / INITIAL_STATE_DIR}"
-        )
-    return model_dir / INITIAL_STATE_DIR / rel
+    # the folder. Symlinks the repository owner placed there are fine (see engine.paths).
+    folder = model_dir / INITIAL_STATE_DIR
+    return inside(folder, data_file, "initial_state data_file", f"{folder}")
 
 
 def file_size(path: Path) -> int:

@@ -20,6 +20,7 @@ from seqserve.engine.config.initial_state import (
 )
 from seqserve.engine.config.names import WILDCARD_DIM, Control, State
 from seqserve.engine.errors import ModelConfigError
+from seqserve.engine.paths import check_relative_path
 
 
 def validate_config(cfg: ModelConfig, model_dir: Path) -> None:
@@ -29,6 +30,7 @@ def validate_config(cfg: ModelConfig, model_dir: Path) -> None:
     a feature) are the backend's and the server's business, not this one.
     """
     m = cfg.name
+    validate_paths(cfg)
     if cfg.max_batch_size < 0:
         raise ModelConfigError(f"'max_batch_size' must be non-negative value for {m}")
     seq = cfg.sequence_batching if cfg.HasField("sequence_batching") else None
@@ -40,6 +42,30 @@ def validate_config(cfg: ModelConfig, model_dir: Path) -> None:
         _validate_strategy(seq, cfg.max_batch_size, m)
         _validate_states(seq, m)
         _validate_initial_states(seq, Path(model_dir), m)
+
+
+def validate_paths(cfg: ModelConfig) -> None:
+    """Every file name the config gives must stay inside the model's directory (see
+    ``seqserve.engine.paths``). Checked before anything reads a file, the backend's
+    autocomplete included. ``initial_state`` data files are checked with the states."""
+    version_dir = f"the version folder of model '{cfg.name}'"
+    if cfg.default_model_filename:
+        check_relative_path(cfg.default_model_filename, "default_model_filename", version_dir)
+    for cc, filename in cfg.cc_model_filenames.items():
+        check_relative_path(filename, f"cc_model_filenames['{cc}']", version_dir)
+    for out in cfg.output:
+        if out.label_filename:
+            check_relative_path(
+                out.label_filename, f"label_filename of output '{out.name}'", f"the folder of model '{cfg.name}'"
+            )
+    for warmup in cfg.model_warmup:
+        for name, data in warmup.inputs.items():
+            if data.WhichOneof("input_data_type") == "input_data_file":
+                check_relative_path(
+                    data.input_data_file,
+                    f"model_warmup '{warmup.name}' input '{name}' input_data_file",
+                    f"the 'warmup' folder of model '{cfg.name}'",
+                )
 
 
 def state_input_name(state: State) -> str:

@@ -156,6 +156,7 @@ def serve(batch: Channel, events: Channel) -> int:
     reader = p.BatchReader()
     writer = p.ResultWriter(names)
     index = int(init["instance_index"])
+    batched = cfg.max_batch_size > 0
     model = cfg.name
     execute = instance.execute
     batch.send(bytes((p.READY, uses_responders)))
@@ -171,7 +172,7 @@ def serve(batch: Channel, events: Channel) -> int:
             responder = functools.partial(client.responder, token) if client is not None else None
             produced = None
             try:
-                produced = execute(ExecuteBatch(instance=index, responder=responder, **fields))
+                produced = execute(ExecuteBatch(instance=index, responder=responder, batched=batched, **fields))
                 reply, out_fds = writer.encode(produced)
             except Exception as e:
                 err = _failure(e, model)

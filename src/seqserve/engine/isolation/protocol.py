@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from seqserve._proto import model_config_pb2 as mc
+from seqserve.engine.batch import RaggedInput
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.isolation.slab import Slab, aligned
 from seqserve.engine.responses import DEFERRED
@@ -67,6 +68,10 @@ DTYPES: tuple[np.dtype[Any], ...] = (
     np.dtype(object),
 )
 OBJECT = len(DTYPES) - 1
+#: pseudo dtype codes of results: an output given as one array per request (a list), whose
+#: entries follow; an entry that is None
+LIST = OBJECT + 1
+NONE = OBJECT + 2
 _CODE = {d.str: i for i, d in enumerate(DTYPES)}
 #: the native, fixed-size ones by dtype: the fast path of results
 _FAST_CODE = {d: i for i, d in enumerate(DTYPES) if d.kind != "O" and d.isnative}
@@ -189,6 +194,14 @@ def _describe(ints: list[int], name_id: int, item: tuple[int, Any, int, tuple[in
     ints += (name_id, code, n, off, len(shape), *shape)
 
 
+def _describe_entry(ints: list[int], item: tuple[int, Any, int, tuple[int, ...]], off: int) -> None:
+    code, _data, n, shape = item
+    ints += (code, n, off, len(shape), *shape)
+
+
+_NONE_ITEM: tuple[int, Any, int, tuple[int, ...]] = (NONE, b"", 0, ())
+
+
 # ---------------------------------------------------------------------------- tensors in
 
 
@@ -252,14 +265,29 @@ class SlabReader:
 
 def _read_tensors(
     reader: SlabReader, ints: tuple[int, ...], pos: int, count: int, names: tuple[str, ...]
-) -> tuple[dict[str, np.ndarray], int]:
-    out: dict[str, np.ndarray] = {}
+) -> tuple[dict[str, Any], int]:
+    """Described tensors by name: an array, or for a list (one array per request) a list."""
+    out: dict[str, Any] = {}
     if not 0 <= count <= _MAX_COUNT:
         raise ProtocolError("bad tensor count")
     for _ in range(count):
         name_id, code, n, off, ndim = ints[pos : pos + 5]
         if not 0 <= name_id < len(names) or not 0 <= ndim <= 64:
             raise ProtocolError("bad tensor descriptor")
+        if code == LIST:  # n entries follow, each (code, nbytes, offset, ndim, *shape)
+            if not 0 <= n <= _MAX_COUNT:
+                raise ProtocolError("bad list length")
+            pos += 5
+            entries: list[Any] = []
+            for _ in range(n):
+                code, size, off, ndim = ints[pos : pos + 4]
+                if not 0 <= ndim <= 64:
+                    raise ProtocolError("bad tensor descriptor")
+                shape = ints[pos + 4 : pos + 4 + ndim]
+                pos += 4 + ndim
+                entries.append(None if code == NONE else reader.tensor(code, size, off, shape))
+            out[names[name_id]] = entries
+            continue
         shape = ints[pos + 5 : pos + 5 + ndim]
         if len(shape) != ndim:
             raise ProtocolError("truncated tensor descriptor")
@@ -334,6 +362,8 @@ class BatchWriter:
             ints.append(oid)
         if any(batch.request_ids):
             tail["ids"] = list(batch.request_ids)
+        if batch.ragged:  # ragged inputs: each request's shape
+            tail["ragged"] = {name: r.shapes for name, r in batch.ragged.items()}
         if not self._layout_sent:
             tail["layout"] = (
                 [(k, _CODE_OF(a)) for k, a in inputs.items()],
@@ -450,7 +480,9 @@ class BatchReader:
         osets = self._osets
         outputs = [None if o < 0 else osets[o] for o in ints[p : p + nreq]]
         ids = tail.get("ids") or [""] * nreq
+        ragged = tail.get("ragged")
         return token, {
+            "ragged": {name: RaggedInput(shapes) for name, shapes in ragged.items()} if ragged else {},
             "size": size,
             "inputs": dict(inputs),
             "states": dict(states),
@@ -523,13 +555,18 @@ class ResultWriter:
                 return fast, []
         ids = self._ids
         items: list[tuple[int, Any, int, tuple[int, ...]]] = []
-        names: list[int] = []
+        names: list[tuple[int, int]] = []  # (name id, entries of a list, or -1 for one tensor)
         batched: Mapping[str, Any] = produced if produced is not None else {}
         for name, value in batched.items():
             nid = ids.get(name)
-            if nid is not None and value is not None:
+            if nid is None or value is None:
+                continue
+            if isinstance(value, list | tuple):  # one array per request (ragged outputs)
+                names.append((nid, len(value)))
+                items.extend(_NONE_ITEM if v is None else _prepared(v) for v in value)
+            else:
+                names.append((nid, -1))
                 items.append(_prepared(value))
-                names.append(nid)
         flags = 0
         per_request: list[tuple[int, Any]] = []  # (kind, payload)
         outcomes = getattr(produced, "outcomes", None)
@@ -555,9 +592,15 @@ class ResultWriter:
             flags |= R_SLAB
         ints: list[int] = [len(names)]
         k = 0
-        for nid in names:
-            _describe(ints, nid, items[k], offsets[k])
-            k += 1
+        for nid, entries in names:
+            if entries < 0:
+                _describe(ints, nid, items[k], offsets[k])
+                k += 1
+                continue
+            ints += (nid, LIST, entries, 0, 0)
+            for _ in range(entries):
+                _describe_entry(ints, items[k], offsets[k])
+                k += 1
         text: list[bytes] = []
         if flags & R_REQUESTS:
             ints.append(len(per_request))

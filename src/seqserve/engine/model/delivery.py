@@ -10,7 +10,6 @@ loop, reached with ``loop.call_soon_threadsafe`` once per batch or once per sent
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import logging
 import threading
@@ -23,6 +22,7 @@ import numpy as np
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends.base import RequestResults
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.ordering import OrderedRelease
 from seqserve.engine.responses import DEFERRED, InferResult, Outcome, Responder, ResponseCallback
 from seqserve.engine.tensors import to_numpy_dtype, wire_dtype_name
 
@@ -74,7 +74,7 @@ class Delivery:
         self._dtypes = {t.name: np.dtype(to_numpy_dtype(t.data_type) or np.uint16) for t in cfg.output}
         self._lock = threading.Lock()
         self._open: set[Pending] = set()  # requests with a responder and no final response yet
-        self._ordered: collections.deque[Pending] = collections.deque()
+        self._ordered: OrderedRelease[Pending] = OrderedRelease(_resolve_settled)
 
     @property
     def open_responses(self) -> int:
@@ -83,7 +83,7 @@ class Delivery:
 
     def track_order(self, rec: Pending) -> None:
         if rec.ordered:
-            self._ordered.append(rec)
+            self._ordered.add(rec)
 
     # ------------------------------------------------------------ executor thread
 
@@ -133,11 +133,15 @@ class Delivery:
         if isinstance(produced, RequestResults):
             return self._split_requests(recs, produced.outcomes)
         arrays: dict[str, np.ndarray] = {}
+        per_request: dict[str, list[np.ndarray]] = {}
         needed = {o for r in recs if r is not None for o in r.outputs}
         for o in needed:
             value = produced.get(o)
             if value is None:
                 raise InferenceError(Code.INTERNAL, f"model '{self.name}' did not produce output '{o}'")
+            if isinstance(value, list | tuple):  # one array per request: shapes may differ (ragged)
+                per_request[o] = self._request_outputs(o, value, recs)
+                continue
             arr = self._owned_output(o, value)
             if self.max_batch_size > 0 and (arr.ndim == 0 or arr.shape[0] != size):
                 raise InferenceError(
@@ -147,17 +151,47 @@ class Delivery:
                 )
             arrays[o] = arr
         if self.max_batch_size == 0:  # one request, no batch dimension
-            return [(rec, {o: arrays[o] for o in rec.outputs}) for rec in recs if rec is not None]
+            return [
+                (rec, {o: per_request[o][i] if o in per_request else arrays[o] for o in rec.outputs})
+                for i, rec in enumerate(recs)
+                if rec is not None
+            ]
         replies: list[tuple[Pending, Reply]] = []
         row = 0
-        for rec in recs:
+        for i, rec in enumerate(recs):
             if rec is None:  # padding or a final END step: one row, no reply
                 row += 1
                 continue
             end = row + rec.rows
-            replies.append((rec, {o: arrays[o][row:end] for o in rec.outputs}))
+            replies.append(
+                (rec, {o: per_request[o][i] if o in per_request else arrays[o][row:end] for o in rec.outputs})
+            )
             row = end
         return replies
+
+    def _request_outputs(self, name: str, values: list[Any] | tuple[Any, ...], recs: list[Pending | None]) -> list[Any]:
+        """An output given as one array per request of the batch (its shape is that request's
+        own, as for ragged inputs): checked, and owning its data."""
+        if len(values) != len(recs):
+            raise InferenceError(
+                Code.INTERNAL,
+                f"model '{self.name}' produced output '{name}' as a list of {len(values)} arrays; "
+                f"expected one per request of the batch ({len(recs)})",
+            )
+        out: list[Any] = []
+        for rec, value in zip(recs, values, strict=True):
+            if rec is None or name not in rec.outputs:  # padding, or not asked for: not checked
+                out.append(None)
+                continue
+            arr = self._owned_output(name, value)
+            if self.max_batch_size > 0 and (arr.ndim == 0 or arr.shape[0] != rec.rows):
+                raise InferenceError(
+                    Code.INTERNAL,
+                    f"model '{self.name}' produced output '{name}' with shape {list(arr.shape)} for a request "
+                    f"of {rec.rows} row(s); expected batch dimension {rec.rows}",
+                )
+            out.append(arr)
+        return out
 
     def _split_requests(
         self, recs: list[Pending | None], outcomes: list[Mapping[str, np.ndarray] | InferenceError | None]
@@ -297,7 +331,7 @@ class Delivery:
                 self.request_failures += 1
             self._settle(rec, result)
             if self.preserve_ordering:
-                self._flush_ordered()
+                self._ordered.release_ready()
 
     def _deliver(self, replies: list[tuple[Pending, Reply]]) -> None:
         for rec, outs in replies:
@@ -306,25 +340,19 @@ class Delivery:
                 continue
             self._settle(rec, InferResult(self.name, self.version, rec.request_id, outs, rec.parameters or {}))
         if self.preserve_ordering:
-            self._flush_ordered()
+            self._ordered.release_ready()
 
     def _fail_all(self, recs: list[Pending], err: InferenceError) -> None:
         for rec in recs:
             self._settle(rec, InferenceError(err.code, err.message))
         if self.preserve_ordering:
-            self._flush_ordered()
+            self._ordered.release_ready()
 
     def _settle(self, rec: Pending, outcome: InferResult | InferenceError) -> None:
         if rec.ordered:
             rec.outcome = outcome
         else:
             _resolve(rec, outcome)
-
-    def _flush_ordered(self) -> None:
-        q = self._ordered
-        while q and q[0].outcome is not None:
-            rec = q.popleft()
-            _resolve(rec, rec.outcome)
 
 
 def _resolve(rec: Pending, outcome: InferResult | InferenceError) -> None:
@@ -335,6 +363,10 @@ def _resolve(rec: Pending, outcome: InferResult | InferenceError) -> None:
             rec.future.set_exception(outcome)
         else:
             rec.future.set_result(outcome)
+
+
+def _resolve_settled(rec: Pending) -> None:
+    _resolve(rec, rec.outcome)
 
 
 def _call(on_response: ResponseCallback, outcome: InferResult | InferenceError | None, final: bool) -> None:

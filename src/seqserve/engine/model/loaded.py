@@ -24,7 +24,8 @@ import orjson
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import _core
 from seqserve.engine.backends import BackendInstance, InstanceContext, ModelContext, find_backend
-from seqserve.engine.batch import ExecuteBatch
+from seqserve.engine.batch import ExecuteBatch, RaggedInput
+from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
 from seqserve.engine.isolation import IsolatedBackend, execution_settings
 from seqserve.engine.model.delivery import Delivery, Pending
@@ -33,6 +34,7 @@ from seqserve.engine.model.validation import INTEGER_CORRID, RequestValidator
 from seqserve.engine.model.watchdog import ExecuteWatchdog
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
+from seqserve.engine.sessions import EndedSequence, SequenceInfo, SequenceList, SessionGoneError, SessionPolicy
 from seqserve.engine.tensors import wire_dtype_name
 
 log = logging.getLogger("seqserve.model")
@@ -50,6 +52,7 @@ class LoadedModel:
         version: int,
         model_dir: Path,
         loop: asyncio.AbstractEventLoop,
+        sessions: SessionPolicy | None = None,
         python_isolation: str = "thread",
     ) -> None:
         self.config = cfg
@@ -62,12 +65,22 @@ class LoadedModel:
         self.decoupled = cfg.model_transaction_policy.decoupled
         self._loop = loop
         self._pending: dict[int, Pending] = {}
+        self._rejected = 0  # refused by the core as UNAVAILABLE (queue full, stopping)
 
         backend_cls = find_backend(cfg)
         if cfg.sequence_batching.state and not backend_cls.supports_implicit_state:
             raise InferenceError(
                 Code.INVALID_ARG, f"backend '{cfg.backend or cfg.platform}' does not support implicit state"
             )
+        ragged = [t.name for t in cfg.input if t.allow_ragged_batch] if cfg.max_batch_size > 0 else []
+        if ragged and not backend_cls.supports_ragged_batch:
+            raise InferenceError(
+                Code.INVALID_ARG,
+                f"model '{cfg.name}': input '{ragged[0]}' has allow_ragged_batch, which backend "
+                f"'{cfg.backend or cfg.platform}' does not support (it would need Triton's batch_input "
+                "tensors to find each request's extent); the python backend supports it",
+            )
+        self._has_ragged = bool(ragged)
         if self.decoupled and not backend_cls.supports_decoupled:
             raise InferenceError(
                 Code.INVALID_ARG,
@@ -95,7 +108,7 @@ class LoadedModel:
         if isinstance(self.backend, IsolatedBackend):
             self.backend.wait_ready()  # the children load the model in parallel
 
-        spec = build_core_spec(cfg, model_dir, len(self._instances))
+        spec = build_core_spec(cfg, model_dir, len(self._instances), sessions)
         self.strategy_name = spec.strategy_name
         self._spec = spec
         self._validator = RequestValidator(cfg, spec)
@@ -110,7 +123,7 @@ class LoadedModel:
             == mc.ModelTransactionPolicy.StatefulModelPolicy.DESCRIBE
         )
         self._core = _core.Scheduler(
-            **spec.scheduler,
+            spec.scheduler,
             runner=self._run,
             on_fail=self._on_fail,
             on_warning=lambda msg: log.warning("%s", msg),
@@ -148,9 +161,19 @@ class LoadedModel:
         if not self._instances:
             raise InferenceError(Code.INVALID_ARG, f"model '{self.name}' has no (non-passive) instances")
 
-    def _describe_expired(self, info: dict[str, Any]) -> None:
+    def _describe_expired(self, x: _core.ExpiredSequence) -> None:
         """stateful_model_policy DESCRIBE: one structured line per expired sequence."""
-        info = {"model": self.name, "version": self.version} | info
+        info = {
+            "model": self.name,
+            "version": self.version,
+            "sequence_id": x.sequence_id,
+            "age_s": x.age_s,
+            "idle_s": x.idle_s,
+            "steps": x.steps,
+            "state_bytes": x.state_bytes,
+            "instance": x.instance,
+            "slot": x.slot,
+        }
         log.info("sequence expired %s", orjson.dumps(info).decode())
 
     # ------------------------------------------------------------------------ metadata
@@ -172,15 +195,136 @@ class LoadedModel:
         }
 
     def statistics(self) -> dict[str, Any]:
+        """The core's counts (durations in ns), plus the requests refused before reaching it
+        and those a batch failed alone."""
         s = self._core.stats()
         refused = self._validator.failures
-        if refused:
-            s["fail"]["count"] += refused
         alone = self._delivery.request_failures
-        if alone:
-            s["fail"]["count"] += alone
-            s["success"]["count"] -= alone
-        return s
+        return {
+            "inference_count": s.inference_count,
+            "execution_count": s.execution_count,
+            "last_inference": s.last_inference_ms,
+            "success": _duration(s.success, -alone),
+            "fail": _duration(s.fail, refused + alone),
+            "queue": _duration(s.queue),
+            "compute_input": _duration(s.compute_input),
+            "compute_infer": _duration(s.compute_infer),
+            "compute_output": _duration(s.compute_output),
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": _duration(b.compute_input),
+                    "compute_infer": _duration(b.compute_infer),
+                    "compute_output": _duration(b.compute_output),
+                }
+                for size, b in sorted(s.batches.items())
+            ],
+        }
+
+    def counters(self) -> ModelCounters:
+        """Everything a metrics exporter reports for this version, read now (one core call)."""
+        s = self._core.stats()
+        refused = self._validator.failures
+        alone = self._delivery.request_failures
+        rejected = s.fail_rejected + self._rejected
+        backend = s.fail_backend + alone
+        fail = s.fail.count + refused + alone
+        cumulative = 0
+        buckets = []
+        for bound, n in zip([*self._spec.scheduler.latency_buckets_ms, float("inf")], s.latency_counts, strict=True):
+            cumulative += n
+            buckets.append((bound, cumulative))
+        return ModelCounters(
+            model=self.name,
+            version=self.version_str,
+            tags=dict(self.config.metric_tags),
+            success=s.success.count - alone,
+            failure={
+                "REJECTED": rejected,
+                "CANCELED": s.fail_canceled,
+                "BACKEND": backend,
+                "OTHER": max(0, fail - rejected - s.fail_canceled - backend),
+            },
+            inference_count=s.inference_count,
+            execution_count=s.execution_count,
+            request_duration_us=s.success.ns // 1000,
+            queue_duration_us=s.queue.ns // 1000,
+            compute_input_duration_us=s.compute_input.ns // 1000,
+            compute_infer_duration_us=s.compute_infer.ns // 1000,
+            compute_output_duration_us=s.compute_output.ns // 1000,
+            pending_requests=s.pending_requests,
+            latency_buckets=buckets,
+            latency_sum_ms=s.latency_sum_ms,
+            is_sequence=self.is_sequence,
+            sequence_slots=s.sequence_slots,
+            sequences_active=s.sequences_active,
+            sequences_backlogged=s.sequences_backlogged,
+            sequences_started=s.sequences_started,
+            sequences_ended=s.sequences_ended,
+            sequences_expired=s.sequences_expired,
+            state_bytes=s.state_bytes,
+        )
+
+    # ------------------------------------------------------------------ sequence API
+
+    def sequences(self, limit: int) -> SequenceList:
+        """The live sequences (holding a slot or backlogged): how many, and up to ``limit`` of
+        them, the oldest first."""
+        total, found = self._core.list_sequences(limit)
+        infos = sorted((self._sequence_info(x) for x in found), key=lambda i: -i.age_s)
+        return SequenceList(total, infos)
+
+    def sequence(self, sequence_id: SequenceId) -> SequenceInfo:
+        """One live sequence; NOT_FOUND when it is not live (the message says why when it is a
+        session that ended or expired)."""
+        found = self._core.find_sequence(sequence_id)
+        if found is None:
+            raise self._not_live(sequence_id)
+        return self._sequence_info(found)
+
+    def end_sequence(self, sequence_id: SequenceId) -> EndedSequence:
+        """End a live sequence now, as idle expiry does: its slot is freed once the requests
+        already queued for it have run, and with ``timeout_action: TIMEOUT_COMPLETE`` the model
+        gets one final END step first. A backlogged sequence's queued requests are cancelled.
+        Its id is remembered as ended, so a session request for it gets SessionGoneError and a
+        ``sequence_id`` request without START gets Triton's START error."""
+        found = self._core.end_sequence(sequence_id)
+        if found is None:
+            raise self._not_live(sequence_id)
+        info = self._sequence_info(found)
+        log.info(
+            "model '%s' version %d: sequence %r ended through the sequence API", self.name, self.version, sequence_id
+        )
+        return EndedSequence(
+            info,
+            final_step=self._spec.scheduler.timeout_complete and not info.backlogged,
+            cancelled_requests=info.queued if info.backlogged else 0,
+        )
+
+    def _sequence_info(self, x: _core.SequenceInfo) -> SequenceInfo:
+        held = not x.backlogged
+        return SequenceInfo(
+            sequence_id=x.sequence_id,
+            backlogged=x.backlogged,
+            session=x.session,
+            instance=self.instance_names[x.instance] if held else None,
+            slot=x.slot if held else None,
+            age_s=x.age_s,
+            idle_s=x.idle_s,
+            steps=x.steps,
+            state_bytes=x.state_bytes,
+            queued=x.queued,
+        )
+
+    def _not_live(self, sequence_id: SequenceId) -> InferenceError:
+        msg = f"sequence {sequence_id!r} of model '{self.name}' version {self.version} is not live"
+        if not self.is_sequence:
+            msg = f"model '{self.name}' is not a sequence model"
+        else:
+            gone = self._core.session_gone(sequence_id)
+            if gone:
+                msg += f": {gone}"
+        return InferenceError(Code.NOT_FOUND, msg)
 
     @property
     def inflight_sequences(self) -> int:
@@ -263,13 +407,18 @@ class LoadedModel:
             request.timeout_us,
             checked.rows,
             request.priority,
+            request.session,
         )
         if err is not None:
             del self._pending[handle]
             self._validator.failures += 1
+            if err.code == _core.Code.NOT_FOUND:  # a session that ended or expired
+                raise SessionGoneError(err.message)
+            if err.code == _core.Code.UNAVAILABLE:
+                self._rejected += 1
             # Sequence-batcher errors carry no request id in Triton; the others do.
-            msg = err[1] if self.is_sequence else f"[request id: {request.id or '<id_unknown>'}] {err[1]}"
-            raise InferenceError(Code(err[0]), msg)
+            msg = err.message if self.is_sequence else f"[request id: {request.id or '<id_unknown>'}] {err.message}"
+            raise InferenceError(Code(err.code), msg)
         self._delivery.track_order(rec)
         return rec
 
@@ -294,6 +443,8 @@ class LoadedModel:
                 request_rows=[r.rows if r is not None else 1 for r in recs],
                 request_outputs=[r.outputs if r is not None else None for r in recs],
                 request_ids=[r.request_id if r is not None else "" for r in recs],
+                ragged={k: RaggedInput(v) for k, v in cb.ragged().items()} if self._has_ragged else {},
+                batched=self.max_batch_size > 0,
             )
             instance = self._instances[cb.instance]
             if instance.uses_responders:
@@ -321,7 +472,7 @@ class LoadedModel:
         delivery.post(replies)
         return True
 
-    def _on_fail(self, handles: list[int], code: int, message: str) -> None:
+    def _on_fail(self, handles: list[int], code: _core.Code, message: str) -> None:
         recs = [r for r in (self._pending.pop(h, None) for h in handles) if r is not None]
         self._delivery.refused(recs, InferenceError(Code(code), message))
 
@@ -350,3 +501,7 @@ class LoadedModel:
             except Exception:
                 log.exception("model '%s': finalize failed", self.name)
         self._delivery.close_open()
+
+
+def _duration(d: _core.Duration, extra: int = 0) -> dict[str, int]:
+    return {"count": d.count + extra, "ns": d.ns}

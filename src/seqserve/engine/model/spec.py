@@ -9,29 +9,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import _core
 from seqserve.engine.config import read_initial_state
+from seqserve.engine.sessions import SessionPolicy
+from seqserve.engine.tensors import BY_CONFIG
 
 log = logging.getLogger("seqserve.model")
 
 _CONTROL_KIND = {
-    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START: 0,
-    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_READY: 1,
-    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END: 2,
-    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID: 3,
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START: _core.ControlKind.START,
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_READY: _core.ControlKind.READY,
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END: _core.ControlKind.END,
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID: _core.ControlKind.CORRID,
 }
-
-ControlTuple = tuple[str, int, int, float, float]
-StateTuple = tuple[str, str, int, list[int], bool, bytes, list[int]]
 
 
 @dataclass(slots=True)
 class CoreSpec:
     """What the core is built from, plus what the Python side needs to know of it."""
 
-    #: keyword arguments of the core's Scheduler, less the callbacks
-    scheduler: dict[str, Any]
+    scheduler: _core.ModelSpec
     strategy_name: str  # direct, oldest, reusable_batch, dynamic, default
     preserve_ordering: bool  # replies leave in submit order (dynamic batcher's preserve_ordering)
     #: (state index, output name) of each implicit state: execute returns its next value
@@ -42,12 +42,28 @@ class CoreSpec:
     corrid_name: str = ""
 
 
-def build_core_spec(cfg: mc.ModelConfig, model_dir: Path, instance_count: int) -> CoreSpec:
+def core_dtype(data_type: int) -> np.dtype[Any]:
+    """The numpy dtype the core handles a config datatype as: the dtype table's (object for
+    BYTES); BF16, which numpy lacks, travels as its uint16 bits."""
+    dt = BY_CONFIG[data_type]
+    return dt.numpy if dt.numpy is not None else np.dtype(np.uint16)
+
+
+#: Triton's first-response histogram, whose buckets a config's model_metrics may set
+LATENCY_HISTOGRAM = "nv_inference_first_response_histogram_ms"
+#: its default buckets (ms), Triton's (core ``metric_model_reporter.h``)
+DEFAULT_LATENCY_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
+
+
+def build_core_spec(
+    cfg: mc.ModelConfig, model_dir: Path, instance_count: int, sessions: SessionPolicy | None = None
+) -> CoreSpec:
     """The core's spec for a finished, validated config."""
+    sessions = sessions or SessionPolicy()
     is_sequence = cfg.HasField("sequence_batching")
     sb = cfg.sequence_batching
-    controls: list[ControlTuple] = []
-    states: list[StateTuple] = []
+    controls: list[_core.ControlSpec] = []
+    states: list[_core.StateSpec] = []
     state_outputs: list[tuple[int, str]] = []
     corrid_dtype: int | None = None
     corrid_name = ""
@@ -57,42 +73,62 @@ def build_core_spec(cfg: mc.ModelConfig, model_dir: Path, instance_count: int) -
     batching = _batching_spec(cfg, is_sequence, instance_count)
     strategy_name = batching.pop("strategy_name")
     preserve_ordering = bool(batching.pop("preserve_ordering"))
-    scheduler: dict[str, Any] = {
-        "name": cfg.name,
-        "max_batch_size": cfg.max_batch_size,
-        "instance_count": instance_count,
-        "idle_us": sb.max_sequence_idle_microseconds or 1_000_000,
-        "max_queue_delay_us": sb.direct.max_queue_delay_microseconds,
-        "min_slot_utilization": sb.direct.minimum_slot_utilization,
-        "inputs": [
-            (
-                t.name,
-                t.data_type,
-                any(d < 0 for d in t.dims) and not t.allow_ragged_batch,
-                [1 if d < 0 else d for d in t.dims],
+    scheduler = _core.ModelSpec(
+        name=cfg.name,
+        max_batch_size=cfg.max_batch_size,
+        instance_count=instance_count,
+        idle_us=sb.max_sequence_idle_microseconds or 1_000_000,
+        max_queue_delay_us=sb.direct.max_queue_delay_microseconds,
+        min_slot_utilization=sb.direct.minimum_slot_utilization,
+        inputs=[
+            _core.InputSpec(
+                name=t.name,
+                dtype=core_dtype(t.data_type),
+                must_match=any(d < 0 for d in t.dims) and not t.allow_ragged_batch,
+                default_shape=[1 if d < 0 else d for d in t.dims],
+                ragged=t.allow_ragged_batch and cfg.max_batch_size > 0,
             )
             for t in cfg.input
         ],
-        "controls": controls,
-        "states": states,
-        "delay_requests": _env_int("TRITONSERVER_DELAY_SCHEDULER"),
-        "delay_backlog_requests": _env_int("TRITONSERVER_BACKLOG_DELAY_SCHEDULER"),
-        "timeout_complete": is_sequence and sb.timeout_action == mc.TIMEOUT_COMPLETE,
+        controls=controls,
+        states=states,
+        delay_requests=_env_int("TRITONSERVER_DELAY_SCHEDULER"),
+        delay_backlog_requests=_env_int("TRITONSERVER_BACKLOG_DELAY_SCHEDULER"),
+        timeout_complete=is_sequence and sb.timeout_action == mc.TIMEOUT_COMPLETE,
+        tombstone_us=int(sessions.tombstone_s * 1e6),
+        max_tombstones=sessions.tombstone_max,
+        latency_buckets_ms=_latency_buckets(cfg),
         **batching,
-    }
+    )
     return CoreSpec(
         scheduler=scheduler,
         strategy_name=strategy_name,
         preserve_ordering=preserve_ordering,
         state_outputs=state_outputs,
-        server_inputs=frozenset(c[0] for c in controls) | frozenset(s[0] for s in states),
+        server_inputs=frozenset(c.name for c in controls) | frozenset(s.input_name for s in states),
         corrid_dtype=corrid_dtype,
         corrid_name=corrid_name,
     )
 
 
+def _latency_buckets(cfg: mc.ModelConfig) -> list[float]:
+    """The latency histogram's buckets: Triton's, unless the config's ``model_metrics`` sets
+    them for its family (unknown families are warned about and ignored, as Triton does)."""
+    buckets = list(DEFAULT_LATENCY_BUCKETS_MS)
+    for control in cfg.model_metrics.metric_control:
+        family = control.metric_identifier.family
+        if family != LATENCY_HISTOGRAM:
+            log.warning(
+                "model '%s': metric family '%s' in 'metric_identifier' is not a customizable metric", cfg.name, family
+            )
+            continue
+        buckets = sorted(set(control.histogram_options.buckets))
+    return buckets
+
+
 def _batching_spec(cfg: mc.ModelConfig, is_sequence: bool, instance_count: int) -> dict[str, Any]:
-    """The core's strategy and batch-forming settings for this config."""
+    """The core's strategy and batch-forming settings for this config (ModelSpec keywords, plus
+    strategy_name and preserve_ordering for the Python side)."""
     mbs = cfg.max_batch_size
     dyn = cfg.dynamic_batching
     has_dyn = cfg.HasField("dynamic_batching")
@@ -102,7 +138,7 @@ def _batching_spec(cfg: mc.ModelConfig, is_sequence: bool, instance_count: int) 
         which = sb.WhichOneof("strategy_choice")
         if which == "oldest":
             spec.update(
-                strategy=_core.OLDEST,
+                strategy=_core.Strategy.OLDEST,
                 strategy_name="oldest",
                 slots_per_instance=sb.oldest.max_candidate_sequences or max(1, mbs),
                 preferred_batch_sizes=list(sb.oldest.preferred_batch_size),
@@ -111,7 +147,7 @@ def _batching_spec(cfg: mc.ModelConfig, is_sequence: bool, instance_count: int) 
         elif which == "reusable_batch":
             # Oldest-like batches across sequences; the delay comes from dynamic_batching.
             spec.update(
-                strategy=_core.OLDEST,
+                strategy=_core.Strategy.OLDEST,
                 strategy_name="reusable_batch",
                 slots_per_instance=sb.reusable_batch.max_size,
                 preferred_batch_sizes=list(sb.reusable_batch.candidate_batch_size),
@@ -123,28 +159,28 @@ def _batching_spec(cfg: mc.ModelConfig, is_sequence: bool, instance_count: int) 
                     "model '%s': Direct strategy; dynamic_batching settings do not apply to sequences",
                     cfg.name,
                 )
-            spec.update(strategy=_core.DIRECT, strategy_name="direct", slots_per_instance=max(1, mbs))
+            spec.update(strategy=_core.Strategy.DIRECT, strategy_name="direct", slots_per_instance=max(1, mbs))
         return spec
     slots = {"slots_per_instance": 1}
     if not has_dyn:
-        return spec | slots | {"strategy": _core.STATELESS, "strategy_name": "default"}
+        return spec | slots | {"strategy": _core.Strategy.STATELESS, "strategy_name": "default"}
     levels = max(1, dyn.priority_levels)
     policies = []
     for level in range(1, levels + 1):
         qp = dyn.priority_queue_policy.get(level, dyn.default_queue_policy)
         policies.append(
-            (
-                qp.timeout_action == mc.ModelQueuePolicy.DELAY,
-                qp.default_timeout_microseconds,
-                qp.allow_timeout_override,
-                qp.max_queue_size,
+            _core.QueuePolicy(
+                delay_on_timeout=qp.timeout_action == mc.ModelQueuePolicy.DELAY,
+                default_timeout_us=qp.default_timeout_microseconds,
+                allow_override=qp.allow_timeout_override,
+                max_queue_size=qp.max_queue_size,
             )
         )
     return (
         spec
         | slots
         | {
-            "strategy": _core.DYNAMIC,
+            "strategy": _core.Strategy.DYNAMIC,
             "strategy_name": "dynamic",
             "preferred_batch_sizes": list(dyn.preferred_batch_size),
             "batch_delay_us": dyn.max_queue_delay_microseconds,
@@ -156,24 +192,28 @@ def _batching_spec(cfg: mc.ModelConfig, is_sequence: bool, instance_count: int) 
     )
 
 
-def _control_specs(sb: mc.ModelSequenceBatching) -> tuple[list[ControlTuple], int | None, str]:
-    out: list[ControlTuple] = []
+def _control_specs(sb: mc.ModelSequenceBatching) -> tuple[list[_core.ControlSpec], int | None, str]:
+    out: list[_core.ControlSpec] = []
     corrid_dtype: int | None = None
     corrid_name = ""
     for ci in sb.control_input:
-        spec: ControlTuple | None = None
+        spec: _core.ControlSpec | None = None
         for c in ci.control:  # several kinds on one tensor: the later one wins, as in Triton
             kind = _CONTROL_KIND[c.kind]
-            if kind == 3:
-                spec = (ci.name, 3, c.data_type, 0.0, 0.0)
+            if kind == _core.ControlKind.CORRID:
+                spec = _core.ControlSpec(name=ci.name, kind=kind, dtype=core_dtype(c.data_type))
                 corrid_dtype = c.data_type
                 corrid_name = ci.name
-            elif len(c.int32_false_true) == 2:
-                spec = (ci.name, kind, mc.TYPE_INT32, *map(float, c.int32_false_true))  # type: ignore[assignment]
+                continue
+            if len(c.int32_false_true) == 2:
+                data_type, values = mc.TYPE_INT32, [float(v) for v in c.int32_false_true]
             elif len(c.fp32_false_true) == 2:
-                spec = (ci.name, kind, mc.TYPE_FP32, *map(float, c.fp32_false_true))  # type: ignore[assignment]
+                data_type, values = mc.TYPE_FP32, [float(v) for v in c.fp32_false_true]
             else:
-                spec = (ci.name, kind, mc.TYPE_BOOL, *map(float, c.bool_false_true))  # type: ignore[assignment]
+                data_type, values = mc.TYPE_BOOL, [float(v) for v in c.bool_false_true]
+            spec = _core.ControlSpec(
+                name=ci.name, kind=kind, dtype=core_dtype(data_type), false_value=values[0], true_value=values[1]
+            )
         if spec is not None:
             out.append(spec)
     return out, corrid_dtype, corrid_name
@@ -181,8 +221,8 @@ def _control_specs(sb: mc.ModelSequenceBatching) -> tuple[list[ControlTuple], in
 
 def _state_specs(
     model: str, sb: mc.ModelSequenceBatching, model_dir: Path, max_batch_size: int
-) -> tuple[list[StateTuple], list[tuple[int, str]]]:
-    out: list[StateTuple] = []
+) -> tuple[list[_core.StateSpec], list[tuple[int, str]]]:
+    out: list[_core.StateSpec] = []
     outputs: list[tuple[int, str]] = []
     seen: set[str] = set()
     for st in sb.state:
@@ -193,9 +233,17 @@ def _state_specs(
             continue
         seen.add(in_name)
         data, dims = read_initial_state(model_dir, st, max_batch_size)
-        variable = any(d < 0 for d in st.dims)
         outputs.append((len(out), out_name))
-        out.append((in_name, out_name, st.data_type, list(st.dims), variable, data, list(dims)))
+        out.append(
+            _core.StateSpec(
+                input_name=in_name,
+                output_name=out_name,
+                dtype=core_dtype(st.data_type),
+                dims=list(st.dims),
+                initial=data,
+                initial_dims=list(dims),
+            )
+        )
     return out, outputs
 
 

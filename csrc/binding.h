@@ -1,0 +1,47 @@
+// Declarations shared by the files of the pybind11 binding (module.cc, bind_spec.cc,
+// bind_batch.cc). The typed description of what Python sees is src/seqserve/engine/_core.pyi.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include "scheduler.h"
+
+namespace seqserve::binding {
+
+namespace py = pybind11;
+
+// BYTES wire format: per element a 4-byte little-endian length and the bytes, row-major.
+py::array deserialize_bytes(const uint8_t* p, size_t n, const std::vector<int64_t>& shape);
+std::string serialize_bytes(const py::array& arr);
+
+// The numpy dtype an element type was made from.
+py::dtype numpy_dtype(const ElemType& t);
+
+// A correlation id to and from Python: str, or int (uint64).
+py::object corrid_object(const CorrId& id);
+CorrId corrid_from(py::handle obj);
+
+// The numpy dtypes of one model's tensors, made once: batch views reuse them.
+struct Dtypes {
+  explicit Dtypes(const ModelSpec& spec);
+  std::vector<py::dtype> inputs, controls, states;
+};
+
+// The batch handed to the runner. Valid only during that call: arrays are views onto the
+// instance's reused buffers.
+struct BatchView {
+  Scheduler* sched = nullptr;
+  const Dtypes* dtypes = nullptr;
+  Instance* inst = nullptr;
+  bool valid = true;
+  Instance& get() {
+    if (!valid) throw std::runtime_error("this batch has finished executing; its arrays are no longer valid");
+    return *inst;
+  }
+};
+
+void bind_spec(py::module_& m);   // enums, spec classes, statistics, Refusal, ExpiredSequence
+void bind_batch(py::module_& m);  // Batch, serialize_bytes, deserialize_bytes
+
+}  // namespace seqserve::binding

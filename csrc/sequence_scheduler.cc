@@ -1,0 +1,232 @@
+#include "sequence_scheduler.h"
+
+namespace seqserve {
+
+SequenceScheduler::SequenceScheduler(ModelSpec spec, Hooks hooks, bool gather_state)
+    : Scheduler(std::move(spec), std::move(hooks), true, gather_state),
+      table_(spec_.instance_count, spec_.slots_per_instance, spec_.idle_ns, counts_) {
+  rep_state_shapes_.resize(spec_.states.size());
+  table_.tombstones().configure(spec_.tombstone_ns, static_cast<size_t>(std::max<int64_t>(0, spec_.max_tombstones)));
+}
+
+SubmitResult SequenceScheduler::enqueue_locked(Request* r, int, Instance*& wake, std::string& warning) {
+  if (r->id.none()) {
+    return refuse(kInvalidArg, "inference request to model '" + spec_.name +
+                                   "' must specify a non-zero or non-empty correlation ID");
+  }
+  auto it = table_.find(r->id);
+  if (r->start && !accepting_) return refuse(kUnavailable, kStopping);
+  const bool known = table_.found(it);
+  if (r->session && !r->start && !known) {
+    // A session's first request starts it, unless the session ended or expired: its next
+    // request must not carry on from fresh state as if nothing was lost.
+    if (const Tombstone* t = table_.tombstones().find(r->id, r->arrival_ns))
+      return refuse(kNotFound, session_gone_message(r->id, *t));
+    if (!accepting_) return refuse(kUnavailable, kStopping);
+    r->start = true;
+  }
+  if (!r->start && !known) {
+    return refuse(kInvalidArg, "inference request for sequence " + r->id.repr() + " to model '" + spec_.name +
+                                   "' must specify the START flag on the first request of the sequence");
+  }
+  if (known && r->start) {
+    warning = "sequence " + r->id.repr() + " for model '" + spec_.name +
+              "' has a conflict. The previous sequence did not end before this sequence start. "
+              "Previous sequence will be terminated early.";
+  }
+  auto queued = [this](int i, int s) { slot_queued_locked(*instances_[i], s); };
+  stats_.sequences_started += r->start;
+  stats_.sequences_ended += r->end;
+  const int g = known ? table_.queue_known(it, r, queued) : table_.queue_new(r, queued);
+  if (released_locked() && g >= 0) {
+    Instance& inst = *instances_[g / spec_.slots_per_instance];
+    if (!inst.executing) wake = &inst;
+  }
+  return {};
+}
+
+Request* SequenceScheduler::take_marker_locked(uint8_t kind, const CorrId& id, int64_t now) {
+  Request* m = pool_.take();
+  m->kind = kind;
+  m->handle = 0;
+  m->start = false;
+  m->end = kind == kNotify;
+  m->arrival_ns = now;
+  m->id = id;
+  return m;
+}
+
+void SequenceScheduler::start_helpers() {
+  reaper_ = spawn([this] { reaper_loop(); });
+}
+
+void SequenceScheduler::stop_helpers() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    reaper_stop_ = true;
+    table_.wake_reaper();
+  }
+  if (reaper_.joinable()) reaper_.join();
+}
+
+void SequenceScheduler::reaper_loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  Fails fails;
+  std::vector<ExpiredSequence> expired;
+  std::vector<Request*> dropped;
+  while (!reaper_stop_) {
+    const int64_t now = now_ns();
+    SequenceTable::Seqs::iterator it;
+    while (table_.pop_idle(now, &it)) {
+      // Expired: forget the id now; the slot frees when the marker reaches the queue front
+      // (after the requests queued before it). TIMEOUT_COMPLETE makes the marker one final
+      // END step for the model; otherwise the model is not told.
+      const SeqEntry& e = it->second;
+      const double idle_s = (now - e.last_arrival_ns) / 1e9;
+      if (spec_.describe_on_expiry) {
+        const Slot& sl = table_.slot(e.gslot);
+        ExpiredSequence x;
+        x.id = it->first;
+        x.age_s = (now - e.start_ns) / 1e9;
+        x.idle_s = idle_s;
+        x.steps = sl.steps;
+        x.state_bytes = instances_[sl.instance]->state.slot_bytes(sl.index);
+        x.instance = sl.instance;
+        x.slot = sl.index;
+        expired.push_back(std::move(x));
+      }
+      if (e.session) table_.tombstones().record(it->first, Tombstone::kExpired, idle_s, now);
+      ++stats_.sequences_expired;
+      end_in_slot_locked(it, now);
+    }
+    while (table_.pop_expired_backlog(now, dropped)) {
+      // The whole backlogged sequence expires.
+      std::vector<uint64_t> handles;
+      for (Request* r : dropped) {
+        handles.push_back(r->handle);
+        stats_.fail.add(1, now - r->arrival_ns);
+        ++stats_.fail_rejected;
+        recycle_locked(r);
+      }
+      dropped.clear();
+      fails.emplace_back(std::move(handles), "timeout of the corresponding sequence has been expired");
+    }
+    if (!fails.empty() || !expired.empty()) {
+      lk.unlock();
+      report(fails, kUnavailable);
+      if (hooks_.describe)
+        for (const ExpiredSequence& x : expired) hooks_.describe(x);
+      expired.clear();
+      lk.lock();
+      continue;
+    }
+    table_.wait_for_timers(lk);
+  }
+}
+
+void SequenceScheduler::end_in_slot_locked(SequenceTable::Seqs::iterator it, int64_t now) {
+  const CorrId id = it->first;
+  Slot& sl = table_.slot(it->second.gslot);
+  Instance& inst = *instances_[sl.instance];
+  table_.erase(it);
+  sl.queue.push(take_marker_locked(spec_.timeout_complete ? kNotify : kForceEnd, id, now));
+  int& max_active = table_.max_active(sl.instance);
+  max_active = std::max(max_active, sl.index);
+  slot_queued_locked(inst, sl.index);
+  if (!inst.executing) inst.cv.notify_one();
+}
+
+void SequenceScheduler::sequence_gauges_locked(Stats& s) {
+  const int64_t slots = static_cast<int64_t>(spec_.instance_count) * spec_.slots_per_instance;
+  s.sequence_slots = slots;
+  s.sequences_active = slots - table_.free_slots();
+  s.sequences_backlogged = table_.backlog_sequences();
+  uint64_t bytes = 0;
+  for (int g = 0; g < slots; ++g) {
+    const Slot& sl = table_.slot(g);
+    if (sl.occupied) bytes += instances_[sl.instance]->state.slot_bytes(sl.index);
+  }
+  s.state_bytes = bytes;
+}
+
+void SequenceScheduler::info_locked(const CorrId& id, const SeqEntry& e, int64_t now, SequenceInfo& out) {
+  out.id = id;
+  out.session = e.session;
+  out.age_s = (now - e.start_ns) / 1e9;
+  out.idle_s = (now - e.last_arrival_ns) / 1e9;
+  out.backlogged = e.gslot < 0;
+  if (out.backlogged) {
+    out.instance = out.slot = -1;
+    out.steps = out.state_bytes = 0;
+    out.queued = static_cast<int64_t>(e.bq->reqs.size());
+    return;
+  }
+  const Slot& sl = table_.slot(e.gslot);
+  out.instance = sl.instance;
+  out.slot = sl.index;
+  out.steps = sl.steps;
+  out.state_bytes = instances_[sl.instance]->state.slot_bytes(sl.index);
+  out.queued = static_cast<int64_t>(sl.queue.size());
+}
+
+int64_t SequenceScheduler::list_sequences_locked(std::vector<SequenceInfo>& out, size_t limit) {
+  const int64_t now = now_ns();
+  for (const auto& kv : table_.seqs()) {
+    if (out.size() >= limit) break;
+    out.emplace_back();
+    info_locked(kv.first, kv.second, now, out.back());
+  }
+  return static_cast<int64_t>(table_.seqs().size());
+}
+
+bool SequenceScheduler::find_sequence_locked(const CorrId& id, SequenceInfo& out) {
+  auto it = table_.find(id);
+  if (!table_.found(it)) return false;
+  info_locked(id, it->second, now_ns(), out);
+  return true;
+}
+
+bool SequenceScheduler::end_sequence_locked(const CorrId& id, SequenceInfo& out, Fails& fails) {
+  auto it = table_.find(id);
+  if (!table_.found(it)) return false;
+  const int64_t now = now_ns();
+  info_locked(id, it->second, now, out);
+  table_.tombstones().record(id, Tombstone::kEndedByApi, 0, now);
+  ++stats_.sequences_ended;
+  if (it->second.gslot >= 0) {
+    end_in_slot_locked(it, now);
+    return true;
+  }
+  // Backlogged: it never had a slot (nor state). Its requests are cancelled.
+  std::vector<Request*> dropped;
+  table_.drop_backlogged(it, dropped);
+  std::vector<uint64_t> handles;
+  for (Request* r : dropped) {
+    handles.push_back(r->handle);
+    stats_.fail.add(1, now - r->arrival_ns);
+    ++stats_.fail_canceled;
+    recycle_locked(r);
+  }
+  if (!handles.empty())
+    fails.emplace_back(std::move(handles),
+                       "sequence " + id.repr() + " was ended through the sequence API before it got a slot");
+  return true;
+}
+
+std::string SequenceScheduler::session_gone_locked(const CorrId& id) {
+  const Tombstone* t = table_.tombstones().find(id, now_ns());
+  return t ? session_gone_message(id, *t) : std::string();
+}
+
+void SequenceScheduler::drain_locked(const std::function<void(Request*)>& take) {
+  for (auto& inst : instances_) {
+    for (int s = 0; s < spec_.slots_per_instance; ++s) {
+      Slot& sl = table_.slot(inst->index, s);
+      while (!sl.queue.empty()) take(sl.queue.pop());
+    }
+    drain_instance_locked(*inst, take);
+  }
+  table_.clear(take);
+}
+
+}  // namespace seqserve

@@ -1,0 +1,151 @@
+#include "sequence_table.h"
+
+namespace seqserve {
+
+namespace {
+constexpr int64_t kBacklogRecheckNs = 50'000'000;  // grace before reaping a sequence that expired in the backlog
+}  // namespace
+
+SequenceTable::SequenceTable(int instances, int slots_per_instance, int64_t idle_ns, QueueCounts& counts)
+    : per_instance_(slots_per_instance), idle_ns_(idle_ns), counts_(counts) {
+  slots_.resize(static_cast<size_t>(instances) * slots_per_instance);
+  max_active_.assign(instances, -1);
+  for (int i = 0; i < instances; ++i)
+    for (int s = 0; s < slots_per_instance; ++s) {
+      Slot& sl = slot(i, s);
+      sl.instance = i;
+      sl.index = s;
+      free_.insert({s, i});
+    }
+}
+
+void SequenceTable::arm(int64_t deadline) {
+  if (deadline < reaper_target_) reaper_cv_.notify_one();
+}
+
+void SequenceTable::push_idle(const CorrId& id, SeqEntry& e) {
+  e.armed = true;
+  const int64_t deadline = e.last_arrival_ns + idle_ns_;
+  idle_heap_.push({deadline, e.serial, id});
+  arm(deadline);
+}
+
+void SequenceTable::backlog_timer(BacklogQueue& bq, int64_t expiry_ns) {
+  bq.expiry_ns = expiry_ns;
+  backlog_heap_.push({expiry_ns, bq.serial});
+  arm(expiry_ns);
+}
+
+void SequenceTable::release(int instance, int index) {
+  Slot& sl = slot(instance, index);
+  sl.occupied = false;
+  if (!backlog_.empty()) {
+    // The oldest backlogged sequence takes the slot with all its queued requests.
+    BacklogQueue& bq = backlog_.front();
+    while (!bq.reqs.empty()) {
+      sl.queue.push(bq.reqs.pop());
+      --counts_.backlogged;
+      ++counts_.queued;
+    }
+    sl.occupied = true;
+    sl.steps = 0;
+    sl.start_ns = now_ns();
+    auto it = seqs_.find(bq.id);
+    if (it != seqs_.end() && it->second.gslot < 0 && it->second.bq == backlog_.begin()) {
+      SeqEntry& e = it->second;
+      e.gslot = gslot(instance, index);
+      if (!e.armed) {
+        // Idle past the limit while backlogged: reaped soon after getting the slot (as in
+        // Triton, whose backlog re-check runs every 50 ms), unless a request arrives first.
+        e.armed = true;
+        const int64_t deadline = std::max(e.last_arrival_ns + idle_ns_, now_ns() + kBacklogRecheckNs);
+        idle_heap_.push({deadline, e.serial, it->first});
+        arm(deadline);
+      }
+    }
+    backlog_index_.erase(bq.serial);
+    backlog_.pop_front();
+    max_active_[instance] = std::max(max_active_[instance], index);
+    return;
+  }
+  free_.insert({index, instance});
+}
+
+bool SequenceTable::pop_idle(int64_t now, Seqs::iterator* out) {
+  while (!idle_heap_.empty() && idle_heap_.top().deadline <= now) {
+    IdleTimer t = idle_heap_.top();
+    idle_heap_.pop();
+    auto it = seqs_.find(t.id);
+    if (it == seqs_.end() || it->second.serial != t.serial) continue;  // ended or restarted
+    SeqEntry& e = it->second;
+    const int64_t due = e.last_arrival_ns + idle_ns_;
+    if (e.gslot < 0) {
+      // Backlogged sequences are not reaped. Rather than re-checking them (a cost that would
+      // grow with the backlog), the timer is re-armed when the sequence gets a slot.
+      if (due > now) idle_heap_.push({due, t.serial, t.id});
+      else e.armed = false;
+      continue;
+    }
+    if (due > now) {
+      idle_heap_.push({due, t.serial, t.id});
+      continue;
+    }
+    *out = it;
+    return true;
+  }
+  return false;
+}
+
+bool SequenceTable::pop_expired_backlog(int64_t now, std::vector<Request*>& out) {
+  while (!backlog_heap_.empty() && backlog_heap_.top().deadline <= now) {
+    BacklogTimer t = backlog_heap_.top();
+    backlog_heap_.pop();
+    auto bi = backlog_index_.find(t.serial);
+    if (bi == backlog_index_.end()) continue;
+    auto bit = bi->second;
+    if (bit->expiry_ns > now) continue;
+    auto it = seqs_.find(bit->id);
+    if (it != seqs_.end() && it->second.gslot < 0 && it->second.bq == bit) seqs_.erase(it);
+    while (!bit->reqs.empty()) {
+      out.push_back(bit->reqs.pop());
+      --counts_.backlogged;
+    }
+    backlog_index_.erase(bi);
+    backlog_.erase(bit);
+    return true;
+  }
+  return false;
+}
+
+void SequenceTable::drop_backlogged(Seqs::iterator it, std::vector<Request*>& out) {
+  auto bit = it->second.bq;
+  seqs_.erase(it);
+  while (!bit->reqs.empty()) {
+    out.push_back(bit->reqs.pop());
+    --counts_.backlogged;
+  }
+  backlog_index_.erase(bit->serial);
+  backlog_.erase(bit);
+}
+
+void SequenceTable::wait_for_timers(std::unique_lock<std::mutex>& lk) {
+  int64_t target = INT64_MAX;
+  if (!idle_heap_.empty()) target = idle_heap_.top().deadline;
+  if (!backlog_heap_.empty()) target = std::min(target, backlog_heap_.top().deadline);
+  reaper_target_ = target;
+  if (target == INT64_MAX) reaper_cv_.wait(lk);
+  else reaper_cv_.wait_for(lk, std::chrono::nanoseconds(target - now_ns() + 1000));
+  reaper_target_ = INT64_MAX;
+}
+
+int64_t SequenceTable::active_sequences() const {
+  int64_t n = 0;
+  for (auto& kv : seqs_) n += kv.second.gslot >= 0;
+  return n;
+}
+
+void SequenceTable::describe(std::vector<std::pair<std::string, int>>& out) const {
+  for (auto& kv : seqs_) out.emplace_back(kv.first.repr(), kv.second.gslot);
+}
+
+}  // namespace seqserve

@@ -1,0 +1,210 @@
+"""KServe v2 over gRPC: ModelInferRequest -> the engine's InferRequest, and results back into
+ModelInferResponse / ModelStreamInferResponse messages.
+
+``decode_request`` builds the ``InferRequest`` directly from the message; the one option that
+belongs to the gRPC stream alone (``triton_enable_empty_final_response``) comes back beside it
+in a ``GrpcReplyOptions``. Inputs arrive in ``raw_input_contents`` (tritonclient) or, from other
+KServe clients, in typed ``contents``. Outputs always go in ``raw_output_contents``, one entry
+per output: tritonclient reads nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from seqserve._proto import grpc_service_pb2 as pb
+from seqserve.api.kserve import (
+    NUMPY_DTYPES,
+    bad,
+    element_count,
+    raw_bytes,
+    set_parameter,
+    tensor_from_raw,
+    wire_datatype,
+)
+from seqserve.engine import Code, InferenceError, InferRequest, InferResult
+
+NO_SHM = "seqserve does not implement shared memory: send tensor data in the request (raw_input_contents) instead"
+
+EMPTY_FINAL = "triton_enable_empty_final_response"
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcReplyOptions:
+    """What a request asks of its replies on a stream."""
+
+    empty_final: bool  # triton_enable_empty_final_response: a bare final flag is written as an empty response
+
+
+# Shared by every request (no object per request).
+_PLAIN = GrpcReplyOptions(False)
+_EMPTY_FINAL = GrpcReplyOptions(True)
+
+# The parameter variant each scheduling parameter must use, in Triton's error message.
+_EXPECTED = {
+    "sequence_id": "int64_param or string_param",
+    "sequence_start": "bool_param",
+    "sequence_end": "bool_param",
+    "priority": "uint64_param",
+    "timeout": "int64_param",
+}
+
+# Typed InferTensorContents field per datatype (the wire names of engine.tensors), for KServe
+# clients that do not send raw bytes. FP16 and BF16 have none.
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+# ------------------------------------------------------------------------- request
+
+
+def decode_request(msg: pb.ModelInferRequest) -> tuple[InferRequest, GrpcReplyOptions]:
+    """One engine request from the message: parameters, then inputs (``raw_input_contents``
+    belong, in order, to the inputs; without them, typed ``contents``), then outputs."""
+    inputs: dict[str, np.ndarray] = {}
+    request = InferRequest(msg.model_name, inputs, msg.model_version, msg.id)
+    options = _PLAIN
+    params = msg.parameters
+    for key in params:
+        p = params[key]
+        kind = p.WhichOneof("parameter_choice")
+        value: Any = None if kind is None else getattr(p, kind)
+        if kind == "int64_param" and key == "sequence_id":
+            value &= 0xFFFFFFFFFFFFFFFF  # the int64 carries a uint64's bits
+        elif key == EMPTY_FINAL:
+            options = _EMPTY_FINAL if value is True else _PLAIN
+            continue
+        if not set_parameter(request, key, value):
+            raise bad(f"invalid value type for '{key}' parameter, expected {_EXPECTED[key]}.")
+
+    raw = msg.raw_input_contents
+    specs = msg.inputs
+    if raw:
+        if len(raw) > len(specs):
+            raise bad(f"unexpected additional input data for model '{msg.model_name}'")
+        if len(raw) < len(specs):
+            raise bad(f"expected raw_input_contents for input '{specs[len(raw)].name}'")
+        for t, data in zip(specs, raw, strict=True):
+            inputs[t.name] = _raw_input(t, data)
+    else:
+        for t in specs:
+            _check_input(t)
+            inputs[t.name] = _typed_contents(t, list(t.shape))
+    if msg.outputs:
+        requested: dict[str, None] = {}
+        for o in msg.outputs:
+            if "shared_memory_region" in o.parameters:
+                raise InferenceError(Code.UNSUPPORTED, NO_SHM)
+            requested[o.name] = None
+        request.outputs = tuple(requested)
+    return request, options
+
+
+def _check_input(t: pb.ModelInferRequest.InferInputTensor) -> None:
+    if t.parameters and "shared_memory_region" in t.parameters:
+        raise InferenceError(Code.UNSUPPORTED, NO_SHM)
+    if t.datatype not in NUMPY_DTYPES:
+        if t.datatype == "BF16":
+            raise InferenceError(Code.UNSUPPORTED, f"input '{t.name}': BF16 tensors are not supported")
+        raise bad(f"input '{t.name}' has unknown datatype '{t.datatype}'")
+    if any(d < 0 for d in t.shape):
+        raise bad(f"input '{t.name}' has a negative dimension in shape {list(t.shape)}")
+
+
+def _raw_input(t: pb.ModelInferRequest.InferInputTensor, data: bytes) -> np.ndarray:
+    """One raw_input_contents entry as an array (a zero-copy view for fixed-size types)."""
+    if t.HasField("contents"):
+        raise bad("contents field must not be specified when using raw_input_contents")
+    dtype = NUMPY_DTYPES.get(t.datatype)
+    if dtype is None or dtype.kind == "O" or t.parameters:
+        _check_input(t)
+        return tensor_from_raw(t.name, t.datatype, list(t.shape), memoryview(data))
+    shape = tuple(t.shape)
+    count = 1
+    for d in shape:
+        if d < 0:
+            raise bad(f"input '{t.name}' has a negative dimension in shape {list(shape)}")
+        count *= d
+    if len(data) != count * dtype.itemsize:
+        raise bad(f"unexpected size for input '{t.name}', expecting {count * dtype.itemsize} bytes but got {len(data)}")
+    return np.frombuffer(data, dtype).reshape(shape)
+
+
+def _typed_contents(t: pb.ModelInferRequest.InferInputTensor, shape: list[int]) -> np.ndarray:
+    field = _CONTENTS_FIELD.get(t.datatype)
+    if field is None:
+        raise bad(f"input '{t.name}': datatype {t.datatype} must be sent in raw_input_contents")
+    values = getattr(t.contents, field)
+    if t.datatype == "BYTES":
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = list(values)
+    else:
+        arr = np.array(values, dtype=NUMPY_DTYPES[t.datatype])
+    if arr.size != element_count(shape):
+        raise bad(f"unexpected number of elements in the contents of input '{t.name}'")
+    return arr.reshape(shape)
+
+
+# ------------------------------------------------------------------------ response
+
+
+def encode_response(result: InferResult) -> pb.ModelInferResponse:
+    resp = pb.ModelInferResponse(model_name=result.model_name, model_version=result.model_version, id=result.id)
+    raw = resp.raw_output_contents
+    for name, arr in result.outputs.items():
+        resp.outputs.add(name=name, datatype=wire_datatype(arr), shape=arr.shape)
+        raw.append(raw_bytes(arr))
+    for key, value in result.parameters.items():
+        _set_param(resp.parameters[key], value)
+    return resp
+
+
+def _set_param(p: pb.InferParameter, value: Any) -> None:
+    if isinstance(value, bool):
+        p.bool_param = value
+    elif isinstance(value, int):
+        p.int64_param = value if value < 2**63 else value - 2**64
+    elif isinstance(value, float):
+        p.double_param = value
+    else:
+        p.string_param = str(value)
+
+
+def stream_response(result: InferResult, final: bool) -> pb.ModelStreamInferResponse:
+    """One response on the stream; every one carries ``triton_final_response``."""
+    resp = encode_response(result)
+    resp.parameters["triton_final_response"].bool_param = final
+    return pb.ModelStreamInferResponse(infer_response=resp)
+
+
+def stream_empty_final(request_id: str, model: str, version: str) -> pb.ModelStreamInferResponse:
+    """A final flag that came without a response, for a request that set ``EMPTY_FINAL``."""
+    resp = pb.ModelInferResponse(id=request_id, model_name=model, model_version=version)
+    resp.parameters["triton_final_response"].bool_param = True
+    return pb.ModelStreamInferResponse(infer_response=resp)
+
+
+def stream_error(
+    request_id: str, model: str, version: str, err: InferenceError, final: bool | None = None
+) -> pb.ModelStreamInferResponse:
+    """An error on the stream (the stream stays open); ``final`` (for errors a model sent)
+    marks whether the request is over, as on every response."""
+    resp = pb.ModelInferResponse(id=request_id, model_name=model, model_version=version)
+    if final is not None:
+        resp.parameters["triton_final_response"].bool_param = final
+    return pb.ModelStreamInferResponse(error_message=err.message, infer_response=resp)

@@ -1,0 +1,44 @@
+"""Head-of-line ordered release: answers go out in the order their requests came, each as
+soon as it and every answer before it are known.
+
+Used by a model's delivery for ``preserve_ordering`` and by the gRPC stream, which writes
+its replies in request order as Triton does. A slot is any object with an ``outcome``
+attribute that is None until its answer is known; the owner sets it, then calls
+``release_ready`` (once per batch of answers is enough).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
+
+
+class Slot(Protocol):
+    outcome: Any  # None while the answer is not known
+
+
+S = TypeVar("S", bound=Slot)
+
+
+class OrderedRelease(Generic[S]):
+    """Slots released in the order they were added, to ``release``, once their outcome is set."""
+
+    __slots__ = ("_release", "_waiting")
+
+    def __init__(self, release: Callable[[S], None]) -> None:
+        self._release = release
+        self._waiting: collections.deque[S] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def add(self, slot: S) -> None:
+        """Take the next place in line (``slot.outcome`` still None)."""
+        self._waiting.append(slot)
+
+    def release_ready(self) -> None:
+        """Release the slots at the head of the line whose outcome is set."""
+        waiting = self._waiting
+        while waiting and waiting[0].outcome is not None:
+            self._release(waiting.popleft())

@@ -1,0 +1,99 @@
+"""Sessions and the sequence API's view of live sequences.
+
+A *session* is a sequence named by the client through a session id (HTTP's
+``Inference-Session-Id`` header, gRPC's ``inference-session-id`` metadata), or one whose id the
+server generated. Unlike a ``sequence_id`` request, which keeps Triton's rule (a request
+without START for a sequence that is not live is refused), a session request starts its
+session when the server does not know it: START is implied. An implied start must never hide
+lost state, so the core remembers sessions that ended (an END request, or the sequence API)
+or expired (idle timeout) for ``SessionPolicy.tombstone_s`` seconds, at most
+``SessionPolicy.tombstone_max`` of them per model version (least recently used dropped
+first), and refuses their next request with ``SessionGoneError``. A request that sets START
+explicitly starts the id afresh. A restarted server remembers nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.request import SequenceId
+
+#: seconds an ended or expired session is remembered by default
+DEFAULT_TOMBSTONE_S = 3600.0
+#: how many ended or expired sessions each model version remembers at most, by default
+DEFAULT_TOMBSTONE_MAX = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPolicy:
+    """How long and how many ended or expired sessions are remembered (0: none)."""
+
+    tombstone_s: float = DEFAULT_TOMBSTONE_S
+    tombstone_max: int = DEFAULT_TOMBSTONE_MAX
+
+    def __post_init__(self) -> None:
+        if not self.tombstone_s >= 0:
+            raise ValueError(f"tombstone_s must be >= 0, got {self.tombstone_s}")
+        if self.tombstone_max < 0:
+            raise ValueError(f"tombstone_max must be >= 0, got {self.tombstone_max}")
+
+
+class SessionGoneError(InferenceError):
+    """A session request for a session that ended or expired: ``session 'x' expired after N
+    s idle; start a new session with a new id`` (or ``... was ended ...``). NOT_FOUND; HTTP
+    answers it with 410 Gone."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Code.NOT_FOUND, message)
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceInfo:
+    """One live sequence of a model version, as the sequence API shows it."""
+
+    sequence_id: SequenceId
+    backlogged: bool  # waiting for a slot: no instance, slot, steps or state yet
+    session: bool  # named by a session (see the module's docstring)
+    instance: str | None  # the model instance's name
+    slot: int | None  # the slot within that instance
+    age_s: float  # since its START arrived
+    idle_s: float  # since its last request arrived
+    steps: int  # steps handed to the model
+    state_bytes: int  # implicit state it holds
+    queued: int  # requests waiting in its slot's queue or in the backlog
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceList:
+    """Live sequences of a model version: ``total`` of them, ``sequences`` up to the limit asked
+    for, the oldest first."""
+
+    total: int
+    sequences: list[SequenceInfo]
+
+
+@dataclass(frozen=True, slots=True)
+class EndedSequence:
+    """What ``Server.end_sequence`` did: the sequence as it was, and whether the model gets a
+    final END step (``timeout_action: TIMEOUT_COMPLETE``; a backlogged sequence never had a
+    slot, so its queued requests are cancelled instead)."""
+
+    sequence: SequenceInfo
+    final_step: bool
+    cancelled_requests: int
+
+
+def parse_sequence_id(text: str, id_type: str = "") -> SequenceId:
+    """A sequence id written as text (a URL path segment, a header): ``id_type`` "uint64" or
+    "string"; "" decides by the text (decimal digits: uint64, anything else: string).
+    Raises INVALID_ARG for an id that is none (0, "") or does not fit its type."""
+    if id_type not in ("", "uint64", "string"):
+        raise InferenceError(Code.INVALID_ARG, f"id_type must be 'uint64' or 'string', not '{id_type}'")
+    if id_type == "string" or (id_type == "" and not (text.isascii() and text.isdigit())):
+        if not text:
+            raise InferenceError(Code.INVALID_ARG, "a sequence id cannot be empty")
+        return text
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 2**64:
+        raise InferenceError(Code.INVALID_ARG, f"'{text}' is not a uint64 sequence id (1 to 2^64-1)")
+    return int(text)

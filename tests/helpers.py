@@ -1,0 +1,254 @@
+"""Helpers shared by the test modules: writing model repositories, the model sources and config
+snippets that several modules use, and waiting on observable state.
+
+Tests wait for what they can observe (a scheduler's slot table, a model's statistics, a reply,
+a record the model keeps) with `wait_until`, under a deadline far beyond what a loaded machine
+needs, never for a fixed time that merely tends to be long enough. A fixed sleep is left only
+where a test checks that something does *not* happen, after the thing it waits for did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from seqserve.engine import Code, InferenceError
+
+TESTS = Path(__file__).resolve().parent
+BRIEF = TESTS / "data" / "brief_configs"
+
+# Generous: a deadline only matters when the awaited thing never happens (a failing test).
+WAIT_S = 10.0
+
+# ------------------------------------------------------------------------ model sources
+
+# A batch-level Python model that records what it saw, for scheduler tests. Each execute
+# call appends one dict per batch to the module-level list RECORD (see `recorded`).
+RECORDING_MODEL = """
+import numpy as np
+RECORD = []
+
+class Model:
+    def initialize(self, ctx):
+        self.instance = ctx.index
+
+    def execute(self, batch):
+        RECORD.append({
+            "instance": self.instance,
+            "size": batch.size,
+            "inputs": {k: v.copy() for k, v in batch.inputs.items()},
+            "controls": {k: v.copy() for k, v in batch.controls.items()},
+            "states": {k: v.copy() for k, v in batch.states.items()},
+            "start": batch.start.copy(), "end": batch.end.copy(), "ready": batch.ready.copy(),
+            "corrid": batch.corrid.copy(),
+        })
+        out = {}
+        for name, value in batch.inputs.items():
+            out["OUT_" + name[3:] if name.startswith("IN_") else "OUTPUT"] = value.copy()
+        return out
+"""
+
+# OUT_X = S + IN_X for the model's one implicit state S: input "ACC" with output "ACC_OUT"
+# (ACC_STATE below), or a named state such as "S" (input and output of one name). The new S is
+# the output state; padding rows get a poison value, which a scheduler that kept a padding row's
+# state would show. RECORD keeps every batch, as RECORDING_MODEL does.
+ACCUM_MODEL = '''
+import numpy as np
+RECORD = []
+
+class Model:
+    def initialize(self, ctx):
+        self.instance = ctx.index
+
+    def execute(self, batch):
+        (name,) = batch.states
+        acc = batch.states[name]
+        x = batch.inputs["IN_X"]
+        RECORD.append({
+            "instance": self.instance, "size": batch.size,
+            "inputs": {k: v.copy() for k, v in batch.inputs.items()},
+            "controls": {k: v.copy() for k, v in batch.controls.items()},
+            "states": {k: v.copy() for k, v in batch.states.items()},
+            "start": batch.start.copy(), "end": batch.end.copy(), "ready": batch.ready.copy(),
+            "corrid": batch.corrid.copy(),
+        })
+        new = (acc + x).astype(acc.dtype)
+        ready = batch.ready.reshape((-1,) + (1,) * (new.ndim - 1))
+        out_name = "ACC_OUT" if name == "ACC" else name
+        return {"OUT_X": new, out_name: np.where(ready, new, -1000).astype(acc.dtype)}
+'''
+
+# The implicit state ACCUM_MODEL uses by default (a sequence_batching `state` entry).
+ACC_STATE = """
+  state [ {
+    input_name: "ACC" output_name: "ACC_OUT" data_type: TYPE_INT32 dims: [ 1 ]
+    initial_state { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "zero" }
+  } ]
+"""
+
+# The brief configs (tests/data/brief_configs) served with the python backend (`python_brief`).
+BRIEF_A_MODEL = '''
+import numpy as np
+RECORD = []
+
+class Model:
+    """lstm_state[:, 0, 0] keeps the running sum of INPUT__0[:, 0]; OUTPUT__0 = the new state[:, 0, :10]."""
+
+    def execute(self, batch):
+        x = batch.inputs["INPUT__0"]
+        st = batch.states["lstm_state"]
+        RECORD.append({"size": batch.size, "state_shape": st.shape, "corrid": batch.corrid.tolist(),
+                       "ready": batch.ready.tolist()})
+        new = st.copy()
+        new[:, 0, 0] += x[:, 0]
+        new[:, 1, :] = x[:, :1]  # something that changes in the second row too
+        return {"OUTPUT__0": new[:, 0, :10].copy(), "lstm_state": new}
+'''
+
+BRIEF_B_MODEL = '''
+import numpy as np
+SUMS = {}
+
+class Model:
+    """No implicit state in the config: the model keys its running sums by batch.corrid."""
+
+    def execute(self, batch):
+        x = batch.inputs["INPUT"]
+        out = np.zeros((batch.size, 1), np.float32)
+        for row, (ready, start, cid) in enumerate(zip(batch.ready, batch.start, batch.corrid)):
+            if ready:
+                SUMS[cid] = (0.0 if start else SUMS[cid]) + float(x[row, 0])
+                out[row, 0] = SUMS[cid]
+        return {"OUTPUT": out}
+'''
+
+# Brief b's config names no inputs or outputs; these are appended to it.
+BRIEF_B_IO = """
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+
+# ------------------------------------------------------------------------ repositories
+
+
+def write_model(
+    repo: Path, name: str, config: str, model_py: str = RECORDING_MODEL, version: int = 1
+) -> Path:
+    """Write <repo>/<name>/config.pbtxt and <repo>/<name>/<version>/model.py."""
+    d = repo / name
+    (d / str(version)).mkdir(parents=True, exist_ok=True)
+    (d / "config.pbtxt").write_text(textwrap.dedent(config))
+    (d / str(version) / "model.py").write_text(textwrap.dedent(model_py))
+    return d
+
+
+def python_brief(repo: Path, dirname: str, name: str, model_py: str, extra: str = "") -> Path:
+    """A brief config (tests/data/brief_configs/<dirname>) as model `name` in `repo`, its platform
+    swapped for the python backend, `extra` appended, served by `model_py`."""
+    text = (BRIEF / dirname / "config.pbtxt").read_text()
+    swapped, n = re.subn(r'^platform: "[^"]*".*$', 'backend: "python"', text, flags=re.M)
+    assert n == 1
+    return write_model(repo, name, swapped + extra, model_py)
+
+
+def ctl(name: str, kind: str, spec: str) -> str:
+    """One sequence_batching control_input entry: `name` carries CONTROL_SEQUENCE_<kind>."""
+    return f'{{ name: "{name}" control [ {{ kind: CONTROL_SEQUENCE_{kind} {spec} }} ] }}'
+
+
+# ------------------------------------------------------------------------ loaded models
+
+
+def model_module(model: str, version: int = 1) -> Any:
+    """The module of a loaded python model, for the records it keeps."""
+    return sys.modules[f"seqserve_models.{model}.v{version}"]
+
+
+def recorded(server: object, model: str) -> list[dict]:
+    """The RECORD list of a loaded recording model (version 1)."""
+    return model_module(model).RECORD  # type: ignore[no-any-return]
+
+
+def rows(rec: list[dict], key: str) -> list[list]:
+    """One list per recorded batch: its `key` array (start, end, ready, corrid...)."""
+    return [b[key].tolist() for b in rec]
+
+
+# ------------------------------------------------------------------------ errors
+
+
+def start_error(seq_id: object, model: str = "m") -> str:
+    """The refusal of a non-START request for a sequence the model does not know (or forgot)."""
+    return (
+        f"inference request for sequence {seq_id} to model '{model}' must specify the START flag on the "
+        "first request of the sequence"
+    )
+
+
+async def expect_error(coro: object, code: Code, message: str | None = None) -> InferenceError:
+    """Await `coro` and check it fails with `code` (and exactly `message`, when given)."""
+    with pytest.raises(InferenceError) as ei:
+        await coro  # type: ignore[misc]
+    assert ei.value.code == code, repr(ei.value)
+    if message is not None:
+        assert str(ei.value) == message
+    return ei.value
+
+
+# ------------------------------------------------------------------------ waiting
+
+
+async def wait_until(predicate: Callable[[], object], what: str, timeout: float = WAIT_S) -> None:
+    """Poll `predicate` until it is true; fail the test, naming `what`, after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting until {what}")
+        await asyncio.sleep(0.01)
+
+
+def wait_until_sync(predicate: Callable[[], object], what: str, timeout: float = WAIT_S) -> None:
+    """`wait_until` for synchronous tests."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting until {what}")
+        time.sleep(0.02)
+
+
+def holds_sequence(server: Any, seq_id: object, model: str = "m") -> bool:
+    """Whether the model's scheduler still knows `seq_id` (in a slot or in the backlog)."""
+    return str(seq_id) in server.model(model).scheduler_state()["sequences"]
+
+
+async def wait_reaped(server: Any, seq_id: object, model: str = "m", timeout: float = WAIT_S) -> None:
+    """Until the idle reaper has forgotten sequence `seq_id` (max_sequence_idle_microseconds)."""
+    await wait_until(lambda: not holds_sequence(server, seq_id, model), f"sequence {seq_id} is reaped", timeout)
+
+
+# ------------------------------------------------------------------------ optional torch
+
+
+def import_torch() -> Any:
+    """torch, for the TorchScript tests. torch is an optional extra: without it they skip, unless
+    SEQSERVE_REQUIRE_TORCH=1 (.ci/run sets it, after installing torch's CPU build), where a
+    torch that does not import is an error."""
+    if os.environ.get("SEQSERVE_REQUIRE_TORCH") == "1":
+        try:
+            import torch
+        except ImportError as e:
+            raise ImportError(f"SEQSERVE_REQUIRE_TORCH=1, but torch does not import: {e}") from e
+        return torch
+    return pytest.importorskip(
+        "torch",
+        reason="torch is an optional extra (pip install '.[torch]'); SEQSERVE_REQUIRE_TORCH=1 makes this an error",
+    )

@@ -1,0 +1,155 @@
+"""The metrics exposition (Triton's counter names, no `_total` added; escaping; numbers), the
+--metrics-config parser, and sequence ids written as text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from seqserve.api.metrics import MetricsConfig, SeqserveCollector, exposition
+from seqserve.engine import InferenceError, ModelCounters, parse_sequence_id
+
+
+class _Fixed:
+    def __init__(self, *metrics: Metric) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Any:
+        return self.metrics
+
+
+def test_counters_keep_their_names_and_labels_are_escaped() -> None:
+    c = Metric("nv_inference_count", "Number of inferences\nperformed \\ here", "counter")
+    c.add_sample("nv_inference_count", {"version": "1", "model": 'a"b\\c\nd'}, 3)
+    g = Metric("g", "a gauge", "gauge")
+    g.add_sample("g", {}, 0.25)
+    h = Metric("h", "a histogram", "histogram")
+    h.add_sample("h_bucket", {"le": "+Inf"}, 2)
+    text = exposition(_Fixed(c, g, h)).decode()  # type: ignore[arg-type]
+    assert text.splitlines() == [
+        "# HELP nv_inference_count Number of inferences\\nperformed \\\\ here",
+        "# TYPE nv_inference_count counter",
+        'nv_inference_count{model="a\\"b\\\\c\\nd",version="1"} 3',
+        "# HELP g a gauge",
+        "# TYPE g gauge",
+        "g 0.25",
+        "# HELP h a histogram",
+        "# TYPE h histogram",
+        'h_bucket{le="+Inf"} 2',
+    ]
+    (parsed, *_) = text_string_to_metric_families(text)
+    assert parsed.name == "nv_inference_count" and parsed.type == "counter"
+    assert parsed.samples[0].labels["model"] == 'a"b\\c\nd' and parsed.samples[0].value == 3
+
+
+def _counters(**kw: Any) -> ModelCounters:
+    base: dict[str, Any] = dict(
+        model="m",
+        version="2",
+        tags={"team": "x"},
+        success=5,
+        failure={"REJECTED": 1, "CANCELED": 0, "BACKEND": 2, "OTHER": 3},
+        inference_count=5,
+        execution_count=4,
+        request_duration_us=10,
+        queue_duration_us=1,
+        compute_input_duration_us=2,
+        compute_infer_duration_us=3,
+        compute_output_duration_us=4,
+        pending_requests=7,
+        latency_buckets=[(100.0, 4), (float("inf"), 5)],
+        latency_sum_ms=12.5,
+    )
+    return ModelCounters(**(base | kw))
+
+
+class _Server:
+    def __init__(self, *counters: ModelCounters) -> None:
+        self.counters = list(counters)
+
+    def model_counters(self) -> list[ModelCounters]:
+        return self.counters
+
+
+def test_collector_families() -> None:
+    server = _Server(_counters(), _counters(model="s", tags={}, is_sequence=True, sequence_slots=8, state_bytes=64))
+    collector = SeqserveCollector(server, MetricsConfig(histogram_latencies=True))  # type: ignore[arg-type]
+    text = exposition(collector).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert 'nv_inference_request_success{_team="x",model="m",version="2"} 5' in text
+    reasons = {
+        s.labels["reason"]: s.value for s in fams["nv_inference_request_failure"].samples if s.labels["model"] == "m"
+    }
+    assert reasons == {"REJECTED": 1, "CANCELED": 0, "BACKEND": 2, "OTHER": 3}
+    assert 'nv_inference_first_response_histogram_ms_bucket{_team="x",le="100",model="m",version="2"} 4' in text
+    assert 'nv_inference_first_response_histogram_ms_bucket{_team="x",le="+Inf",model="m",version="2"} 5' in text
+    assert 'nv_inference_first_response_histogram_ms_count{_team="x",model="m",version="2"} 5' in text
+    assert 'nv_inference_first_response_histogram_ms_sum{_team="x",model="m",version="2"} 12.5' in text
+    assert "nv_inference_pending_request_count" in fams
+    # the sequence families carry the sequence model only
+    slots = fams["seqserve_sequence_slots"].samples
+    assert [(s.labels["model"], s.value) for s in slots] == [("s", 8)]
+    assert fams["seqserve_sequence_started"].samples[0].name == "seqserve_sequence_started_total"
+    # counter_latencies=false drops the duration counters; histograms are off by default
+    text = exposition(SeqserveCollector(server, MetricsConfig(counter_latencies=False))).decode()  # type: ignore[arg-type]
+    assert "nv_inference_queue_duration_us" not in text and "histogram" not in text
+    # no model: no model families at all
+    text = exposition(SeqserveCollector(_Server())).decode()  # type: ignore[arg-type]
+    assert "nv_inference" not in text
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ([], MetricsConfig()),
+        (["histogram_latencies=true"], MetricsConfig(histogram_latencies=True)),
+        (["counter_latencies=false", "histogram_latencies=1"], MetricsConfig(False, True)),
+        (["summary_latencies=false"], MetricsConfig()),
+    ],
+)
+def test_metrics_config(settings: list[str], expected: MetricsConfig) -> None:
+    assert MetricsConfig.parse(settings) == expected
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("summary_latencies=true", "not supported"),
+        ("summary_quantiles=0.5:0.05", "not supported"),
+        ("histogram_latencies=perhaps", "is not true or false"),
+        ("x", "is not <setting>=<value>"),
+        ("gpu=1", "unknown setting 'gpu'"),
+    ],
+)
+def test_metrics_config_errors(setting: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        MetricsConfig.parse([setting])
+
+
+@pytest.mark.parametrize(
+    ("text", "id_type", "expected"),
+    [
+        ("42", "", 42),
+        ("42", "string", "42"),
+        ("42", "uint64", 42),
+        ("abc", "", "abc"),
+        ("a/b", "", "a/b"),
+        ("18446744073709551615", "", 2**64 - 1),
+        ("١٢", "", "١٢"),  # non-ASCII digits are a string
+    ],
+)
+def test_parse_sequence_id(text: str, id_type: str, expected: int | str) -> None:
+    got = parse_sequence_id(text, id_type)
+    assert got == expected and type(got) is type(expected)
+
+
+@pytest.mark.parametrize(
+    ("text", "id_type"),
+    [("0", ""), ("", ""), ("", "string"), ("x", "uint64"), ("18446744073709551616", ""), ("1", "int")],
+)
+def test_parse_sequence_id_errors(text: str, id_type: str) -> None:
+    with pytest.raises(InferenceError):
+        parse_sequence_id(text, id_type)
