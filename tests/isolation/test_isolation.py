@@ -694,3 +694,22 @@ async def test_crash_fails_open_decoupled_requests(repo, serve) -> None:
     assert str(ei.value).startswith("model 'streams' instance 'streams_0_0' exited unexpectedly (exit code 4)")
     got2 = [int(r.outputs["OUT"][0]) async for r in s.stream("streams", {"N": np.array([2], np.int32)})]
     assert got2 == [-1, 0, 1]
+
+
+def test_isolation_bench_runs(tmp_path: Path) -> None:
+    """The bench with tiny settings, so that CI catches a broken bench."""
+    import json
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "iso.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.isolation_bench", "--batches", "200", "--reps", "1", "--steps", "50",
+         "--roundtrips", "200", "--json", str(out)],
+        cwd=root, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert [r["case"] for r in doc["execute"]] == ["small, B=1", "small, B=8", "1 MiB state, B=1"]
+    assert all(r["process_median_us"] > 0 for r in doc["execute"])
+    assert "added p50" in proc.stdout
