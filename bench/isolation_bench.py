@@ -362,10 +362,10 @@ def section_steps(root: Path) -> list[dict[str, Any]]:
     writer = p.BatchWriter()
     body, fds = writer.encode(batch, 1)
     reader = p.BatchReader()
-    reader.decode(memoryview(body), [os.dup(fds[0])])
+    reader.decode(memoryview(body), [os.dup(fds[0])], 0, True)
     body, _ = writer.encode(batch, 2)
     mb = memoryview(body)
-    reader.decode(mb, [])
+    reader.decode(mb, [], 0, True)
     names = ("OUTPUT", "SUM_OUT")
     produced = {"OUTPUT": np.ones((1, 1), np.float32), "SUM_OUT": np.ones((1, 1), np.float32)}
     rwriter = p.ResultWriter(names)
@@ -376,7 +376,7 @@ def section_steps(root: Path) -> list[dict[str, Any]]:
     mrb = memoryview(rbody)
     steps = {
         "server: batch -> request slab + EXEC": lambda: writer.encode(batch, 3),
-        "child: EXEC -> views + ExecuteBatch": lambda: ExecuteBatch(instance=0, **reader.decode(mb, [])[1]),
+        "child: EXEC -> views + ExecuteBatch": lambda: reader.decode(mb, [], 0, True),
         "child: result -> reply slab + RESULT": lambda: rwriter.encode(produced),
         "server: RESULT -> views": lambda: rreader.decode(mrb, []),
     }

@@ -28,7 +28,6 @@ from typing import Any
 
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends import InstanceContext, ModelContext, find_backend
-from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.isolation import protocol as p
 from seqserve.engine.isolation.channel import Channel, ChannelClosed, child_channel
@@ -167,17 +166,18 @@ def serve(batch: Channel, events: Channel) -> int:
             return 0
         kind = body[0]
         if kind == p.EXEC:
-            token, fields = reader.decode(body, fds)
+            token, ebatch = reader.decode(body, fds, index, batched)
             del body
-            responder = functools.partial(client.responder, token) if client is not None else None
+            if client is not None:
+                ebatch.responder = functools.partial(client.responder, token)
             produced = None
             try:
-                produced = execute(ExecuteBatch(instance=index, responder=responder, batched=batched, **fields))
+                produced = execute(ebatch)
                 reply, out_fds = writer.encode(produced)
             except Exception as e:
                 err = _failure(e, model)
                 reply, out_fds = p.code_message(p.FAILED, err.code, err.message), []
-            del fields, produced
+            del ebatch, produced
             batch.send(reply, out_fds)
         elif kind == p.FINALIZE:
             message = ""

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from seqserve._proto import model_config_pb2 as mc
-from seqserve.engine.batch import RaggedInput
+from seqserve.engine.batch import ExecuteBatch, RaggedInput
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.isolation.slab import Slab, aligned
 from seqserve.engine.responses import DEFERRED
@@ -445,8 +445,8 @@ class BatchReader:
         self._osets: dict[int, tuple[str, ...]] = {}
         self._views: dict[bytes, tuple[Any, ...]] = {}
 
-    def decode(self, body: memoryview, fds: list[int]) -> tuple[int, dict[str, Any]]:
-        """(token, ExecuteBatch keyword arguments, less instance and responder)."""
+    def decode(self, body: memoryview, fds: list[int], instance: int, batched: bool) -> tuple[int, ExecuteBatch]:
+        """(token, the batch; its ``responder`` is for the caller to set)."""
         _kind, flags, described, nints, ntail, token = _EXEC.unpack_from(body)
         pos = _EXEC.size
         ints = ints_struct(nints).unpack_from(body, pos)
@@ -481,20 +481,22 @@ class BatchReader:
         outputs = [None if o < 0 else osets[o] for o in ints[p : p + nreq]]
         ids = tail.get("ids") or [""] * nreq
         ragged = tail.get("ragged")
-        return token, {
-            "ragged": {name: RaggedInput(shapes) for name, shapes in ragged.items()} if ragged else {},
-            "size": size,
-            "inputs": dict(inputs),
-            "states": dict(states),
-            "controls": dict(controls),
-            "start": start,
-            "end": end,
-            "ready": ready,
-            "corrid": corrid,
-            "request_rows": rows,
-            "request_outputs": outputs,
-            "request_ids": ids,
-        }
+        return token, ExecuteBatch(
+            size=size,
+            instance=instance,
+            inputs=dict(inputs),
+            states=dict(states),
+            controls=dict(controls),
+            start=start,
+            end=end,
+            ready=ready,
+            corrid=corrid,
+            request_rows=rows,
+            request_outputs=outputs,
+            request_ids=ids,
+            ragged={name: RaggedInput(shapes) for name, shapes in ragged.items()} if ragged else {},
+            batched=batched,
+        )
 
     def _tensors(
         self,
@@ -658,29 +660,45 @@ class ResultReader:
     """Parent side: a ``RESULT`` message into the mapping ``execute`` returns (views onto the
     child's reply slab; the engine copies what it keeps before the next batch)."""
 
-    __slots__ = ("_names", "reader")
+    __slots__ = ("_names", "_plain", "reader")
 
     def __init__(self, names: tuple[str, ...]) -> None:
         self._names = names
         self.reader = SlabReader()
+        # plain results (one dict of numeric arrays) by their message: the same shapes give
+        # the same views, batch after batch
+        self._plain: dict[bytes, dict[str, np.ndarray]] = {}
 
     def decode(self, body: memoryview, fds: list[int]) -> tuple[dict[str, np.ndarray], list[Any] | None]:
         """(batched tensors, per-request outcomes or None)."""
         if len(body) < _RESULT.size:
             raise ProtocolError("short result")
         _kind, flags, _pad, nints, ntext = _RESULT.unpack_from(body)
+        key = body.tobytes() if flags == 0 else b""
+        if key and not fds:
+            hit = self._plain.get(key)
+            if hit is not None:
+                return dict(hit), None
         if _RESULT.size + nints * 8 + ntext != len(body):
             raise ProtocolError("result size mismatch")
         if flags & R_SLAB:
             if not fds:
                 raise ProtocolError("a new reply slab was announced without its descriptor")
             self.reader.take(fds)
+            self._plain = {}
         ints = ints_struct(nints).unpack_from(body, _RESULT.size)
         text = body[_RESULT.size + nints * 8 :]
         names = self._names
         try:
             batched, pos = _read_tensors(self.reader, ints, 1, ints[0], names)
             if not flags & R_REQUESTS:
+                if (
+                    key
+                    and len(self._plain) < 64
+                    and all(v.__class__ is np.ndarray and v.dtype.kind != "O" for v in batched.values())
+                ):
+                    self._plain[key] = batched
+                    return dict(batched), None
                 return batched, None
             count = ints[pos]
             pos += 1
