@@ -184,7 +184,7 @@ def section_gaps(root: Path, batches: int, reps: int) -> list[dict[str, Any]]:
 
 
 def section_execute(root: Path, batches: int, reps: int) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for case, size, state in (("small, B=1", 1, 1), ("small, B=8", 8, 1), ("1 MiB state, B=1", 1, STATE_1MIB)):
         ctx = make_model(root, f"m{len(rows)}", state)
         ictx = InstanceContext(ctx, 0, f"{ctx.name}_0", "cpu")
@@ -214,13 +214,16 @@ def section_execute(root: Path, batches: int, reps: int) -> list[dict[str, Any]]
 # ---------------------------------------------------------------------------- section 2
 
 
-async def serve_steps(isolation: str, steps: int) -> dict[str, float]:
+async def serve_steps(isolation: str, steps: int, syscalls: dict[str, list[float]] | None = None) -> dict[str, float]:
     server = Server(DEMO, python_isolation=isolation)
     await server.start(["accumulator"])
     lat: list[float] = []
     try:
         x = np.array([[1.0]], np.float32)
         for k in range(steps + 50):
+            if k == 50 and syscalls is not None:
+                for v in syscalls.values():
+                    v.clear()
             t = time.perf_counter_ns()
             await server.infer("accumulator", {"INPUT": x}, sequence_id=1, sequence_start=k == 0)
             if k >= 50:
@@ -230,6 +233,32 @@ async def serve_steps(isolation: str, steps: int) -> dict[str, float]:
     return {"median_us": statistics.median(lat), "p99_us": pct(lat, 0.99)}
 
 
+def timed_channel_io(calls: dict[str, list[float]]) -> Any:
+    """Patch the server side's Channel.send/recv to record their wall time (section 2b)."""
+    from seqserve.engine.isolation import channel
+
+    send, recv = channel.Channel.send, channel.Channel.recv
+    perf = time.perf_counter_ns
+
+    def timed_send(self: Any, body: Any, fds: Any = None) -> None:
+        t = perf()
+        send(self, body, fds)
+        calls["send"].append((perf() - t) / 1000)
+
+    def timed_recv(self: Any, timeout: float | None = None) -> Any:
+        t = perf()
+        out = recv(self, timeout)
+        calls["recv"].append((perf() - t) / 1000)
+        return out
+
+    channel.Channel.send, channel.Channel.recv = timed_send, timed_recv  # type: ignore[method-assign]
+
+    def undo() -> None:
+        channel.Channel.send, channel.Channel.recv = send, recv  # type: ignore[method-assign]
+
+    return undo
+
+
 def section_server(steps: int, reps: int) -> dict[str, Any]:
     out: dict[str, Any] = {"steps": steps, "reps": reps}
     for mode in ("thread", "process"):
@@ -237,6 +266,16 @@ def section_server(steps: int, reps: int) -> dict[str, Any]:
         out[f"{mode}_median_us"] = statistics.median(r["median_us"] for r in runs)
         out[f"{mode}_p99_us"] = statistics.median(r["p99_us"] for r in runs)
     out["added_median_us"] = out["process_median_us"] - out["thread_median_us"]
+    # 2b: one more process run with the server's pipe writes and reads timed
+    calls: dict[str, list[float]] = {"send": [], "recv": []}
+    undo = timed_channel_io(calls)
+    try:
+        asyncio.run(serve_steps("process", steps, calls))
+    finally:
+        undo()
+    n = min(len(calls["send"]), len(calls["recv"]))
+    out["server_write_us"] = statistics.median(calls["send"][:n])
+    out["server_wait_us"] = statistics.median(calls["recv"][:n])
     return out
 
 
@@ -418,6 +457,8 @@ def report(doc: dict[str, Any]) -> str:
         f"   thread  p50 {s['thread_median_us']:.1f}  p99 {s['thread_p99_us']:.1f}",
         f"   process p50 {s['process_median_us']:.1f}  p99 {s['process_p99_us']:.1f}"
         f"   added p50 {s['added_median_us']:.1f}",
+        f"2b. in that loop, the server's write of EXEC (wakes the child) p50 {s['server_write_us']:.1f} us,",
+        f"    its wait for RESULT (child's work + its write + waking the server) p50 {s['server_wait_us']:.1f} us",
         "",
         "3a. round trip between two processes, tiny message (us)",
     ]
