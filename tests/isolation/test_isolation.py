@@ -206,6 +206,22 @@ async def test_thread_timeout_fails_the_requests_and_keeps_the_state(repo, serve
     assert stats["fail"]["count"] == 1
 
 
+async def test_forced_shutdown_is_not_held_up_by_a_stuck_child(repo, serve, monkeypatch) -> None:
+    from seqserve.engine.model import loaded
+
+    monkeypatch.setattr(loaded, "ABORT_GRACE_S", 0.2)
+    write_model(repo, "acc", acc_config("acc"), ACC_MODEL)  # no execute timeout
+    s = await serve()
+    await step(s, "acc", 1, 1.0, start=True)
+    stuck = asyncio.create_task(step(s, "acc", 1, -9.0))  # blocks its child for good
+    t0 = time.monotonic()
+    await asyncio.wait_for(s.shutdown(timeout_s=0), 30)  # the sequence is live: a forced close
+    assert time.monotonic() - t0 < 20
+    with pytest.raises(InferenceError) as ei:
+        await stuck
+    assert ei.value.code == Code.UNAVAILABLE
+
+
 async def test_bad_settings_fail_the_load(repo, serve) -> None:
     write_model(repo, "a", acc_config("a", isolation="fork"), ACC_MODEL)
     write_model(repo, "b", acc_config("b", isolation=None, timeout_ms=-5), ACC_MODEL)

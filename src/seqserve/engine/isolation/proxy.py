@@ -50,6 +50,8 @@ BACKOFF_MAX_S = 10.0
 FINALIZE_TIMEOUT_S = 30.0
 #: how long a child that closed its channel may take to exit before it is killed
 EXIT_WAIT_S = 5.0
+#: a forced unload waits this long for running batches, then kills the children running them
+ABORT_GRACE_S = 5.0
 
 _PACKAGE_ROOT = str(Path(seqserve.__file__).resolve().parent.parent)
 _CLOSED_SENDER = "Unable to send response. Response sender has been closed."
@@ -182,6 +184,7 @@ class IsolatedInstance(BackendInstance):
         self._retry_at = 0.0  # while waiting to restart: when the next attempt starts
         self._last_failure = ""
         self._closed = False
+        self._aborted = False  # a forced unload killed it: no restart
         self._stop = threading.Event()
         self._streak = 0  # quick deaths in a row
         self._writer = p.BatchWriter()
@@ -270,10 +273,10 @@ class IsolatedInstance(BackendInstance):
         delay = 0.0
         with self._cond:
             child.reaped = True
-            what = f"{child.killed_for}; it was killed" if child.killed_for else f"exited unexpectedly ({status})"
+            what = child.killed_for or f"exited unexpectedly ({status})"
             if self._child is child:
                 self._child = None
-                restart = not self._closed
+                restart = not self._closed and not self._aborted
             if restart:
                 lived = time.monotonic() - child.started
                 self._streak = 1 if lived >= QUICK_DEATH_S else self._streak + 1
@@ -352,7 +355,7 @@ class IsolatedInstance(BackendInstance):
         deadline = time.monotonic() + RESTART_WAIT_S
         with self._cond:
             while True:
-                if self._closed:
+                if self._closed or self._aborted:
                     raise InferenceError(Code.UNAVAILABLE, f"model '{self.model}' instance '{self.name}' is unloading")
                 child = self._child
                 if child is not None:
@@ -408,6 +411,18 @@ class IsolatedInstance(BackendInstance):
         child.wait_exit()
         return message
 
+    def abort(self) -> None:
+        """A forced unload that a running execute holds up: kill the child (its batch fails),
+        and do not restart it. ``finalize`` still runs afterwards."""
+        with self._cond:
+            self._aborted = True
+            child = self._child
+            self._cond.notify_all()
+        self._stop.set()
+        if child is not None:
+            child.killed_for = "was killed: its model was unloaded while it ran"
+            child.kill()
+
     def kill(self) -> None:
         """Stop at once (a load that failed): no finalize."""
         with self._cond:
@@ -433,7 +448,7 @@ class IsolatedInstance(BackendInstance):
             raise InferenceError(Code.UNAVAILABLE, child.death) from None
         except TimeoutError:
             self._settle(token, entry, None)
-            child.killed_for = f"did not finish execute within {round((self._timeout_s or 0) * 1000)} ms"
+            child.killed_for = f"did not finish execute within {round((self._timeout_s or 0) * 1000)} ms; it was killed"
             child.kill()
             child.wait_exit()
             raise InferenceError(Code.UNAVAILABLE, child.death) from None
@@ -491,7 +506,7 @@ class IsolatedInstance(BackendInstance):
                 retried = True
 
     def _out_of_step(self, child: _Child, why: str) -> InferenceError:
-        child.killed_for = f"sent a malformed reply ({why})"
+        child.killed_for = f"sent a malformed reply ({why}); it was killed"
         child.kill()
         child.wait_exit()
         return InferenceError(Code.INTERNAL, child.death)
@@ -595,7 +610,7 @@ def _relay_events(ref: weakref.ref[IsolatedInstance], child: _Child) -> None:
             answer = inst._on_event(child, body, fds)
         except p.ProtocolError as e:
             log.error("model '%s' instance '%s' sent a malformed response (%s); killing it", inst.model, inst.name, e)
-            child.killed_for = f"sent a malformed response ({e})"
+            child.killed_for = f"sent a malformed response ({e}); it was killed"
             child.kill()
             return
         except Exception as e:  # never let one response stop the relay
@@ -628,6 +643,11 @@ class IsolatedBackend(Backend):
         inst = IsolatedInstance(ictx, execute_timeout_s=self._timeout_s)
         self.instances.append(inst)
         return inst
+
+    def abort(self) -> None:
+        """Kill every child (a forced unload held up by a running execute)."""
+        for inst in self.instances:
+            inst.abort()
 
     def wait_ready(self) -> None:
         """Every child has loaded the model (they start in parallel); on failure every one is

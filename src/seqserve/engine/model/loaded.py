@@ -13,6 +13,7 @@ import functools
 import itertools
 import logging
 import secrets
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +28,7 @@ from seqserve.engine.backends import BackendInstance, InstanceContext, ModelCont
 from seqserve.engine.batch import ExecuteBatch, RaggedInput
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
-from seqserve.engine.isolation import IsolatedBackend, execution_settings
+from seqserve.engine.isolation import ABORT_GRACE_S, IsolatedBackend, execution_settings
 from seqserve.engine.model.delivery import Delivery, Pending
 from seqserve.engine.model.spec import build_core_spec
 from seqserve.engine.model.validation import INTEGER_CORRID, RequestValidator
@@ -492,7 +493,14 @@ class LoadedModel:
 
     def close(self, *, force: bool = False) -> None:
         """Stop the executors (after queues drain unless force) and finalize the instances."""
+        stuck = None
+        if force and isinstance(self.backend, IsolatedBackend):  # an isolated execute cannot hold it up
+            stuck = threading.Timer(ABORT_GRACE_S, self.backend.abort)
+            stuck.daemon = True
+            stuck.start()
         self._core.close(force)
+        if stuck is not None:
+            stuck.cancel()
         if self._watchdog is not None:
             self._watchdog.close()
         for inst in self._instances:
