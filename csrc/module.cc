@@ -76,14 +76,16 @@ class PyScheduler {
 
   ~PyScheduler() { close(true); }
 
-  void close(bool force) {
-    if (!sched_) return;
+  // timeout_s < 0: wait for the executors without limit. Returns the instances whose executor
+  // did not finish in time (detached; see Scheduler::close).
+  std::vector<int> close(bool force, double timeout_s = -1) {
+    if (!sched_) return {};
+    const int64_t timeout_ns = timeout_s < 0 ? -1 : static_cast<int64_t>(timeout_s * 1e9);
     if (PyGILState_Check()) {
       py::gil_scoped_release r;
-      sched_->close(force);
-    } else {
-      sched_->close(force);
+      return sched_->close(force, timeout_ns);
     }
+    return sched_->close(force, timeout_ns);
   }
 
   bool run(Instance& inst) {
@@ -231,6 +233,17 @@ PYBIND11_MODULE(_core, m) {
             return py::str(why);
           },
           py::arg("corrid"), "Why a session that is not live would be refused, or None.")
-      .def("close", &PyScheduler::close, py::arg("force") = false,
-           "Stop the executors once queues drain (force: now); unanswered requests fail UNAVAILABLE.");
+      .def(
+          "close",
+          [](py::object self, bool force, std::optional<double> timeout_s) {
+            std::vector<int> hung = self.cast<PyScheduler&>().close(force, timeout_s.value_or(-1));
+            // A detached executor may still come back to this scheduler (and its hooks): it must
+            // never be destroyed, so the Python object keeps one reference for good.
+            if (!hung.empty()) self.inc_ref();
+            return hung;
+          },
+          py::arg("force") = false, py::kw_only(), py::arg("timeout_s") = py::none(),
+          "Stop the executors once queues drain (force: now); unanswered requests fail UNAVAILABLE.\n"
+          "Waits up to timeout_s (None: without limit) for the executor threads; returns the indices\n"
+          "of the instances whose executor was still running then (left behind, never joined).");
 }

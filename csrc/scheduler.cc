@@ -34,11 +34,16 @@ Scheduler::Scheduler(ModelSpec spec, Hooks hooks, bool sequences, bool gather_st
   }
 }
 
-std::thread Scheduler::spawn(std::function<void()> body) {
-  return std::thread([this, body = std::move(body)] {
+std::thread Scheduler::spawn(std::function<void()> body, bool* exited) {
+  return std::thread([this, body = std::move(body), exited] {
     if (hooks_.thread_start) hooks_.thread_start();
     body();
     if (hooks_.thread_stop) hooks_.thread_stop();
+    if (exited) {
+      std::lock_guard<std::mutex> lk(mu_);
+      *exited = true;
+      exited_cv_.notify_all();
+    }
   });
 }
 
@@ -48,7 +53,7 @@ void Scheduler::start() {
   started_ = true;
   for (auto& inst : instances_) {
     Instance* ip = inst.get();
-    inst->thread = spawn([this, ip] { run(*ip); });
+    inst->thread = spawn([this, ip] { run(*ip); }, &ip->exited);
   }
   start_helpers();
 }
@@ -291,20 +296,39 @@ std::string Scheduler::session_gone(const CorrId& id) {
   return session_gone_locked(id);
 }
 
-void Scheduler::close(bool force) {
+std::vector<int> Scheduler::close(bool force, int64_t timeout_ns) {
+  std::vector<int> hung;
   {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (closed_) return;
+    std::unique_lock<std::mutex> lk(mu_);
+    if (closed_) return hung;
     closing_ = true;
     accepting_ = false;
     if (force) force_ = true;
     delay_released_ = true;  // test hooks must not hold a shutdown
     for (auto& inst : instances_) inst->cv.notify_all();
+    // Bounded: an executor stuck in a model's execute must not hold the process forever.
+    auto all_exited = [this] {
+      for (auto& inst : instances_)
+        if (inst->thread.joinable() && !inst->exited) return false;
+      return true;
+    };
+    if (timeout_ns < 0)
+      exited_cv_.wait(lk, all_exited);
+    else
+      exited_cv_.wait_for(lk, std::chrono::nanoseconds(timeout_ns), all_exited);
+    for (auto& inst : instances_)
+      if (inst->thread.joinable() && !inst->exited) hung.push_back(inst->index);
   }
-  for (auto& inst : instances_)
-    if (inst->thread.joinable()) inst->thread.join();
+  for (auto& inst : instances_) {
+    if (!inst->thread.joinable()) continue;
+    if (std::find(hung.begin(), hung.end(), inst->index) != hung.end())
+      inst->thread.detach();  // it finishes its batch (if ever) and exits: closing_ is set
+    else
+      inst->thread.join();  // it has finished: returns at once
+  }
   stop_helpers();
-  // Whatever never ran is answered, so no client waits forever.
+  // Whatever never ran is answered, so no client waits forever. (A detached executor's own
+  // batch is not in any queue: the caller answers its requests.)
   Fails fails;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -323,6 +347,7 @@ void Scheduler::close(bool force) {
       fails.emplace_back(std::move(handles), "model '" + spec_.name + "' was unloaded before the request ran");
   }
   report(fails, kUnavailable);
+  return hung;
 }
 
 }  // namespace seqserve

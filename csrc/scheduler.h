@@ -77,6 +77,7 @@ struct Instance {
   StateStore state;
   int64_t t_form = 0, t_gathered = 0, t_executed = 0;
   bool executing = false;
+  bool exited = false;    // its executor thread has finished (close() waits for this, bounded)
   bool recorded = false;  // stats of the current batch already recorded
 };
 
@@ -119,9 +120,12 @@ class Scheduler {
   void stop_accepting();
   int64_t inflight_sequences();
   // Stops the executors once every queue has drained (force: at once); whatever is left is
-  // failed with UNAVAILABLE. Concrete schedulers call close(true) in their destructor, before
-  // the members their threads use are gone.
-  void close(bool force);
+  // failed with UNAVAILABLE. Waits up to timeout_ns (< 0: without limit) for the executor
+  // threads; one still running then (a model that never returns from execute) is detached and
+  // its instance index returned. A scheduler that detached a thread must never be destroyed:
+  // the thread may come back to it. Concrete schedulers call close(true) in their destructor,
+  // before the members their threads use are gone.
+  std::vector<int> close(bool force, int64_t timeout_ns = -1);
   Stats stats();
   int64_t pending_requests();
   int64_t free_slots();
@@ -176,8 +180,9 @@ class Scheduler {
   static SubmitResult refuse(Code code, std::string message) { return {false, code, std::move(message)}; }
   static constexpr const char* kStopping =
       "Server is stopping, scheduler for model has stopped accepting new inference requests";
-  // A core thread: runs `body` between the thread_start and thread_stop hooks.
-  std::thread spawn(std::function<void()> body);
+  // A core thread: runs `body` between the thread_start and thread_stop hooks; then sets
+  // `*exited` (under the lock) and wakes close(), when given.
+  std::thread spawn(std::function<void()> body, bool* exited = nullptr);
   // The test hooks' delay (TRITONSERVER_DELAY_SCHEDULER): nothing runs until enough is queued.
   bool released_locked();
   // The first instance not executing a batch, if any.
@@ -200,6 +205,7 @@ class Scheduler {
   ModelSpec spec_;
   Hooks hooks_;
   std::mutex mu_;
+  std::condition_variable exited_cv_;  // an executor thread finished (Instance::exited)
   std::vector<std::unique_ptr<Instance>> instances_;
   RequestPool pool_;
   QueueCounts counts_;

@@ -4,12 +4,14 @@ encoding from numpy dtypes, typed refusals, statistics and expiry records."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
 import pytest
 
 from seqserve.engine import _core
+from tests.helpers import wait_until_sync
 
 I32 = np.dtype(np.int32)
 I64 = np.dtype(np.int64)
@@ -174,3 +176,43 @@ def test_stats_and_expiry_are_typed() -> None:
         assert list(s.batches) == [1] and s.batches[1].compute_infer.count == 1
     finally:
         core.sched.close(force=True)
+
+
+def test_close_leaves_a_hung_executor_behind() -> None:
+    """close(timeout_s=...) does not wait for an executor stuck in the runner: it returns the
+    instance's index, fails what is still queued, and the executor may come back later."""
+    entered, release = threading.Event(), threading.Event()
+    failed: list[tuple[list[int], _core.Code, str]] = []
+    ran_on: list[int] = []
+
+    def runner(b: _core.Batch) -> bool:
+        ran_on.append(b.instance)
+        entered.set()
+        release.wait(30)  # as a model that never returns, until the test lets it go
+        return True
+
+    spec = _core.ModelSpec(
+        name="m",
+        strategy=_core.Strategy.STATELESS,
+        instance_count=2,
+        inputs=[_core.InputSpec(name="X", dtype=I32, default_shape=[1])],
+    )
+    sched = _core.Scheduler(
+        spec, runner=runner, on_fail=lambda h, code, msg: failed.append((h, code, msg)), on_warning=lambda m: None
+    )
+    sched.start()
+    keep = [np.array([1], np.int32) for _ in range(2)]
+    try:
+        assert sched.submit(1, (keep[0],)) is None
+        assert entered.wait(10)
+        t0 = time.monotonic()
+        assert sched.close(force=True, timeout_s=0.3) == ran_on  # the other instance was idle: joined
+        assert 0.25 < time.monotonic() - t0 < 5
+        assert sched.close(force=True, timeout_s=0.3) == []  # closed: nothing more to do
+        refusal = sched.submit(2, (keep[1],))
+        assert refusal is not None and refusal.code is _core.Code.UNAVAILABLE
+    finally:
+        release.set()
+    # the detached executor comes back to a scheduler that still exists, finishes and exits
+    wait_until_sync(lambda: sched.stats().execution_count == 1, "the left-behind batch is counted")
+    assert failed == []

@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
+import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +18,7 @@ from typing import Any
 
 from seqserve import __version__
 from seqserve.api import security
-from seqserve.api.http import DEFAULT_MAX_BODY_BYTES, HttpFrontend
+from seqserve.api.http import DEFAULT_MAX_BODY_BYTES, HttpFrontend, close_when_exiting
 from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig, MetricsServer, start_metrics
 from seqserve.engine import (
     DEFAULT_REPOSITORY_POLL_SECS,
@@ -26,6 +30,12 @@ from seqserve.engine import (
 )
 
 log = logging.getLogger("seqserve")
+
+#: past the exit timeout, how long the front-ends and the interpreter's own exit may take
+#: before the process exits at once (os._exit) whatever is still running
+EXIT_BACKSTOP_S = 3.0
+#: how long gRPC calls still open once the engine has drained get to finish
+GRPC_STOP_GRACE_S = 1.0
 
 
 class StartupError(Exception):
@@ -90,8 +100,9 @@ def resolve_http_server(choice: str) -> str:
 
 
 async def serve(opts: ServeOptions) -> int:
-    """Serve until SIGINT/SIGTERM, then drain: new sequences are refused, running ones get up to
-    exit_timeout_s to finish, then both front-ends stop. Returns the process exit code."""
+    """Serve until SIGINT/SIGTERM, then drain (see ``Shutdown``): readiness turns false, new
+    sequences are refused, running ones get up to exit_timeout_s to finish, and only then do
+    both front-ends stop. A second signal exits at once. Returns the process exit code."""
     server = Server(
         opts.model_repository,
         exit_timeout_s=opts.exit_timeout_s,
@@ -117,11 +128,11 @@ async def serve(opts: ServeOptions) -> int:
         await server.shutdown(timeout_s=0)
         return 1
 
-    stop = asyncio.Event()
+    shutdown = Shutdown(server)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, shutdown.on_signal, sig)
 
     tasks: list[asyncio.Task[None]] = []
     grpc_server = None
@@ -138,6 +149,7 @@ async def serve(opts: ServeOptions) -> int:
             app = HttpFrontend(server, max_body_bytes=opts.http_max_body_bytes).asgi()
             # app itself when nothing is restricted
             app = security.restrict_http(app, opts.http_restricted, max_body_bytes=opts.http_max_body_bytes)
+            app = close_when_exiting(app, server)
             kind = resolve_http_server(opts.http_server)
             if kind == "granian":
                 stop_http = await _start_granian(app, opts, tasks)
@@ -168,18 +180,84 @@ async def serve(opts: ServeOptions) -> int:
         return 1
     log.info("seqserve %s ready", __version__)
 
-    await stop.wait()
-    log.info("shutting down: draining sequences (up to %.0f s)", opts.exit_timeout_s)
+    await shutdown.requested.wait()
     await server.shutdown()
+    # The front-ends stop only now: every request the engine took has its answer.
+    log.info("stopping the front-ends")
     stop_http()
     if grpc_server is not None:
-        await grpc_server.stop(grace=1.0)
+        await grpc_server.stop(grace=GRPC_STOP_GRACE_S)
     for t in tasks:
         await t
     if metrics is not None:
         await metrics.close()
+    if server.hung_instances:
+        hung = ", ".join(f"model '{m}' instance '{i}'" for m, i in server.hung_instances)
+        log.error("stopped; exiting without waiting for %s (still in execute)", hung)
+        exit_now(1)
     log.info("stopped")
     return 0
+
+
+class Shutdown:
+    """Signal handling: the first SIGINT/SIGTERM begins the drain at once (readiness false,
+    new sequences refused) and arms a backstop that ends the process if the shutdown outlasts
+    the exit timeout by EXIT_BACKSTOP_S; a second one exits at once with 128 + its number."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.requested = asyncio.Event()
+        self.first: signal.Signals | None = None
+
+    def on_signal(self, sig: signal.Signals) -> None:
+        sequences, requests, _ = self.server.open_work()
+        if self.first is not None:
+            log.warning(
+                "received %s again: exiting at once with %s and %s still open",
+                sig.name,
+                _count(sequences, "sequence"),
+                _count(requests, "request"),
+            )
+            exit_now(128 + sig)
+        self.first = sig
+        self.server.begin_shutdown()
+        timeout = self.server.exit_timeout_s
+        log.info(
+            "received %s: shutting down; draining %s and %s (up to %g s; %s again exits at once)",
+            sig.name,
+            _count(sequences, "sequence"),
+            _count(requests, "request"),
+            timeout,
+            sig.name,
+        )
+        deadline = self.server.shutdown_deadline
+        backstop = (deadline if deadline is not None else time.monotonic() + timeout) + EXIT_BACKSTOP_S
+        threading.Thread(target=_backstop, args=(backstop,), name="seqserve-exit-backstop", daemon=True).start()
+        self.requested.set()
+
+
+def _backstop(at: float) -> None:
+    """Daemon thread: the process must not outlive the exit timeout (a model's finalize, a
+    front-end or the interpreter's own exit that never ends)."""
+    time.sleep(max(at - time.monotonic(), 0.0))
+    log.error("Exit timeout expired. Exiting immediately. (the shutdown did not finish)")
+    exit_now(1)
+
+
+def exit_now(code: int) -> None:
+    """End the process at once, after flushing the logs: no interpreter teardown, which would
+    wait for threads that may never return."""
+    for handler in logging.getLogger().handlers + log.handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _listen(what: str, host: str, port: int) -> socket.socket:

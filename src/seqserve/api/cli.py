@@ -78,6 +78,13 @@ def _poll_secs(value: str) -> float:
     return secs
 
 
+def _exit_timeout(value: str) -> float:
+    secs = float(value)
+    if not 0 <= secs < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} is not a number of seconds >= 0")
+    return secs
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="seqserve", description="Inference server for stateful models.")
     p.add_argument("--version", action="version", version=f"seqserve {__version__}")
@@ -159,9 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--exit-timeout-secs",
-        type=float,
+        type=_exit_timeout,
         default=30.0,
-        help="on SIGINT/SIGTERM, how long running sequences may take to finish (default: 30)",
+        metavar="SECONDS",
+        help="on SIGINT/SIGTERM, how long running sequences and open requests get to finish; at the "
+        "deadline the models are closed and the process exits, even if a model never returns from "
+        "execute. A second SIGINT/SIGTERM exits at once (default: 30)",
     )
     s.add_argument(
         "--strict-sequence-ids",

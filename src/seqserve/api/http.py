@@ -15,11 +15,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from seqserve.api import kserve_json, sequences
 from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, enqueue_single
-from seqserve.engine import Code, InferenceError, Server, SessionGoneError
+from seqserve.engine import SERVER_EXITING, SERVER_NOT_READY, Code, InferenceError, Server, SessionGoneError
 
 _ENDPOINT = "HTTP end point"  # names this front-end in the refusal of decoupled models
 
@@ -109,13 +109,22 @@ class HttpFrontend:
 
     # ------------------------------------------------------------------------- health
 
+    # Once the shutdown has begun these answer as Triton does then: 503 with "Server exiting"
+    # (server health) or "Server not ready" (model readiness).
+
     async def live(self, request: Request) -> Response:
+        if self.server.exiting:
+            return error_response(SERVER_EXITING, 503)
         return _empty(200 if self.server.is_live() else 400)
 
     async def ready(self, request: Request) -> Response:
+        if self.server.exiting:
+            return error_response(SERVER_EXITING, 503)
         return _empty(200 if self.server.is_ready() else 400)
 
     async def model_ready(self, request: Request) -> Response:
+        if self.server.exiting:
+            return error_response(SERVER_NOT_READY, 503)
         p = request.path_params
         if self.server.is_model_ready(p["model"], p.get("version", "")):
             return _empty()
@@ -357,6 +366,28 @@ class HttpFrontend:
             routes=routes,
             exception_handlers={HTTPException: http_error, Exception: server_error},
         )
+
+
+def close_when_exiting(app: ASGIApp, server: Server) -> ASGIApp:
+    """``app``, whose replies close their connections once the server's shutdown has begun: no
+    keep-alive connection then sits idle, to be cut when the front-end stops."""
+
+    async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+        await app(scope, receive, _closing(send) if server.exiting else send)
+
+    return serve
+
+
+def _closing(send: Send) -> Send:
+    """``send`` with ``connection: close`` added to the response head."""
+
+    async def closing_send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"connection"]
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await send(message)
+
+    return closing_send
 
 
 class _TooLarge(Exception):

@@ -10,11 +10,16 @@ from __future__ import annotations
 from seqserve.engine.batch import ExecuteBatch, RaggedInput
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
-from seqserve.engine.model_control import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, startup_models
+from seqserve.engine.model_control import (
+    DEFAULT_REPOSITORY_POLL_SECS,
+    SERVER_NOT_READY,
+    ModelControlMode,
+    startup_models,
+)
 from seqserve.engine.ordering import OrderedRelease
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
-from seqserve.engine.server import Server
+from seqserve.engine.server import SERVER_EXITING, SERVER_STOPPING, Server
 from seqserve.engine.sessions import (
     DEFAULT_TOMBSTONE_MAX,
     DEFAULT_TOMBSTONE_S,
@@ -30,6 +35,9 @@ __all__ = [
     "DEFAULT_REPOSITORY_POLL_SECS",
     "DEFAULT_TOMBSTONE_MAX",
     "DEFAULT_TOMBSTONE_S",
+    "SERVER_EXITING",
+    "SERVER_NOT_READY",
+    "SERVER_STOPPING",
     "Code",
     "DecoupledModelError",
     "EndedSequence",

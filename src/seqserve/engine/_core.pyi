@@ -443,4 +443,7 @@ class Scheduler(metaclass=_Pybind11Type):
         """End the live sequence `corrid` as idle expiry does; None when it is not live. Returns it as it was."""
     def session_gone(self, corrid: int | str) -> str | None:
         """Why a session that is not live would be refused, or None."""
-    def close(self, force: bool = False) -> None: ...
+    def close(self, force: bool = False, *, timeout_s: float | None = None) -> list[int]:
+        """Stop the executors once queues drain (force: now); unanswered requests fail UNAVAILABLE.
+        Waits up to timeout_s (None: without limit) for the executor threads; returns the indices
+        of the instances whose executor was still running then (left behind, never joined)."""

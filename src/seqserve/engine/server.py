@@ -53,6 +53,15 @@ log = logging.getLogger("seqserve.server")
 #: a default model file that names the backend of a model whose config names none
 _BACKEND_BY_FILE = {"model.onnx": "onnxruntime"}
 
+#: Triton's message (UNAVAILABLE) for a request to a model whose scheduler has stopped: during
+#: the shutdown drain, for requests the models refuse and for models already retired
+SERVER_STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
+#: Triton's answer (UNAVAILABLE) to the health checks once the server is exiting
+SERVER_EXITING = "Server exiting"
+#: how long executors get to finish the batch they run when a model is closed after its
+#: drain used up the whole exit timeout
+MIN_CLOSE_WAIT_S = 0.5
+
 
 def _autocomplete(cfg: mc.ModelConfig, path: Path) -> None:
     """Let the model's backend complete its config (Triton's auto-complete): a config that
@@ -145,6 +154,9 @@ class Server:
         self._uploads = UploadDirs()
         self._fingerprints: dict[str, Fingerprint] = {}  # poll mode: each model folder as last loaded
         self._poll_task: asyncio.Task[None] | None = None
+        self._shutdown_deadline: float | None = None  # time.monotonic() when the drain ends
+        #: (model, instance) of executors left running in execute when their model was closed
+        self.hung_instances: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------------------ lifecycle
 
@@ -368,51 +380,146 @@ class Server:
             except Exception:
                 log.exception("failed to poll model repository")
 
-    async def _retire(self, state: ModelState, timeout_s: float | None = None) -> None:
-        """Let running sequences finish (bounded), then stop the model."""
+    async def _retire(
+        self, state: ModelState, timeout_s: float | None = None, *, deadline: float | None = None
+    ) -> bool:
+        """Let running sequences finish (bounded), then stop the model. The bound is ``deadline``
+        (a time.monotonic()), or ``timeout_s`` (default: exit_timeout_s) from now; it bounds the
+        wait for the executors too (at least MIN_CLOSE_WAIT_S): an instance still in execute
+        then is left behind and its requests fail. True when the bound cut the drain short."""
         models = list(state.versions.values())
         for m in models:
             m.stop_accepting()
-        deadline = time.monotonic() + (self.exit_timeout_s if timeout_s is None else timeout_s)
+        if deadline is None:
+            deadline = time.monotonic() + (self.exit_timeout_s if timeout_s is None else timeout_s)
         # running sequences, and requests whose responses are still streaming
         while any(m.inflight_sequences or m.open_responses for m in models) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         forced = any(m.inflight_sequences for m in models)
+        cut_off = forced or any(m.open_responses for m in models)
         for m in models:
-            await asyncio.to_thread(m.close, force=forced)
+            wait = max(deadline - time.monotonic(), MIN_CLOSE_WAIT_S)
+            for instance in await asyncio.to_thread(m.close, force=forced, timeout_s=wait):
+                self.hung_instances.append((m.name, instance))
+                log.error(
+                    "model '%s' instance '%s' did not return from execute within the exit timeout; %s",
+                    m.name,
+                    instance,
+                    "exiting anyway" if self._exiting else "unloading anyway (its thread is left behind)",
+                )
+        return cut_off
 
-    async def shutdown(self, timeout_s: float | None = None) -> None:
-        """Orderly stop: new STARTs get UNAVAILABLE, running sequences finish within the bound.
-        Polling stops; a load or unload in progress ends first. Upload folders are removed."""
+    def begin_shutdown(self, timeout_s: float | None = None) -> None:
+        """The synchronous first step of ``shutdown`` (an application calls it from its signal
+        handler): from now on the server and its models are not ready, new sequences (and
+        requests to models without sequences) get UNAVAILABLE, and the drain's deadline is set,
+        ``timeout_s`` (default: exit_timeout_s) from now. Idempotent."""
+        if self._shutdown_deadline is not None:
+            return
+        self._shutdown_deadline = time.monotonic() + (self.exit_timeout_s if timeout_s is None else timeout_s)
         self._exiting = True
         self._live = False
         for s in self._models.values():  # at once, even while a load holds the lock
             for m in s.versions.values():
                 m.stop_accepting()
-        if self._poll_task is not None:
-            self._poll_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poll_task
-            self._poll_task = None
-        async with self._control_lock:
-            await self._shutdown_models(timeout_s)
+
+    @property
+    def shutdown_deadline(self) -> float | None:
+        """When the drain ends (time.monotonic()); None until the shutdown begins."""
+        return self._shutdown_deadline
+
+    def open_work(self) -> tuple[int, int, list[str]]:
+        """(sequences, requests, per-model details) still open: sequences holding a slot (or
+        backlogged) and requests not answered for good, over every loaded model version."""
+        sequences = requests = 0
+        details = []
+        for s in self._models.values():
+            for v, m in sorted(s.versions.items()):
+                seq = m.inflight_sequences if m.is_sequence else 0
+                req = m.open_requests
+                if seq or req:
+                    sequences += seq
+                    requests += req
+                    details.append(f"'{m.name}' version {v}: {_count(seq, 'sequence')}, {_count(req, 'request')}")
+        return sequences, requests, details
+
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        """Orderly stop, bounded by ``timeout_s`` (default: exit_timeout_s) from the moment it
+        begins (see ``begin_shutdown``): new STARTs get UNAVAILABLE, running sequences go on
+        to their END, open requests get their answers; every second a log line says what is
+        still open. At the deadline the models are closed anyway: what never ran fails with
+        UNAVAILABLE, and an instance that does not return from execute is left behind (see
+        ``hung_instances``). Polling stops; a load or unload in progress ends first (unless it
+        outlasts the deadline). Upload folders are removed."""
+        self.begin_shutdown(timeout_s)
+        deadline = self._shutdown_deadline
+        assert deadline is not None
+        progress = asyncio.create_task(self._log_progress(deadline), name="seqserve-shutdown-progress")
+        try:
+            if self._poll_task is not None:
+                self._poll_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._poll_task
+                self._poll_task = None
+            locked = await self._acquire_control_lock(deadline)
+            try:
+                await self._shutdown_models(deadline)
+            finally:
+                if locked:
+                    self._control_lock.release()
+        finally:
+            progress.cancel()
         await asyncio.to_thread(self._uploads.remove_all)
 
-    async def _shutdown_models(self, timeout_s: float | None) -> None:
-        timeout = self.exit_timeout_s if timeout_s is None else timeout_s
+    async def _acquire_control_lock(self, deadline: float) -> bool:
+        """The control lock, unless a load or unload still holds it at the deadline (a model's
+        initialize that never returns must not hold the shutdown)."""
+        try:
+            await asyncio.wait_for(self._control_lock.acquire(), max(deadline - time.monotonic(), 0.0))
+        except TimeoutError:
+            log.warning("a model load or unload is still running at the exit timeout; not waiting for it")
+            return False
+        return True
+
+    async def _log_progress(self, deadline: float) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            sequences, requests, details = self.open_work()
+            left = max(deadline - time.monotonic(), 0.0)
+            log.info(
+                "shutting down: %s and %s still open%s; %.0f s left",
+                _count(sequences, "sequence"),
+                _count(requests, "request"),
+                f" ({'; '.join(details)})" if details else "",
+                left,
+            )
+
+    async def _shutdown_models(self, deadline: float) -> None:
         states = [s for s in self._models.values() if s.versions]
         for s in states:
             for m in s.versions.values():
                 m.stop_accepting()
-        await asyncio.gather(*(self._retire(s, timeout) for s in states))
-        if any(m.pending_requests for s in states for m in s.versions.values()):
+        cut_off = await asyncio.gather(*(self._retire_at_exit(s, deadline) for s in states))
+        if any(cut_off):
             log.warning("Exit timeout expired. Exiting immediately.")
-        for s in states:
-            s.versions = {}
-            s.state = "UNAVAILABLE"
-            s.reason = "server is shut down"
+
+    async def _retire_at_exit(self, state: ModelState, deadline: float) -> bool:
+        """Each model goes as soon as its own sequences and requests are done; requests for it
+        then get SERVER_STOPPING (see ``model``)."""
+        cut_off = await self._retire(state, deadline=deadline)
+        versions = sorted(state.versions)
+        state.versions = {}
+        state.state = "UNAVAILABLE"
+        state.reason = "server is shut down"
+        log.info("model '%s' versions %s stopped", state.name, versions)
+        return cut_off
 
     # --------------------------------------------------------------------------- health
+
+    @property
+    def exiting(self) -> bool:
+        """The shutdown has begun (``begin_shutdown``)."""
+        return self._exiting
 
     def is_live(self) -> bool:
         return self._live and not self._exiting
@@ -439,9 +546,12 @@ class Server:
         return [repo / name for repo in self.repositories if (repo / name).is_dir()]
 
     def model(self, name: str, version: str | int = "") -> LoadedModel:
-        """The loaded model version (the highest when version is empty)."""
+        """The loaded model version (the highest when version is empty). Once the shutdown has
+        begun, a model that is not (or no longer) loaded is UNAVAILABLE (SERVER_STOPPING)."""
         state = self._models.get(name)
         if state is None or not state.versions:
+            if self._exiting:
+                raise InferenceError(Code.UNAVAILABLE, SERVER_STOPPING)
             raise InferenceError(Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
         if version in ("", None, -1, "-1"):
             return state.versions[max(state.versions)]
@@ -777,6 +887,10 @@ async def _shielded(coro: Coroutine[Any, Any, Any]) -> Any:
 def _retrieve(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()  # the caller may be gone: no "exception was never retrieved"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _version_str(version: str | int | None) -> str:

@@ -14,11 +14,10 @@ child only ever sees one batch at a time. See docs/isolation.md.
 
 from __future__ import annotations
 
-from seqserve.engine.isolation.proxy import ABORT_GRACE_S, IsolatedBackend, IsolatedInstance
+from seqserve.engine.isolation.proxy import IsolatedBackend, IsolatedInstance
 from seqserve.engine.isolation.settings import EXECUTE_TIMEOUT_MS, ISOLATION, ExecutionSettings, execution_settings
 
 __all__ = [
-    "ABORT_GRACE_S",
     "EXECUTE_TIMEOUT_MS",
     "ISOLATION",
     "ExecutionSettings",

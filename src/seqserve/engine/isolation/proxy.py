@@ -50,8 +50,6 @@ BACKOFF_MAX_S = 10.0
 FINALIZE_TIMEOUT_S = 30.0
 #: how long a child that closed its channel may take to exit before it is killed
 EXIT_WAIT_S = 5.0
-#: a forced unload waits this long for running batches, then kills the children running them
-ABORT_GRACE_S = 5.0
 
 _PACKAGE_ROOT = str(Path(seqserve.__file__).resolve().parent.parent)
 _CLOSED_SENDER = "Unable to send response. Response sender has been closed."
@@ -383,14 +381,18 @@ class IsolatedInstance(BackendInstance):
         message = ""
         if child is not None:
             message = self._retire(child, finalize=True)
+        self._release(child)
+        if message:
+            raise RuntimeError(f"finalize of model '{self.model}' instance '{self.name}' failed: {message}")
+
+    def _release(self, child: _Child | None) -> None:
+        """Close what the instance holds once nothing uses it (idempotent)."""
         for used in {child, self._writer_child, self._first} - {None}:
             used.close_batch()  # type: ignore[union-attr]
         self._writer.close()
         with self._open_lock:
             self._open.clear()
         self._finalizer.detach()
-        if message:
-            raise RuntimeError(f"finalize of model '{self.model}' instance '{self.name}' failed: {message}")
 
     def _retire(self, child: _Child, *, finalize: bool = False) -> str:
         """Stop a child on purpose: finalize (bounded) then exit, or kill."""
@@ -412,8 +414,9 @@ class IsolatedInstance(BackendInstance):
         return message
 
     def abort(self) -> None:
-        """A forced unload that a running execute holds up: kill the child (its batch fails),
-        and do not restart it. ``finalize`` still runs afterwards."""
+        """An unload that a running execute outlasted (the engine does not finalize such an
+        instance): kill the child and do not restart it. The executor thread left in
+        ``execute`` returns at once and releases what the instance holds."""
         with self._cond:
             self._aborted = True
             child = self._child
@@ -445,6 +448,8 @@ class IsolatedInstance(BackendInstance):
         except ChannelClosed:
             self._settle(token, entry, None)
             child.wait_exit()
+            if self._aborted:  # left behind by the unload: nobody will finalize this instance
+                self._release(child)
             raise InferenceError(Code.UNAVAILABLE, child.death) from None
         except TimeoutError:
             self._settle(token, entry, None)

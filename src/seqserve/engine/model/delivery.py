@@ -81,6 +81,11 @@ class Delivery:
         """Requests a responder may still answer (no final response yet)."""
         return len(self._open)
 
+    def open_responses_besides(self, recs: list[Pending]) -> int:
+        """``open_responses``, not counting ``recs``."""
+        with self._lock:
+            return len(self._open.difference(recs))
+
     def track_order(self, rec: Pending) -> None:
         if rec.ordered:
             self._ordered.add(rec)

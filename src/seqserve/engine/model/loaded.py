@@ -28,7 +28,7 @@ from seqserve.engine.backends import BackendInstance, InstanceContext, ModelCont
 from seqserve.engine.batch import ExecuteBatch, RaggedInput
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
-from seqserve.engine.isolation import ABORT_GRACE_S, IsolatedBackend, execution_settings
+from seqserve.engine.isolation import IsolatedBackend, execution_settings
 from seqserve.engine.model.delivery import Delivery, Pending
 from seqserve.engine.model.spec import build_core_spec
 from seqserve.engine.model.validation import INTEGER_CORRID, RequestValidator
@@ -67,6 +67,10 @@ class LoadedModel:
         self._loop = loop
         self._pending: dict[int, Pending] = {}
         self._rejected = 0  # refused by the core as UNAVAILABLE (queue full, stopping)
+        # instance index -> the requests of the batch it is running (executor threads, GIL held)
+        self._running: dict[int, list[Pending | None]] = {}
+        self._close_lock = threading.Lock()
+        self._closed = False
 
         backend_cls = find_backend(cfg)
         if cfg.sequence_batching.state and not backend_cls.supports_implicit_state:
@@ -340,6 +344,13 @@ class LoadedModel:
     def pending_requests(self) -> int:
         return self._core.pending_requests()
 
+    @property
+    def open_requests(self) -> int:
+        """Requests submitted and not answered for good: queued, in a running batch, or (sent
+        to a responder) still waiting for their final response."""
+        running = [r for recs in list(self._running.values()) for r in recs if r is not None]
+        return len(self._pending) + len(running) + self._delivery.open_responses_besides(running)
+
     def scheduler_state(self) -> dict[str, Any]:
         """Live view of the slot table, for diagnostics."""
         return {
@@ -430,6 +441,10 @@ class LoadedModel:
         pending = self._pending
         recs = [pending.pop(h, None) if h else None for h in cb.handles]
         delivery = self._delivery
+        running = self._running
+        # Whoever pops the instance's entry answers these requests: this thread once execute
+        # returns, or close() when it left this thread behind in execute.
+        running[cb.instance] = recs
         try:
             batch = ExecuteBatch(
                 size=cb.size,
@@ -452,6 +467,15 @@ class LoadedModel:
                 batch.responder = functools.partial(delivery.responder, recs)
             watchdog = self._watchdog
             produced = instance.execute(batch) if watchdog is None else watchdog.call(instance.execute, batch, recs)
+        except Exception as e:  # the model's failure fails this batch only
+            if running.pop(cb.instance, None) is None:
+                cb.finish(False)
+                return False
+            return self._batch_failed(cb, recs, e)
+        if running.pop(cb.instance, None) is None:  # too late: close() failed its requests
+            cb.finish(False)
+            return False
+        try:
             cb.mark_executed()
             if self.decoupled:
                 produced = delivery.decoupled_results(recs, produced)
@@ -460,18 +484,21 @@ class LoadedModel:
                 if value is not None:
                     cb.set_state(index, np.asarray(value))
             replies = delivery.replies(recs, cb.size, produced, responders=batch.responder is not None)
-        except Exception as e:  # the model's failure fails this batch only
-            err = (
-                e
-                if isinstance(e, InferenceError)
-                else InferenceError(Code.INTERNAL, f"model '{self.name}' failed: {type(e).__name__}: {e}")
-            )
-            cb.finish(False)
-            delivery.batch_failed(recs, err)
-            return False
+        except Exception as e:
+            return self._batch_failed(cb, recs, e)
         cb.finish(True)  # statistics first: a client that sees its reply sees them counted
         delivery.post(replies)
         return True
+
+    def _batch_failed(self, cb: _core.Batch, recs: list[Pending | None], e: Exception) -> bool:
+        err = (
+            e
+            if isinstance(e, InferenceError)
+            else InferenceError(Code.INTERNAL, f"model '{self.name}' failed: {type(e).__name__}: {e}")
+        )
+        cb.finish(False)
+        self._delivery.batch_failed(recs, err)
+        return False
 
     def _on_fail(self, handles: list[int], code: _core.Code, message: str) -> None:
         recs = [r for r in (self._pending.pop(h, None) for h in handles) if r is not None]
@@ -491,24 +518,49 @@ class LoadedModel:
     def stop_accepting(self) -> None:
         self._core.stop_accepting()
 
-    def close(self, *, force: bool = False) -> None:
-        """Stop the executors (after queues drain unless force) and finalize the instances."""
-        stuck = None
-        if force and isinstance(self.backend, IsolatedBackend):  # an isolated execute cannot hold it up
-            stuck = threading.Timer(ABORT_GRACE_S, self.backend.abort)
-            stuck.daemon = True
-            stuck.start()
-        self._core.close(force)
-        if stuck is not None:
-            stuck.cancel()
+    def close(self, *, force: bool = False, timeout_s: float | None = None) -> list[str]:
+        """Stop the executors (after queues drain unless force) and finalize the instances.
+
+        timeout_s bounds the wait for the executors (None: no bound). An instance whose
+        ``execute`` has not returned by then is left behind: its requests fail with
+        UNAVAILABLE, it is not finalized, and its name is returned."""
+        # One close at a time (a shutdown may overtake an unload that outlasted the exit
+        # timeout); a later one has nothing left to do.
+        if not self._close_lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            return []
+        try:
+            if self._closed:
+                return []
+            self._closed = True
+            return self._close(force, timeout_s)
+        finally:
+            self._close_lock.release()
+
+    def _close(self, force: bool, timeout_s: float | None) -> list[str]:
+        hung = self._core.close(force, timeout_s=timeout_s)
         if self._watchdog is not None:
             self._watchdog.close()
-        for inst in self._instances:
+        if hung and isinstance(self.backend, IsolatedBackend):
+            for i in hung:  # a child stuck in execute is killed: its thread returns, nothing lingers
+                self.backend.instances[i].abort()
+        for i in hung:
+            recs = self._running.pop(i, None)  # unless its execute has just returned
+            if recs:
+                err = InferenceError(
+                    Code.UNAVAILABLE,
+                    f"model '{self.name}' instance '{self.instance_names[i]}' did not return from execute "
+                    "within the exit timeout",
+                )
+                self._delivery.batch_failed(recs, err)
+        for i, inst in enumerate(self._instances):
+            if i in hung:
+                continue  # still inside execute: finalize would race with it
             try:
                 inst.finalize()
             except Exception:
                 log.exception("model '%s': finalize failed", self.name)
         self._delivery.close_open()
+        return [self.instance_names[i] for i in hung]
 
 
 def _duration(d: _core.Duration, extra: int = 0) -> dict[str, int]:
