@@ -75,6 +75,7 @@ class ServeOptions:
     metrics_config: MetricsConfig = field(default_factory=MetricsConfig)
     session_tombstone_s: float = DEFAULT_TOMBSTONE_S
     session_tombstone_max: int = DEFAULT_TOMBSTONE_MAX
+    python_isolation: str = "thread"  # or "process": see docs/isolation.md
 
     @property
     def http_host(self) -> str:
@@ -113,6 +114,7 @@ async def serve(opts: ServeOptions) -> int:
         repository_poll_secs=opts.repository_poll_secs,
         strict_readiness=opts.strict_readiness,
         sessions=SessionPolicy(opts.session_tombstone_s, opts.session_tombstone_max),
+        python_isolation=opts.python_isolation,
     )
     log.info("model control mode: %s", opts.model_control.value)
     await server.start(opts.startup_models)

@@ -340,6 +340,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="how many ended or expired sessions each model version remembers at most, the least recently "
         f"used forgotten first (default: {DEFAULT_TOMBSTONE_MAX}; 0: none)",
     )
+    s.add_argument(
+        "--python-isolation",
+        choices=["thread", "process"],
+        default="thread",
+        help="where Python models' instances run unless their config says (parameter 'isolation'): in the "
+        "server process, or each in its own child process that is restarted if it dies (default: thread)",
+    )
     s.add_argument("--tls-cert", help="PEM certificate for both front-ends")
     s.add_argument("--tls-key", help="PEM private key for both front-ends")
     s.add_argument("--http-tls-cert", help="PEM certificate for HTTP (overrides --tls-cert)")
@@ -499,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
             keepalive_s=args.grpc_keepalive_secs,
             keepalive_timeout_s=args.grpc_keepalive_timeout_secs,
         ),
+        python_isolation=args.python_isolation,
     )
     try:
         return run(opts)

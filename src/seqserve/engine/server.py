@@ -31,6 +31,7 @@ from seqserve.engine.config import (
 )
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.isolation.settings import check_mode
 from seqserve.engine.model import LoadedModel
 from seqserve.engine.model_control import (
     DEFAULT_REPOSITORY_POLL_SECS,
@@ -106,6 +107,7 @@ class Server:
         repository_poll_secs: float = DEFAULT_REPOSITORY_POLL_SECS,
         strict_readiness: bool = True,
         sessions: SessionPolicy | None = None,
+        python_isolation: str = "thread",
     ) -> None:
         """auto_sequence_ids: a request to a sequence model that names no sequence starts a new
         one with a server-generated id (returned as the `sequence_id` response parameter).
@@ -124,7 +126,12 @@ class Server:
         model failed to load; False: ready once started, whatever the models.
 
         sessions: how long and how many ended or expired sessions each model version
-        remembers (``seqserve.engine.sessions``)."""
+        remembers (``seqserve.engine.sessions``).
+
+        python_isolation: where Python models' instances run unless their config says
+        (parameter `isolation`): "thread" (in this process) or "process" (one child process
+        per instance; see docs/isolation.md)."""
+        self.python_isolation = check_mode(python_isolation, "python_isolation")
         repos = [model_repository] if isinstance(model_repository, str | Path) else list(model_repository)
         if not repos:
             raise ValueError("at least one model repository is needed")
@@ -191,7 +198,14 @@ class Server:
             _autocomplete(cfg, path)
             finish_model_config(cfg, path)
             for v in select_versions(path, cfg):
-                versions[v] = LoadedModel(cfg, version=v, model_dir=path, loop=loop, sessions=self.sessions)
+                versions[v] = LoadedModel(
+                    cfg,
+                    version=v,
+                    model_dir=path,
+                    loop=loop,
+                    sessions=self.sessions,
+                    python_isolation=self.python_isolation,
+                )
         except Exception as e:
             for m in versions.values():
                 m.close(force=True)

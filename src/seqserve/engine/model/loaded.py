@@ -28,9 +28,11 @@ from seqserve.engine.backends import BackendInstance, InstanceContext, ModelCont
 from seqserve.engine.batch import ExecuteBatch, RaggedInput
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
+from seqserve.engine.isolation import IsolatedBackend, execution_settings
 from seqserve.engine.model.delivery import Delivery, Pending
 from seqserve.engine.model.spec import build_core_spec
 from seqserve.engine.model.validation import INTEGER_CORRID, RequestValidator
+from seqserve.engine.model.watchdog import ExecuteWatchdog
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
 from seqserve.engine.sessions import EndedSequence, SequenceInfo, SequenceList, SessionGoneError, SessionPolicy
@@ -54,6 +56,7 @@ class LoadedModel:
         model_dir: Path,
         loop: asyncio.AbstractEventLoop,
         sessions: SessionPolicy | None = None,
+        python_isolation: str = "thread",
     ) -> None:
         self.config = cfg
         self.name = cfg.name
@@ -91,6 +94,8 @@ class LoadedModel:
                 f"backend '{cfg.backend or cfg.platform}' does not support decoupled models "
                 "(model_transaction_policy { decoupled: true }); the python backend does",
             )
+        # parameters `isolation` and `execute_timeout_ms` (seqserve.engine.isolation.settings)
+        execution = execution_settings(cfg, python_backend="python" in backend_cls.names, default=python_isolation)
         ctx = ModelContext(
             name=self.name,
             version=version,
@@ -99,16 +104,27 @@ class LoadedModel:
             version_dir=model_dir / str(version),
             parameters={k: v.string_value for k, v in cfg.parameters.items()},
         )
-        self.backend = backend_cls(ctx)
+        self.backend = (
+            IsolatedBackend(ctx, backend_cls, execute_timeout_s=execution.execute_timeout_s)
+            if execution.process
+            else backend_cls(ctx)
+        )
         self._instances: list[BackendInstance] = []
         self.instance_names: list[str] = []
         self._create_instances(ctx)
+        if isinstance(self.backend, IsolatedBackend):
+            self.backend.wait_ready()  # the children load the model in parallel
 
         spec = build_core_spec(cfg, model_dir, len(self._instances), sessions)
         self.strategy_name = spec.strategy_name
         self._spec = spec
         self._validator = RequestValidator(cfg, spec)
         self._delivery = Delivery(cfg, self.version_str, loop, preserve_ordering=spec.preserve_ordering)
+        self._watchdog = (  # isolated instances time out on their own
+            ExecuteWatchdog(self.name, self.instance_names, execution.execute_timeout_s, self._delivery.batch_failed)
+            if execution.execute_timeout_s and not execution.process
+            else None
+        )
         describe = (
             cfg.model_transaction_policy.stateful_model_policy.timeout_action
             == mc.ModelTransactionPolicy.StatefulModelPolicy.DESCRIBE
@@ -459,7 +475,8 @@ class LoadedModel:
             instance = self._instances[cb.instance]
             if instance.uses_responders:
                 batch.responder = functools.partial(delivery.responder, recs)
-            produced = instance.execute(batch)
+            watchdog = self._watchdog
+            produced = instance.execute(batch) if watchdog is None else watchdog.call(instance.execute, batch, recs)
         except Exception as e:  # the model's failure fails this batch only
             if running.pop(cb.instance, None) is None:
                 cb.finish(False)
@@ -531,6 +548,11 @@ class LoadedModel:
 
     def _close(self, force: bool, timeout_s: float | None) -> list[str]:
         hung = self._core.close(force, timeout_s=timeout_s)
+        if self._watchdog is not None:
+            self._watchdog.close()
+        if hung and isinstance(self.backend, IsolatedBackend):
+            for i in hung:  # a child stuck in execute is killed: its thread returns, nothing lingers
+                self.backend.instances[i].abort()
         for i in hung:
             recs = self._running.pop(i, None)  # unless its execute has just returned
             if recs:
