@@ -148,7 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="grpc-stream: number of bidi streams the sequences are spread over, 0 = one per sequence "
         "(default: 1). Triton answers a stream's requests in order, so with more sequences than the "
-        "model has slots one shared stream stalls there (until the sequence idle timeout): use 0",
+        "model has slots one shared stream stalls there (until the sequence idle timeout): use 0, or "
+        "--grpc-reply-order completion against seqserve",
+    )
+    w.add_argument(
+        "--grpc-reply-order",
+        choices=["request", "completion"],
+        default="request",
+        help="grpc-stream: 'completion' opens the streams with the seqserve-reply-order: completion header, so "
+        "seqserve writes each reply as it completes and a shared stream does not stall behind a backlogged "
+        "START; 'request' (default) sends no header: request order, as Triton",
     )
     w.add_argument("--string-ids", action="store_true", help="string sequence ids instead of uint64")
     w.add_argument(
@@ -273,6 +282,7 @@ def _spec(args: argparse.Namespace, target: Target, workload: Workload, conc: in
         "concurrency": conc,
         "request_timeout_s": args.request_timeout,
         "streams": args.grpc_streams,
+        "reply_order": args.grpc_reply_order,
     }
 
 
@@ -612,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
             "model_metadata": meta,
             "warmup_s": args.warmup,
             "grpc_streams": args.grpc_streams,
+            "grpc_reply_order": args.grpc_reply_order,
             "processes": args.processes,
             "client_loop": outcomes[0].loop if outcomes else None,
             "cpu_count": os.cpu_count(),

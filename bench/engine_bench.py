@@ -442,7 +442,7 @@ def core_rep(sched: Any, wl: Workload, rec: list[Any], q: queue.SimpleQueue[Any]
         for k in range(first):
             h = s * steps + k + 1
             t_sub[h - 1] = perf()
-            if submit(h, (arrs[h - 1],), s + 1, k == 0, k == last, 0, 1) is not None:
+            if type(submit(h, (arrs[h - 1],), s + 1, k == 0, k == last, 0, 1)) is not int:  # a Refusal
                 raise RuntimeError("submit refused")
     next_step = [first] * nseq
     done = 0
@@ -456,7 +456,7 @@ def core_rep(sched: Any, wl: Workload, rec: list[Any], q: queue.SimpleQueue[Any]
                 if k < steps:
                     h2 = s * steps + k + 1
                     t_sub[h2 - 1] = perf()
-                    if submit(h2, (arrs[h2 - 1],), s + 1, k == 0, k == last, 0, 1) is not None:
+                    if type(submit(h2, (arrs[h2 - 1],), s + 1, k == 0, k == last, 0, 1)) is not int:
                         raise RuntimeError("submit refused")
                     next_step[s] = k + 1
     wall = perf() - t0

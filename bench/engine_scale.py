@@ -293,7 +293,8 @@ def settle_rss() -> int:
 async def start_server(repo: Path, names: list[str]) -> tuple[Any, dict[str, CoreThreads]]:
     from seqserve.engine import Server
 
-    server = Server(repo)
+    # no bound on the backlog: the sections measure 100,000 backlogged sequences
+    server = Server(repo, max_backlog_sequences=0)
     await server.start(models=[])
     threads = {}
     for name in names:

@@ -47,6 +47,7 @@ class TransportSpec:
         concurrency: int = 1,
         request_timeout_s: float = 30.0,
         streams: int = 1,
+        reply_order: str = "request",
     ) -> None:
         self.http_url = http_url
         self.grpc_url = grpc_url
@@ -55,6 +56,9 @@ class TransportSpec:
         self.concurrency = concurrency
         self.request_timeout_s = request_timeout_s
         self.streams = streams  # grpc-stream: number of streams, 0 = one per concurrent sequence
+        # grpc-stream: "completion" asks seqserve for replies as they complete (the
+        # seqserve-reply-order header); "request" sends no header (Triton's request order)
+        self.reply_order = reply_order
 
 
 def _output(result: Any, name: str | None) -> np.ndarray | None:
@@ -163,12 +167,12 @@ class _Stream:
     """One ModelStreamInfer call: a request queue feeding tritonclient's ``stream_infer`` and a reader
     task that resolves the pending futures by request id."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, headers: dict[str, str] | None = None) -> None:
         self.pending: dict[str, asyncio.Future[Any]] = {}
         self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self.dead: BaseException | None = None
         self.orphans = 0  # responses that matched no pending request
-        self.responses = client.stream_infer(self._requests())
+        self.responses = client.stream_infer(self._requests(), headers=headers)
         self.reader = asyncio.get_running_loop().create_task(self._read())
 
     async def _requests(self) -> AsyncIterator[dict[str, Any]]:
@@ -231,7 +235,8 @@ class GrpcStreamTransport:
     """Sequences multiplexed on ModelStreamInfer bidi streams (tritonclient.grpc.aio ``stream_infer``
     fed by an async request iterator), all on one channel; responses are matched to requests by
     request id. ``spec.streams`` streams (0: one per concurrent sequence); lane ``i`` (the i-th
-    concurrent sequence) always uses stream ``i % streams``.
+    concurrent sequence) always uses stream ``i % streams``. ``spec.reply_order == "completion"``
+    opens them with the ``seqserve-reply-order: completion`` header.
 
     tritonclient's response iterator turns an error response into a bare exception and drops its
     id, so the reader takes the raw responses from the call underneath it when it can (servers put
@@ -257,7 +262,8 @@ class GrpcStreamTransport:
 
         self.client = grpcaio.InferenceServerClient(self.spec.grpc_url)
         n = self.spec.streams if self.spec.streams > 0 else self.spec.concurrency
-        self._streams = [_Stream(self.client) for _ in range(max(1, n))]
+        headers = {"seqserve-reply-order": "completion"} if self.spec.reply_order == "completion" else None
+        self._streams = [_Stream(self.client, headers) for _ in range(max(1, n))]
 
     @property
     def orphans(self) -> int:

@@ -167,7 +167,9 @@ void bind_model_spec(py::module_& m) {
                        std::vector<StateSpec> states, int64_t delay_requests, int64_t delay_backlog_requests,
                        std::vector<int64_t> preferred_batch_sizes, uint64_t batch_delay_us, int priority_levels,
                        int default_priority, std::vector<QueuePolicy> queue_policies, bool timeout_complete,
-                       uint64_t tombstone_us, int64_t max_tombstones, std::vector<double> latency_buckets_ms) {
+                       uint64_t tombstone_us, int64_t max_tombstones, std::vector<double> latency_buckets_ms,
+                       int64_t max_backlog_sequences) {
+             if (max_backlog_sequences < 0) throw py::value_error("max_backlog_sequences must be >= 0 (0: no bound)");
              ModelSpec s;
              s.name = std::move(name);
              s.strategy = strategy;
@@ -191,6 +193,7 @@ void bind_model_spec(py::module_& m) {
              s.tombstone_ns = us_to_ns(tombstone_us);
              s.max_tombstones = max_tombstones;
              s.latency_buckets_ms = std::move(latency_buckets_ms);
+             s.max_backlog_sequences = max_backlog_sequences;
              return s;
            }),
            py::kw_only(), py::arg("name"), py::arg("strategy") = kStateless, py::arg("max_batch_size") = 0,
@@ -202,7 +205,8 @@ void bind_model_spec(py::module_& m) {
            py::arg("batch_delay_us") = 0, py::arg("priority_levels") = 1, py::arg("default_priority") = 1,
            py::arg("queue_policies") = std::vector<QueuePolicy>{}, py::arg("timeout_complete") = false,
            py::arg("tombstone_us") = 3600ULL * 1000000ULL, py::arg("max_tombstones") = 10000,
-           py::arg("latency_buckets_ms") = std::vector<double>{100, 500, 2000, 5000})
+           py::arg("latency_buckets_ms") = std::vector<double>{100, 500, 2000, 5000},
+           py::arg("max_backlog_sequences") = 0)
       .def_readonly("name", &ModelSpec::name)
       .def_readonly("strategy", &ModelSpec::strategy)
       .def_readonly("max_batch_size", &ModelSpec::max_batch_size)
@@ -224,18 +228,21 @@ void bind_model_spec(py::module_& m) {
       .def_readonly("timeout_complete", &ModelSpec::timeout_complete)
       .def_property_readonly("tombstone_us", [](const ModelSpec& s) { return ns_to_us(s.tombstone_ns); })
       .def_readonly("max_tombstones", &ModelSpec::max_tombstones)
-      .def_readonly("latency_buckets_ms", &ModelSpec::latency_buckets_ms);
+      .def_readonly("latency_buckets_ms", &ModelSpec::latency_buckets_ms)
+      .def_readonly("max_backlog_sequences", &ModelSpec::max_backlog_sequences);
   add_repr(model, {"name", "strategy", "max_batch_size", "instance_count", "slots_per_instance", "idle_us",
                    "max_queue_delay_us", "min_slot_utilization", "inputs", "controls", "states", "delay_requests",
                    "delay_backlog_requests", "preferred_batch_sizes", "batch_delay_us", "priority_levels",
                    "default_priority", "queue_policies", "timeout_complete", "tombstone_us", "max_tombstones",
-                   "latency_buckets_ms"});
+                   "latency_buckets_ms", "max_backlog_sequences"});
 }
 
 void bind_results(py::module_& m) {
   py::class_<SubmitResult> refusal(m, "Refusal", "Why submit() did not queue a request.");
-  refusal.def_readonly("code", &SubmitResult::code).def_readonly("message", &SubmitResult::message);
-  add_repr(refusal, {"code", "message"});
+  refusal.def_readonly("code", &SubmitResult::code)
+      .def_readonly("message", &SubmitResult::message)
+      .def_readonly("backlog_full", &SubmitResult::backlog_full);
+  add_repr(refusal, {"code", "message", "backlog_full"});
 
   py::class_<ExpiredSequence> expired(m, "ExpiredSequence", "A sequence the idle reaper expired (DESCRIBE).");
   expired
@@ -281,12 +288,13 @@ void bind_results(py::module_& m) {
       .def_readonly("sequence_slots", &Stats::sequence_slots)
       .def_readonly("sequences_active", &Stats::sequences_active)
       .def_readonly("sequences_backlogged", &Stats::sequences_backlogged)
-      .def_readonly("state_bytes", &Stats::state_bytes);
+      .def_readonly("state_bytes", &Stats::state_bytes)
+      .def_readonly("backlog_full", &Stats::backlog_full);
   add_repr(stats, {"inference_count", "execution_count", "last_inference_ms", "success", "fail", "queue",
                    "compute_input", "compute_infer", "compute_output", "batches", "fail_rejected", "fail_backend",
                    "fail_canceled", "sequences_started", "sequences_ended", "sequences_expired", "latency_counts",
                    "latency_sum_ms", "pending_requests", "sequence_slots", "sequences_active",
-                   "sequences_backlogged", "state_bytes"});
+                   "sequences_backlogged", "state_bytes", "backlog_full"});
 
   py::class_<SequenceInfo> seq(m, "SequenceInfo", "One live sequence, as the sequence API shows it.");
   seq.def_property_readonly("sequence_id", [](const SequenceInfo& x) { return corrid_object(x.id); })

@@ -25,6 +25,7 @@ void DirectScheduler::run(Instance& inst) {
   auto slot = [&](int s) -> Slot& { return table_.slot(inst.index, s); };
   for (;;) {
     if (force_) break;
+    if (flush_cancelled(lk)) continue;
     if (!released_locked()) {
       if (closing_) break;
       if (hold.held()) { hold.release(); continue; }
@@ -35,10 +36,19 @@ void DirectScheduler::run(Instance& inst) {
     int64_t earliest = INT64_MAX;
     for (int s = 0; s <= max_active; ++s) {
       Slot& sl = slot(s);
-      // A force-end marker at the front frees the slot; a backlogged sequence may refill it.
-      while (!sl.queue.empty() && sl.queue.front()->kind == kForceEnd) {
-        recycle_locked(sl.queue.pop());
-        table_.release(inst.index, s);
+      // A force-end marker at the front frees the slot; a backlogged sequence may refill it. A
+      // cancelled request at the front ends its sequence (as in Triton), leaving a marker.
+      while (!sl.queue.empty()) {
+        Request* front = sl.queue.front();
+        if (front->kind == kForceEnd) {
+          recycle_locked(sl.queue.pop());
+          table_.release(inst.index, s);
+        } else if (front->cancelled) {
+          const CorrId id = front->id;
+          end_slot_locked(inst, s, id, cancelled_message(id), Tombstone::kCancelled);
+        } else {
+          break;
+        }
       }
       if (sl.queue.empty()) continue;
       ++ready;
@@ -85,6 +95,7 @@ void DirectScheduler::run(Instance& inst) {
         if (r->start) {
           sl.steps = 0;
           sl.start_ns = r->arrival_ns;
+          sl.begun = true;
         }
         ++sl.steps;
       }

@@ -24,19 +24,46 @@ class DynamicScheduler final : public Scheduler {
       while (!q.empty()) take(q.pop());
   }
   void run(Instance& inst) override;
+  void cancel_locked(Request*) override { cancels_ = true; }
   bool expire_queued_locked(int64_t now, Fails& fails, int64_t* next_deadline);
+  void drop_cancelled_locked();
 
   // Per priority level; `delayed_` holds requests whose DELAY timeout expired, served after
   // their level's other requests.
   std::vector<Ring<Request*>> levels_, delayed_;
   int64_t timed_requests_ = 0;
+  bool cancels_ = false;  // a queued request may have been cancelled
 };
+
+void DynamicScheduler::drop_cancelled_locked() {
+  cancels_ = false;
+  std::vector<uint64_t> handles;
+  const int64_t now = now_ns();
+  for (auto* queues : {&levels_, &delayed_}) {
+    for (Ring<Request*>& q : *queues) {
+      const size_t n = q.size();
+      for (size_t i = 0; i < n; ++i) {
+        Request* r = q.pop();
+        if (!r->cancelled) {
+          q.push(r);
+          continue;
+        }
+        if (r->deadline_ns) --timed_requests_;
+        --counts_.queued;
+        cancelled_locked(r, handles, now);
+      }
+    }
+  }
+  if (!handles.empty()) cancelled_.emplace_back(std::move(handles), "request was cancelled before it ran");
+}
 
 SubmitResult DynamicScheduler::enqueue_locked(Request* r, int priority, Instance*& wake, std::string&) {
   if (!accepting_) return refuse(kUnavailable, kStopping);
   const int level = (priority >= 1 && priority <= spec_.priority_levels) ? priority : spec_.default_priority;
   const int L = level - 1;
   const QueuePolicy& qp = spec_.queue_policies[L];
+  if (qp.max_queue_size && levels_[L].size() + delayed_[L].size() >= qp.max_queue_size && cancels_)
+    drop_cancelled_locked();  // cancelled requests do not count against the queue's size
   if (qp.max_queue_size && levels_[L].size() + delayed_[L].size() >= qp.max_queue_size)
     return refuse(kUnavailable, "Exceeds maximum queue size");
   // A request's own timeout applies only when allowed and shorter than the default.
@@ -92,6 +119,8 @@ void DynamicScheduler::run(Instance& inst) {
   const size_t cap = static_cast<size_t>(std::max(1, spec_.max_batch_size));
   for (;;) {
     if (force_) break;
+    if (cancels_) drop_cancelled_locked();
+    if (flush_cancelled(lk)) continue;
     if (!released_locked()) {
       if (closing_) break;
       if (hold.held()) { hold.release(); continue; }

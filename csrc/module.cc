@@ -132,10 +132,19 @@ class PyScheduler {
       sched_->recycle(r);
       throw;
     }
+    const uint32_t token = r->index;  // r may be answered and reused once the lock is dropped
     SubmitResult res = sched_->submit(r, priority);
-    if (res.accepted) return py::none();
+    if (res.accepted) return py::int_(token);
     return py::cast(std::move(res));
   }
+
+  // Called on the event loop with the GIL: the scheduler lock is taken under it (the lock
+  // order), and cancelled requests are reported from here.
+  bool cancel(uint32_t token, uint64_t handle) { return sched_->cancel(token, handle); }
+  bool end_owned_sequence(py::handle corrid, uint64_t owner, const std::string& why) {
+    return sched_->end_owned_sequence(corrid_from(corrid), owner, why);
+  }
+  int slot_of(py::handle corrid) { return sched_->slot_of(corrid_from(corrid)); }
 
   Scheduler& sched() { return *sched_; }
 
@@ -187,7 +196,16 @@ PYBIND11_MODULE(_core, m) {
       .def("submit", &PyScheduler::submit, py::arg("handle"), py::arg("inputs"), py::arg("corrid") = 0,
            py::arg("start") = false, py::arg("end") = false, py::arg("timeout_us") = 0, py::arg("rows") = 1,
            py::arg("priority") = 0, py::arg("session") = false,
-           "Queue a request. Returns None when accepted, else the Refusal.")
+           "Queue a request. Returns its cancel() token (an int) when accepted, else the Refusal.")
+      .def("cancel", &PyScheduler::cancel, py::arg("token"), py::arg("handle"),
+           "Drop a queued request whose client is gone (a sequence's takes its sequence); it is answered "
+           "CANCELLED. False when it is no longer queued or running.")
+      .def("end_owned_sequence", &PyScheduler::end_owned_sequence, py::arg("corrid"), py::arg("owner") = 0,
+           py::arg("reason") = "",
+           "End a live sequence now, as idle expiry does, if its latest START had handle `owner` (0: any); "
+           "its queued requests are answered CANCELLED with `reason`.")
+      .def("slot_of", &PyScheduler::slot_of, py::arg("corrid"),
+           "The global slot of a live sequence, -1 while it is backlogged, -2 when it is unknown.")
       .def("stop_accepting", [](PyScheduler& s) { s.sched().stop_accepting(); })
       .def("inflight_sequences", [](PyScheduler& s) { return s.sched().inflight_sequences(); })
       .def("pending_requests", [](PyScheduler& s) { return s.sched().pending_requests(); })

@@ -21,8 +21,10 @@ class OldestScheduler final : public SequenceScheduler {
     while (!q.empty()) take(q.pop());
   }
   void handoff_locked(Instance& inst, int s);
+  void drop_cancelled_ready_locked(Instance& inst);
 
   std::vector<Ring<Request*>> ready_;  // per instance: requests handed to its batcher
+  std::vector<std::pair<int, Request*>> dropped_;  // drop_cancelled_ready_locked's scratch
 };
 
 void OldestScheduler::handoff_locked(Instance& inst, int s) {
@@ -30,6 +32,11 @@ void OldestScheduler::handoff_locked(Instance& inst, int s) {
   // flight, so a batch never holds two requests of one sequence.
   Slot& sl = table_.slot(inst.index, s);
   while (!sl.in_flight && !sl.queue.empty()) {
+    if (sl.queue.front()->cancelled) {  // its sequence ends here (as in Triton), leaving a marker
+      const CorrId id = sl.queue.front()->id;
+      end_slot_locked(inst, s, id, cancelled_message(id), Tombstone::kCancelled);
+      continue;
+    }
     Request* r = sl.queue.pop();
     if (r->kind == kForceEnd) {
       recycle_locked(r);
@@ -43,12 +50,42 @@ void OldestScheduler::handoff_locked(Instance& inst, int s) {
       if (r->start) {
         sl.steps = 0;
         sl.start_ns = r->arrival_ns;
+        sl.begun = true;
       }
       ++sl.steps;
     }
     ready_[inst.index].push(r);
     if (r->end) table_.release(inst.index, s);  // its successor waits for in_flight to clear
   }
+}
+
+void OldestScheduler::drop_cancelled_ready_locked(Instance& inst) {
+  // Cancelled requests handed to the batcher leave it; the sequence of each (unless the request
+  // was its END, which already ended it) ends as in the slot queue.
+  inst.cancels = false;
+  Ring<Request*>& ready = ready_[inst.index];
+  const size_t n = ready.size();
+  dropped_.clear();
+  for (size_t i = 0; i < n; ++i) {
+    Request* r = ready.pop();
+    if (r->kind == kNormal && r->cancelled) dropped_.emplace_back(r->slot, r);
+    else ready.push(r);
+  }
+  const int64_t now = now_ns();
+  for (auto& [s, r] : dropped_) {
+    Slot& sl = table_.slot(inst.index, s);
+    sl.in_flight = false;
+    --counts_.queued;
+    const CorrId id = r->id;
+    const bool was_end = r->end;
+    if (r->start) sl.begun = false;  // the model never saw it
+    std::vector<uint64_t> handles;
+    cancelled_locked(r, handles, now);
+    cancelled_.emplace_back(std::move(handles), cancelled_message(id));
+    if (!was_end) end_slot_locked(inst, s, id, cancelled_message(id), Tombstone::kCancelled);
+    handoff_locked(inst, s);
+  }
+  dropped_.clear();
 }
 
 void OldestScheduler::run(Instance& inst) {
@@ -59,6 +96,8 @@ void OldestScheduler::run(Instance& inst) {
   std::vector<int> done;
   for (;;) {
     if (force_) break;
+    if (flush_cancelled(lk)) continue;
+    if (inst.cancels) drop_cancelled_ready_locked(inst);
     if (!released_locked() || ready.empty()) {
       if (closing_ && (ready.empty() || !delay_released_)) break;
       if (hold.held()) { hold.release(); continue; }

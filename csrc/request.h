@@ -23,7 +23,10 @@ struct TensorRef {
 enum ReqKind : uint8_t { kNormal = 0, kForceEnd = 1, kNotify = 2 };
 
 struct Request {
-  uint64_t handle = 0;
+  uint64_t handle = 0;       // the caller's; 0 while the request is in the pool
+  uint32_t index = 0;        // its place in the pool: the token submit() returns for cancel()
+  bool cancelled = false;    // the client is gone: dropped where batch forming meets it
+  uint64_t backlog = 0;      // sequences: the serial of the backlogged sequence it waits in (0: none)
   CorrId id;
   bool start = false, end = false;
   bool session = false;      // sequence models: START is implied when the id is not live
@@ -57,6 +60,7 @@ class RequestPool {
   Request* take() {
     if (free_.empty()) {
       owned_.push_back(std::make_unique<Request>());
+      owned_.back()->index = static_cast<uint32_t>(owned_.size() - 1);
       return owned_.back().get();
     }
     Request* r = free_.back();
@@ -64,6 +68,9 @@ class RequestPool {
     return r;
   }
   void give(Request* r) {
+    r->handle = 0;
+    r->cancelled = false;
+    r->backlog = 0;
     r->kind = kNormal;
     r->start = r->end = false;
     r->session = false;
@@ -75,6 +82,12 @@ class RequestPool {
     r->slot = -1;
     r->inputs.clear();
     free_.push_back(r);
+  }
+  // The queued or running request behind a cancel() token, if `handle` still owns it.
+  Request* find(uint32_t index, uint64_t handle) {
+    if (handle == 0 || index >= owned_.size()) return nullptr;
+    Request* r = owned_[index].get();
+    return r->handle == handle ? r : nullptr;
   }
 
  private:

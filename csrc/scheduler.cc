@@ -87,6 +87,7 @@ Instance* Scheduler::idle_instance_locked() {
 SubmitResult Scheduler::submit(Request* r, int priority) {
   std::string warning;
   SubmitResult res;
+  Fails cancelled;
   // Woken after the lock is dropped: a thread woken while we hold it would only block on it.
   Instance* wake = nullptr;
   {
@@ -98,11 +99,11 @@ SubmitResult Scheduler::submit(Request* r, int priority) {
       r->arrival_ns = now_ns();
       res = enqueue_locked(r, priority, wake, warning);
     }
-    if (!res.accepted) {
-      recycle_locked(r);
-      return res;
-    }
+    if (!res.accepted) recycle_locked(r);
+    if (!cancelled_.empty()) cancelled.swap(cancelled_);  // queueing met cancelled requests
   }
+  if (!cancelled.empty()) report(cancelled, kCancelled);
+  if (!res.accepted) return res;
   if (wake) wake->cv.notify_one();
   if (!warning.empty() && hooks_.log_warning) hooks_.log_warning(warning);
   return res;
@@ -203,6 +204,7 @@ void Scheduler::record_batch_locked(Instance& inst, bool ok) {
 
 void Scheduler::finish_batch_locked(Instance& inst) {
   record_batch_locked(inst, inst.t_executed != 0);
+  batch_done_locked(inst);
   for (Row& row : inst.batch.rows) {
     if (row.req) recycle_locked(row.req);
     row.req = nullptr;
@@ -215,6 +217,52 @@ void Scheduler::report(Fails& fails, Code code) {
   if (!hooks_.fail) return;
   for (auto& f : fails) hooks_.fail(f.first, code, f.second);
   fails.clear();
+}
+
+void Scheduler::cancelled_locked(Request* r, std::vector<uint64_t>& handles, int64_t now) {
+  handles.push_back(r->handle);
+  stats_.fail.add(1, now - r->arrival_ns);
+  ++stats_.fail_canceled;
+  recycle_locked(r);
+}
+
+bool Scheduler::flush_cancelled(std::unique_lock<std::mutex>& lk) {
+  if (cancelled_.empty()) return false;
+  Fails fails;
+  fails.swap(cancelled_);
+  lk.unlock();
+  report(fails, kCancelled);
+  lk.lock();
+  return true;
+}
+
+bool Scheduler::cancel(uint32_t token, uint64_t handle) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (closed_) return false;
+  Request* r = pool_.find(token, handle);
+  if (r == nullptr || r->kind != kNormal) return false;
+  if (!r->cancelled) {
+    r->cancelled = true;
+    cancel_locked(r);
+  }
+  lk.unlock();
+  for (auto& inst : instances_) inst->cv.notify_one();  // batch forming drops what it meets
+  lk.lock();
+  flush_cancelled(lk);
+  return true;
+}
+
+bool Scheduler::end_owned_sequence(const CorrId& id, uint64_t owner, const std::string& why) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (closed_ || force_) return false;  // during the drain it may still free a slot
+  const bool ended = end_owned_sequence_locked(id, owner, why);
+  flush_cancelled(lk);
+  return ended;
+}
+
+int Scheduler::slot_of(const CorrId& id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  return slot_of_locked(id);
 }
 
 void Scheduler::stop_accepting() {

@@ -39,13 +39,15 @@ struct BatchStat {
 };
 struct Stats {
   uint64_t inference_count = 0, execution_count = 0, last_inference_ms = 0;
+  uint64_t backlog_full = 0;  // STARTs refused because the backlog held its bound of sequences
   DurationStat success, fail, queue, compute_input, compute_infer, compute_output;
   std::map<int64_t, BatchStat> batches;
   // Failures by Triton's `reason` label: REJECTED (queue and backlog timeouts), BACKEND (the
-  // model failed the batch), CANCELED; the rest of `fail` is OTHER.
+  // model failed the batch), CANCELED (dropped from the queues: their client went away, or
+  // their sequence was cancelled or ended); the rest of `fail` is OTHER.
   uint64_t fail_rejected = 0, fail_backend = 0, fail_canceled = 0;
   // Sequences: STARTs accepted (implied ones included), ENDs accepted and sequences ended
-  // through the sequence API, idle expiries.
+  // otherwise (the sequence API, cancellation, their scope closing), idle expiries.
   uint64_t sequences_started = 0, sequences_ended = 0, sequences_expired = 0;
   // Successful requests by latency (arrival to the end of their batch), per bucket of
   // spec.latency_buckets_ms (the last one: +Inf), and their sum in ms.
@@ -79,6 +81,7 @@ struct Instance {
   bool executing = false;
   bool exited = false;    // its executor thread has finished (close() waits for this, bounded)
   bool recorded = false;  // stats of the current batch already recorded
+  bool cancels = false;   // a request this instance may hold outside its slot queues was cancelled
 };
 
 // Hooks into the Python layer. Both are called without the scheduler lock and must take the
@@ -102,6 +105,7 @@ struct SubmitResult {
   bool accepted = true;
   Code code = kUnknown;
   std::string message;
+  bool backlog_full = false;  // admission control: worth retrying later
 };
 
 class Scheduler {
@@ -116,6 +120,18 @@ class Scheduler {
   SubmitResult submit(Request* r, int priority = 0);
   Request* new_request();  // from the pool; caller fills it, then submit() or recycle()
   void recycle(Request* r);
+
+  // The client of a queued request is gone: it is dropped before it runs (a sequence's request
+  // takes its whole sequence with it, as in Triton) and answered CANCELLED. `token` is the
+  // request's pool index (what the binding's submit returns). False when it is no longer queued
+  // or running.
+  bool cancel(uint32_t token, uint64_t handle);
+  // Ends sequence `id` now, as idle expiry does (a final END step under TIMEOUT_COMPLETE), if
+  // its latest START had handle `owner` (0: whoever started it). Its queued requests are
+  // answered CANCELLED with `why`. False when no such sequence is live.
+  bool end_owned_sequence(const CorrId& id, uint64_t owner, const std::string& why);
+  // Where sequence `id` is: its global slot, -1 in the backlog, -2 unknown (or ended).
+  int slot_of(const CorrId& id);
 
   void stop_accepting();
   int64_t inflight_sequences();
@@ -167,6 +183,13 @@ class Scheduler {
   virtual void drain_locked(const std::function<void(Request*)>& take) = 0;
   virtual int64_t inflight_locked();
   virtual int64_t free_slots_locked() { return 0; }
+  // cancel(): `r` (queued or running, now marked cancelled) leaves the queues. Requests the
+  // strategy meets later are dropped as batches form; dropped requests go to cancelled_.
+  virtual void cancel_locked(Request*) {}
+  virtual bool end_owned_sequence_locked(const CorrId&, uint64_t, const std::string&) { return false; }
+  virtual int slot_of_locked(const CorrId&) { return -2; }
+  // A batch has run; its rows are still in inst.batch.
+  virtual void batch_done_locked(Instance&) {}
   virtual int64_t backlog_sequences_locked() { return 0; }
   virtual void describe_locked(std::vector<std::pair<std::string, int>>&) {}
   // Sequence strategies: the table's gauges, and the sequence API (see the public methods).
@@ -199,6 +222,10 @@ class Scheduler {
   // `more_work`: a shared queue holds more, so an idle instance is woken for it.
   void run_formed_batch(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold, bool more_work);
   void report(Fails& fails, Code code);  // no lock held
+  // A dropped request joins the CANCELLED answers (lock held).
+  void cancelled_locked(Request* r, std::vector<uint64_t>& handles, int64_t now);
+  // Reports cancelled_ (dropping the lock meanwhile); false when there was nothing to report.
+  bool flush_cancelled(std::unique_lock<std::mutex>& lk);
   // A successful request's latency into the histogram of stats_.
   void observe_latency_locked(int64_t ns);
 
@@ -210,6 +237,7 @@ class Scheduler {
   RequestPool pool_;
   QueueCounts counts_;
   Stats stats_;
+  Fails cancelled_;  // dropped requests not yet answered CANCELLED
   bool delay_released_ = false;
   bool accepting_ = true;
   bool closing_ = false, force_ = false, started_ = false, closed_ = false;

@@ -4,7 +4,7 @@ namespace seqserve {
 
 SequenceScheduler::SequenceScheduler(ModelSpec spec, Hooks hooks, bool gather_state)
     : Scheduler(std::move(spec), std::move(hooks), true, gather_state),
-      table_(spec_.instance_count, spec_.slots_per_instance, spec_.idle_ns, counts_) {
+      table_(spec_.instance_count, spec_.slots_per_instance, spec_.idle_ns, spec_.max_backlog_sequences, counts_) {
   rep_state_shapes_.resize(spec_.states.size());
   table_.tombstones().configure(spec_.tombstone_ns, static_cast<size_t>(std::max<int64_t>(0, spec_.max_tombstones)));
 }
@@ -34,6 +34,16 @@ SubmitResult SequenceScheduler::enqueue_locked(Request* r, int, Instance*& wake,
               "' has a conflict. The previous sequence did not end before this sequence start. "
               "Previous sequence will be terminated early.";
   }
+  if (!known && table_.backlog_full()) {
+    // Admission control: refused at once rather than queued behind a backlog that long.
+    ++stats_.backlog_full;
+    SubmitResult full = refuse(kUnavailable, "the backlog of model '" + spec_.name + "' is full: " +
+                                                 std::to_string(table_.backlog_sequences()) +
+                                                 " sequences are waiting for a slot (max_backlog_sequences " +
+                                                 std::to_string(table_.max_backlog()) + "); retry later");
+    full.backlog_full = true;
+    return full;
+  }
   auto queued = [this](int i, int s) { slot_queued_locked(*instances_[i], s); };
   stats_.sequences_started += r->start;
   stats_.sequences_ended += r->end;
@@ -54,6 +64,98 @@ Request* SequenceScheduler::take_marker_locked(uint8_t kind, const CorrId& id, i
   m->arrival_ns = now;
   m->id = id;
   return m;
+}
+
+std::string SequenceScheduler::cancelled_message(const CorrId& id) const {
+  return "sequence " + id.repr() + " of model '" + spec_.name +
+         "' was cancelled: a request of the sequence was cancelled before it ran";
+}
+
+void SequenceScheduler::drop_backlog_queue_locked(uint64_t serial, const CorrId& id, const std::string& why,
+                                                  Tombstone::Reason reason) {
+  const int64_t now = now_ns();
+  auto it = table_.find(id);
+  if (table_.found(it) && it->second.gslot < 0 && it->second.bq->serial == serial) {
+    forget_locked(it, reason, now);  // still live (its END has not come): it ends here
+  }
+  std::vector<Request*> dropped;
+  table_.drop_backlog_queue(serial, dropped);
+  std::vector<uint64_t> handles;
+  for (Request* d : dropped) cancelled_locked(d, handles, now);
+  if (!handles.empty()) cancelled_.emplace_back(std::move(handles), why);
+}
+
+void SequenceScheduler::forget_locked(SequenceTable::Seqs::iterator it, Tombstone::Reason reason, int64_t now) {
+  if (it->second.session) table_.tombstones().record(it->first, reason, 0, now);
+  ++stats_.sequences_ended;
+  table_.erase(it);
+}
+
+void SequenceScheduler::cancel_locked(Request* r) {
+  if (r->backlog != 0) {
+    // A backlogged sequence goes at once, whole (so it no longer counts against the bound).
+    const CorrId id = r->id;
+    drop_backlog_queue_locked(r->backlog, id, cancelled_message(id), Tombstone::kCancelled);
+    return;
+  }
+  for (auto& inst : instances_) inst->cancels = true;  // batch forming meets it in a slot
+}
+
+void SequenceScheduler::end_slot_locked(Instance& inst, int s, const CorrId& id, const std::string& why,
+                                        Tombstone::Reason reason) {
+  Slot& sl = table_.slot(inst.index, s);
+  const int64_t now = now_ns();
+  auto it = table_.find(id);
+  if (table_.found(it) && it->second.gslot == table_.gslot(inst.index, s)) forget_locked(it, reason, now);
+  std::vector<uint64_t> handles;
+  while (!sl.queue.empty()) {
+    Request* r = sl.queue.pop();
+    if (r->kind == kNormal) {
+      --counts_.queued;
+      cancelled_locked(r, handles, now);
+    } else {
+      recycle_locked(r);  // an expiry marker: the one below replaces it
+    }
+  }
+  if (!handles.empty()) cancelled_.emplace_back(std::move(handles), why);
+  const bool final_step = spec_.timeout_complete && sl.begun;
+  sl.queue.push(take_marker_locked(final_step ? kNotify : kForceEnd, id, now));
+  int& max_active = table_.max_active(inst.index);
+  max_active = std::max(max_active, s);
+}
+
+bool SequenceScheduler::end_owned_sequence_locked(const CorrId& id, uint64_t owner, const std::string& reason) {
+  auto it = table_.find(id);
+  if (!table_.found(it) || (owner != 0 && it->second.owner != owner)) return false;
+  const std::string why =
+      reason.empty() ? "sequence " + id.repr() + " of model '" + spec_.name + "' was ended before its END" : reason;
+  if (it->second.gslot < 0) {  // backlogged: the model never saw it
+    drop_backlog_queue_locked(it->second.bq->serial, id, why, Tombstone::kScopeEnded);
+    return true;
+  }
+  Slot& sl = table_.slot(it->second.gslot);
+  Instance& inst = *instances_[sl.instance];
+  const int s = sl.index;
+  end_slot_locked(inst, s, id, why, Tombstone::kScopeEnded);
+  slot_queued_locked(inst, s);
+  if (!inst.executing) inst.cv.notify_one();
+  return true;
+}
+
+int SequenceScheduler::slot_of_locked(const CorrId& id) {
+  auto it = table_.find(id);
+  return table_.found(it) ? it->second.gslot : -2;
+}
+
+void SequenceScheduler::batch_done_locked(Instance& inst) {
+  // A START has been answered: its sequence's idle clock starts now.
+  int64_t now = 0;
+  for (const Row& row : inst.batch.rows) {
+    const Request* r = row.req;
+    if (r == nullptr || r->kind != kNormal || !r->start || r->end) continue;
+    if (now == 0) now = now_ns();
+    table_.start_answered(r->id, table_.gslot(inst.index, row.slot), now);
+  }
 }
 
 void SequenceScheduler::start_helpers() {
@@ -120,6 +222,7 @@ void SequenceScheduler::reaper_loop() {
       lk.lock();
       continue;
     }
+    if (flush_cancelled(lk)) continue;
     table_.wait_for_timers(lk);
   }
 }

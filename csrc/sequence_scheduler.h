@@ -1,6 +1,7 @@
 // What the two sequence strategies (Direct, Oldest) share: a request is routed through the
-// sequence table (its slot, a free slot, or the backlog), and a reaper thread expires idle
-// sequences and timed-out backlogged ones.
+// sequence table (its slot, a free slot, or the backlog, which admission control bounds), a
+// reaper thread expires idle sequences and timed-out backlogged ones, and sequences end early
+// when a request of theirs is cancelled or their owner ends them.
 #pragma once
 
 #include "scheduler.h"
@@ -25,18 +26,36 @@ class SequenceScheduler : public Scheduler {
   int64_t free_slots_locked() override { return table_.free_slots(); }
   int64_t backlog_sequences_locked() override { return table_.backlog_sequences(); }
   void describe_locked(std::vector<std::pair<std::string, int>>& out) override { table_.describe(out); }
+  void cancel_locked(Request* r) override;
+  bool end_owned_sequence_locked(const CorrId& id, uint64_t owner, const std::string& why) override;
+  int slot_of_locked(const CorrId& id) override;
+  void batch_done_locked(Instance& inst) override;
   void sequence_gauges_locked(Stats& s) override;
   int64_t list_sequences_locked(std::vector<SequenceInfo>& out, size_t limit) override;
   bool find_sequence_locked(const CorrId& id, SequenceInfo& out) override;
   bool end_sequence_locked(const CorrId& id, SequenceInfo& out, Fails& fails) override;
   std::string session_gone_locked(const CorrId& id) override;
 
+  // Ends the sequence `id` that holds slot `s` of `inst` before its END: its id is forgotten
+  // (a session's remembered for `reason`), its queued requests are answered CANCELLED with
+  // `why`, and a marker takes their place: the slot is freed when it reaches batch forming,
+  // after one final END step for the model under TIMEOUT_COMPLETE (if the model was handed
+  // the sequence's START).
+  void end_slot_locked(Instance& inst, int s, const CorrId& id, const std::string& why, Tombstone::Reason reason);
+  // Drops the backlogged sequence queue `serial` (of sequence `id`) whole: its requests are
+  // answered CANCELLED with `why`; the sequence, if still live, ends for `reason`.
+  void drop_backlog_queue_locked(uint64_t serial, const CorrId& id, const std::string& why, Tombstone::Reason reason);
+  // Forgets the live sequence `it` before its END (counted as ended; a session's remembered).
+  void forget_locked(SequenceTable::Seqs::iterator it, Tombstone::Reason reason, int64_t now);
+  // The message for the requests of a sequence cancelled because one of them was.
+  std::string cancelled_message(const CorrId& id) const;
+  Request* take_marker_locked(uint8_t kind, const CorrId& id, int64_t now);
+
   SequenceTable table_;
   Shapes rep_state_shapes_;  // batch forming's scratch (lock held)
 
  private:
   void reaper_loop();
-  Request* take_marker_locked(uint8_t kind, const CorrId& id, int64_t now);
   void info_locked(const CorrId& id, const SeqEntry& e, int64_t now, SequenceInfo& out);
   // Forgets the live sequence `it`, which holds a slot, and queues the marker that frees the
   // slot (TIMEOUT_COMPLETE: one final END step) behind the requests already queued there.

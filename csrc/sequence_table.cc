@@ -2,12 +2,9 @@
 
 namespace seqserve {
 
-namespace {
-constexpr int64_t kBacklogRecheckNs = 50'000'000;  // grace before reaping a sequence that expired in the backlog
-}  // namespace
-
-SequenceTable::SequenceTable(int instances, int slots_per_instance, int64_t idle_ns, QueueCounts& counts)
-    : per_instance_(slots_per_instance), idle_ns_(idle_ns), counts_(counts) {
+SequenceTable::SequenceTable(int instances, int slots_per_instance, int64_t idle_ns, int64_t max_backlog,
+                             QueueCounts& counts)
+    : per_instance_(slots_per_instance), idle_ns_(idle_ns), max_backlog_(max_backlog), counts_(counts) {
   slots_.resize(static_cast<size_t>(instances) * slots_per_instance);
   max_active_.assign(instances, -1);
   for (int i = 0; i < instances; ++i)
@@ -39,11 +36,17 @@ void SequenceTable::backlog_timer(BacklogQueue& bq, int64_t expiry_ns) {
 void SequenceTable::release(int instance, int index) {
   Slot& sl = slot(instance, index);
   sl.occupied = false;
+  sl.begun = false;
   if (!backlog_.empty()) {
-    // The oldest backlogged sequence takes the slot with all its queued requests.
+    // The oldest backlogged sequence takes the slot with all its queued requests. Its idle
+    // clock has not started (Triton's has, so a sequence that waited longer than the idle
+    // limit in the backlog is reaped ~50 ms after it gets a slot): it starts once the START
+    // has been answered.
     BacklogQueue& bq = backlog_.front();
     while (!bq.reqs.empty()) {
-      sl.queue.push(bq.reqs.pop());
+      Request* r = bq.reqs.pop();
+      r->backlog = 0;
+      sl.queue.push(r);
       --counts_.backlogged;
       ++counts_.queued;
     }
@@ -51,24 +54,45 @@ void SequenceTable::release(int instance, int index) {
     sl.steps = 0;
     sl.start_ns = now_ns();
     auto it = seqs_.find(bq.id);
-    if (it != seqs_.end() && it->second.gslot < 0 && it->second.bq == backlog_.begin()) {
-      SeqEntry& e = it->second;
-      e.gslot = gslot(instance, index);
-      if (!e.armed) {
-        // Idle past the limit while backlogged: reaped soon after getting the slot (as in
-        // Triton, whose backlog re-check runs every 50 ms), unless a request arrives first.
-        e.armed = true;
-        const int64_t deadline = std::max(e.last_arrival_ns + idle_ns_, now_ns() + kBacklogRecheckNs);
-        idle_heap_.push({deadline, e.serial, it->first});
-        arm(deadline);
-      }
-    }
+    if (it != seqs_.end() && it->second.gslot < 0 && it->second.bq == backlog_.begin())
+      it->second.gslot = gslot(instance, index);
     backlog_index_.erase(bq.serial);
     backlog_.pop_front();
     max_active_[instance] = std::max(max_active_[instance], index);
     return;
   }
   free_.insert({index, instance});
+}
+
+void SequenceTable::start_answered(const CorrId& id, int g, int64_t now) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end() || it->second.gslot != g) return;  // ended, expired or moved meanwhile
+  SeqEntry& e = it->second;
+  e.started = true;
+  e.last_arrival_ns = std::max(e.last_arrival_ns, now);
+  if (!e.armed) push_idle(id, e);
+}
+
+bool SequenceTable::drop_backlog_queue(uint64_t serial, std::vector<Request*>& out) {
+  auto bi = backlog_index_.find(serial);
+  if (bi == backlog_index_.end()) return false;
+  drop_queue_at(bi, out);
+  return true;
+}
+
+void SequenceTable::drop_queue_at(std::unordered_map<uint64_t, std::list<BacklogQueue>::iterator>::iterator bi,
+                                  std::vector<Request*>& out) {
+  auto bit = bi->second;
+  auto it = seqs_.find(bit->id);
+  if (it != seqs_.end() && it->second.gslot < 0 && it->second.bq == bit) seqs_.erase(it);
+  while (!bit->reqs.empty()) {
+    Request* r = bit->reqs.pop();
+    r->backlog = 0;
+    out.push_back(r);
+    --counts_.backlogged;
+  }
+  backlog_index_.erase(bi);
+  backlog_.erase(bit);
 }
 
 bool SequenceTable::pop_idle(int64_t now, Seqs::iterator* out) {
@@ -79,11 +103,10 @@ bool SequenceTable::pop_idle(int64_t now, Seqs::iterator* out) {
     if (it == seqs_.end() || it->second.serial != t.serial) continue;  // ended or restarted
     SeqEntry& e = it->second;
     const int64_t due = e.last_arrival_ns + idle_ns_;
-    if (e.gslot < 0) {
-      // Backlogged sequences are not reaped. Rather than re-checking them (a cost that would
-      // grow with the backlog), the timer is re-armed when the sequence gets a slot.
-      if (due > now) idle_heap_.push({due, t.serial, t.id});
-      else e.armed = false;
+    if (!e.started) {
+      // Not reaped before its START has been answered (in the backlog or a slot queue); the
+      // timer is armed again then, rather than re-checked (a cost that would grow with them).
+      e.armed = false;
       continue;
     }
     if (due > now) {
@@ -102,16 +125,8 @@ bool SequenceTable::pop_expired_backlog(int64_t now, std::vector<Request*>& out)
     backlog_heap_.pop();
     auto bi = backlog_index_.find(t.serial);
     if (bi == backlog_index_.end()) continue;
-    auto bit = bi->second;
-    if (bit->expiry_ns > now) continue;
-    auto it = seqs_.find(bit->id);
-    if (it != seqs_.end() && it->second.gslot < 0 && it->second.bq == bit) seqs_.erase(it);
-    while (!bit->reqs.empty()) {
-      out.push_back(bit->reqs.pop());
-      --counts_.backlogged;
-    }
-    backlog_index_.erase(bi);
-    backlog_.erase(bit);
+    if (bi->second->expiry_ns > now) continue;
+    drop_queue_at(bi, out);
     return true;
   }
   return false;

@@ -1,6 +1,6 @@
 // The sequence table of one model: its slots (each with a FIFO of queued requests), the
 // free-slot min-heap across instances, the id -> sequence map, the backlog of sequences waiting
-// for a slot, and the timer heaps of the idle reaper. Plain data and bookkeeping: every method
+// for a slot (bounded: admission control), and the timer heaps of the idle reaper. Plain data and bookkeeping: every method
 // runs under the scheduler lock, and what to do with expired work is the caller's business.
 #pragma once
 
@@ -25,6 +25,7 @@ struct Slot {
   bool in_flight = false;  // kOldest: a request of this slot is being batched or executed
   uint64_t steps = 0;      // steps of the current sequence handed to the model
   int64_t start_ns = 0;    // when the current sequence started
+  bool begun = false;      // the model has been handed the current sequence's START (and no END yet)
 };
 
 // A backlogged sequence: its requests move into a slot as a whole, FIFO across sequences.
@@ -41,7 +42,9 @@ struct SeqEntry {
   int64_t last_arrival_ns = 0;
   int64_t start_ns = 0;  // arrival of its (latest) START
   uint64_t serial = 0;
-  bool armed = false;    // has a live idle timer (backlogged sequences give theirs up)
+  uint64_t owner = 0;    // handle of its latest START (end_owned_sequence() names the sequence by it)
+  bool armed = false;    // has a live idle timer
+  bool started = false;  // its START has been answered: only then does the idle clock run
   bool session = false;  // a session request named it: its end or expiry is remembered
 };
 
@@ -49,7 +52,7 @@ class SequenceTable {
  public:
   using Seqs = std::unordered_map<CorrId, SeqEntry, CorrIdHash>;
 
-  SequenceTable(int instances, int slots_per_instance, int64_t idle_ns, QueueCounts& counts);
+  SequenceTable(int instances, int slots_per_instance, int64_t idle_ns, int64_t max_backlog, QueueCounts& counts);
 
   Slot& slot(int gslot) { return slots_[gslot]; }
   Slot& slot(int instance, int index) { return slots_[instance * per_instance_ + index]; }
@@ -72,9 +75,21 @@ class SequenceTable {
   // Frees a slot, or hands it with all its queued requests to the oldest backlogged sequence.
   void release(int instance, int index);
 
-  // The reaper. Pops due idle timers until one belongs to a sequence that is idle past the limit
-  // and holds a slot; timers of ended, restarted, active or backlogged sequences are dropped or
-  // re-armed on the way. The caller forgets the sequence with erase().
+  // Admission control: every slot is taken and the backlog holds its bound of sequences.
+  bool backlog_full() const {
+    return max_backlog_ > 0 && free_.empty() && static_cast<int64_t>(backlog_.size()) >= max_backlog_;
+  }
+  int64_t max_backlog() const { return max_backlog_; }
+  // Drops the backlogged sequence queue `serial` (Request::backlog) whole, its id forgotten if
+  // it still names it; its requests are appended to `out`. False when no such queue waits.
+  bool drop_backlog_queue(uint64_t serial, std::vector<Request*>& out);
+  // The START of the sequence `id` in global slot `gslot` has been answered: its idle clock
+  // starts now (waiting in the backlog or in a slot queue before that does not count).
+  void start_answered(const CorrId& id, int gslot, int64_t now);
+
+  // The reaper. Pops due idle timers until one belongs to a sequence that is idle past the limit;
+  // timers of ended, restarted, active or not yet started sequences are dropped or re-armed on
+  // the way. The caller forgets the sequence with erase().
   bool pop_idle(int64_t now, Seqs::iterator* out);
   void erase(Seqs::iterator it) { seqs_.erase(it); }
   // A backlogged sequence whose earliest request timeout has passed is dropped whole; its
@@ -103,9 +118,12 @@ class SequenceTable {
   void push_idle(const CorrId& id, SeqEntry& e);
   void arm(int64_t deadline);
   void backlog_timer(BacklogQueue& bq, int64_t expiry_ns);
+  void drop_queue_at(std::unordered_map<uint64_t, std::list<BacklogQueue>::iterator>::iterator bi,
+                     std::vector<Request*>& out);
 
   int per_instance_;
   int64_t idle_ns_;
+  int64_t max_backlog_;  // 0: no bound
   QueueCounts& counts_;
   std::vector<Slot> slots_;
   std::vector<int> max_active_;
@@ -154,13 +172,15 @@ int SequenceTable::queue_new(Request* r, Queued queued) {
     const int g = gslot(i, s);
     queued(i, s);
     if (!end) {
+      // No idle timer yet: the clock starts when this START has been answered.
       SeqEntry e;
       e.gslot = g;
       e.last_arrival_ns = now;
       e.start_ns = now;
       e.session = r->session;
       e.serial = next_serial_++;
-      push_idle(id, seqs_.emplace(id, e).first->second);
+      e.owner = r->handle;
+      seqs_.emplace(id, e);
     }
     return g;
   }
@@ -169,6 +189,7 @@ int SequenceTable::queue_new(Request* r, Queued queued) {
   bit->serial = next_serial_++;
   bit->id = id;
   bit->reqs.push(r);
+  r->backlog = bit->serial;
   ++counts_.backlogged;
   backlog_index_[bit->serial] = bit;
   if (r->timeout_ns > 0) backlog_timer(*bit, now + r->timeout_ns);
@@ -179,7 +200,8 @@ int SequenceTable::queue_new(Request* r, Queued queued) {
     e.start_ns = now;
     e.session = r->session;
     e.serial = next_serial_++;
-    push_idle(id, seqs_.emplace(id, e).first->second);
+    e.owner = r->handle;
+    seqs_.emplace(id, e);
   }
   return -1;
 }
@@ -199,6 +221,7 @@ int SequenceTable::queue_known(Seqs::iterator it, Request* r, Queued queued) {
     queued(sl.instance, sl.index);
   } else {
     e.bq->reqs.push(r);
+    r->backlog = e.bq->serial;
     ++counts_.backlogged;
     if (r->timeout_ns > 0 && now + r->timeout_ns < e.bq->expiry_ns) backlog_timer(*e.bq, now + r->timeout_ns);
   }
@@ -209,6 +232,10 @@ int SequenceTable::queue_known(Seqs::iterator it, Request* r, Queued queued) {
     seqs_.erase(it);
   } else {
     e.last_arrival_ns = now;
+    if (r->start) {  // a restart: the clock starts again once this START is answered
+      e.owner = r->handle;
+      e.started = false;
+    }
   }
   return g;
 }

@@ -90,6 +90,8 @@ struct ModelSpec {
   // Upper bounds (ms) of the request latency histogram's buckets (Triton's first-response
   // histogram); +Inf is implied.
   std::vector<double> latency_buckets_ms{100, 500, 2000, 5000};
+  // Sequences: how many may wait in the backlog for a slot; a START beyond it is refused (0: no bound).
+  int64_t max_backlog_sequences = 0;
 };
 
 inline int64_t product(const std::vector<int64_t>& d) {

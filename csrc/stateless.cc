@@ -22,8 +22,26 @@ class StatelessScheduler final : public Scheduler {
     while (!fifo_.empty()) take(fifo_.pop());
   }
   void run(Instance& inst) override;
+  void cancel_locked(Request*) override { cancels_ = true; }
+  void drop_cancelled_locked() {
+    cancels_ = false;
+    std::vector<uint64_t> handles;
+    const int64_t now = now_ns();
+    const size_t n = fifo_.size();
+    for (size_t i = 0; i < n; ++i) {
+      Request* r = fifo_.pop();
+      if (!r->cancelled) {
+        fifo_.push(r);
+        continue;
+      }
+      --counts_.queued;
+      cancelled_locked(r, handles, now);
+    }
+    if (!handles.empty()) cancelled_.emplace_back(std::move(handles), "request was cancelled before it ran");
+  }
 
   Ring<Request*> fifo_;
+  bool cancels_ = false;  // a queued request may have been cancelled
 };
 
 void StatelessScheduler::run(Instance& inst) {
@@ -31,6 +49,8 @@ void StatelessScheduler::run(Instance& inst) {
   RuntimeHold hold(hooks_, lk);
   for (;;) {
     if (force_) break;
+    if (cancels_) drop_cancelled_locked();
+    if (flush_cancelled(lk)) continue;
     if (!released_locked() || fifo_.empty()) {
       if (closing_) break;
       if (hold.held()) { hold.release(); continue; }

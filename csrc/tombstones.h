@@ -15,7 +15,9 @@
 namespace seqserve {
 
 struct Tombstone {
-  enum Reason : uint8_t { kEnded = 0, kExpired = 1, kEndedByApi = 2 };
+  // kCancelled: a request of it was cancelled; kScopeEnded: its owner (the gRPC stream that
+  // started it) closed.
+  enum Reason : uint8_t { kEnded = 0, kExpired = 1, kEndedByApi = 2, kCancelled = 3, kScopeEnded = 4 };
   Reason reason = kEnded;
   int64_t at_ns = 0;   // when it ended or expired
   double idle_s = 0;   // kExpired: how long it had been idle
@@ -98,6 +100,10 @@ inline std::string session_gone_message(const CorrId& id, const Tombstone& t) {
     m += "expired after " + std::string(idle) + " s idle";
   } else if (t.reason == Tombstone::kEndedByApi) {
     m += "was ended through the sequence API";
+  } else if (t.reason == Tombstone::kCancelled) {
+    m += "was cancelled (a request of it was cancelled)";
+  } else if (t.reason == Tombstone::kScopeEnded) {
+    m += "was ended when the stream that started it closed";
   } else {
     m += "was ended by its END request";
   }

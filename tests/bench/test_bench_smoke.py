@@ -151,9 +151,7 @@ def test_plot_needs_matplotlib_message(tmp_path: Path) -> None:
         "runpy.run_module('bench', run_name='__main__')"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-c", no_mpl], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    proc = subprocess.run([sys.executable, "-c", no_mpl], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "matplotlib" in proc.stderr
 
 
@@ -180,6 +178,19 @@ def test_engine_scale(tmp_path: Path) -> None:
     assert all(r["base"]["steps_per_s"] > 0 and r["with_idle"]["steps_per_s"] > 0 for r in doc["live"])
     some = next(r for r in doc["reap"] if r["kind"] == "some")
     assert some["expired"] == 50
+
+
+def test_shared_stream_completion_order(tmp_path: Path) -> None:
+    # 32 sequences on one stream against the demo accumulator's 16 slots: in request order the
+    # stream would stall behind a backlogged START; completion-order replies keep it moving.
+    out = tmp_path / "order.json"
+    run(
+        "bench", "--spawn", "--transports", "grpc-stream", "--concurrency", "32", "--seq-len", "5",
+        "--grpc-reply-order", "completion", "--json", str(out), *SHORT,
+    )  # fmt: skip
+    runs = load_runs(out)
+    assert json.loads(out.read_text())["meta"]["grpc_reply_order"] == "completion"
+    assert [r["transport"] for r in runs] == ["grpc-stream"]
 
 
 def test_operate_bench() -> None:

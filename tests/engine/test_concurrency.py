@@ -150,7 +150,7 @@ def test_core_submit_from_many_threads(busy_switching: None) -> None:
                     keep[h] = arr
                     meta[h] = (j, step)
                 err = sched.submit(h, (arr,), seq_id(j), step == 0, step == STEPS - 1)
-                assert err is None, (h, err)
+                assert isinstance(err, int), (h, err)  # accepted: its cancel() token
 
     try:
         _run_threads(submit_all)

@@ -99,7 +99,7 @@ class _Core:
         self.ran.release()
         return True
 
-    def submit(self, handle: int, value: int, corrid: int | str, start: bool, end: bool) -> _core.Refusal | None:
+    def submit(self, handle: int, value: int, corrid: int | str, start: bool, end: bool) -> _core.Refusal | int:
         arr = np.array([[value]], np.int32)
         self.keep.append(arr)
         return self.sched.submit(handle, (arr,), corrid, start, end)
@@ -132,7 +132,7 @@ def test_controls_are_encoded_in_their_dtype() -> None:
     )
     core = _Core(spec)
     try:
-        assert core.submit(1, 10, 2**32 + 5, True, False) is None
+        assert isinstance(core.submit(1, 10, 2**32 + 5, True, False), int)  # accepted: a cancel() token
         core.wait(1)
         b = core.batches[0]
         assert b["S"].tolist() == [[9]] and b["S"].dtype == I32
@@ -162,7 +162,7 @@ def test_stats_and_expiry_are_typed() -> None:
     expired: list[_core.ExpiredSequence] = []
     core = _Core(_sequence_spec(idle_us=50_000), on_expire=expired.append)
     try:
-        assert core.submit(1, 1, "seq-a", True, False) is None
+        assert isinstance(core.submit(1, 1, "seq-a", True, False), int)
         core.wait(1)
         deadline = threading.Event()
         for _ in range(100):
@@ -203,7 +203,7 @@ def test_close_leaves_a_hung_executor_behind() -> None:
     sched.start()
     keep = [np.array([1], np.int32) for _ in range(2)]
     try:
-        assert sched.submit(1, (keep[0],)) is None
+        assert isinstance(sched.submit(1, (keep[0],)), int)  # accepted: its cancel() token
         assert entered.wait(10)
         t0 = time.monotonic()
         assert sched.close(force=True, timeout_s=0.3) == ran_on  # the other instance was idle: joined

@@ -309,10 +309,26 @@ async def test_backlog_moves_whole_sequences_fifo(repo, serve, monkeypatch):
     assert await call(s, A, 9, end=True) == [[9]]
     rec = recorded(s, "m")
     assert rows(rec, "corrid") == [[A, B], [0, B], [0, C], [0, C], [0, C], [0, D], [0, D], [A]]
-    assert rows(rec, "start") == [[True, True], [False, False], [False, True], [False, False],
-                                  [False, False], [False, True], [False, False], [False]]
-    assert rows(rec, "end") == [[False, False], [False, True], [False, False], [False, False],
-                                [False, True], [False, False], [False, True], [True]]
+    assert rows(rec, "start") == [
+        [True, True],
+        [False, False],
+        [False, True],
+        [False, False],
+        [False, False],
+        [False, True],
+        [False, False],
+        [False],
+    ]
+    assert rows(rec, "end") == [
+        [False, False],
+        [False, True],
+        [False, False],
+        [False, False],
+        [False, True],
+        [False, False],
+        [False, True],
+        [True],
+    ]
     assert [b["inputs"]["IN_X"][-1, 0] for b in rec] == [2, 8, 3, 4, 6, 5, 7, 9]
 
 
@@ -423,10 +439,12 @@ async def test_string_id_reaped_message(repo, serve):
     await expect_error(call(s, "user-7", 1), Code.INVALID_ARG, start_error("user-7"))
 
 
-async def test_backlogged_sequence_reaped_soon_after_getting_slot(repo, serve):
-    # The idle clock is the last arrival; waiting in the backlog does not refresh it (§4.4).
-    # Sequence 1 is kept alive by arrivals far closer together than the 1 s idle limit, so a
-    # loaded machine cannot make it expire; 2 waits in the backlog beyond its own limit.
+async def test_backlogged_sequence_not_reaped_for_its_wait(repo, serve):
+    # Different on purpose from Triton (§4.4, where a sequence that waited in the backlog past
+    # its idle limit is reaped ~50 ms after it gets a slot): the idle clock starts when the
+    # START has been answered, so the wait in the backlog does not count. Sequence 1 is kept
+    # alive by arrivals far closer together than the 1 s idle limit, so a loaded machine cannot
+    # make it expire; 2 waits in the backlog beyond its own limit.
     idle_s = 1.0
     write_model(repo, "m", config(mbs=1, seq=f"max_sequence_idle_microseconds: {int(idle_s * 1e6)}"))
     s = await serve()
@@ -439,36 +457,62 @@ async def test_backlogged_sequence_reaped_soon_after_getting_slot(repo, serve):
     assert holds_sequence(s, 2) and not waiting.done()  # not reaped while in the backlog
     await call(s, 1, 1, end=True)
     assert await results([waiting]) == [[2]]  # requests moved with it still run
-    slot = time.monotonic()
-    await wait_reaped(s, 2)
-    # soon after getting the slot, not a fresh idle period later
-    assert time.monotonic() - slot < 0.75 * idle_s
-    await expect_error(call(s, 2, 3), Code.INVALID_ARG, start_error(2))
+    await asyncio.sleep(0.25 * idle_s)  # the client's pause: far more than Triton's 50 ms
+    assert await call(s, 2, 3) == [[3]]
+    last = time.monotonic()
+    await wait_reaped(s, 2)  # an idle period after its last request, as usual
+    assert time.monotonic() - last > 0.75 * idle_s
+    await expect_error(call(s, 2, 4), Code.INVALID_ARG, start_error(2))
+
+
+GATED_MODEL = """
+import threading
+GATE = threading.Event()
+GATE.set()
+
+class Model:
+    def execute(self, batch):
+        GATE.wait(20)
+        return {"OUT_X": batch.inputs["IN_X"].copy()}
+"""
 
 
 async def test_idle_clock_counts_from_last_arrival_not_execution(repo, serve):
-    # §4.2: a sequence whose requests wait behind a slow model is reaped anyway; the queued
-    # requests still run (they are ahead of the force-end marker), later ones need START.
-    # The model holds its first batch until the test has seen the sequence reaped.
-    model = """
-    import threading
-    GATE = threading.Event()
-
-    class Model:
-        def execute(self, batch):
-            GATE.wait(20)
-            return {"OUT_X": batch.inputs["IN_X"].copy()}
-    """
-    write_model(repo, "m", config(seq="max_sequence_idle_microseconds: 150000"), model)
+    # §4.2: once its START has been answered, a sequence whose requests wait behind a slow
+    # model is reaped anyway; the queued requests still run (they are ahead of the force-end
+    # marker), later ones need START. The model holds the second batch until the test has seen
+    # the sequence reaped.
+    write_model(repo, "m", config(seq="max_sequence_idle_microseconds: 150000"), GATED_MODEL)
     s = await serve()
+    assert await call(s, 1, 1, start=True) == [[1]]
+    gate = model_module("m").GATE
+    gate.clear()
     try:
-        tasks = [await send(s, 1, 1, start=True), await send(s, 1, 2)]
-        await wait_reaped(s, 1)  # while its first request is still executing
+        tasks = [await send(s, 1, 2), await send(s, 1, 3)]
+        await wait_reaped(s, 1)  # while its second request is still executing
         assert not any(t.done() for t in tasks)
     finally:
-        model_module("m").GATE.set()
-    assert await results(tasks) == [[1], [2]]
-    await expect_error(call(s, 1, 3, end=True), Code.INVALID_ARG, start_error(1))
+        gate.set()
+    assert await results(tasks) == [[2], [3]]
+    await expect_error(call(s, 1, 4, end=True), Code.INVALID_ARG, start_error(1))
+
+
+async def test_idle_clock_waits_for_the_start_to_be_answered(repo, serve):
+    # Different on purpose from Triton: a START that runs longer than the idle limit does not
+    # get its sequence reaped; the clock starts when it has been answered.
+    write_model(repo, "m", config(seq="max_sequence_idle_microseconds: 150000"), GATED_MODEL)
+    s = await serve()
+    gate = model_module("m").GATE
+    gate.clear()
+    try:
+        task = await send(s, 1, 1, start=True)
+        await asyncio.sleep(0.45)  # three idle periods while the START runs
+        assert holds_sequence(s, 1) and not task.done()
+    finally:
+        gate.set()
+    assert await results([task]) == [[1]]
+    assert await call(s, 1, 2) == [[2]]  # at once after the answer: still live
+    await wait_reaped(s, 1)
 
 
 # ------------------------------------------------------------- START / END (§1.4, §1.5)
@@ -800,10 +844,16 @@ async def test_variable_dims_state_grows_each_step(repo, serve, monkeypatch):
     assert await call(s, 2, 7, start=True) == [[0, 7]]  # START: back to the initial shape
     seen = model_module("m").SEEN
     assert [(shape, st) for cid, shape, st in seen if cid == 1] == [
-        ((1,), [0]), ((2,), [0, 1]), ((3,), [0, 1, 2]), ((4,), [0, 1, 2, 3])
+        ((1,), [0]),
+        ((2,), [0, 1]),
+        ((3,), [0, 1, 2]),
+        ((4,), [0, 1, 2, 3]),
     ]
     assert [(shape, st) for cid, shape, st in seen if cid == 2] == [
-        ((1,), [0]), ((2,), [0, 10]), ((3,), [0, 10, 20]), ((1,), [0])
+        ((1,), [0]),
+        ((2,), [0, 10]),
+        ((3,), [0, 10, 20]),
+        ((1,), [0]),
     ]
 
 
@@ -833,7 +883,7 @@ async def test_variable_dims_state_sequences_of_different_lengths(repo, serve):
 
 
 async def test_multiple_instances_spread_sequences(repo, serve):
-    extra = 'instance_group [ { count: 2 kind: KIND_CPU } ]'
+    extra = "instance_group [ { count: 2 kind: KIND_CPU } ]"
     write_model(repo, "m", config(mbs=2, seq=ACC_STATE, extra=extra), ACCUM_MODEL)
     s = await serve()
     m = s.model("m")
@@ -875,7 +925,7 @@ async def test_max_batch_size_zero_one_slot_per_instance(repo, serve):
 
 
 async def test_max_batch_size_zero_two_instances(repo, serve):
-    extra = 'instance_group [ { count: 2 kind: KIND_CPU } ]'
+    extra = "instance_group [ { count: 2 kind: KIND_CPU } ]"
     write_model(repo, "m", config(mbs=0, seq=ACC_STATE, extra=extra), ACCUM_MODEL)
     s = await serve()
     assert await call(s, 1, 1, start=True, mbs=0) == [1]

@@ -376,7 +376,7 @@ class ModelDynamicBatching(_message.Message):
     def __init__(self, preferred_batch_size: _Optional[_Iterable[int]] = ..., max_queue_delay_microseconds: _Optional[int] = ..., preserve_ordering: bool = ..., priority_levels: _Optional[int] = ..., default_priority_level: _Optional[int] = ..., default_queue_policy: _Optional[_Union[ModelQueuePolicy, _Mapping]] = ..., priority_queue_policy: _Optional[_Mapping[int, ModelQueuePolicy]] = ..., default_batch_size: _Optional[int] = ..., timeout_action: _Optional[_Union[SeqserveTimeoutAction, str]] = ...) -> None: ...
 
 class ModelSequenceBatching(_message.Message):
-    __slots__ = ("direct", "oldest", "reusable_batch", "max_sequence_idle_microseconds", "control_input", "state", "iterative_sequence", "timeout_action")
+    __slots__ = ("direct", "oldest", "reusable_batch", "max_sequence_idle_microseconds", "control_input", "state", "iterative_sequence", "timeout_action", "max_backlog_sequences")
     class Control(_message.Message):
         __slots__ = ("kind", "int32_false_true", "fp32_false_true", "bool_false_true", "data_type")
         class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
@@ -472,6 +472,7 @@ class ModelSequenceBatching(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     ITERATIVE_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_ACTION_FIELD_NUMBER: _ClassVar[int]
+    MAX_BACKLOG_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     direct: ModelSequenceBatching.StrategyDirect
     oldest: ModelSequenceBatching.StrategyOldest
     reusable_batch: ModelSequenceBatching.ReusableBatch
@@ -480,7 +481,8 @@ class ModelSequenceBatching(_message.Message):
     state: _containers.RepeatedCompositeFieldContainer[ModelSequenceBatching.State]
     iterative_sequence: bool
     timeout_action: SeqserveTimeoutAction
-    def __init__(self, direct: _Optional[_Union[ModelSequenceBatching.StrategyDirect, _Mapping]] = ..., oldest: _Optional[_Union[ModelSequenceBatching.StrategyOldest, _Mapping]] = ..., reusable_batch: _Optional[_Union[ModelSequenceBatching.ReusableBatch, _Mapping]] = ..., max_sequence_idle_microseconds: _Optional[int] = ..., control_input: _Optional[_Iterable[_Union[ModelSequenceBatching.ControlInput, _Mapping]]] = ..., state: _Optional[_Iterable[_Union[ModelSequenceBatching.State, _Mapping]]] = ..., iterative_sequence: bool = ..., timeout_action: _Optional[_Union[SeqserveTimeoutAction, str]] = ...) -> None: ...
+    max_backlog_sequences: int
+    def __init__(self, direct: _Optional[_Union[ModelSequenceBatching.StrategyDirect, _Mapping]] = ..., oldest: _Optional[_Union[ModelSequenceBatching.StrategyOldest, _Mapping]] = ..., reusable_batch: _Optional[_Union[ModelSequenceBatching.ReusableBatch, _Mapping]] = ..., max_sequence_idle_microseconds: _Optional[int] = ..., control_input: _Optional[_Iterable[_Union[ModelSequenceBatching.ControlInput, _Mapping]]] = ..., state: _Optional[_Iterable[_Union[ModelSequenceBatching.State, _Mapping]]] = ..., iterative_sequence: bool = ..., timeout_action: _Optional[_Union[SeqserveTimeoutAction, str]] = ..., max_backlog_sequences: _Optional[int] = ...) -> None: ...
 
 class ModelEnsembling(_message.Message):
     __slots__ = ("step", "max_inflight_requests")

@@ -18,10 +18,12 @@ from typing import Any
 
 from seqserve import __version__
 from seqserve.api import http_servers, security
+from seqserve.api.grpc_stream import StreamStats
 from seqserve.api.http import HttpFrontend, close_when_exiting
 from seqserve.api.limits import DEFAULT_MAX_BODY_BYTES, GrpcLimits, HttpLimits, shutdown_executor
 from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig, MetricsServer, start_metrics
 from seqserve.engine import (
+    DEFAULT_MAX_BACKLOG_SEQUENCES,
     DEFAULT_REPOSITORY_POLL_SECS,
     DEFAULT_TOMBSTONE_MAX,
     DEFAULT_TOMBSTONE_S,
@@ -77,6 +79,10 @@ class ServeOptions:
     session_tombstone_max: int = DEFAULT_TOMBSTONE_MAX
     python_isolation: str = "thread"  # or "process": see docs/isolation.md
 
+    max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES  # per model; 0: no bound
+    stream_scoped_sequences: bool = False  # sequences started on a gRPC stream end with it
+    stream_stats: StreamStats | None = None  # the gRPC streams' counters (one made when None)
+
     @property
     def http_host(self) -> str:
         return self.http_address or self.host
@@ -115,6 +121,7 @@ async def serve(opts: ServeOptions) -> int:
         strict_readiness=opts.strict_readiness,
         sessions=SessionPolicy(opts.session_tombstone_s, opts.session_tombstone_max),
         python_isolation=opts.python_isolation,
+        max_backlog_sequences=opts.max_backlog_sequences,
     )
     log.info("model control mode: %s", opts.model_control.value)
     await server.start(opts.startup_models)
@@ -298,6 +305,8 @@ def _reason(e: OSError) -> str:
 async def _start_grpc(server: Server, opts: ServeOptions) -> Any:
     from seqserve.api.grpc import start_grpc
 
+    if opts.stream_stats is None:
+        opts.stream_stats = StreamStats()
     host, port = opts.grpc_host, opts.grpc_port or 0
     _listen("gRPC", host, port).close()  # gRPC's own failure says neither why nor in one line
     try:
@@ -310,6 +319,8 @@ async def _start_grpc(server: Server, opts: ServeOptions) -> Any:
             client_ca=opts.grpc_tls_client_ca,
             restrictions=opts.grpc_restricted,
             limits=opts.grpc_limits,
+            stream_scoped=opts.stream_scoped_sequences,
+            stream_stats=opts.stream_stats,
         )
     except (RuntimeError, OSError):
         raise StartupError(f"cannot listen for gRPC on {host}:{port} (port {port})") from None

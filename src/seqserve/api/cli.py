@@ -13,6 +13,7 @@ from seqserve.api import security
 from seqserve.api.app import ServeOptions, resolve_http_server, run
 from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig
 from seqserve.engine import (
+    DEFAULT_MAX_BACKLOG_SEQUENCES,
     DEFAULT_REPOSITORY_POLL_SECS,
     DEFAULT_TOMBSTONE_MAX,
     DEFAULT_TOMBSTONE_S,
@@ -286,6 +287,23 @@ def build_parser() -> argparse.ArgumentParser:
         "by default such a request starts a new sequence under a server-generated id",
     )
     s.add_argument(
+        "--max-backlog-sequences",
+        type=_count,
+        default=DEFAULT_MAX_BACKLOG_SEQUENCES,
+        metavar="N",
+        help="admission control: how many sequences of one model may wait in its backlog for a slot; a START "
+        "beyond it is refused at once (HTTP 503 with Retry-After, gRPC UNAVAILABLE). A model's "
+        "sequence_batching.max_backlog_sequences overrides it. 0: no bound, as in Triton "
+        f"(default: {DEFAULT_MAX_BACKLOG_SEQUENCES})",
+    )
+    s.add_argument(
+        "--stream-scoped-sequences",
+        action="store_true",
+        help="sequences started on a gRPC stream (ModelStreamInfer) end when that stream closes, freeing their "
+        "slots at once, as idle expiry would later; a stream may say otherwise with the header "
+        "'seqserve-stream-scoped: true|false' (default: they live until their END or idle timeout, as in Triton)",
+    )
+    s.add_argument(
         "--http-server",
         choices=["auto", "hypercorn", "granian"],
         default="auto",
@@ -507,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
             keepalive_timeout_s=args.grpc_keepalive_timeout_secs,
         ),
         python_isolation=args.python_isolation,
+        max_backlog_sequences=args.max_backlog_sequences,
+        stream_scoped_sequences=args.stream_scoped_sequences,
     )
     try:
         return run(opts)

@@ -17,10 +17,10 @@ from seqserve._proto import health_pb2, health_pb2_grpc
 from seqserve.api import grpc_codec, security
 from seqserve.api.errors import internal_error
 from seqserve.api.grpc_codec import Undecodable
-from seqserve.api.grpc_stream import StreamSession
+from seqserve.api.grpc_stream import REPLY_ORDER_HEADER, STREAM_SCOPED_HEADER, StreamSession, StreamStats
 from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, clip, enqueue_single
 from seqserve.api.limits import GrpcLimits, offload
-from seqserve.engine import Code, InferenceError, Server
+from seqserve.engine import Code, InferenceError, SequenceScope, Server
 
 GRPC_STATUS = {
     Code.UNKNOWN: grpc.StatusCode.UNKNOWN,
@@ -34,9 +34,17 @@ GRPC_STATUS = {
 }
 
 
+#: what the requests still queued in a stream-scoped sequence are told when its stream closes
+_STREAM_CLOSED = "the gRPC stream that started it was closed"
+
+
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server, *, stream_scoped: bool = False, stream_stats: StreamStats | None = None) -> None:
+        """stream_scoped: sequences started on a ModelStreamInfer stream end when it closes,
+        unless the stream says otherwise (``seqserve-stream-scoped`` header)."""
         self.server = server
+        self.stream_scoped = stream_scoped
+        self.stream_stats = stream_stats if stream_stats is not None else StreamStats()
 
     async def _fail(self, context: grpc.aio.ServicerContext, e: InferenceError) -> None:
         # The message travels in a trailer: clients drop trailers over 16 KiB, so a message that
@@ -160,10 +168,41 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """See StreamSession. With the ``triton_grpc_error: true`` header, the first error
-        ends the stream with its gRPC status."""
-        grpc_errors = any(k == "triton_grpc_error" and v == "true" for k, v in context.invocation_metadata() or ())
-        session = StreamSession(self.server, grpc_errors=grpc_errors)
+        """See StreamSession. Headers: ``triton_grpc_error: true``, the first error ends the
+        stream with its gRPC status; ``seqserve-reply-order: completion``, replies as they
+        complete; ``seqserve-stream-scoped: true|false``, whether the sequences started on the
+        stream end when it closes (default: the server's ``--stream-scoped-sequences``)."""
+        grpc_errors = False
+        completion_order = False
+        scoped = self.stream_scoped
+        for key, value in context.invocation_metadata() or ():
+            if key == "triton_grpc_error":
+                grpc_errors = value == "true"
+            elif key == REPLY_ORDER_HEADER:
+                if value.lower() not in ("request", "completion"):
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"header '{REPLY_ORDER_HEADER}' must be 'request' or 'completion', got '{value}'",
+                    )
+                completion_order = value.lower() == "completion"
+            elif key == STREAM_SCOPED_HEADER:
+                if value.lower() not in ("true", "false"):
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"header '{STREAM_SCOPED_HEADER}' must be 'true' or 'false', got '{value}'",
+                    )
+                scoped = value.lower() == "true"
+        stats = self.stream_stats
+        stats.streams += 1
+        stats.completion_order_streams += completion_order
+        stats.stream_scoped_streams += scoped
+        session = StreamSession(
+            self.server,
+            grpc_errors=grpc_errors,
+            completion_order=completion_order,
+            scope=SequenceScope(_STREAM_CLOSED) if scoped else None,
+            stats=stats,
+        )
         reader = asyncio.create_task(session.read(request_iterator))
         try:
             async for reply in session.replies():
@@ -274,12 +313,15 @@ async def start_grpc(
     client_ca: str | None = None,
     restrictions: Mapping[str, security.Restriction] | None = None,
     limits: GrpcLimits | None = None,
+    stream_scoped: bool = False,
+    stream_stats: StreamStats | None = None,
 ) -> grpc.aio.Server:
     """Serve on host:port; TLS with cert and key (mutual TLS with client_ca), the rpcs of
     restricted groups guarded (security.restrict_grpc), within ``limits``."""
     options = [*(limits or GrpcLimits()).options(), ("grpc.so_reuseport", 0)]
     g = grpc.aio.server(options=options)
-    inference, health = InferenceServicer(server), HealthServicer(server)
+    inference = InferenceServicer(server, stream_scoped=stream_scoped, stream_stats=stream_stats)
+    health = HealthServicer(server)
     inference_service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]
     guard_rpcs(inference, inference_service)

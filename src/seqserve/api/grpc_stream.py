@@ -1,25 +1,75 @@
 """One ModelStreamInfer call: the requests a client sends on a gRPC stream and the replies
-written back, as Triton writes them."""
+written back, as Triton writes them (or, on request, as they complete)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve.api import grpc_codec
 from seqserve.api.errors import internal_error
 from seqserve.api.limits import offload
-from seqserve.engine import InferenceError, InferRequest, InferResult, OrderedRelease, Server
+from seqserve.engine import (
+    InferenceError,
+    InferRequest,
+    InferResult,
+    OrderedRelease,
+    SequenceId,
+    SequenceScope,
+    Server,
+)
 
 log = logging.getLogger("seqserve.grpc")
+
+#: stream header (gRPC metadata): "completion" writes each reply as soon as it is known instead of
+#: in request order; replies carry their request's id, which tritonclient matches them by
+REPLY_ORDER_HEADER = "seqserve-reply-order"
+#: stream header: "true" ends the sequences started on the stream when it closes (freeing their
+#: slots at once), "false" keeps them to the idle timeout whatever the server's default
+STREAM_SCOPED_HEADER = "seqserve-stream-scoped"
+#: how long the head reply of a request-order stream may hold back later replies that are ready
+#: before the stream counts as stalled (and a line is logged)
+DEFAULT_STALL_THRESHOLD_S = 1.0
+#: at most one stall line per this many seconds per server (the others are counted)
+STALL_LOG_INTERVAL_S = 10.0
 
 #: what the session writes: a stream message, or (``triton_grpc_error``) the error that ends the stream
 Reply = pb.ModelStreamInferResponse | InferenceError
 #: a reply (None: nothing to write) and whether it is its request's last
 _Item = tuple[Reply | None, bool]
+
+
+@dataclass(slots=True)
+class StreamStats:
+    """Counters of one gRPC front-end's streams (event loop only), for the operator and the
+    metrics endpoint: how streams are used and how often request order held replies back."""
+
+    streams: int = 0  # ModelStreamInfer calls opened
+    completion_order_streams: int = 0  # ... with seqserve-reply-order: completion
+    stream_scoped_streams: int = 0  # ... whose sequences end with the stream
+    scoped_sequences_ended: int = 0  # sequences ended because their stream closed
+    stalls: int = 0  # head replies that held back ready replies longer than the threshold
+    stalls_by_model: dict[str, int] = field(default_factory=dict)  # the head request's model
+    stall_threshold_s: float = DEFAULT_STALL_THRESHOLD_S
+    _last_log: float = -1e9
+    _unlogged: int = 0
+
+    def stalled(self, model: str, line: str) -> None:
+        self.stalls += 1
+        self.stalls_by_model[model] = self.stalls_by_model.get(model, 0) + 1
+        now = time.monotonic()
+        if now - self._last_log < STALL_LOG_INTERVAL_S:
+            self._unlogged += 1
+            return
+        more = f" ({self._unlogged} more since the last such line)" if self._unlogged else ""
+        log.warning("%s%s", line, more)
+        self._last_log = now
+        self._unlogged = 0
 
 
 class StreamSession:
@@ -28,26 +78,59 @@ class StreamSession:
     models, any number for decoupled ones.
 
     As in Triton, the replies to non-decoupled requests (and refusals) are written in request
-    order; a decoupled request's responses are written as they come. Every response carries
-    ``triton_final_response``; a final flag that comes without a response is written (as an
-    empty response) only for requests that set ``triton_enable_empty_final_response``. A
-    failing request gets an ``error_message`` reply and the stream goes on, unless the client
-    sent the ``triton_grpc_error: true`` header (``grpc_errors``): then ``replies`` yields the
-    first error as an ``InferenceError`` and the servicer ends the stream with its status.
-    ``close`` cancels the requests still open when the stream ends early (client cancel or
-    disconnect): their models see ``is_cancelled()``.
+    order; a decoupled request's responses are written as they come. With ``completion_order``
+    (the ``seqserve-reply-order: completion`` header) every reply is written as it comes.
+    Every response carries ``triton_final_response``; a final flag that comes without a
+    response is written (as an empty response) only for requests that set
+    ``triton_enable_empty_final_response``. A failing request gets an ``error_message`` reply
+    and the stream goes on, unless the client sent the ``triton_grpc_error: true`` header
+    (``grpc_errors``): then ``replies`` yields the first error as an ``InferenceError`` and the
+    servicer ends the stream with its status.
+
+    ``close`` runs when the stream ends (the client half-closed and every reply was written,
+    or it cancelled or disconnected): with a ``scope`` (stream-scoped sequences) the sequences
+    started on the stream end, then the requests still open are cancelled: those not yet run
+    leave the queues, running ones see ``is_cancelled()``.
+
+    In request order, a reply that holds back later ones that are ready for longer than
+    ``stats.stall_threshold_s`` is a stall: counted in ``stats`` and logged (rate-limited).
     """
 
-    __slots__ = ("_grpc_errors", "_in_order", "_open", "_queue", "_server", "_unfinished")
+    __slots__ = (
+        "_completion_order",
+        "_grpc_errors",
+        "_in_order",
+        "_open",
+        "_queue",
+        "_scope",
+        "_server",
+        "_stall_head",
+        "_stall_timer",
+        "_stats",
+        "_unfinished",
+    )
 
-    def __init__(self, server: Server, *, grpc_errors: bool) -> None:
+    def __init__(
+        self,
+        server: Server,
+        *,
+        grpc_errors: bool,
+        completion_order: bool = False,
+        scope: SequenceScope | None = None,
+        stats: StreamStats | None = None,
+    ) -> None:
         self._server = server
         self._grpc_errors = grpc_errors
+        self._completion_order = completion_order
+        self._scope = scope
+        self._stats = stats if stats is not None else StreamStats()
         # replies ready to write; None marks the end of the request stream
         self._queue: asyncio.Queue[_Item | None] = asyncio.Queue()
         self._in_order: OrderedRelease[_StreamRequest] = OrderedRelease(self._release)
         self._open: set[_StreamRequest] = set()  # submitted, final response not yet come
         self._unfinished = 0  # requests read whose last reply has not been taken from the queue
+        self._stall_timer: asyncio.TimerHandle | None = None
+        self._stall_head: _StreamRequest | None = None  # the head reply the stall timer watches
 
     async def read(self, requests: AsyncIterator[pb.ModelInferRequest | grpc_codec.Undecodable]) -> None:
         """Submit each request as it arrives. A request whose decoding grows with its size is
@@ -88,7 +171,7 @@ class StreamSession:
             return
         req = _StreamRequest(msg.id, msg.model_name, msg.model_version)
         try:
-            if not self._server.model(msg.model_name, msg.model_version).decoupled:
+            if not self._completion_order and not self._server.model(msg.model_name, msg.model_version).decoupled:
                 self._hold_place(req)
             if decoded is None:
                 request, options = grpc_codec.decode_request(msg)
@@ -97,11 +180,14 @@ class StreamSession:
             else:
                 request, options = decoded
             req.empty_final = options.empty_final
+            req.sequence_id = request.sequence_id
+            req.start = request.sequence_start
+            request.scope = self._scope
             req.cancel = self._server.enqueue_streaming(request, functools.partial(self._respond, req))
             self._open.add(req)
         except Exception as e:  # refused: one error reply, and the stream goes on
             err = e if isinstance(e, InferenceError) else internal_error("gRPC ModelStreamInfer", e)
-            if not req.ordered:  # an unknown model: Triton orders its reply too
+            if not req.ordered and not self._completion_order:  # an unknown model: Triton orders its reply too
                 self._hold_place(req)
             self._put(req, err if self._grpc_errors else req.error(err), True)
 
@@ -120,7 +206,12 @@ class StreamSession:
                 yield reply
 
     def close(self) -> None:
-        """The stream has ended: cancel the requests still open."""
+        """The stream has ended: end its scoped sequences, cancel the requests still open."""
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        if self._scope is not None:
+            self._stats.scoped_sequences_ended += self._scope.close()
         for req in self._open:
             req.cancel()
         self._open.clear()
@@ -150,17 +241,69 @@ class StreamSession:
         if req.ordered:
             req.outcome = (reply, last)
             self._in_order.release_ready()
+            if req.ordered and self._stall_timer is None:  # held back by the head reply
+                self._watch_stall()
         else:
             self._queue.put_nowait((reply, last))
 
     def _release(self, req: _StreamRequest) -> None:
+        req.ordered = False  # no longer waiting for its place
         self._queue.put_nowait(req.outcome)
+
+    # ------------------------------------------------------------------ stalls
+
+    def _watch_stall(self) -> None:
+        self._stall_head = self._in_order.head()
+        self._stall_timer = asyncio.get_running_loop().call_later(self._stats.stall_threshold_s, self._check_stall)
+
+    def _check_stall(self) -> None:
+        """The threshold has passed since a head reply started holding back ready replies."""
+        self._stall_timer = None
+        head = self._in_order.head()
+        held = self._in_order.held_back()
+        if head is None or held == 0:
+            return
+        if head is not self._stall_head:  # another head since: watch it from now
+            self._watch_stall()
+            return
+        if head.stall_counted:
+            return
+        head.stall_counted = True
+        self._stats.stalled(head.model, self._stall_line(head, held))
+
+    def _stall_line(self, head: _StreamRequest, held: int) -> str:
+        what = f"request '{head.id}' to model '{head.model}'"
+        if head.sequence_id:
+            what += f" (sequence {head.sequence_id}{', START' if head.start else ''}"
+            try:
+                waiting = self._server.model(head.model, head.version).sequence_slot(head.sequence_id) == -1
+            except InferenceError:
+                waiting = False
+            what += ", waiting in the backlog for a slot)" if waiting else ")"
+        return (
+            f"gRPC stream stalled: the reply to {what} has held back {held} later replies that are ready for "
+            f"over {self._stats.stall_threshold_s:g} s. A stream writes replies in request order (as Triton "
+            "does), so a stream that carries more sequences than the model has slots stalls until idle "
+            f"timeouts free one. Open the stream with the header '{REPLY_ORDER_HEADER}: completion' to get "
+            "replies as they complete (tritonclient matches them by request id), or use one stream per sequence"
+        )
 
 
 class _StreamRequest:
     """One request of the stream, from submit to its last reply."""
 
-    __slots__ = ("cancel", "empty_final", "id", "model", "ordered", "outcome", "version")
+    __slots__ = (
+        "cancel",
+        "empty_final",
+        "id",
+        "model",
+        "ordered",
+        "outcome",
+        "sequence_id",
+        "stall_counted",
+        "start",
+        "version",
+    )
 
     def __init__(self, request_id: str, model: str, version: str) -> None:
         self.id = request_id
@@ -170,6 +313,9 @@ class _StreamRequest:
         self.ordered = False  # its reply waits for those of the requests before it
         self.outcome: _Item | None = None  # ordered: its reply, once known
         self.cancel: Callable[[], None] = _nothing
+        self.sequence_id: SequenceId = 0  # for the stall line
+        self.start = False
+        self.stall_counted = False
 
     def error(self, err: InferenceError, final: bool | None = None) -> pb.ModelStreamInferResponse:
         return grpc_codec.stream_error(self.id, self.model, self.version, err, final)

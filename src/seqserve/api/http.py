@@ -6,7 +6,9 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import logging
+import math
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -41,6 +43,11 @@ log = logging.getLogger("seqserve.http")
 SESSION_HEADER = SESSION_ID_KEY
 # Model names cannot contain "/" (as in Triton); versions are decimal.
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
+#: an infer request still waiting after one to two of these starts watching for its client's
+#: disconnect, which then takes the request out of the queues (a quick step pays one list append)
+DISCONNECT_GRACE_S = 0.05
+_CLIENT_GONE = 499  # infer_reply's status when the client disconnected: nothing is sent
+_DISCONNECTED = "the HTTP client disconnected"  # the cancel message of a request whose client left
 
 HTTP_STATUS = {
     Code.UNKNOWN: 400,
@@ -232,6 +239,7 @@ class HttpFrontend:
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self._body_watch = BodyWatch(body_timeout_s)
+        self._disconnects = _DisconnectWatch()
 
     async def _body(self, request: Request) -> bytes:
         try:
@@ -344,10 +352,12 @@ class HttpFrontend:
         return Response(out, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
     async def infer_reply(
-        self, model: str, version: str, headers: Mapping[str, str], body: bytes
+        self, model: str, version: str, headers: Mapping[str, str], body: bytes, receive: Receive | None = None
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """One infer request, whatever HTTP server carries it: (status, response headers, body).
-        `headers` is looked up by lower-case name; `version` is "" or the path's digits."""
+        `headers` is looked up by lower-case name; `version` is "" or the path's digits.
+        `receive`: the ASGI channel the body came on; a client that disconnects while its request
+        waits (past DISCONNECT_GRACE_S) cancels it, and the status is 499: send nothing."""
         session = None
         try:
             encoding = headers.get("content-encoding")
@@ -372,12 +382,22 @@ class HttpFrontend:
             session = headers.get(SESSION_HEADER)
             if session is not None or SESSION_END_KEY in headers:
                 apply_session(self.server, req, session, headers.get(SESSION_END_KEY))
-            result = await enqueue_single(self.server, req, _ENDPOINT)
+            fut = enqueue_single(self.server, req, _ENDPOINT)
+            if receive is not None:
+                self._disconnects.add(fut, receive)
+            try:
+                result = await fut
+            except asyncio.CancelledError as e:
+                if e.args == (_DISCONNECTED,):  # the request, not this handler, was cancelled
+                    return _CLIENT_GONE, [], b""
+                raise
             out, json_len = kserve_json.encode_response(result, options)
         except InferenceError as e:
             reply = [_JSON_HEADER]
             if e.message == _UNSUPPORTED_ENCODING:
                 reply.append((b"accept-encoding", b"gzip, deflate"))
+            if e.retry_after_s is not None:  # a full backlog: worth trying again later
+                reply.append((b"retry-after", str(max(1, math.ceil(e.retry_after_s))).encode()))
             return http_status(e), reply, orjson.dumps({"error": e.message})
         except TooLarge as e:
             return 413, [_JSON_HEADER, _CLOSE], orjson.dumps({"error": str(e)})
@@ -407,7 +427,7 @@ class HttpFrontend:
         status: int
         try:
             body = await read_body(receive, headers.get("content-length"), self.max_body_bytes, self._body_watch)
-            status, reply, out = await self.infer_reply(model, version, headers, body)
+            status, reply, out = await self.infer_reply(model, version, headers, body, receive)
         except ClientGone:
             status, reply, out = 400, [_JSON_HEADER, _CLOSE], orjson.dumps({"error": ClientGone.MESSAGE})
         except TooLarge as e:
@@ -417,6 +437,8 @@ class HttpFrontend:
         except Exception as e:
             err = internal_error(f"HTTP infer {model}", e)
             status, reply, out = 500, [_JSON_HEADER], orjson.dumps({"error": err.message})
+        if status == _CLIENT_GONE:
+            return
         reply.append((b"content-length", str(len(out)).encode()))
         try:
             await send({"type": "http.response.start", "status": status, "headers": reply})
@@ -507,6 +529,44 @@ class HttpFrontend:
             routes=routes,
             exception_handlers={HTTPException: http_error, Exception: server_error},
         )
+
+
+class _DisconnectWatch:
+    """Watches for the disconnect of HTTP clients whose requests still wait after one to two
+    grace periods: requests join a list, and one timer per grace period (while any wait) moves
+    the list on, starting a watcher for each request of the older list still waiting."""
+
+    __slots__ = ("_newer", "_older", "_timer")
+
+    def __init__(self) -> None:
+        self._newer: list[tuple[asyncio.Future[Any], Receive]] = []
+        self._older: list[tuple[asyncio.Future[Any], Receive]] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, fut: asyncio.Future[Any], receive: Receive) -> None:
+        self._newer.append((fut, receive))
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(DISCONNECT_GRACE_S, self._tick)
+
+    def _tick(self) -> None:
+        older, self._older, self._newer = self._older, self._newer, []
+        for fut, receive in older:
+            if not fut.done():
+                task = asyncio.ensure_future(_cancel_on_disconnect(fut, receive))
+                fut.add_done_callback(functools.partial(_stop_watching, task))
+        self._timer = asyncio.get_running_loop().call_later(DISCONNECT_GRACE_S, self._tick) if self._older else None
+
+
+def _stop_watching(task: asyncio.Task[None], fut: asyncio.Future[Any]) -> None:
+    task.cancel()
+
+
+async def _cancel_on_disconnect(fut: asyncio.Future[Any], receive: Receive) -> None:
+    while not fut.done():
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            fut.cancel(_DISCONNECTED)  # the engine drops it from the queues (RequestFuture)
+            return
 
 
 def close_when_exiting(app: ASGIApp, server: Server) -> ASGIApp:

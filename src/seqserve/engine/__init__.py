@@ -10,6 +10,7 @@ from __future__ import annotations
 from seqserve.engine.batch import ExecuteBatch, RaggedInput
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
+from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
 from seqserve.engine.model_control import (
     DEFAULT_REPOSITORY_POLL_SECS,
     SERVER_NOT_READY,
@@ -19,6 +20,7 @@ from seqserve.engine.model_control import (
 from seqserve.engine.ordering import OrderedRelease
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
+from seqserve.engine.scope import SequenceScope
 from seqserve.engine.server import Server
 from seqserve.engine.server_state import SERVER_EXITING, SERVER_STOPPING
 from seqserve.engine.sessions import (
@@ -33,6 +35,7 @@ from seqserve.engine.sessions import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_BACKLOG_SEQUENCES",
     "DEFAULT_REPOSITORY_POLL_SECS",
     "DEFAULT_TOMBSTONE_MAX",
     "DEFAULT_TOMBSTONE_S",
@@ -55,6 +58,7 @@ __all__ = [
     "SequenceId",
     "SequenceInfo",
     "SequenceList",
+    "SequenceScope",
     "Server",
     "SessionGoneError",
     "SessionPolicy",

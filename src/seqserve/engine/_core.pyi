@@ -171,6 +171,7 @@ class ModelSpec(metaclass=_Pybind11Type):
         tombstone_us: int = 3600000000,
         max_tombstones: int = 10000,
         latency_buckets_ms: list[float] = ...,
+        max_backlog_sequences: int = 0,
     ) -> None: ...
     @property
     def name(self) -> str: ...
@@ -220,6 +221,9 @@ class ModelSpec(metaclass=_Pybind11Type):
     @property
     def latency_buckets_ms(self) -> list[float]:
         """Upper bounds of the request latency histogram's buckets, ascending (+Inf implied)."""
+    @property
+    def max_backlog_sequences(self) -> int:
+        """Sequences: how many may wait in the backlog; a START beyond it is refused (0: no bound)."""
 
 class Refusal(metaclass=_Pybind11Type):
     """Why submit() did not queue a request. NOT_FOUND: a session request whose session ended
@@ -229,6 +233,9 @@ class Refusal(metaclass=_Pybind11Type):
     def code(self) -> Code: ...
     @property
     def message(self) -> str: ...
+    @property
+    def backlog_full(self) -> bool:
+        """Admission control refused a START: the backlog held its bound (worth retrying later)."""
 
 class ExpiredSequence(metaclass=_Pybind11Type):
     """A sequence the idle reaper expired (stateful_model_policy DESCRIBE)."""
@@ -299,13 +306,15 @@ class Stats(metaclass=_Pybind11Type):
         """Failed because the model failed their batch (BACKEND)."""
     @property
     def fail_canceled(self) -> int:
-        """Cancelled (CANCELED): backlogged requests of a sequence ended through the API."""
+        """Cancelled (CANCELED): dropped from the queues because their client went away, their
+        sequence was cancelled, or it was ended (sequence API, end_owned_sequence) while they waited."""
     @property
     def sequences_started(self) -> int:
         """START requests accepted, implied ones included."""
     @property
     def sequences_ended(self) -> int:
-        """END requests accepted, plus sequences ended through the sequence API."""
+        """END requests accepted, plus sequences ended otherwise: through the sequence API, by
+        cancellation, by end_owned_sequence."""
     @property
     def sequences_expired(self) -> int:
         """Sequences the idle reaper expired."""
@@ -329,6 +338,9 @@ class Stats(metaclass=_Pybind11Type):
     @property
     def state_bytes(self) -> int:
         """Implicit state held by the sequences in slots."""
+    @property
+    def backlog_full(self) -> int:
+        """STARTs refused because the backlog held max_backlog_sequences sequences."""
 
 class SequenceInfo(metaclass=_Pybind11Type):
     """One live sequence, as the sequence API shows it."""
@@ -424,9 +436,18 @@ class Scheduler(metaclass=_Pybind11Type):
         rows: int = 1,
         priority: int = 0,
         session: bool = False,
-    ) -> Refusal | None:
-        """Queue a request. Returns None when accepted, else the Refusal. ``session``: START is
-        implied when the sequence is not live, unless it is a session that ended or expired."""
+    ) -> int | Refusal:
+        """Queue a request. Returns its cancel() token (an int) when accepted, else the Refusal.
+        ``session``: START is implied when the sequence is not live, unless it is a session that
+        ended or expired."""
+    def cancel(self, token: int, handle: int) -> bool:
+        """Drop a queued request whose client is gone (a sequence's takes its sequence); it is answered
+        CANCELLED. False when it is no longer queued or running."""
+    def end_owned_sequence(self, corrid: int | str, owner: int = 0, reason: str = "") -> bool:
+        """End a live sequence now, as idle expiry does, if its latest START had handle `owner` (0: any);
+        its queued requests are answered CANCELLED with `reason`."""
+    def slot_of(self, corrid: int | str) -> int:
+        """The global slot of a live sequence, -1 while it is backlogged, -2 when it is unknown."""
     def stop_accepting(self) -> None: ...
     def inflight_sequences(self) -> int: ...
     def pending_requests(self) -> int: ...

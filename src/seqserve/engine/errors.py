@@ -20,15 +20,18 @@ class Code(enum.IntEnum):
 
 class InferenceError(Exception):
     """An error with a status code. ``str()`` is the message alone, because
-    clients match on the exact text."""
+    clients match on the exact text. ``retry_after_s``: the refusal is temporary (a full
+    backlog); HTTP answers it with a ``Retry-After`` header."""
 
     code: Code
     message: str
+    retry_after_s: float | None
 
-    def __init__(self, code: Code, message: str) -> None:
+    def __init__(self, code: Code, message: str, *, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.code = Code(code)
         self.message = message
+        self.retry_after_s = retry_after_s
 
     def __str__(self) -> str:
         return self.message

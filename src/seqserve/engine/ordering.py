@@ -33,6 +33,14 @@ class OrderedRelease(Generic[S]):
     def __len__(self) -> int:
         return len(self._waiting)
 
+    def head(self) -> S | None:
+        """The first slot still waiting, if any."""
+        return self._waiting[0] if self._waiting else None
+
+    def held_back(self) -> int:
+        """How many waiting slots have their outcome: the head holds them back. O(waiting)."""
+        return sum(slot.outcome is not None for slot in self._waiting)
+
     def add(self, slot: S) -> None:
         """Take the next place in line (``slot.outcome`` still None)."""
         self._waiting.append(slot)

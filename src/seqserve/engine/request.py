@@ -4,9 +4,12 @@ helpers) and carried unchanged through Server -> model -> core."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from seqserve.engine.scope import SequenceScope
 
 #: a sequence's correlation id: uint64 or string (5 and "5" are different sequences)
 SequenceId = int | str
@@ -30,3 +33,5 @@ class InferRequest:
     #: named by a session (engine/sessions.py): START is implied when the sequence is not
     #: live, and a session that ended or expired is refused (SessionGoneError)
     session: bool = False
+    #: the sequences this request starts end when the scope closes (a gRPC stream's, say)
+    scope: SequenceScope | None = None

@@ -34,6 +34,7 @@ from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.isolation.settings import check_mode
 from seqserve.engine.keyword_api import KeywordAPI
 from seqserve.engine.model import LoadedModel
+from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
 from seqserve.engine.model_control import (
     DEFAULT_REPOSITORY_POLL_SECS,
     Fingerprint,
@@ -70,6 +71,7 @@ class Server(RepositoryControl, Drain, KeywordAPI):
         strict_readiness: bool = True,
         sessions: SessionPolicy | None = None,
         python_isolation: str = "thread",
+        max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES,
     ) -> None:
         """auto_sequence_ids: a request to a sequence model that names no sequence starts a new
         one with a server-generated id (returned as the `sequence_id` response parameter).
@@ -92,7 +94,11 @@ class Server(RepositoryControl, Drain, KeywordAPI):
 
         python_isolation: where Python models' instances run unless their config says
         (parameter `isolation`): "thread" (in this process) or "process" (one child process
-        per instance; see docs/isolation.md)."""
+        per instance; see docs/isolation.md).
+
+        max_backlog_sequences: admission control, how many sequences of one model may wait in
+        its backlog for a slot (0: no bound, as in Triton); a START beyond it is refused at once
+        with UNAVAILABLE. A model's ``sequence_batching.max_backlog_sequences`` overrides it."""
         self.python_isolation = check_mode(python_isolation, "python_isolation")
         repos = [model_repository] if isinstance(model_repository, str | Path) else list(model_repository)
         if not repos:
@@ -106,6 +112,9 @@ class Server(RepositoryControl, Drain, KeywordAPI):
         if repository_poll_secs < 0:
             raise ValueError(f"repository_poll_secs must be >= 0, got {repository_poll_secs}")
         self.repository_poll_secs = repository_poll_secs
+        if max_backlog_sequences < 0:
+            raise ValueError(f"max_backlog_sequences must be >= 0 (0: no bound), got {max_backlog_sequences}")
+        self.max_backlog_sequences = max_backlog_sequences
         self.sessions = sessions or SessionPolicy()
         self._models: dict[str, ModelState] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -167,6 +176,7 @@ class Server(RepositoryControl, Drain, KeywordAPI):
                     loop=loop,
                     sessions=self.sessions,
                     python_isolation=self.python_isolation,
+                    max_backlog_sequences=self.max_backlog_sequences,
                 )
         except Exception as e:
             for m in versions.values():

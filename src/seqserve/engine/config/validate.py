@@ -261,6 +261,11 @@ def _validate_strategy(seq: ModelSequenceBatching, max_batch_size: int, m: str) 
     # Triton's text says (0.0, 1.0] but accepts 0.0 (meaning: no wait).
     elif strategy == "direct" and not 0.0 <= seq.direct.minimum_slot_utilization <= 1.0:
         raise ModelConfigError(f"sequence batching minimum slot utilization must be in range (0.0, 1.0] for {m}")
+    if seq.max_backlog_sequences < -1:
+        raise ModelConfigError(
+            "sequence batching max_backlog_sequences must be -1 (no bound), 0 (the server's default) or a "
+            f"positive number of sequences for {m}"
+        )
 
 
 # ---- sequence batching: implicit state

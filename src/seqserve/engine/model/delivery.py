@@ -48,9 +48,8 @@ class Pending:
     sent: int = 0  # responses sent
     closed: bool = False  # answered for good: final response sent, answered by execute's return, or failed
     cancelled: bool = False  # the client is gone (streaming submits; see is_cancelled)
-
-    def cancel(self) -> None:
-        self.cancelled = True
+    handle: int = 0  # the core's names for it, for cancel: the request handle ...
+    token: int = -1  # ... and the token submit returned (-1: not queued)
 
     def is_cancelled(self) -> bool:
         # a unary caller that went away cancelled the future it was awaiting

@@ -3,7 +3,9 @@ request through them.
 
 ``submit`` (event loop): validate against the config, hand the buffers to the core, return a
 future (or take a callback, for streaming). The core's executor thread calls ``_run`` with
-the GIL held, once per batch; replies go back to the loop through ``Delivery``.
+the GIL held, once per batch; replies go back to the loop through ``Delivery``. A request
+whose client goes away (its future cancelled, or the cancel() of a streaming submit called)
+leaves the core's queues before it runs.
 """
 
 from __future__ import annotations
@@ -44,6 +46,31 @@ _handles = itertools.count(1)
 _MAX_PRIORITY = 2**31 - 1  # the core's priority is an int
 _MAX_TIMEOUT_US = 2**62 // 1000  # ns on the core's steady clock, added to now: 146 years
 
+#: what a client refused by admission control is told to wait before it tries again (Retry-After)
+BACKLOG_RETRY_AFTER_S = 1.0
+#: the server's default bound on backlogged sequences per model (--max-backlog-sequences)
+DEFAULT_MAX_BACKLOG_SEQUENCES = 1024
+
+
+class RequestFuture(asyncio.Future[InferResult]):
+    """A single-response request's future. Cancelling it (the caller went away: a gRPC call
+    cancelled, an HTTP client disconnected, an awaiting task cancelled) also takes the request
+    out of the core's queues."""
+
+    # The request's core names, not its Pending: that refers to this future, and a cycle would
+    # leave every request to the garbage collector. Set by submit (no __init__: the hot path).
+    __slots__ = ("_handle", "_model", "_token")
+    _model: LoadedModel
+    _handle: int
+    _token: int
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if not super().cancel(msg):
+            return False
+        if self._token >= 0:  # the model sees is_cancelled() through this future
+            self._model.cancel_queued(self._token, self._handle)
+        return True
+
 
 class LoadedModel:
     """A model version ready to serve: scheduler started, instances initialized."""
@@ -57,7 +84,10 @@ class LoadedModel:
         loop: asyncio.AbstractEventLoop,
         sessions: SessionPolicy | None = None,
         python_isolation: str = "thread",
+        max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES,
     ) -> None:
+        """``max_backlog_sequences``: the server's bound on backlogged sequences (0: none), for
+        a sequence model whose config sets none (``sequence_batching.max_backlog_sequences``)."""
         self.config = cfg
         self.name = cfg.name
         self.version = version
@@ -115,7 +145,9 @@ class LoadedModel:
         if isinstance(self.backend, IsolatedBackend):
             self.backend.wait_ready()  # the children load the model in parallel
 
-        spec = build_core_spec(cfg, model_dir, len(self._instances), sessions)
+        spec = build_core_spec(
+            cfg, model_dir, len(self._instances), sessions, max_backlog_sequences=max_backlog_sequences
+        )
         self.strategy_name = spec.strategy_name
         self._spec = spec
         self._validator = RequestValidator(cfg, spec)
@@ -355,12 +387,22 @@ class LoadedModel:
 
     def scheduler_state(self) -> dict[str, Any]:
         """Live view of the slot table, for diagnostics."""
+        stats = self._core.stats()
         return {
             "free_slots": self._core.free_slots(),
             "backlog_sequences": self._core.backlog_sequences(),
+            "max_backlog_sequences": self._spec.scheduler.max_backlog_sequences,
             "pending_requests": self._core.pending_requests(),
             "sequences": dict(self._core.sequences()),
+            "backlog_full": stats.backlog_full,
+            "cancelled": stats.fail_canceled,
         }
+
+    def sequence_slot(self, sequence_id: SequenceId) -> int | None:
+        """Where a live sequence is: its global slot, -1 while it waits in the backlog; None when
+        it is not live."""
+        slot = self._core.slot_of(sequence_id)
+        return None if slot == -2 else slot
 
     # ------------------------------------------------------------------------- request
 
@@ -371,8 +413,11 @@ class LoadedModel:
         Decoupled models refuse it (DecoupledModelError): use ``submit_streaming``."""
         if self.decoupled:
             raise DecoupledModelError(self.name)
-        fut: asyncio.Future[InferResult] = self._loop.create_future()
-        self._queue(request, response_parameters, fut, None)
+        fut = RequestFuture(loop=self._loop)
+        rec = self._queue(request, response_parameters, fut, None)
+        fut._model = self
+        fut._handle = rec.handle
+        fut._token = rec.token
         return fut
 
     def submit_streaming(
@@ -387,9 +432,31 @@ class LoadedModel:
         any number, then the final one (which may be None: a final flag without a response).
         An error raised here means the request was refused and ``on_response`` is never called.
 
-        Returns ``cancel()``: call it when the client is gone; the model sees it through
-        ``is_cancelled()`` and may stop early (responses still go to ``on_response``)."""
-        return self._queue(request, response_parameters, None, on_response).cancel
+        Returns ``cancel()``: call it when the client is gone. A request that has not run yet
+        leaves the queues (a sequence's takes its whole sequence with it, as in Triton) and is
+        answered CANCELLED; a running one is told through ``is_cancelled()`` and may stop early
+        (responses still go to ``on_response``)."""
+        return functools.partial(self.cancel_request, self._queue(request, response_parameters, None, on_response))
+
+    def cancel_request(self, rec: Pending) -> None:
+        """The client of ``rec`` is gone (event loop)."""
+        if rec.cancelled:
+            return
+        rec.cancelled = True
+        if rec.token >= 0:
+            self._core.cancel(rec.token, rec.handle)
+
+    def cancel_queued(self, token: int, handle: int) -> None:
+        """Take request ``handle`` out of the core's queues if it is still there (event loop)."""
+        self._core.cancel(token, handle)
+
+    def end_owned_sequence(self, sequence_id: SequenceId, owner: int = 0, reason: str = "") -> bool:
+        """End a live sequence now, as idle expiry does: its slot is freed (after one final END
+        step under TIMEOUT_COMPLETE), its queued requests are answered CANCELLED with ``reason``
+        after the sequence's name. ``owner``: only if its latest START was that request handle.
+        False when it is not live (ended, expired, or someone else's)."""
+        why = f"sequence {sequence_id} of model '{self.name}' was ended: {reason}" if reason else ""
+        return self._core.end_owned_sequence(sequence_id, owner, why)
 
     def _queue(
         self,
@@ -415,7 +482,7 @@ class LoadedModel:
         priority = request.priority
         timeout_us = request.timeout_us
         try:
-            err = self._core.submit(
+            token = self._core.submit(
                 handle,
                 rec.keep,
                 checked.corrid,
@@ -431,16 +498,28 @@ class LoadedModel:
         except BaseException:
             del self._pending[handle]  # refused by the binding: nothing of it stays behind
             raise
-        if err is not None:
+        if not isinstance(token, int):  # a Refusal
             del self._pending[handle]
             self._validator.failures += 1
-            if err.code == _core.Code.NOT_FOUND:  # a session that ended or expired
-                raise SessionGoneError(err.message)
-            if err.code == _core.Code.UNAVAILABLE:
+            if token.code == _core.Code.NOT_FOUND:  # a session that ended or expired
+                raise SessionGoneError(token.message)
+            if token.code == _core.Code.UNAVAILABLE:
                 self._rejected += 1
             # Sequence-batcher errors carry no request id in Triton; the others do.
-            msg = err.message if self.is_sequence else f"[request id: {request.id or '<id_unknown>'}] {err.message}"
-            raise InferenceError(Code(err.code), msg)
+            msg = token.message if self.is_sequence else f"[request id: {request.id or '<id_unknown>'}] {token.message}"
+            raise InferenceError(
+                Code(token.code), msg, retry_after_s=BACKLOG_RETRY_AFTER_S if token.backlog_full else None
+            )
+        rec.handle = handle
+        rec.token = token
+        scope = request.scope
+        if scope is not None and self.is_sequence:
+            if request.sequence_end:
+                scope.ended(self, checked.corrid)
+            elif request.sequence_start:
+                scope.started(self, checked.corrid, handle)
+            elif request.session:  # may have started it (an implied START): the core knows
+                scope.joined(self, checked.corrid, handle)
         self._delivery.track_order(rec)
         return rec
 

@@ -56,9 +56,15 @@ DEFAULT_LATENCY_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
 
 
 def build_core_spec(
-    cfg: mc.ModelConfig, model_dir: Path, instance_count: int, sessions: SessionPolicy | None = None
+    cfg: mc.ModelConfig,
+    model_dir: Path,
+    instance_count: int,
+    sessions: SessionPolicy | None = None,
+    *,
+    max_backlog_sequences: int = 0,
 ) -> CoreSpec:
-    """The core's spec for a finished, validated config."""
+    """The core's spec for a finished, validated config. ``max_backlog_sequences``: the
+    server's bound on backlogged sequences (0: none), unless the config sets its own."""
     sessions = sessions or SessionPolicy()
     is_sequence = cfg.HasField("sequence_batching")
     sb = cfg.sequence_batching
@@ -98,6 +104,7 @@ def build_core_spec(
         tombstone_us=int(sessions.tombstone_s * 1e6),
         max_tombstones=sessions.tombstone_max,
         latency_buckets_ms=_latency_buckets(cfg),
+        max_backlog_sequences=backlog_bound(sb.max_backlog_sequences, max_backlog_sequences) if is_sequence else 0,
         **batching,
     )
     return CoreSpec(
@@ -109,6 +116,14 @@ def build_core_spec(
         corrid_dtype=corrid_dtype,
         corrid_name=corrid_name,
     )
+
+
+def backlog_bound(configured: int, server_default: int) -> int:
+    """The bound on backlogged sequences (0: none): the config's
+    ``sequence_batching.max_backlog_sequences`` (-1: none), else the server's default."""
+    if configured < 0:
+        return 0
+    return configured or max(0, server_default)
 
 
 def _latency_buckets(cfg: mc.ModelConfig) -> list[float]:
