@@ -53,7 +53,8 @@ from seqserve.engine.backends import InstanceContext, ModelContext, find_backend
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.config import finish_model_config, parse_model_config
 from seqserve.engine.isolation import IsolatedInstance
-from seqserve.engine.isolation import protocol as p
+from seqserve.engine.isolation import batches as batch_codec
+from seqserve.engine.isolation import results as result_codec
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "src" / "seqserve" / "examples" / "models"
@@ -398,18 +399,18 @@ def section_wakeups(n: int) -> list[dict[str, Any]]:
 def section_steps(root: Path) -> list[dict[str, Any]]:
     """CPU time of each protocol step, alone, in this process (thread_time, best of 5)."""
     batch = make_batch(1, 1)
-    writer = p.BatchWriter()
+    writer = batch_codec.BatchWriter()
     body, fds = writer.encode(batch, 1)
-    reader = p.BatchReader()
+    reader = batch_codec.BatchReader()
     reader.decode(memoryview(body), [os.dup(fds[0])], 0, True)
     body, _ = writer.encode(batch, 2)
     mb = memoryview(body)
     reader.decode(mb, [], 0, True)
     names = ("OUTPUT", "SUM_OUT")
     produced = {"OUTPUT": np.ones((1, 1), np.float32), "SUM_OUT": np.ones((1, 1), np.float32)}
-    rwriter = p.ResultWriter(names)
+    rwriter = result_codec.ResultWriter(names)
     rbody, rfds = rwriter.encode(produced)
-    rreader = p.ResultReader(names)
+    rreader = result_codec.ResultReader(names)
     rreader.decode(memoryview(rbody), [os.dup(rfds[0])])
     rbody, _ = rwriter.encode(produced)
     mrb = memoryview(rbody)

@@ -29,6 +29,7 @@ from typing import Any
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends import InstanceContext, ModelContext, find_backend
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.isolation import batches, results
 from seqserve.engine.isolation import protocol as p
 from seqserve.engine.isolation.channel import Channel, ChannelClosed, child_channel
 from seqserve.engine.responses import Outcome, Responder
@@ -45,7 +46,7 @@ class EventClient:
     def __init__(self, channel: Channel, names: tuple[str, ...]) -> None:
         self._channel = channel
         self._lock = threading.Lock()
-        self._writer = p.ResponseWriter(names)
+        self._writer = results.ResponseWriter(names)
 
     def responder(self, token: int, index: int) -> Responder:
         return Responder(functools.partial(self.send, token, index), functools.partial(self.cancelled, token, index))
@@ -59,19 +60,19 @@ class EventClient:
 
     def cancelled(self, token: int, index: int) -> bool:
         with self._lock:
-            reply = self._exchange(p.encode_cancelled_query(token, index), [])
+            reply = self._exchange(results.encode_cancelled_query(token, index), [])
         return reply is True
 
     def log(self, level: int, name: str, text: str) -> bool:
         """Hand a log record to the server; False when the server is gone."""
         with self._lock:
-            return self._exchange(p.encode_log(level, name, text), []) is True
+            return self._exchange(results.encode_log(level, name, text), []) is True
 
     def _exchange(self, body: bytes, fds: list[int]) -> bool | InferenceError:
         try:
             self._channel.send(body, fds)
             answer, _ = self._channel.recv()
-            return p.decode_reply(answer)
+            return results.decode_reply(answer)
         except ChannelClosed:
             return InferenceError(Code.UNAVAILABLE, "Unable to send response. The server has stopped.")
 
@@ -152,8 +153,8 @@ def serve(batch: Channel, events: Channel) -> int:
         return 0
     uses_responders = bool(instance.uses_responders)
     client = events_client if uses_responders else None
-    reader = p.BatchReader()
-    writer = p.ResultWriter(names)
+    reader = batches.BatchReader()
+    writer = results.ResultWriter(names)
     index = int(init["instance_index"])
     batched = cfg.max_batch_size > 0
     model = cfg.name

@@ -20,7 +20,6 @@ import itertools
 import logging
 import marshal
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -34,8 +33,15 @@ import seqserve
 from seqserve.engine.backends.base import Backend, BackendInstance, InstanceContext, ModelContext, RequestResults
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.isolation import batches, results
 from seqserve.engine.isolation import protocol as p
 from seqserve.engine.isolation.channel import ChannelClosed, Ends
+from seqserve.engine.isolation.child_process import (
+    BACKOFF_BASE_S,
+    _Child,
+    backoff_delay,
+    exit_status,
+)
 from seqserve.engine.responses import DEFERRED, Responder
 
 log = logging.getLogger("seqserve.model")
@@ -44,87 +50,11 @@ log = logging.getLogger("seqserve.model")
 RESTART_WAIT_S = 60.0
 #: a child that dies sooner than this after starting counts towards the restart backoff
 QUICK_DEATH_S = 10.0
-BACKOFF_BASE_S = 0.5
-BACKOFF_MAX_S = 10.0
 #: how long finalize may take in the child before it is killed
 FINALIZE_TIMEOUT_S = 30.0
-#: how long a child that closed its channel may take to exit before it is killed
-EXIT_WAIT_S = 5.0
 
 _PACKAGE_ROOT = str(Path(seqserve.__file__).resolve().parent.parent)
 _CLOSED_SENDER = "Unable to send response. Response sender has been closed."
-
-
-def exit_status(returncode: int | None) -> str:
-    if returncode is None:
-        return "still running"
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = "unknown signal"
-        return f"killed by signal {-returncode}, {name}"
-    return f"exit code {returncode}"
-
-
-def backoff_delay(streak: int) -> float:
-    """Delay before restart number ``streak`` of a run of quick deaths: the first is immediate."""
-    if streak <= 1:
-        return 0.0
-    return float(min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (streak - 2)))
-
-
-class _Child:
-    """One child process and the server's ends of its channels."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], ends: tuple[Ends, Ends], life_w: int, names: tuple[str, ...]):
-        self.proc = proc
-        self.pid = proc.pid
-        self._ends = ends
-        self.batch = ends[0].channel
-        self.events = ends[1].channel
-        self.life_w = life_w
-        self.started = time.monotonic()
-        self.uses_responders = False
-        self.results = p.ResultReader(names)
-        self.event_reader = p.EventReader(names)
-        self.adopted = False  # READY and serving (not a child that failed to start)
-        self.retiring = False  # stopped on purpose: finalize, or a failed start
-        self.killed_for = ""  # why the server killed it (an execute timeout)
-        self.death = ""  # the message its exit gave its batch and the log
-        self.reaped = False  # its exit is known (set under the instance's lock)
-        self.exited = threading.Event()  # set once the reaper has recorded the exit
-
-    def wait_exit(self) -> None:
-        """After its channel closed: wait for the reaper to record the exit (kill it if it
-        lingers with its end closed)."""
-        if not self.exited.wait(EXIT_WAIT_S):
-            self.kill()
-            self.exited.wait()
-
-    def kill(self) -> None:
-        with contextlib.suppress(OSError):
-            self.proc.kill()
-
-    def exited_now(self) -> None:
-        """Reaper, once the process has exited: wake any thread blocked on its channels (they
-        see end of stream) and let go of the pipe that told the child the server was alive.
-        The channels themselves are closed by the threads that use them, never under them."""
-        for ends in self._ends:
-            ends.wake()
-        if self.life_w >= 0:
-            os.close(self.life_w)
-            self.life_w = -1
-
-    def close_batch(self) -> None:
-        """By the thread that drives the batch channel, once it is done with this child."""
-        self._ends[0].close()
-        self.results.close()
-
-    def close_events(self) -> None:
-        """By the event thread, as it ends."""
-        self._ends[1].close()
-        self.event_reader.close()
 
 
 class _Open:
@@ -185,7 +115,7 @@ class IsolatedInstance(BackendInstance):
         self._aborted = False  # a forced unload killed it: no restart
         self._stop = threading.Event()
         self._streak = 0  # quick deaths in a row
-        self._writer = p.BatchWriter()
+        self._writer = batches.BatchWriter()
         self._writer_child: _Child | None = None
         self._tokens = itertools.count(1)
         self._open: dict[int, _Open] = {}
@@ -533,9 +463,9 @@ class IsolatedInstance(BackendInstance):
 
     def _on_event(self, child: _Child, body: memoryview, fds: list[int]) -> bytes:
         if p.kind_of(body) == p.LOG:
-            level, name, text = p.decode_log(body)
+            level, name, text = results.decode_log(body)
             logging.getLogger(name).log(level, "%s", text, extra={"instance": self.name, "child_pid": child.pid})
-            return p.encode_ok()
+            return results.encode_ok()
         kind, token, index, final, outcome = child.event_reader.decode(body, fds)
         with self._open_lock:
             entry = self._open.get(token)
@@ -548,7 +478,7 @@ class IsolatedInstance(BackendInstance):
                 except IndexError:
                     responder = None
         if kind == p.CANCELLED:
-            return p.encode_bool(responder is None or responder.is_cancelled())
+            return results.encode_bool(responder is None or responder.is_cancelled())
         if responder is None:
             return p.code_message(p.ERR, Code.INTERNAL, _CLOSED_SENDER)
         try:
@@ -558,7 +488,7 @@ class IsolatedInstance(BackendInstance):
         finally:
             if final:
                 self._finished(token, entry, index)
-        return p.encode_ok()
+        return results.encode_ok()
 
     def _finished(self, token: int, entry: _Open | None, index: int) -> None:
         if entry is None:
