@@ -1,5 +1,6 @@
 """Bad requests get the right status (protocol.md 4.1/4.2: INVALID_ARG 400 / INVALID_ARGUMENT,
-NOT_FOUND 404, UNAVAILABLE 503, UNSUPPORTED 501 / UNIMPLEMENTED, too large 413) and a clear
+NOT_FOUND 404, UNAVAILABLE 503, UNSUPPORTED 501 / UNIMPLEMENTED, too large 413, an unknown
+Content-Encoding 415) and a clear
 `{"error": ...}` message, while sequences running beside them on the same server keep
 producing correct sums."""
 
@@ -181,7 +182,7 @@ HTTP_CASES: list[tuple[str, str, bytes | dict[str, Any], dict[str, str], int, st
      {"inputs": [acc_input()], "parameters": {**SEQ, "sequence_id": "abc"}}, {}, 400,
      "sequence batching control 'CORRID' data-type is 'BYTES', but model 'accumulator_corrid' expects 'UINT64'"),
     ("string-id-too-long", "accumulator", {"inputs": [acc_input()], "parameters": {**SEQ, "sequence_id": "x" * 129}},
-     {}, 501, "cannot be longer than 128 characters"),
+     {}, 400, "cannot be longer than 128 characters"),
     ("priority-negative", "add_sub", {"inputs": [acc_input()], "parameters": {"priority": -1}}, {}, 400,
      "Unable to parse 'priority'"),
     ("timeout-string", "add_sub", {"inputs": [acc_input()], "parameters": {"timeout": "1s"}}, {}, 400,
@@ -191,7 +192,7 @@ HTTP_CASES: list[tuple[str, str, bytes | dict[str, Any], dict[str, str], int, st
     ("shared-memory", "add_sub", {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
                                               "parameters": {"shared_memory_region": "r"}}]}, {}, 501,
      "shared memory"),
-    ("content-encoding-unknown", "add_sub", b"{}", {"Content-Encoding": "zstd"}, 501, "Unsupported compression type"),
+    ("content-encoding-unknown", "add_sub", b"{}", {"Content-Encoding": "zstd"}, 415, "Unsupported compression type"),
     ("content-encoding-corrupt", "add_sub", b"{}", {"Content-Encoding": "deflate"}, 400, "failed to decompress"),
 ]  # fmt: skip
 
@@ -297,7 +298,8 @@ def test_http_body_limit(launch: Callable[..., ServerProcess]) -> None:
     # also on the load API
     r = http_request(srv, "POST", "/v2/repository/models/add_sub/load", {"parameters": {"config": "x" * 4096}})
     assert r.status == 413
-    # tritonclient sees the 413; small requests still work, gRPC has no such limit
+    # tritonclient sees the 413; small requests still work (on gRPC too, whose message limit
+    # follows --http-max-body-bytes unless --grpc-max-receive-message-bytes says otherwise)
     cl = httpclient.InferenceServerClient(srv.http_url)
     try:
         ins = []
@@ -389,7 +391,7 @@ GRPC_CASES: list[tuple[str, service_pb2.ModelInferRequest, grpc.StatusCode, str]
                                              sequence_start=("bool_param", True)), Code.INVALID_ARGUMENT,
      "data-type is 'BYTES', but model 'accumulator_corrid' expects 'UINT64'"),
     ("string-id-too-long", _grpc_req(sequence_id=("string_param", "y" * 200), sequence_start=("bool_param", True)),
-     Code.UNIMPLEMENTED, "cannot be longer than 128 characters"),
+     Code.INVALID_ARGUMENT, "cannot be longer than 128 characters"),
     ("sequence-batch-2", _mutate(lambda r: (r.inputs[0].shape.__setitem__(0, 2),
                                             r.raw_input_contents.__setitem__(0, FOUR * 2)), **_ID),
      Code.INVALID_ARGUMENT, "must specify batch-size 1"),

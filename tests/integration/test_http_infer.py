@@ -148,9 +148,9 @@ def test_compression_on_the_wire(server: ServerProcess) -> None:
         r = http_request(server, method, path, b"" if method == "POST" else None, {"Accept-Encoding": "gzip"})
         assert r.status == 200 and "content-encoding" not in r.headers, path
         json.loads(r.body)
-    # an unknown request encoding is UNSUPPORTED
+    # an unknown request encoding is a client fault: 415, with Triton's message
     r = http_request(server, "POST", "/v2/models/add_sub/infer", body, {**hdr, "Content-Encoding": "br"})
-    assert r.status == 501 and r.error() == "Unsupported compression type"
+    assert r.status == 415 and r.error() == "Unsupported compression type"
     assert r.headers.get("accept-encoding") == "gzip, deflate"
     r = http_request(server, "POST", "/v2/models/add_sub/infer", b"not gzip", {**hdr, "Content-Encoding": "gzip"})
     assert r.status == 400 and "decompress" in r.error()

@@ -160,7 +160,7 @@ async def test_each_group_needs_its_header(
     with pytest.raises(InferenceServerException) as ei:
         await _invoke(cl, method, args, headers)
     if granted is NOT_SERVED:  # past the restriction: what an open server answers
-        expect = ("404", "Not Found") if cl.is_http else ("StatusCode.UNIMPLEMENTED", "does not implement")
+        expect = ("501", "does not implement") if cl.is_http else ("StatusCode.UNIMPLEMENTED", "does not implement")
     else:
         expect = (granted[0], granted[2]) if cl.is_http else (granted[1], granted[2])
     assert ei.value.status() == expect[0] and expect[1] in (ei.value.message() or ""), ei.value

@@ -12,6 +12,7 @@ from pathlib import Path
 import granian  # noqa: F401  (in the test extra: missing, it is an error, not a skip)
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from tests.integration.conftest import ServerProcess
 
@@ -43,3 +44,9 @@ def test_tls_on_both_front_ends(
     )
     assert client.is_server_live()
     assert client.is_model_ready("accumulator")
+    # tritonclient over HTTPS, as docs/security.md shows it
+    https = httpclient.InferenceServerClient(f"localhost:{srv.http_port}", ssl=True, ssl_options={"ca_certs": str(crt)})
+    try:
+        assert https.is_server_live() and https.is_model_ready("accumulator")
+    finally:
+        https.close()

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from seqserve import __version__
-from seqserve.api import security
+from seqserve.api import http_servers, security
 from seqserve.api.grpc_stream import StreamStats
-from seqserve.api.http import DEFAULT_MAX_BODY_BYTES, HttpFrontend, close_when_exiting
+from seqserve.api.http import HttpFrontend, close_when_exiting
+from seqserve.api.limits import DEFAULT_MAX_BODY_BYTES, GrpcLimits, HttpLimits, shutdown_executor
 from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig, MetricsServer, start_metrics
 from seqserve.engine import (
     DEFAULT_MAX_BACKLOG_SEQUENCES,
@@ -76,6 +77,7 @@ class ServeOptions:
     metrics_config: MetricsConfig = field(default_factory=MetricsConfig)
     session_tombstone_s: float = DEFAULT_TOMBSTONE_S
     session_tombstone_max: int = DEFAULT_TOMBSTONE_MAX
+    python_isolation: str = "thread"  # or "process": see docs/isolation.md
 
     max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES  # per model; 0: no bound
     stream_scoped_sequences: bool = False  # sequences started on a gRPC stream end with it
@@ -88,6 +90,8 @@ class ServeOptions:
     @property
     def grpc_host(self) -> str:
         return self.grpc_address or self.host
+    http_limits: HttpLimits = field(default_factory=HttpLimits)
+    grpc_limits: GrpcLimits = field(default_factory=GrpcLimits)
 
     @property
     def metrics_host(self) -> str:
@@ -116,6 +120,7 @@ async def serve(opts: ServeOptions) -> int:
         repository_poll_secs=opts.repository_poll_secs,
         strict_readiness=opts.strict_readiness,
         sessions=SessionPolicy(opts.session_tombstone_s, opts.session_tombstone_max),
+        python_isolation=opts.python_isolation,
         max_backlog_sequences=opts.max_backlog_sequences,
     )
     log.info("model control mode: %s", opts.model_control.value)
@@ -151,9 +156,16 @@ async def serve(opts: ServeOptions) -> int:
             if opts.grpc_restricted:
                 log.info("gRPC restricted protocols: %s", opts.grpc_restricted.describe())
         if opts.http_port is not None:
-            app = HttpFrontend(server, max_body_bytes=opts.http_max_body_bytes).asgi()
+            app = HttpFrontend(
+                server, max_body_bytes=opts.http_max_body_bytes, body_timeout_s=opts.http_limits.body_timeout_s
+            ).asgi()
             # app itself when nothing is restricted
-            app = security.restrict_http(app, opts.http_restricted, max_body_bytes=opts.http_max_body_bytes)
+            app = security.restrict_http(
+                app,
+                opts.http_restricted,
+                max_body_bytes=opts.http_max_body_bytes,
+                body_timeout_s=opts.http_limits.body_timeout_s,
+            )
             app = close_when_exiting(app, server)
             kind = resolve_http_server(opts.http_server)
             if kind == "granian":
@@ -196,6 +208,7 @@ async def serve(opts: ServeOptions) -> int:
         await t
     if metrics is not None:
         await metrics.close()
+    shutdown_executor()
     if server.hung_instances:
         hung = ", ".join(f"model '{m}' instance '{i}'" for m, i in server.hung_instances)
         log.error("stopped; exiting without waiting for %s (still in execute)", hung)
@@ -305,6 +318,7 @@ async def _start_grpc(server: Server, opts: ServeOptions) -> Any:
             key=opts.grpc_tls_key,
             client_ca=opts.grpc_tls_client_ca,
             restrictions=opts.grpc_restricted,
+            limits=opts.grpc_limits,
             stream_scoped=opts.stream_scoped_sequences,
             stream_stats=opts.stream_stats,
         )
@@ -322,8 +336,15 @@ def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None
     cfg.bind = [f"fd://{sock.detach()}"]
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("hypercorn.error")
-    cfg.keep_alive_timeout = 75
+    limits = opts.http_limits
+    # hypercorn's idle timer runs from when a connection opens or answers until the next
+    # request's headers are complete: it is both the header timeout and the keep-alive limit.
+    cfg.keep_alive_timeout = limits.idle_s
+    if limits.keepalive_s <= 0:
+        cfg.keep_alive_max_requests = 1  # one request per connection
+    cfg.alpn_protocols = ["http/1.1"]  # HTTP/2 streams would escape the HTTP/1 timers
     cfg.graceful_timeout = 1.0
+    http_servers.harden_hypercorn(cfg, limits.max_connections, opts.http_max_body_bytes)
     tls = _http_tls(opts)
     if tls is not None:
         security.hypercorn_tls(cfg, tls)
@@ -332,7 +353,8 @@ def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None
 
 async def _start_granian(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:
     """Granian's embedded server: its Rust HTTP stack feeds our ASGI app on this same loop."""
-    from granian.constants import Interfaces
+    from granian.constants import HTTPModes, Interfaces
+    from granian.http import HTTP1Settings
     from granian.server.embed import Server as GranianServer
 
     host, port = opts.http_host, opts.http_port or 8000
@@ -343,6 +365,14 @@ async def _start_granian(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[
         address=host,
         port=port,
         interface=Interfaces.ASGINL,
+        # HTTP/1 only: in "auto" mode granian waits, untimed, for a new connection's first bytes
+        http=HTTPModes.http1,
+        # hyper's header timer also ends a kept-alive connection idle that long
+        http1_settings=HTTP1Settings(
+            header_read_timeout=int(opts.http_limits.idle_s * 1000), keep_alive=opts.http_limits.keepalive_s > 0
+        ),
+        # granian takes a permit per connection: connections beyond wait in the listen backlog
+        backpressure=opts.http_limits.max_connections,
         log_enabled=False,
         **security.granian_tls(_http_tls(opts)),
     )

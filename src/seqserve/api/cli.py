@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from seqserve import __version__
+from seqserve.api import limits as lim
 from seqserve.api import security
 from seqserve.api.app import ServeOptions, resolve_http_server, run
-from seqserve.api.http import DEFAULT_MAX_BODY_BYTES
 from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig
 from seqserve.engine import (
     DEFAULT_MAX_BACKLOG_SEQUENCES,
@@ -77,6 +77,112 @@ def _poll_secs(value: str) -> float:
     if not secs >= 0:
         raise argparse.ArgumentTypeError(f"{value} is not a number of seconds >= 0")
     return secs
+
+
+def _limit_int(value: str) -> int:
+    """A size or count for grpc core and the servers: an int32 above 0."""
+    n = int(value)
+    if not 0 < n < 2**31:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer up to 2147483647")
+    return n
+
+
+def _positive_secs(value: str) -> float:
+    secs = float(value)
+    if not 0 < secs < 1e9:
+        raise argparse.ArgumentTypeError(f"{value} is not a number of seconds > 0")
+    return secs
+
+
+def _limits_group(s: argparse.ArgumentParser) -> None:
+    g = s.add_argument_group("limits", "bounded input (docs/security.md, 'Bounded input')")
+    g.add_argument(
+        "--http-max-body-bytes",
+        type=_limit_int,
+        default=lim.DEFAULT_MAX_BODY_BYTES,
+        metavar="BYTES",
+        help="largest accepted HTTP request body, checked before and after decompression: larger gets 413 "
+        f"(default: {lim.DEFAULT_MAX_BODY_BYTES}, 64 MiB, Triton's --http-max-input-size default)",
+    )
+    g.add_argument(
+        "--http-header-timeout-secs",
+        type=_positive_secs,
+        default=lim.DEFAULT_HEADER_TIMEOUT_S,
+        metavar="SECONDS",
+        help="a connection that has not sent a complete request head this long after it opened or after its "
+        f"last response is closed (default: {lim.DEFAULT_HEADER_TIMEOUT_S:g})",
+    )
+    g.add_argument(
+        "--http-body-timeout-secs",
+        type=_positive_secs,
+        default=lim.DEFAULT_BODY_TIMEOUT_S,
+        metavar="SECONDS",
+        help="a request body from which no data arrives for this long gets 408 and its connection is closed "
+        f"(default: {lim.DEFAULT_BODY_TIMEOUT_S:g})",
+    )
+    g.add_argument(
+        "--http-keepalive-secs",
+        type=_poll_secs,
+        default=lim.DEFAULT_KEEPALIVE_S,
+        metavar="SECONDS",
+        help="how long an idle kept-alive connection waits for its next request, at most the header timeout; "
+        f"0: one request per connection (default: {lim.DEFAULT_KEEPALIVE_S:g})",
+    )
+    g.add_argument(
+        "--http-max-connections",
+        type=_limit_int,
+        default=lim.DEFAULT_MAX_CONNECTIONS,
+        metavar="N",
+        help="most HTTP connections served at once (granian: more wait to be accepted; hypercorn: more get "
+        f"503) (default: {lim.DEFAULT_MAX_CONNECTIONS})",
+    )
+    g.add_argument(
+        "--grpc-max-receive-message-bytes",
+        type=_limit_int,
+        default=None,
+        metavar="BYTES",
+        help="largest gRPC request message: larger fails with RESOURCE_EXHAUSTED before it is read "
+        "(default: --http-max-body-bytes)",
+    )
+    g.add_argument(
+        "--grpc-max-send-message-bytes",
+        type=_limit_int,
+        default=None,
+        metavar="BYTES",
+        help="largest gRPC response message (default: --http-max-body-bytes)",
+    )
+    g.add_argument(
+        "--grpc-max-concurrent-streams",
+        type=_limit_int,
+        default=lim.DEFAULT_GRPC_MAX_CONCURRENT_STREAMS,
+        metavar="N",
+        help="concurrent calls per gRPC connection; a client queues the calls beyond "
+        f"(default: {lim.DEFAULT_GRPC_MAX_CONCURRENT_STREAMS})",
+    )
+    g.add_argument(
+        "--grpc-max-connection-idle-secs",
+        type=_poll_secs,
+        default=lim.DEFAULT_GRPC_MAX_CONNECTION_IDLE_S,
+        metavar="SECONDS",
+        help="a gRPC connection with no call for this long is closed with a GOAWAY (clients reconnect on their "
+        f"next call); 0: never (default: {lim.DEFAULT_GRPC_MAX_CONNECTION_IDLE_S:g})",
+    )
+    g.add_argument(
+        "--grpc-keepalive-secs",
+        type=_positive_secs,
+        default=lim.DEFAULT_GRPC_KEEPALIVE_S,
+        metavar="SECONDS",
+        help="interval of the server's keepalive pings on a gRPC connection, which find dead peers "
+        f"(default: {lim.DEFAULT_GRPC_KEEPALIVE_S:g}, gRPC's and Triton's)",
+    )
+    g.add_argument(
+        "--grpc-keepalive-timeout-secs",
+        type=_positive_secs,
+        default=lim.DEFAULT_GRPC_KEEPALIVE_TIMEOUT_S,
+        metavar="SECONDS",
+        help="a connection whose peer does not answer a keepalive ping within this is closed "
+        f"(default: {lim.DEFAULT_GRPC_KEEPALIVE_TIMEOUT_S:g})",
+    )
 
 
 def _exit_timeout(value: str) -> float:
@@ -198,12 +304,6 @@ def build_parser() -> argparse.ArgumentParser:
         "'seqserve-stream-scoped: true|false' (default: they live until their END or idle timeout, as in Triton)",
     )
     s.add_argument(
-        "--http-max-body-bytes",
-        type=int,
-        default=DEFAULT_MAX_BODY_BYTES,
-        help=f"largest accepted HTTP request body (default: {DEFAULT_MAX_BODY_BYTES})",
-    )
-    s.add_argument(
         "--http-server",
         choices=["auto", "hypercorn", "granian"],
         default="auto",
@@ -258,6 +358,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="how many ended or expired sessions each model version remembers at most, the least recently "
         f"used forgotten first (default: {DEFAULT_TOMBSTONE_MAX}; 0: none)",
     )
+    s.add_argument(
+        "--python-isolation",
+        choices=["thread", "process"],
+        default="thread",
+        help="where Python models' instances run unless their config says (parameter 'isolation'): in the "
+        "server process, or each in its own child process that is restarted if it dies (default: thread)",
+    )
     s.add_argument("--tls-cert", help="PEM certificate for both front-ends")
     s.add_argument("--tls-key", help="PEM private key for both front-ends")
     s.add_argument("--http-tls-cert", help="PEM certificate for HTTP (overrides --tls-cert)")
@@ -290,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"'{security.GRPC_HEADER_PREFIX}KEY' with VALUE, or get UNAVAILABLE. Repeatable, as "
         f"--http-restricted-api. Protocols: {groups}",
     )
+    _limits_group(s)
     return p
 
 
@@ -402,6 +510,21 @@ def main(argv: list[str] | None = None) -> int:
         metrics_config=metrics_config,
         session_tombstone_s=args.session_tombstone_secs,
         session_tombstone_max=args.session_tombstone_max,
+        http_limits=lim.HttpLimits(
+            header_timeout_s=args.http_header_timeout_secs,
+            body_timeout_s=args.http_body_timeout_secs,
+            keepalive_s=args.http_keepalive_secs,
+            max_connections=args.http_max_connections,
+        ),
+        grpc_limits=lim.GrpcLimits(
+            max_receive_message_bytes=args.grpc_max_receive_message_bytes or args.http_max_body_bytes,
+            max_send_message_bytes=args.grpc_max_send_message_bytes or args.http_max_body_bytes,
+            max_concurrent_streams=args.grpc_max_concurrent_streams,
+            max_connection_idle_s=args.grpc_max_connection_idle_secs,
+            keepalive_s=args.grpc_keepalive_secs,
+            keepalive_timeout_s=args.grpc_keepalive_timeout_secs,
+        ),
+        python_isolation=args.python_isolation,
         max_backlog_sequences=args.max_backlog_sequences,
         stream_scoped_sequences=args.stream_scoped_sequences,
     )

@@ -5,18 +5,21 @@ servicer, a thin adapter from the rpcs to ``engine.Server``. Messages are conver
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
+from google.protobuf import json_format, message_factory
 
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
 from seqserve._proto import health_pb2, health_pb2_grpc
 from seqserve.api import grpc_codec, security
+from seqserve.api.errors import internal_error
+from seqserve.api.grpc_codec import Undecodable
 from seqserve.api.grpc_stream import REPLY_ORDER_HEADER, STREAM_SCOPED_HEADER, StreamSession, StreamStats
-from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, enqueue_single
+from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, clip, enqueue_single
+from seqserve.api.limits import GrpcLimits, offload
 from seqserve.engine import Code, InferenceError, SequenceScope, Server
 
 GRPC_STATUS = {
@@ -44,7 +47,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self.stream_stats = stream_stats if stream_stats is not None else StreamStats()
 
     async def _fail(self, context: grpc.aio.ServicerContext, e: InferenceError) -> None:
-        await context.abort(GRPC_STATUS.get(e.code, grpc.StatusCode.UNKNOWN), e.message)
+        # The message travels in a trailer: clients drop trailers over 16 KiB, so a message that
+        # quotes a huge client string must be cut or the client never sees the answer.
+        await context.abort(GRPC_STATUS.get(e.code, grpc.StatusCode.UNKNOWN), clip(e.message, 4000))
 
     # ------------------------------------------------------------------------- health
 
@@ -91,7 +96,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             stats = self.server.statistics(request.name, request.version)
         except InferenceError:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"requested model '{request.name}' is not available")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"requested model '{clip(request.name)}' is not available"
+            )
             raise
         return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
 
@@ -135,7 +142,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         try:
-            infer_request, _ = grpc_codec.decode_request(request)
+            if type(request) is Undecodable:
+                raise request.error()
+            try:
+                infer_request, _ = grpc_codec.decode_request(request, inline=True)
+            except grpc_codec.DecodeOffLoop:
+                infer_request, _ = await offload(grpc_codec.decode_request, request)
             session = end = None
             for key, value in context.invocation_metadata() or ():
                 if key == SESSION_ID_KEY:
@@ -145,10 +157,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if session is not None or end is not None:
                 apply_session(self.server, infer_request, session, end)
             result = await enqueue_single(self.server, infer_request, "ModelInfer RPC")
+            return grpc_codec.encode_response(result)
         except InferenceError as e:
-            await self._fail(context, e)
-            raise
-        return grpc_codec.encode_response(result)
+            err = e
+        except Exception as e:
+            err = internal_error("gRPC ModelInfer", e)
+        await self._fail(context, err)
+        raise AssertionError("unreachable: abort raises")
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
@@ -222,6 +237,59 @@ for _rpc in ("TraceSetting", "LogSettings"):
     setattr(InferenceServicer, _rpc, _unimplemented(f"{_rpc}: seqserve does not implement this extension"))
 
 
+def _guarded(name: str, behaviour: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
+    """A unary rpc that answers an undecodable request with INVALID_ARGUMENT and an unexpected
+    exception with INTERNAL and a request id (grpcio would say UNKNOWN)."""
+
+    async def rpc(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if type(request) is Undecodable:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        try:
+            return await behaviour(request, context)
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as e:
+            err = internal_error(f"gRPC {name}", e)
+        await context.abort(grpc.StatusCode.INTERNAL, err.message)
+
+    return rpc
+
+
+def guard_rpcs(servicer: Any, service: Any) -> None:
+    """Wrap the instance's unary rpcs of ``service`` (a ServiceDescriptor) in ``_guarded``:
+    all but ModelInfer, which checks for itself (one frame less on the hot path). Done before
+    the restrictions wrap them, so that a refusal comes first."""
+    for method in service.methods:
+        if not (method.client_streaming or method.server_streaming) and method.name != "ModelInfer":
+            setattr(servicer, method.name, _guarded(method.name, getattr(servicer, method.name)))
+
+
+def add_service(g: grpc.aio.Server, servicer: Any, service: Any) -> None:
+    """Register ``servicer``'s methods for ``service`` (a ServiceDescriptor), as the generated
+    ``add_*_to_server`` does, but with deserializers that hand undecodable bytes on as an
+    ``Undecodable`` (see ``guard_rpcs``, ``ModelInfer`` and ``StreamSession``). The methods are
+    read from the instance, so wrappers set on it before this call stay in place."""
+    handlers = {}
+    for method in service.methods:
+        request_class = message_factory.GetMessageClass(method.input_type)
+        response_class = message_factory.GetMessageClass(method.output_type)
+        deserialize = grpc_codec.safe_deserializer(request_class)
+        serialize = response_class.SerializeToString
+        behaviour = getattr(servicer, method.name)
+        if method.client_streaming and method.server_streaming:
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                behaviour, request_deserializer=deserialize, response_serializer=serialize
+            )
+        elif method.client_streaming or method.server_streaming:
+            raise TypeError(f"{service.full_name}/{method.name}: only unary and bidirectional rpcs are served")
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                behaviour, request_deserializer=deserialize, response_serializer=serialize
+            )
+    g.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    g.add_registered_method_handlers(service.full_name, handlers)
+
+
 class HealthServicer(health_pb2_grpc.HealthServicer):
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -244,24 +312,25 @@ async def start_grpc(
     key: str | None = None,
     client_ca: str | None = None,
     restrictions: Mapping[str, security.Restriction] | None = None,
+    limits: GrpcLimits | None = None,
     stream_scoped: bool = False,
     stream_stats: StreamStats | None = None,
 ) -> grpc.aio.Server:
-    """Serve on host:port; TLS with cert and key (mutual TLS with client_ca), and the rpcs
-    of restricted groups guarded (security.restrict_grpc)."""
-    options = [
-        ("grpc.max_receive_message_length", -1),
-        ("grpc.max_send_message_length", -1),
-        ("grpc.so_reuseport", 0),
-    ]
+    """Serve on host:port; TLS with cert and key (mutual TLS with client_ca), the rpcs of
+    restricted groups guarded (security.restrict_grpc), within ``limits``."""
+    options = [*(limits or GrpcLimits()).options(), ("grpc.so_reuseport", 0)]
     g = grpc.aio.server(options=options)
     inference = InferenceServicer(server, stream_scoped=stream_scoped, stream_stats=stream_stats)
     health = HealthServicer(server)
+    inference_service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]
+    guard_rpcs(inference, inference_service)
+    guard_rpcs(health, health_service)
     if restrictions:
-        security.restrict_grpc(inference, pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], restrictions)
-        security.restrict_grpc(health, health_pb2.DESCRIPTOR.services_by_name["Health"], restrictions)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(inference, g)
-    health_pb2_grpc.add_HealthServicer_to_server(health, g)
+        security.restrict_grpc(inference, inference_service, restrictions)
+        security.restrict_grpc(health, health_service, restrictions)
+    add_service(g, inference, inference_service)
+    add_service(g, health, health_service)
     address = f"{host}:{port}"
     if cert:
         creds = security.grpc_credentials(security.TlsFiles(cert, key or "", client_ca))

@@ -10,6 +10,7 @@ per output: tritonclient reads nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,14 +18,18 @@ import numpy as np
 
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve.api.kserve import (
+    MAX_RANK,
     NUMPY_DTYPES,
     bad,
+    check_shape,
+    clip,
     element_count,
     raw_bytes,
     set_parameter,
     tensor_from_raw,
     wire_datatype,
 )
+from seqserve.api.limits import OFFLOAD_BYTES
 from seqserve.engine import Code, InferenceError, InferRequest, InferResult
 
 NO_SHM = "seqserve does not implement shared memory: send tensor data in the request (raw_input_contents) instead"
@@ -73,9 +78,45 @@ _CONTENTS_FIELD = {
 # ------------------------------------------------------------------------- request
 
 
-def decode_request(msg: pb.ModelInferRequest) -> tuple[InferRequest, GrpcReplyOptions]:
+class Undecodable:
+    """What the front-end's deserializer hands on for bytes that are not a valid message
+    (protobuf's DecodeError): the rpc answers INVALID_ARGUMENT, a stream an error reply,
+    instead of grpcio's UNKNOWN or a stream that goes silent."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message_type: str, error: BaseException) -> None:
+        self.message = f"failed to parse the {message_type} message: {clip(str(error), 200) or type(error).__name__}"
+
+    def error(self) -> InferenceError:
+        return bad(self.message)
+
+
+def safe_deserializer(message_class: Any) -> Callable[[bytes], Any]:
+    """``message_class.FromString``, with undecodable bytes turned into an ``Undecodable``."""
+    parse = message_class.FromString
+    name = message_class.DESCRIPTOR.name
+
+    def deserialize(raw: bytes) -> Any:
+        try:
+            return parse(raw)
+        except Exception as e:  # DecodeError, and whatever else the parser refuses with
+            return Undecodable(name, e)
+
+    return deserialize
+
+
+class DecodeOffLoop(Exception):
+    """Raised by ``decode_request(msg, inline=True)`` for a message whose decoding grows with
+    its size past ``OFFLOAD_BYTES``: over that much BYTES data (one object per element) or typed
+    contents (one Python value per element). The caller decodes it again off the event loop.
+    Raw fixed-size tensors are zero-copy views and never are."""
+
+
+def decode_request(msg: pb.ModelInferRequest, *, inline: bool = False) -> tuple[InferRequest, GrpcReplyOptions]:
     """One engine request from the message: parameters, then inputs (``raw_input_contents``
-    belong, in order, to the inputs; without them, typed ``contents``), then outputs."""
+    belong, in order, to the inputs; without them, typed ``contents``), then outputs. With
+    ``inline``, DecodeOffLoop instead of a long decode."""
     inputs: dict[str, np.ndarray] = {}
     request = InferRequest(msg.model_name, inputs, msg.model_version, msg.id)
     options = _PLAIN
@@ -84,11 +125,14 @@ def decode_request(msg: pb.ModelInferRequest) -> tuple[InferRequest, GrpcReplyOp
         p = params[key]
         kind = p.WhichOneof("parameter_choice")
         value: Any = None if kind is None else getattr(p, kind)
+        if key not in _EXPECTED:  # typed protobuf values are in range: kept as they are
+            if key == EMPTY_FINAL:
+                options = _EMPTY_FINAL if value is True else _PLAIN
+            else:
+                request.parameters[key] = value
+            continue
         if kind == "int64_param" and key == "sequence_id":
             value &= 0xFFFFFFFFFFFFFFFF  # the int64 carries a uint64's bits
-        elif key == EMPTY_FINAL:
-            options = _EMPTY_FINAL if value is True else _PLAIN
-            continue
         if not set_parameter(request, key, value):
             raise bad(f"invalid value type for '{key}' parameter, expected {_EXPECTED[key]}.")
 
@@ -96,15 +140,19 @@ def decode_request(msg: pb.ModelInferRequest) -> tuple[InferRequest, GrpcReplyOp
     specs = msg.inputs
     if raw:
         if len(raw) > len(specs):
-            raise bad(f"unexpected additional input data for model '{msg.model_name}'")
+            raise bad(f"unexpected additional input data for model '{clip(msg.model_name)}'")
         if len(raw) < len(specs):
-            raise bad(f"expected raw_input_contents for input '{specs[len(raw)].name}'")
+            raise bad(f"expected raw_input_contents for input '{clip(specs[len(raw)].name)}'")
         for t, data in zip(specs, raw, strict=True):
-            inputs[t.name] = _raw_input(t, data)
+            if t.name in inputs:
+                raise bad(f"input '{clip(t.name)}' already exists in request")
+            inputs[t.name] = _raw_input(t, data, inline)
     else:
         for t in specs:
+            if t.name in inputs:
+                raise bad(f"input '{clip(t.name)}' already exists in request")
             _check_input(t)
-            inputs[t.name] = _typed_contents(t, list(t.shape))
+            inputs[t.name] = _typed_contents(t, list(t.shape), inline)
     if msg.outputs:
         requested: dict[str, None] = {}
         for o in msg.outputs:
@@ -115,48 +163,61 @@ def decode_request(msg: pb.ModelInferRequest) -> tuple[InferRequest, GrpcReplyOp
     return request, options
 
 
-def _check_input(t: pb.ModelInferRequest.InferInputTensor) -> None:
+def _check_input(t: pb.ModelInferRequest.InferInputTensor) -> int:
+    """Refusals that do not depend on the data; returns the shape's element count."""
     if t.parameters and "shared_memory_region" in t.parameters:
         raise InferenceError(Code.UNSUPPORTED, NO_SHM)
     if t.datatype not in NUMPY_DTYPES:
         if t.datatype == "BF16":
-            raise InferenceError(Code.UNSUPPORTED, f"input '{t.name}': BF16 tensors are not supported")
-        raise bad(f"input '{t.name}' has unknown datatype '{t.datatype}'")
-    if any(d < 0 for d in t.shape):
-        raise bad(f"input '{t.name}' has a negative dimension in shape {list(t.shape)}")
+            raise InferenceError(Code.UNSUPPORTED, f"input '{clip(t.name)}': BF16 tensors are not supported")
+        raise bad(f"input '{clip(t.name)}' has unknown datatype '{clip(t.datatype)}'")
+    return check_shape(t.name, list(t.shape))
 
 
-def _raw_input(t: pb.ModelInferRequest.InferInputTensor, data: bytes) -> np.ndarray:
+def _raw_input(t: pb.ModelInferRequest.InferInputTensor, data: bytes, inline: bool) -> np.ndarray:
     """One raw_input_contents entry as an array (a zero-copy view for fixed-size types)."""
     if t.HasField("contents"):
         raise bad("contents field must not be specified when using raw_input_contents")
     dtype = NUMPY_DTYPES.get(t.datatype)
     if dtype is None or dtype.kind == "O" or t.parameters:
         _check_input(t)
+        if inline and dtype is not None and dtype.kind == "O" and len(data) > OFFLOAD_BYTES:
+            raise DecodeOffLoop
         return tensor_from_raw(t.name, t.datatype, list(t.shape), memoryview(data))
     shape = tuple(t.shape)
+    if len(shape) > MAX_RANK:
+        check_shape(t.name, list(shape))  # raises
     count = 1
     for d in shape:
         if d < 0:
-            raise bad(f"input '{t.name}' has a negative dimension in shape {list(shape)}")
+            raise bad(f"input '{clip(t.name)}' has a negative dimension in shape {clip(str(list(shape)))}")
         count *= d
     if len(data) != count * dtype.itemsize:
-        raise bad(f"unexpected size for input '{t.name}', expecting {count * dtype.itemsize} bytes but got {len(data)}")
+        raise bad(
+            f"unexpected size for input '{clip(t.name)}', expecting {count * dtype.itemsize} bytes but got {len(data)}"
+        )
+    if not count:  # an empty tensor: its other dimensions must still be countable
+        check_shape(t.name, list(shape))
     return np.frombuffer(data, dtype).reshape(shape)
 
 
-def _typed_contents(t: pb.ModelInferRequest.InferInputTensor, shape: list[int]) -> np.ndarray:
+def _typed_contents(t: pb.ModelInferRequest.InferInputTensor, shape: list[int], inline: bool) -> np.ndarray:
     field = _CONTENTS_FIELD.get(t.datatype)
     if field is None:
-        raise bad(f"input '{t.name}': datatype {t.datatype} must be sent in raw_input_contents")
+        raise bad(f"input '{clip(t.name)}': datatype {t.datatype} must be sent in raw_input_contents")
     values = getattr(t.contents, field)
+    if len(values) != element_count(shape):  # before anything is allocated
+        raise bad(f"unexpected number of elements in the contents of input '{clip(t.name)}'")
+    if inline and len(values) * 8 > OFFLOAD_BYTES:
+        raise DecodeOffLoop
     if t.datatype == "BYTES":
         arr = np.empty(len(values), dtype=object)
         arr[:] = list(values)
     else:
-        arr = np.array(values, dtype=NUMPY_DTYPES[t.datatype])
-    if arr.size != element_count(shape):
-        raise bad(f"unexpected number of elements in the contents of input '{t.name}'")
+        try:
+            arr = np.array(values, dtype=NUMPY_DTYPES[t.datatype])
+        except OverflowError as e:  # e.g. int_contents beyond INT8
+            raise bad(f"input '{clip(t.name)}': {e}") from None
     return arr.reshape(shape)
 
 

@@ -12,7 +12,17 @@ from dataclasses import dataclass, field
 
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve.api import grpc_codec
-from seqserve.engine import Code, InferenceError, InferResult, OrderedRelease, SequenceId, SequenceScope, Server
+from seqserve.api.errors import internal_error
+from seqserve.api.limits import offload
+from seqserve.engine import (
+    InferenceError,
+    InferRequest,
+    InferResult,
+    OrderedRelease,
+    SequenceId,
+    SequenceScope,
+    Server,
+)
 
 log = logging.getLogger("seqserve.grpc")
 
@@ -122,19 +132,53 @@ class StreamSession:
         self._stall_timer: asyncio.TimerHandle | None = None
         self._stall_head: _StreamRequest | None = None  # the head reply the stall timer watches
 
-    async def read(self, requests: AsyncIterator[pb.ModelInferRequest]) -> None:
-        async for msg in requests:
-            self.submit(msg)
-        self._queue.put_nowait(None)
+    async def read(self, requests: AsyncIterator[pb.ModelInferRequest | grpc_codec.Undecodable]) -> None:
+        """Submit each request as it arrives. A request whose decoding grows with its size is
+        decoded off the event loop, and the next one waits for it: order is kept."""
+        try:
+            async for msg in requests:
+                decoded: tuple[InferRequest, grpc_codec.GrpcReplyOptions] | Exception | None = None
+                if type(msg) is not grpc_codec.Undecodable:
+                    try:
+                        decoded = grpc_codec.decode_request(msg, inline=True)
+                    except grpc_codec.DecodeOffLoop:
+                        try:
+                            decoded = await offload(grpc_codec.decode_request, msg)
+                        except Exception as e:
+                            decoded = e
+                    except Exception as e:  # refused: submit() orders its error reply
+                        decoded = e
+                self.submit(msg, decoded)
+        except Exception as e:  # the call broke (the client went away): nothing more to read
+            log.debug("stream request reader ended: %s: %s", type(e).__name__, e)
+        finally:  # however reading ends, the replies end once the requests read are answered
+            self._queue.put_nowait(None)
 
-    def submit(self, msg: pb.ModelInferRequest) -> None:
-        """Decode and queue one request; a refusal is its one (error) reply."""
+    def submit(
+        self,
+        msg: pb.ModelInferRequest | grpc_codec.Undecodable,
+        decoded: tuple[InferRequest, grpc_codec.GrpcReplyOptions] | Exception | None = None,
+    ) -> None:
+        """Decode and queue one request; a refusal is its one (error) reply. A message that
+        did not decode at all is refused too (with no request id to echo) and the stream goes
+        on: gRPC's framing is intact, only that message's bytes are bad."""
         self._unfinished += 1
+        if type(msg) is grpc_codec.Undecodable:
+            req = _StreamRequest("", "", "")
+            self._hold_place(req)
+            err = msg.error()
+            self._put(req, err if self._grpc_errors else req.error(err), True)
+            return
         req = _StreamRequest(msg.id, msg.model_name, msg.model_version)
         try:
             if not self._completion_order and not self._server.model(msg.model_name, msg.model_version).decoupled:
                 self._hold_place(req)
-            request, options = grpc_codec.decode_request(msg)
+            if decoded is None:
+                request, options = grpc_codec.decode_request(msg)
+            elif isinstance(decoded, Exception):
+                raise decoded
+            else:
+                request, options = decoded
             req.empty_final = options.empty_final
             req.sequence_id = request.sequence_id
             req.start = request.sequence_start
@@ -142,7 +186,7 @@ class StreamSession:
             req.cancel = self._server.enqueue_streaming(request, functools.partial(self._respond, req))
             self._open.add(req)
         except Exception as e:  # refused: one error reply, and the stream goes on
-            err = e if isinstance(e, InferenceError) else _internal(e)
+            err = e if isinstance(e, InferenceError) else internal_error("gRPC ModelStreamInfer", e)
             if not req.ordered and not self._completion_order:  # an unknown model: Triton orders its reply too
                 self._hold_place(req)
             self._put(req, err if self._grpc_errors else req.error(err), True)
@@ -279,8 +323,3 @@ class _StreamRequest:
 
 def _nothing() -> None:
     pass
-
-
-def _internal(e: Exception) -> InferenceError:
-    log.exception("stream request failed")
-    return InferenceError(Code.INTERNAL, f"{type(e).__name__}: {e}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import functools
 import logging
 import math
@@ -21,7 +22,19 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from seqserve.api import kserve_json, sequences
+from seqserve.api.errors import internal_error
+from seqserve.api.grpc_codec import NO_SHM
+from seqserve.api.http_body import BodyTimeout, BodyWatch, ClientGone, read_body
 from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, enqueue_single
+from seqserve.api.limits import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    OFFLOAD_BYTES,
+    TooLarge,
+    content_encoding,
+    inflate,
+    offload,
+)
 from seqserve.engine import SERVER_EXITING, SERVER_NOT_READY, Code, InferenceError, Server, SessionGoneError
 
 _ENDPOINT = "HTTP end point"  # names this front-end in the refusal of decoupled models
@@ -31,7 +44,6 @@ log = logging.getLogger("seqserve.http")
 SESSION_HEADER = SESSION_ID_KEY
 # Model names cannot contain "/" (as in Triton); versions are decimal.
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
-DEFAULT_MAX_BODY_BYTES = 1 << 30
 #: an infer request still waiting after one to two of these starts watching for its client's
 #: disconnect, which then takes the request out of the queues (a quick step pays one list append)
 DISCONNECT_GRACE_S = 0.05
@@ -60,16 +72,24 @@ def error_response(message: str, status: int, headers: dict[str, str] | None = N
     return _json({"error": message}, status, headers)
 
 
+_UNSUPPORTED_ENCODING = "Unsupported compression type"
+_JSON_HEADER = (b"content-type", b"application/json")
+_CLOSE = (b"connection", b"close")
+
+
 def http_status(e: InferenceError) -> int:
-    """An engine error's HTTP status: Triton's mapping, and 410 Gone for a session that ended
-    or expired."""
+    """An engine error's HTTP status: Triton's mapping, 410 Gone for a session that ended or
+    expired, and 415 for an unknown Content-Encoding (a client fault; Triton answers 501 with
+    the same message)."""
     if isinstance(e, SessionGoneError):
         return 410
+    if e.message == _UNSUPPORTED_ENCODING:
+        return 415
     return HTTP_STATUS.get(e.code, 400)
 
 
 def _from_error(e: InferenceError) -> Response:
-    headers = {"Accept-Encoding": "gzip, deflate"} if e.message == "Unsupported compression type" else None
+    headers = {"Accept-Encoding": "gzip, deflate"} if e.message == _UNSUPPORTED_ENCODING else None
     return error_response(e.message, http_status(e), headers)
 
 
@@ -88,8 +108,10 @@ def _errors(fn: Handler) -> Handler:
             return await fn(self, request)
         except InferenceError as e:
             return _from_error(e)
-        except _TooLarge as e:
-            return error_response(str(e), 413)
+        except TooLarge as e:
+            return error_response(str(e), 413, {"Connection": "close"})
+        except BodyTimeout as e:
+            return error_response(str(e), 408, {"Connection": "close"})
 
     wrapped.__name__ = fn.__name__
     return wrapped
@@ -98,23 +120,26 @@ def _errors(fn: Handler) -> Handler:
 class HttpFrontend:
     """Routes of the KServe v2 REST protocol and Triton's extensions over one Server."""
 
-    def __init__(self, server: Server, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        server: Server,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    ) -> None:
         self.server = server
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self._body_watch = BodyWatch(body_timeout_s)
         self._disconnects = _DisconnectWatch()
 
     async def _body(self, request: Request) -> bytes:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            raise _TooLarge(int(length), self.max_body_bytes)
-        chunks = []
-        total = 0
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > self.max_body_bytes:
-                raise _TooLarge(total, self.max_body_bytes)
-            chunks.append(chunk)
-        return b"".join(chunks)
+        try:
+            return await read_body(
+                request.receive, request.headers.get("content-length"), self.max_body_bytes, self._body_watch
+            )
+        except ClientGone:
+            raise InferenceError(Code.INVALID_ARG, ClientGone.MESSAGE) from None
 
     # ------------------------------------------------------------------------- health
 
@@ -210,13 +235,11 @@ class HttpFrontend:
 
     # -------------------------------------------------------------------------- infer
 
+    @_errors
     async def infer(self, request: Request) -> Response:
         """Starlette route for infer (the ASGI app from `asgi()` answers infer without it)."""
         p = request.path_params
-        try:
-            body = await self._body(request)
-        except _TooLarge as e:
-            return error_response(str(e), 413)
+        body = await self._body(request)
         status, headers, out = await self.infer_reply(p["model"], str(p.get("version", "")), request.headers, body)
         return Response(out, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
@@ -231,17 +254,23 @@ class HttpFrontend:
         try:
             encoding = headers.get("content-encoding")
             if encoding:
-                body = kserve_json.decompress(body, encoding)
+                enc = content_encoding(encoding)
+                if enc is not None:
+                    body = await inflate(body, enc, self.max_body_bytes)
             ihcl_raw = headers.get("inference-header-content-length")
             ihcl = None
             if ihcl_raw is not None:
-                if not ihcl_raw.strip().isdigit():
+                ihcl_raw = ihcl_raw.strip()
+                if not (ihcl_raw.isascii() and ihcl_raw.isdigit()):
                     raise InferenceError(
                         Code.INVALID_ARG,
-                        f"Inference-Header-Content-Length '{ihcl_raw}' is not a non-negative integer",
+                        f"Inference-Header-Content-Length '{ihcl_raw[:40]}' is not a non-negative integer",
                     )
-                ihcl = int(ihcl_raw)
-            req, options = kserve_json.decode_request(body, ihcl, model, version)
+                ihcl = int(ihcl_raw) if len(ihcl_raw) <= 20 else len(body) + 1  # out of range either way
+            if len(body) > OFFLOAD_BYTES:  # parsing and BYTES decoding grow with the body: off the loop
+                req, options = await offload(kserve_json.decode_request, body, ihcl, model, version)
+            else:
+                req, options = kserve_json.decode_request(body, ihcl, model, version)
             session = headers.get(SESSION_HEADER)
             if session is not None or SESSION_END_KEY in headers:
                 apply_session(self.server, req, session, headers.get(SESSION_END_KEY))
@@ -256,12 +285,14 @@ class HttpFrontend:
                 raise
             out, json_len = kserve_json.encode_response(result, options)
         except InferenceError as e:
-            reply = [(b"content-type", b"application/json")]
-            if e.message == "Unsupported compression type":
+            reply = [_JSON_HEADER]
+            if e.message == _UNSUPPORTED_ENCODING:
                 reply.append((b"accept-encoding", b"gzip, deflate"))
             if e.retry_after_s is not None:  # a full backlog: worth trying again later
                 reply.append((b"retry-after", str(max(1, math.ceil(e.retry_after_s))).encode()))
             return http_status(e), reply, orjson.dumps({"error": e.message})
+        except TooLarge as e:
+            return 413, [_JSON_HEADER, _CLOSE], orjson.dumps({"error": str(e)})
         reply = []
         if json_len is not None:
             reply.append((b"content-type", b"application/octet-stream"))
@@ -275,44 +306,37 @@ class HttpFrontend:
         if accept:
             enc = kserve_json.choose_encoding(accept)
             if enc:
-                out = kserve_json.compress(out, enc)
+                if len(out) > OFFLOAD_BYTES:
+                    out = await offload(kserve_json.compress, out, enc)
+                else:
+                    out = kserve_json.compress(out, enc)
                 reply.append((b"content-encoding", enc.encode()))
         return 200, reply, out
 
     async def _infer_asgi(self, scope: Scope, receive: Receive, send: Send, model: str, version: str) -> None:
         """The infer hot path as a bare ASGI handler: no Request/Response objects."""
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        limit = self.max_body_bytes
-        length = headers.get("content-length")
         status: int
-        if length is not None and length.isdigit() and int(length) > limit:
-            status, reply, out = 413, [(b"content-type", b"application/json")], b""
-            out = orjson.dumps({"error": str(_TooLarge(int(length), limit))})
-        else:
-            chunks: list[bytes] = []
-            total = 0
-            more = True
-            while more:
-                msg = await receive()
-                if msg["type"] == "http.disconnect":
-                    return
-                chunk = msg.get("body", b"")
-                total += len(chunk)
-                if total > limit:
-                    break
-                chunks.append(chunk)
-                more = msg.get("more_body", False)
-            if total > limit:
-                status, reply = 413, [(b"content-type", b"application/json")]
-                out = orjson.dumps({"error": str(_TooLarge(total, limit))})
-            else:
-                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                status, reply, out = await self.infer_reply(model, version, headers, body, receive)
-                if status == _CLIENT_GONE:
-                    return
+        try:
+            body = await read_body(receive, headers.get("content-length"), self.max_body_bytes, self._body_watch)
+            status, reply, out = await self.infer_reply(model, version, headers, body, receive)
+        except ClientGone:
+            status, reply, out = 400, [_JSON_HEADER, _CLOSE], orjson.dumps({"error": ClientGone.MESSAGE})
+        except TooLarge as e:
+            status, reply, out = 413, [_JSON_HEADER, _CLOSE], orjson.dumps({"error": str(e)})
+        except BodyTimeout as e:
+            status, reply, out = 408, [_JSON_HEADER, _CLOSE], orjson.dumps({"error": str(e)})
+        except Exception as e:
+            err = internal_error(f"HTTP infer {model}", e)
+            status, reply, out = 500, [_JSON_HEADER], orjson.dumps({"error": err.message})
+        if status == _CLIENT_GONE:
+            return
         reply.append((b"content-length", str(len(out)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": reply})
-        await send({"type": "http.response.body", "body": out})
+        try:
+            await send({"type": "http.response.start", "status": status, "headers": reply})
+            await send({"type": "http.response.body", "body": out})
+        except OSError:  # the client is gone (ASGI servers may raise on a closed connection)
+            pass
 
     def asgi(self) -> ASGIApp:
         """The whole HTTP API as one ASGI app: infer on the bare fast path, the rest through
@@ -325,7 +349,11 @@ class HttpFrontend:
                 if m is not None:
                     await self._infer_asgi(scope, receive, send, m.group(1), m.group(2) or "")
                     return
-            await app(scope, receive, send)
+            # An exception here was answered by Starlette's error middleware (500 with a request
+            # id) and logged by internal_error within its rate limit; the middleware re-raises
+            # it for the server to log, which would log every one in full.
+            with contextlib.suppress(Exception):
+                await app(scope, receive, send)
 
         return serve
 
@@ -376,14 +404,18 @@ class HttpFrontend:
             Route("/v2/repository/models/{model}/load", s.load, methods=["POST"]),
             Route("/v2/repository/models/{model}/unload", s.unload, methods=["POST"]),
         ]
+        # Triton's extensions that seqserve does not implement: a clear 501 (the HTTP twin of the
+        # gRPC UNIMPLEMENTED they get), not a bare 404.
+        for path, methods, message in _UNIMPLEMENTED_ROUTES:
+            routes.append(Route(path, _unimplemented(message), methods=methods))
 
         async def http_error(request: Request, exc: Exception) -> Response:
             assert isinstance(exc, HTTPException)
             return error_response(exc.detail, exc.status_code)
 
         async def server_error(request: Request, exc: Exception) -> Response:
-            log.exception("unhandled error on %s", request.url.path, exc_info=exc)
-            return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
+            err = internal_error(f"HTTP {request.method} {request.url.path[:100]}", exc)
+            return error_response(err.message, 500)
 
         return Starlette(
             routes=routes,
@@ -451,9 +483,25 @@ def _closing(send: Send) -> Send:
     return closing_send
 
 
-class _TooLarge(Exception):
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"request body of {size} bytes exceeds the server's limit of {limit} bytes")
+_NO_EXTENSION = "seqserve does not implement this extension"
+_UNIMPLEMENTED_ROUTES = [
+    ("/v2/logging", ["GET", "POST"], f"log settings: {_NO_EXTENSION}"),
+    ("/v2/trace/setting", ["GET", "POST"], f"trace settings: {_NO_EXTENSION}"),
+    ("/v2/models/{model}/trace/setting", ["GET", "POST"], f"trace settings: {_NO_EXTENSION}"),
+    # status (GET), register and unregister (POST), for all regions or one
+    *[
+        (f"/v2/{kind}sharedmemory{path}", ["GET", "POST"], NO_SHM)
+        for kind in ("system", "cuda")
+        for path in ("/{action}", "/region/{region}/{action}")
+    ],
+]
+
+
+def _unimplemented(message: str) -> Callable[[Request], Awaitable[Response]]:
+    async def route(request: Request) -> Response:
+        return error_response(message, 501)
+
+    return route
 
 
 def _stats_json(stats: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +21,10 @@ import orjson
 
 from seqserve.api.kserve import (
     NUMPY_DTYPES,
+    UINT64_MAX,
     bad,
-    element_count,
+    check_shape,
+    clip,
     raw_bytes,
     set_parameter,
     tensor_from_raw,
@@ -52,7 +55,11 @@ def decode_request(
     body: bytes, header_length: int | None, model: str, version: str
 ) -> tuple[InferRequest, HttpReplyOptions]:
     """Split the JSON header from the binary tail (by Inference-Header-Content-Length) and
-    decode both into one engine request for ``model`` / ``version`` (from the URL)."""
+    decode both into one engine request for ``model`` / ``version`` (from the URL).
+
+    Every size is checked against the bytes actually present before anything is allocated:
+    shapes (rank, int64 products), ``binary_data_size`` against the tail, BYTES element
+    counts against their data, JSON ``data`` against the shape."""
     view = memoryview(body)
     if header_length is None:
         head, tail = view, view[len(view) :]
@@ -62,12 +69,14 @@ def decode_request(
                 f"Inference-Header-Content-Length {header_length} is out of range for a body of {len(body)} bytes"
             )
         head, tail = view[:header_length], view[header_length:]
-    doc = _loads(head)
+    doc = loads(head)
     if not isinstance(doc, dict):
         raise bad("the inference request must be a JSON object")
     rid = doc.get("id", "")
+    if not isinstance(rid, str):  # Triton reads it with MemberAsString
+        raise bad("Unable to parse 'id'")
     inputs: dict[str, np.ndarray] = {}
-    request = InferRequest(model, inputs, version, rid if isinstance(rid, str) else str(rid))
+    request = InferRequest(model, inputs, version, rid)
     binary_default = False
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
@@ -78,7 +87,7 @@ def decode_request(
                 raise bad("Unable to parse 'binary_data_output'")
             binary_default = value
         elif key != "headers" and not set_parameter(request, key, value):
-            raise bad(f"Unable to parse '{key}'")
+            raise bad(f"Unable to parse '{clip(key)}'")
 
     specs = doc.get("inputs")
     if not isinstance(specs, list):
@@ -89,35 +98,41 @@ def decode_request(
             raise bad("each input must be a JSON object")
         name = spec.get("name")
         datatype = spec.get("datatype")
-        shape = spec.get("shape")
         if not isinstance(name, str) or not isinstance(datatype, str):
             raise bad("each input needs a string 'name' and 'datatype'")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise bad(f"input '{name}' needs a 'shape' of non-negative integers")
+        if name in inputs:
+            raise bad(f"input '{clip(name)}' already exists in request")
+        count = check_shape(name, spec.get("shape"))
+        shape: list[int] = spec["shape"]
         if datatype not in NUMPY_DTYPES and datatype != "BF16":
-            raise bad(f"input '{name}' has unknown datatype '{datatype}'")
+            raise bad(f"input '{clip(name)}' has unknown datatype '{clip(datatype)}'")
         iparams = spec.get("parameters") or {}
+        if not isinstance(iparams, dict):
+            raise bad(f"input '{clip(name)}': 'parameters' must be a JSON object")
         if "shared_memory_region" in iparams:
-            raise InferenceError(Code.UNSUPPORTED, f"input '{name}': shared memory inputs are not supported")
-        size = iparams.get("binary_data_size")
-        if size is not None:
+            raise InferenceError(Code.UNSUPPORTED, f"input '{clip(name)}': shared memory inputs are not supported")
+        if "binary_data_size" in iparams:
+            size = iparams["binary_data_size"]
             if "data" in spec:
-                raise bad(f"input '{name}' has both 'data' and 'binary_data_size'")
-            if not isinstance(size, int) or size < 0:
-                raise bad(f"input '{name}': 'binary_data_size' must be a non-negative integer")
+                raise bad(f"input '{clip(name)}' has both 'data' and 'binary_data_size'")
+            if type(size) is not int or size < 0:
+                raise bad(f"input '{clip(name)}': 'binary_data_size' must be a non-negative integer")
             if offset + size > len(tail):
-                raise bad(f"unexpected size for input '{name}', expecting {size} additional bytes for model '{model}'")
+                raise bad(
+                    f"unexpected size for input '{clip(name)}', expecting {size} additional bytes for model "
+                    f"'{clip(model)}'"
+                )
             inputs[name] = tensor_from_raw(name, datatype, shape, tail[offset : offset + size])
             offset += size
         elif "data" in spec:
-            inputs[name] = _json_tensor(name, datatype, shape, spec["data"])
+            inputs[name] = json_tensor(name, datatype, shape, count, spec["data"])
         else:
-            raise bad(f"input '{name}' has no 'data' and no 'binary_data_size'")
+            raise bad(f"input '{clip(name)}' has no 'data' and no 'binary_data_size'")
     if offset != len(tail):
-        raise bad(f"unexpected additional input data for model '{model}'")
+        raise bad(f"unexpected additional input data for model '{clip(model)}'")
 
     outputs = doc.get("outputs")
-    if not outputs:  # absent or []: every output
+    if outputs is None or outputs == []:  # absent or []: every output
         return request, _ALL_BINARY if binary_default else _ALL_JSON
     if not isinstance(outputs, list):
         raise bad("'outputs' must be an array")
@@ -126,52 +141,103 @@ def decode_request(
         if not isinstance(o, dict) or not isinstance(o.get("name"), str):
             raise bad("each requested output needs a string 'name'")
         oparams = o.get("parameters") or {}
+        if not isinstance(oparams, dict):
+            raise bad(f"output '{clip(o['name'])}': 'parameters' must be a JSON object")
         if "shared_memory_region" in oparams:
-            raise InferenceError(Code.UNSUPPORTED, f"output '{o['name']}': shared memory outputs are not supported")
+            raise InferenceError(
+                Code.UNSUPPORTED, f"output '{clip(o['name'])}': shared memory outputs are not supported"
+            )
         flag = oparams.get("binary_data")
-        binary[o["name"]] = flag if isinstance(flag, bool) else None
+        if flag is not None and not isinstance(flag, bool):
+            raise bad(f"output '{clip(o['name'])}': Unable to parse 'binary_data'")
+        binary[o["name"]] = flag
     request.outputs = tuple(binary)
     return request, HttpReplyOptions(binary_default, binary)
 
 
-def _loads(raw: bytes | memoryview) -> Any:
+def loads(raw: bytes | memoryview) -> Any:
+    """The JSON header. orjson first (it refuses nesting deeper than 1024 and numbers beyond a
+    double); the stdlib only for the NaN / Infinity tokens rapidjson clients may send, with
+    the same refusals (no RecursionError, no 1e400 read as infinity)."""
     try:
         return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        # rapidjson clients may send NaN / Infinity tokens, which only the stdlib accepts.
-        try:
-            return json.loads(bytes(raw))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise bad(f"failed to parse the request JSON: {e}") from None
+    except orjson.JSONDecodeError as e:
+        first = e
+    data = bytes(raw)
+    if b"NaN" not in data and b"Infinity" not in data:
+        raise bad(f"failed to parse the request JSON: {first}") from None
+    try:
+        return json.loads(data, parse_float=_finite_float, parse_int=_int64_or_float)
+    except RecursionError:
+        raise bad("failed to parse the request JSON: nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad(f"failed to parse the request JSON: {e}") from None
 
 
-def _json_tensor(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # a literal beyond a double ("Infinity" itself goes to parse_constant)
+        raise ValueError(f"number {clip(text, 40)} is beyond a double")
+    return value
+
+
+def _int64_or_float(text: str) -> int | float:
+    """Integers as orjson reads them: within [-2^63, 2^64) exactly, beyond as a double; and
+    no 4300-digit conversions."""
+    if len(text) > 40:
+        raise ValueError(f"number {clip(text, 40)} is beyond a double")
+    value = int(text)
+    return value if -(2**63) <= value <= UINT64_MAX else _finite_float(text)
+
+
+# The Python types a JSON tensor's elements may have, per datatype (bool is not a number).
+_INTS = frozenset({int})
+_NUMBERS = frozenset({int, float})
+_JSON_TYPES = {
+    **{d: _INTS for d in ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")},
+    **{d: _NUMBERS for d in ("FP16", "FP32", "FP64")},
+    "BOOL": frozenset({bool}),
+    "BYTES": frozenset({str}),
+}
+
+
+def json_tensor(name: str, datatype: str, shape: list[int], count: int, data: Any) -> np.ndarray:
+    """An input's JSON ``data`` (flat or nested as the shape) as an array: the element count is
+    checked against the shape before any array is made, each element's JSON type against the
+    datatype, and each value against the datatype's range (no silent truncation, wrap-around
+    or overflow to infinity)."""
     if datatype == "BF16":
-        raise bad(f"receiving BF16 data via JSON is not supported. Please use the binary data format for input {name}")
+        raise bad(
+            f"receiving BF16 data via JSON is not supported. Please use the binary data format for input {clip(name)}"
+        )
     dtype = NUMPY_DTYPES[datatype]
+    flat = _flatten(data)
+    if len(flat) != count:
+        raise bad(f"Unable to parse 'data': Shape does not match true shape of 'data' field for input '{clip(name)}'")
+    if not set(map(type, flat)) <= _JSON_TYPES[datatype]:
+        what = {"BYTES": "strings", "BOOL": "booleans"}.get(datatype, "numbers")
+        if dtype.kind in "iu":
+            what = "integers"
+        raise bad(f"Unable to parse 'data': expected {what} for {datatype} input '{clip(name)}'")
     try:
         if datatype == "BYTES":
-            flat = _flatten(data)
-            arr = np.empty(len(flat), dtype=object)
-            for i, v in enumerate(flat):
-                if not isinstance(v, str):
-                    raise bad(f"Unable to parse 'data': expected a string for BYTES input '{name}'")
-                arr[i] = v.encode()
-        elif datatype == "BOOL":
-            flat = _flatten(data)
-            if not all(isinstance(v, bool) for v in flat):
-                raise bad(f"Unable to parse 'data': expected booleans for BOOL input '{name}'")
-            arr = np.array(flat, dtype=dtype)
+            arr = np.empty(count, dtype=object)
+            arr[:] = [v.encode() for v in flat]
+        elif dtype.itemsize < 8 and dtype.kind == "f":
+            wide = np.array(flat, np.float64)  # a Python int beyond a double raises here
+            finite = wide[np.isfinite(wide)]
+            if finite.size and np.abs(finite).max() > np.finfo(dtype).max:
+                raise bad(f"Unable to parse 'data': a value of input '{clip(name)}' is out of range for {datatype}")
+            arr = wide.astype(dtype)
         else:
-            arr = np.array(data, dtype=dtype).reshape(-1)
+            arr = np.array(flat, dtype=dtype)  # numpy refuses ints out of the dtype's range
     except (TypeError, ValueError, OverflowError) as e:
-        raise bad(f"Unable to parse 'data' of input '{name}': {e}") from None
-    if arr.size != element_count(shape):
-        raise bad(f"Unable to parse 'data': Shape does not match true shape of 'data' field for input '{name}'")
+        raise bad(f"Unable to parse 'data' of input '{clip(name)}': {e}") from None
     return arr.reshape(shape)
 
 
 def _flatten(data: Any) -> list[Any]:
+    """Nested lists (as deep as JSON allows) to one list, without recursion."""
     if not isinstance(data, list):
         return [data]
     out: list[Any] = []
@@ -236,19 +302,7 @@ def _json_data(name: str, arr: np.ndarray) -> Any:
 
 
 # --------------------------------------------------------------------- compression
-
-
-def decompress(body: bytes, encoding: str) -> bytes:
-    """Undo a request Content-Encoding. 'deflate' is zlib-wrapped (RFC 1950), as clients send it."""
-    enc = encoding.strip().lower()
-    if enc in ("", "identity"):
-        return body
-    if enc not in ("gzip", "deflate"):
-        raise InferenceError(Code.UNSUPPORTED, "Unsupported compression type")
-    try:
-        return zlib.decompress(body, 47)  # 32 + 15: detect gzip or zlib header
-    except zlib.error as e:
-        raise bad(f"failed to decompress the request body ({enc}): {e}") from None
+# (Request bodies are inflated, within the body limit, by ``limits.inflate``.)
 
 
 def choose_encoding(accept: str) -> str | None:

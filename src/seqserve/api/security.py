@@ -18,6 +18,7 @@ client CA (mutual TLS: the client must present a certificate that CA signed).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import inspect
@@ -72,7 +73,7 @@ _V = "/versions/{version:int}"
 #: comes first, which no other template matches, so that the hot path matches at once. Templates that seqserve does not
 #: serve yet (Triton's shared-memory, trace, logging and generate routes, the repository
 #: segment) are listed too: a restriction holds there as well (403,
-#: else 404), and holds for them the day they are served.
+#: else 501 or 404), and holds for them the day they are served.
 HTTP_API: tuple[tuple[str, str], ...] = (
     ("/v2/models/{model}/infer", "inference"),
     ("/v2/models/{model}" + _V + "/infer", "inference"),
@@ -287,12 +288,18 @@ def http_refusal(r: Restriction) -> str:
     return f"This API is restricted, expecting header '{r.header}'"
 
 
-def restrict_http(app: ASGIApp, restrictions: Mapping[str, Restriction], *, max_body_bytes: int = 1 << 30) -> ASGIApp:
+def restrict_http(
+    app: ASGIApp,
+    restrictions: Mapping[str, Restriction],
+    *,
+    max_body_bytes: int = 1 << 30,
+    body_timeout_s: float = 10.0,
+) -> ASGIApp:
     """``app`` behind the restrictions: a request to a restricted group without its header
     and value gets Triton's 403 and never reaches ``app``. Its body is read and dropped first
-    (up to ``max_body_bytes``), as Triton reads it, so that the client, still sending it, gets
-    the answer and the keep-alive connection stays usable. Without restrictions, ``app``
-    itself."""
+    (up to ``max_body_bytes``, while it keeps arriving within ``body_timeout_s``), as Triton
+    reads it, so that the client, still sending it, gets the answer and the keep-alive
+    connection stays usable. Without restrictions, ``app`` itself."""
     if not restrictions:
         return app
     # group -> (lower-case header name, value digest, the refusal's response)
@@ -317,7 +324,7 @@ def restrict_http(app: ASGIApp, restrictions: Mapping[str, Restriction], *, max_
                 else:
                     ok = False
                 if not ok:
-                    await _drop_body(scope, receive, max_body_bytes)
+                    await _drop_body(scope, receive, max_body_bytes, body_timeout_s)
                     await send({"type": "http.response.start", "status": HTTP_REFUSAL, "headers": head})
                     await send({"type": "http.response.body", "body": body})
                     return
@@ -326,7 +333,7 @@ def restrict_http(app: ASGIApp, restrictions: Mapping[str, Restriction], *, max_
     return restricted
 
 
-async def _drop_body(scope: Scope, receive: Receive, limit: int) -> None:
+async def _drop_body(scope: Scope, receive: Receive, limit: int, timeout_s: float) -> None:
     for k, v in scope["headers"]:
         if k == b"content-length":
             if not v.isdigit() or int(v) > limit:
@@ -334,7 +341,10 @@ async def _drop_body(scope: Scope, receive: Receive, limit: int) -> None:
             break
     total = 0
     while True:
-        msg = await receive()
+        try:
+            msg = await asyncio.wait_for(receive(), timeout_s)
+        except asyncio.TimeoutError:
+            return  # a stalled body: answered now, and the connection closes after the answer
         total += len(msg.get("body", b""))
         if msg["type"] != "http.request" or not msg.get("more_body", False) or total > limit:
             return

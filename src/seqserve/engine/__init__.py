@@ -21,7 +21,8 @@ from seqserve.engine.ordering import OrderedRelease
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
 from seqserve.engine.scope import SequenceScope
-from seqserve.engine.server import SERVER_EXITING, SERVER_STOPPING, Server
+from seqserve.engine.server import Server
+from seqserve.engine.server_state import SERVER_EXITING, SERVER_STOPPING
 from seqserve.engine.sessions import (
     DEFAULT_TOMBSTONE_MAX,
     DEFAULT_TOMBSTONE_S,

@@ -30,17 +30,22 @@ from seqserve.engine.backends import BackendInstance, InstanceContext, ModelCont
 from seqserve.engine.batch import ExecuteBatch, RaggedInput
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
+from seqserve.engine.isolation import IsolatedBackend, execution_settings
 from seqserve.engine.model.delivery import Delivery, Pending
+from seqserve.engine.model.sequence_views import SequenceViews
 from seqserve.engine.model.spec import build_core_spec
 from seqserve.engine.model.validation import INTEGER_CORRID, RequestValidator
+from seqserve.engine.model.watchdog import ExecuteWatchdog
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
-from seqserve.engine.sessions import EndedSequence, SequenceInfo, SequenceList, SessionGoneError, SessionPolicy
+from seqserve.engine.sessions import SessionGoneError, SessionPolicy
 from seqserve.engine.tensors import wire_dtype_name
 
 log = logging.getLogger("seqserve.model")
 
 _handles = itertools.count(1)
+_MAX_PRIORITY = 2**31 - 1  # the core's priority is an int
+_MAX_TIMEOUT_US = 2**62 // 1000  # ns on the core's steady clock, added to now: 146 years
 
 #: what a client refused by admission control is told to wait before it tries again (Retry-After)
 BACKLOG_RETRY_AFTER_S = 1.0
@@ -68,7 +73,7 @@ class RequestFuture(asyncio.Future[InferResult]):
         return True
 
 
-class LoadedModel:
+class LoadedModel(SequenceViews):
     """A model version ready to serve: scheduler started, instances initialized."""
 
     def __init__(
@@ -79,6 +84,7 @@ class LoadedModel:
         model_dir: Path,
         loop: asyncio.AbstractEventLoop,
         sessions: SessionPolicy | None = None,
+        python_isolation: str = "thread",
         max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES,
     ) -> None:
         """``max_backlog_sequences``: the server's bound on backlogged sequences (0: none), for
@@ -119,6 +125,8 @@ class LoadedModel:
                 f"backend '{cfg.backend or cfg.platform}' does not support decoupled models "
                 "(model_transaction_policy { decoupled: true }); the python backend does",
             )
+        # parameters `isolation` and `execute_timeout_ms` (seqserve.engine.isolation.settings)
+        execution = execution_settings(cfg, python_backend="python" in backend_cls.names, default=python_isolation)
         ctx = ModelContext(
             name=self.name,
             version=version,
@@ -127,10 +135,16 @@ class LoadedModel:
             version_dir=model_dir / str(version),
             parameters={k: v.string_value for k, v in cfg.parameters.items()},
         )
-        self.backend = backend_cls(ctx)
+        self.backend = (
+            IsolatedBackend(ctx, backend_cls, execute_timeout_s=execution.execute_timeout_s)
+            if execution.process
+            else backend_cls(ctx)
+        )
         self._instances: list[BackendInstance] = []
         self.instance_names: list[str] = []
         self._create_instances(ctx)
+        if isinstance(self.backend, IsolatedBackend):
+            self.backend.wait_ready()  # the children load the model in parallel
 
         spec = build_core_spec(
             cfg, model_dir, len(self._instances), sessions, max_backlog_sequences=max_backlog_sequences
@@ -139,6 +153,11 @@ class LoadedModel:
         self._spec = spec
         self._validator = RequestValidator(cfg, spec)
         self._delivery = Delivery(cfg, self.version_str, loop, preserve_ordering=spec.preserve_ordering)
+        self._watchdog = (  # isolated instances time out on their own
+            ExecuteWatchdog(self.name, self.instance_names, execution.execute_timeout_s, self._delivery.batch_failed)
+            if execution.execute_timeout_s and not execution.process
+            else None
+        )
         describe = (
             cfg.model_transaction_policy.stateful_model_policy.timeout_action
             == mc.ModelTransactionPolicy.StatefulModelPolicy.DESCRIBE
@@ -289,65 +308,6 @@ class LoadedModel:
 
     # ------------------------------------------------------------------ sequence API
 
-    def sequences(self, limit: int) -> SequenceList:
-        """The live sequences (holding a slot or backlogged): how many, and up to ``limit`` of
-        them, the oldest first."""
-        total, found = self._core.list_sequences(limit)
-        infos = sorted((self._sequence_info(x) for x in found), key=lambda i: -i.age_s)
-        return SequenceList(total, infos)
-
-    def sequence(self, sequence_id: SequenceId) -> SequenceInfo:
-        """One live sequence; NOT_FOUND when it is not live (the message says why when it is a
-        session that ended or expired)."""
-        found = self._core.find_sequence(sequence_id)
-        if found is None:
-            raise self._not_live(sequence_id)
-        return self._sequence_info(found)
-
-    def end_sequence(self, sequence_id: SequenceId) -> EndedSequence:
-        """End a live sequence now, as idle expiry does: its slot is freed once the requests
-        already queued for it have run, and with ``timeout_action: TIMEOUT_COMPLETE`` the model
-        gets one final END step first. A backlogged sequence's queued requests are cancelled.
-        Its id is remembered as ended, so a session request for it gets SessionGoneError and a
-        ``sequence_id`` request without START gets Triton's START error."""
-        found = self._core.end_sequence(sequence_id)
-        if found is None:
-            raise self._not_live(sequence_id)
-        info = self._sequence_info(found)
-        log.info(
-            "model '%s' version %d: sequence %r ended through the sequence API", self.name, self.version, sequence_id
-        )
-        return EndedSequence(
-            info,
-            final_step=self._spec.scheduler.timeout_complete and not info.backlogged,
-            cancelled_requests=info.queued if info.backlogged else 0,
-        )
-
-    def _sequence_info(self, x: _core.SequenceInfo) -> SequenceInfo:
-        held = not x.backlogged
-        return SequenceInfo(
-            sequence_id=x.sequence_id,
-            backlogged=x.backlogged,
-            session=x.session,
-            instance=self.instance_names[x.instance] if held else None,
-            slot=x.slot if held else None,
-            age_s=x.age_s,
-            idle_s=x.idle_s,
-            steps=x.steps,
-            state_bytes=x.state_bytes,
-            queued=x.queued,
-        )
-
-    def _not_live(self, sequence_id: SequenceId) -> InferenceError:
-        msg = f"sequence {sequence_id!r} of model '{self.name}' version {self.version} is not live"
-        if not self.is_sequence:
-            msg = f"model '{self.name}' is not a sequence model"
-        else:
-            gone = self._core.session_gone(sequence_id)
-            if gone:
-                msg += f": {gone}"
-        return InferenceError(Code.NOT_FOUND, msg)
-
     @property
     def inflight_sequences(self) -> int:
         return self._core.inflight_sequences()
@@ -462,17 +422,25 @@ class LoadedModel:
             in_order,
         )
         self._pending[handle] = rec
-        token = self._core.submit(
-            handle,
-            rec.keep,
-            checked.corrid,
-            request.sequence_start,
-            request.sequence_end,
-            request.timeout_us,
-            checked.rows,
-            request.priority,
-            request.session,
-        )
+        priority = request.priority
+        timeout_us = request.timeout_us
+        try:
+            token = self._core.submit(
+                handle,
+                rec.keep,
+                checked.corrid,
+                request.sequence_start,
+                request.sequence_end,
+                # the longest timeout is what the core's clock can add without overflowing, and a
+                # priority level the model does not have means its default level (Triton's rule)
+                timeout_us if 0 <= timeout_us <= _MAX_TIMEOUT_US else max(0, min(timeout_us, _MAX_TIMEOUT_US)),
+                checked.rows,
+                priority if 0 <= priority <= _MAX_PRIORITY else 0,
+                request.session,
+            )
+        except BaseException:
+            del self._pending[handle]  # refused by the binding: nothing of it stays behind
+            raise
         if not isinstance(token, int):  # a Refusal
             del self._pending[handle]
             self._validator.failures += 1
@@ -529,7 +497,8 @@ class LoadedModel:
             instance = self._instances[cb.instance]
             if instance.uses_responders:
                 batch.responder = functools.partial(delivery.responder, recs)
-            produced = instance.execute(batch)
+            watchdog = self._watchdog
+            produced = instance.execute(batch) if watchdog is None else watchdog.call(instance.execute, batch, recs)
         except Exception as e:  # the model's failure fails this batch only
             if running.pop(cb.instance, None) is None:
                 cb.finish(False)
@@ -601,6 +570,11 @@ class LoadedModel:
 
     def _close(self, force: bool, timeout_s: float | None) -> list[str]:
         hung = self._core.close(force, timeout_s=timeout_s)
+        if self._watchdog is not None:
+            self._watchdog.close()
+        if hung and isinstance(self.backend, IsolatedBackend):
+            for i in hung:  # a child stuck in execute is killed: its thread returns, nothing lingers
+                self.backend.instances[i].abort()
         for i in hung:
             recs = self._running.pop(i, None)  # unless its execute has just returned
             if recs:

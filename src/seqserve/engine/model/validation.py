@@ -163,7 +163,7 @@ class RequestValidator:
         is_str = isinstance(corrid, str)
         if is_str and len(corrid) > MAX_STRING_ID:  # type: ignore[arg-type]
             # refused when the id is set, before any request id applies
-            raise InferenceError(Code.UNSUPPORTED, "string correlation ID cannot be longer than 128 characters")
+            raise InferenceError(Code.INVALID_ARG, "string correlation ID cannot be longer than 128 characters")
         cd = self._corrid_dtype
         if cd is not None and ((is_str and cd != mc.TYPE_STRING) or (not is_str and cd not in INTEGER_CORRID)):
             raise self._bad(

@@ -1,0 +1,121 @@
+"""Reading an HTTP request body within its size limit and its deadline (slow or stalled clients)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.types import Receive
+
+from seqserve.api.limits import (
+    TooLarge,
+)
+
+
+class BodyTimeout(Exception):
+    def __init__(self, secs: float) -> None:
+        super().__init__(f"request body timed out: no data arrived for {secs:g} s")
+
+
+class ClientGone(Exception):
+    """The body ended early: the client disconnected, or (granian reports it the same way) its
+    framing was malformed (a bad chunk size). Answered with 400, which a departed client
+    never reads."""
+
+    MESSAGE = "the request body ended early: the connection closed or its framing (chunks, Content-Length) is malformed"
+
+
+class BodyWatch:
+    """Times out request bodies that stop arriving with one watchdog task for all requests, not
+    a timer each: a request registers while it reads its body (and notes each chunk); every
+    ``tick`` the watchdog cancels the reads that made no progress for ``timeout_s``, which then
+    raise BodyTimeout. So a 408 comes between ``timeout_s`` and ``timeout_s + tick``, and a body
+    that arrives at once costs a dict entry, not a timer. The watchdog runs only while some
+    request is reading."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.tick = min(1.0, timeout_s / 4)
+        self.reading: dict[asyncio.Task[Any], float] = {}  # task -> when it last made progress
+        self.expired: set[asyncio.Task[Any]] = set()
+        self._watchdog: asyncio.Task[None] | None = None
+
+    def begin(self, task: asyncio.Task[Any], now: float) -> None:
+        self.reading[task] = now
+        if self._watchdog is None:
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self.reading:
+                await asyncio.sleep(self.tick)
+                stalled_since = loop.time() - self.timeout_s
+                for task, since in list(self.reading.items()):
+                    if since < stalled_since:
+                        del self.reading[task]
+                        self.expired.add(task)
+                        task.cancel()  # at its only await while registered: receive()
+        finally:
+            self._watchdog = None
+
+    def timed_out(self, task: asyncio.Task[Any]) -> bool:
+        """After a CancelledError in ``task``'s read: whether it was the watchdog's (then the
+        cancellation is withdrawn and the read ends with BodyTimeout)."""
+        if task not in self.expired:
+            return False
+        self.expired.discard(task)
+        uncancel = getattr(task, "uncancel", None)  # Python 3.11+
+        if uncancel is not None:
+            uncancel()
+        return True
+
+
+async def read_body(receive: Receive, length: str | None, limit: int, watch: BodyWatch) -> bytes:
+    """The whole request body from ASGI ``receive``: TooLarge past ``limit`` (at once when the
+    Content-Length says so), BodyTimeout when no data arrives for ``watch.timeout_s``,
+    ClientGone on a disconnect."""
+    if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
+        raise TooLarge(int(length), limit)
+    chunks: list[bytes] = []
+    total = 0
+    task = asyncio.current_task()
+    if task is None:  # not run by a task: a deadline per receive
+        while True:
+            try:
+                msg = await asyncio.wait_for(receive(), watch.timeout_s)
+            except asyncio.TimeoutError:
+                raise BodyTimeout(watch.timeout_s) from None
+            if msg["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = msg.get("body", b"")
+            if chunk:
+                total += len(chunk)
+                if total > limit:
+                    raise TooLarge(total, limit)
+                chunks.append(chunk)
+            if not msg.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    loop = task.get_loop()
+    watch.begin(task, loop.time())
+    try:
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = msg.get("body", b"")
+            if chunk:
+                total += len(chunk)
+                if total > limit:
+                    raise TooLarge(total, limit)
+                chunks.append(chunk)
+            if not msg.get("more_body", False):
+                break
+            watch.reading[task] = loop.time()  # the deadline is for progress
+    except asyncio.CancelledError:
+        if watch.timed_out(task):
+            raise BodyTimeout(watch.timeout_s) from None
+        raise
+    finally:
+        watch.reading.pop(task, None)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)

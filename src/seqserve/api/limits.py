@@ -1,0 +1,258 @@
+"""Bounded input: the front-ends' size and time limits, their defaults, and the two tools that
+keep a large request from holding the event loop: an incremental inflater that stops at the
+body limit, and a small executor for the decoding work that grows with a request's size.
+
+The defaults follow Triton where it has one: the 64 MiB request limit is Triton's
+``--http-max-input-size`` default (``HTTP_DEFAULT_MAX_INPUT_SIZE``, applied after
+decompression), and the gRPC message limits default to the same size. docs/security.md
+("Bounded input") lists every limit with its flag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import threading
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from seqserve.engine import Code, InferenceError
+
+#: the largest request body, before and after decompression (HTTP), and the largest gRPC message
+DEFAULT_MAX_BODY_BYTES = 64 << 20
+#: a request's headers must have arrived this long after its connection opened or went idle
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+#: a request body that makes no progress for this long gets 408
+DEFAULT_BODY_TIMEOUT_S = 10.0
+#: an idle kept-alive HTTP connection is closed after this long (bounded by the header timeout)
+DEFAULT_KEEPALIVE_S = 10.0
+#: concurrent HTTP connections
+DEFAULT_MAX_CONNECTIONS = 1024
+#: gRPC: streams per connection, idle connections, keepalive pings (gRPC's and Triton's 2 h, 20 s)
+DEFAULT_GRPC_MAX_CONCURRENT_STREAMS = 1024
+DEFAULT_GRPC_MAX_CONNECTION_IDLE_S = 300.0
+DEFAULT_GRPC_KEEPALIVE_S = 7200.0
+DEFAULT_GRPC_KEEPALIVE_TIMEOUT_S = 20.0
+
+#: a request whose body (or whose BYTES data) is larger than this is decoded off the event loop
+OFFLOAD_BYTES = 1 << 20
+#: inflated on the loop before the rest of a compressed body moves to the executor
+_INLINE_INFLATE_BYTES = 256 << 10
+#: one step of inflating in the executor (zlib releases the GIL while it works)
+_INFLATE_STEP_BYTES = 1 << 20
+
+T = TypeVar("T")
+
+#: the niceness of the inflate threads (Linux: per thread)
+_INFLATE_NICE = 10
+
+_executors: dict[bool, concurrent.futures.ThreadPoolExecutor] = {}
+
+
+def _lower_priority() -> None:
+    """Make the calling thread yield the CPU to the event loop and the model executors: on a
+    busy machine a big inflate then slows itself down, not the other clients' steps. Only for
+    work that runs without the GIL (a preempted GIL holder would stall the loop instead)."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _INFLATE_NICE)
+
+
+def _pool(background: bool) -> concurrent.futures.ThreadPoolExecutor:
+    pool = _executors.get(background)
+    if pool is None:
+        # Two threads each: large requests queue behind each other instead of taking every core.
+        pool = _executors[background] = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2,
+            thread_name_prefix="seqserve-inflate" if background else "seqserve-decode",
+            initializer=_lower_priority if background else None,
+        )
+    return pool
+
+
+async def offload(fn: Callable[..., T], *args: Any, background: bool = False) -> T:
+    """Run ``fn(*args)`` on a small executor and await its result. ``background``: on threads of
+    lower CPU priority, for work that releases the GIL (zlib)."""
+    return await asyncio.get_running_loop().run_in_executor(_pool(background), fn, *args)
+
+
+def shutdown_executor() -> None:
+    for pool in _executors.values():
+        pool.shutdown(wait=False, cancel_futures=True)
+    _executors.clear()
+
+
+class TooLarge(Exception):
+    """A request over a size limit: HTTP 413 / gRPC RESOURCE_EXHAUSTED."""
+
+    def __init__(self, size: int | None, limit: int, what: str = "request body") -> None:
+        self.limit = limit
+        if size is None:
+            super().__init__(f"{what} exceeds the server's limit of {limit} bytes")
+        else:
+            super().__init__(f"{what} of {size} bytes exceeds the server's limit of {limit} bytes")
+
+
+# ------------------------------------------------------------------------- inflate
+
+#: the request Content-Encodings understood; "identity" (or none) means no compression
+ENCODINGS = ("gzip", "deflate")
+
+
+def content_encoding(header: str) -> str | None:
+    """The encoding to undo: "gzip", "deflate", or None for none. An unknown one is refused with
+    415 (Triton answers 501 "Unsupported compression type"; the message is Triton's)."""
+    enc = header.strip().lower()
+    if enc in ("", "identity"):
+        return None
+    if enc not in ENCODINGS:
+        raise InferenceError(Code.UNSUPPORTED, "Unsupported compression type")
+    return enc
+
+
+class Inflater:
+    """Inflates a gzip or zlib ("deflate") body a step at a time, never past ``limit`` bytes of
+    output: a 1 MiB body that would inflate to 1 GiB stops at the limit (413) after inflating
+    just over it, and each step is bounded so the caller decides where it runs."""
+
+    __slots__ = ("_d", "_done", "_out", "_pending", "_total", "encoding", "limit")
+
+    def __init__(self, body: bytes, encoding: str, limit: int) -> None:
+        self._d = zlib.decompressobj(47)  # 32 + 15: a gzip or a zlib header
+        self._pending = body
+        self._out: list[bytes] = []
+        self._total = 0
+        self._done = False
+        self.encoding = encoding
+        self.limit = limit
+
+    def run(self, budget: int | None = None) -> bool:
+        """Inflate up to ``budget`` more bytes (None: to the end); True once the body is done.
+        Raises TooLarge past the limit, InferenceError (400) on a corrupt body."""
+        step = _INFLATE_STEP_BYTES if budget is None else budget
+        produced = 0
+        d = self._d
+        try:
+            while not self._done:
+                room = self.limit + 1 - self._total  # one byte more than allowed says "too large"
+                chunk = d.decompress(self._pending, min(step, room))
+                self._pending = d.unconsumed_tail
+                if chunk:
+                    self._out.append(chunk)
+                    self._total += len(chunk)
+                    produced += len(chunk)
+                if self._total > self.limit:
+                    raise TooLarge(None, self.limit, "decompressed request body")
+                if d.eof:
+                    if d.unused_data:
+                        raise _corrupt(self.encoding, "trailing data after the compressed stream")
+                    self._done = True
+                elif not self._pending and not chunk:
+                    raise _corrupt(self.encoding, "the compressed stream is truncated")
+                if budget is not None and produced >= budget:
+                    break
+        except zlib.error as e:
+            raise _corrupt(self.encoding, str(e)) from None
+        return self._done
+
+    def result(self) -> bytes:
+        out = self._out
+        return out[0] if len(out) == 1 else b"".join(out)
+
+
+def _corrupt(encoding: str, why: str) -> InferenceError:
+    return InferenceError(Code.INVALID_ARG, f"failed to decompress the request body ({encoding}): {why}")
+
+
+#: deflate's largest ratio: a 258-byte match per 2 bits of code, about 1032:1
+_MAX_DEFLATE_RATIO = 1032
+
+
+def declared_size(body: bytes) -> int | None:
+    """The size a gzip body says it inflates to (its trailer's ISIZE, modulo 2^32), when that
+    size is one its compressed bytes could hold; else None (a zlib body does not say, and the
+    last 4 bytes of a truncated gzip body are not a trailer)."""
+    if len(body) >= 18 and body[:2] == b"\x1f\x8b":
+        size = int.from_bytes(body[-4:], "little")
+        if size <= _MAX_DEFLATE_RATIO * len(body):
+            return size
+    return None
+
+
+async def inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """The decompressed body: a small one on the loop, the rest of a large one on the executor.
+    A gzip body whose trailer declares more than the limit (a size its compressed bytes could
+    hold) is refused before any inflating; one whose trailer lies is inflated only up to the
+    limit. (A truncated gzip body over 64 KiB may therefore get 413 rather than 400.)"""
+    size = declared_size(body)
+    if size is not None and size > limit:
+        raise TooLarge(size, limit, "decompressed request body")
+    inflater = Inflater(body, encoding, limit)
+    if not inflater.run(_INLINE_INFLATE_BYTES):
+        await offload(inflater.run, background=True)
+    return inflater.result()
+
+
+def inflate_sync(body: bytes, encoding: str, limit: int) -> bytes:
+    inflater = Inflater(body, encoding, limit)
+    inflater.run()
+    return inflater.result()
+
+
+# --------------------------------------------------------------------------- gRPC
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcLimits:
+    """The gRPC server's limits, as grpc core channel arguments."""
+
+    max_receive_message_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_send_message_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_concurrent_streams: int = DEFAULT_GRPC_MAX_CONCURRENT_STREAMS
+    max_connection_idle_s: float = DEFAULT_GRPC_MAX_CONNECTION_IDLE_S  # 0: never closed for idleness
+    keepalive_s: float = DEFAULT_GRPC_KEEPALIVE_S
+    keepalive_timeout_s: float = DEFAULT_GRPC_KEEPALIVE_TIMEOUT_S
+
+    def options(self) -> list[tuple[str, int]]:
+        """A message over a size limit fails its call with RESOURCE_EXHAUSTED, before it is
+        read whole; a connection with no rpc for ``max_connection_idle_s`` gets a GOAWAY
+        (clients reconnect on their next call); keepalive pings find dead peers."""
+        opts = [
+            ("grpc.max_receive_message_length", self.max_receive_message_bytes),
+            ("grpc.max_send_message_length", self.max_send_message_bytes),
+            ("grpc.max_concurrent_streams", self.max_concurrent_streams),
+            ("grpc.keepalive_time_ms", _ms(self.keepalive_s)),
+            ("grpc.keepalive_timeout_ms", _ms(self.keepalive_timeout_s)),
+        ]
+        if self.max_connection_idle_s > 0:
+            opts.append(("grpc.max_connection_idle_ms", _ms(self.max_connection_idle_s)))
+        return opts
+
+
+def _ms(secs: float) -> int:
+    return min(int(secs * 1000), 2**31 - 1)
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """The HTTP server's time and connection limits (the body size limit is
+    ``--http-max-body-bytes``). How each HTTP server enforces them: docs/security.md."""
+
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    keepalive_s: float = DEFAULT_KEEPALIVE_S  # 0: no keep-alive, one request per connection
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+
+    @property
+    def idle_s(self) -> float:
+        """How long a connection may wait for (the rest of) a request's headers: both servers
+        time the wait for the next request and for its headers with one timer."""
+        if self.keepalive_s <= 0:
+            return self.header_timeout_s
+        return min(self.header_timeout_s, self.keepalive_s)

@@ -1,0 +1,65 @@
+"""The per-model settings of how a model's instances execute, read from the config's
+``parameters``:
+
+- ``isolation``: ``thread`` (in the server process, on the instance's executor thread) or
+  ``process`` (each instance in its own child process); unset: the server's default for
+  Python models (``Server(python_isolation=...)``, ``seqserve serve --python-isolation``).
+- ``execute_timeout_ms``: a batch whose ``execute`` takes longer fails with UNAVAILABLE; a
+  process-isolated instance is then killed and restarted. Unset or 0: no timeout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from seqserve._proto import model_config_pb2 as mc
+from seqserve.engine.errors import Code, InferenceError
+
+ISOLATION = "isolation"
+EXECUTE_TIMEOUT_MS = "execute_timeout_ms"
+MODES = ("thread", "process")
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionSettings:
+    process: bool  # each instance in a child process
+    execute_timeout_s: float | None  # None: no timeout
+
+
+def check_mode(value: str, what: str) -> str:
+    if value not in MODES:
+        raise InferenceError(Code.INVALID_ARG, f"{what} must be 'thread' or 'process', not '{value}'")
+    return value
+
+
+def execution_settings(cfg: mc.ModelConfig, *, python_backend: bool, default: str = "thread") -> ExecutionSettings:
+    """The settings of one model; INVALID_ARG for values that make no sense.
+
+    ``python_backend``: the model is served by the python backend, the one that can run
+    isolated (the server's default applies to it only)."""
+    params = cfg.parameters
+    raw = params[ISOLATION].string_value.strip().lower() if ISOLATION in params else ""
+    if raw:
+        mode = check_mode(raw, f"model '{cfg.name}': parameter '{ISOLATION}'")
+    else:
+        mode = default if python_backend else "thread"
+    if mode == "process" and not python_backend:
+        raise InferenceError(
+            Code.INVALID_ARG,
+            f"model '{cfg.name}': parameter '{ISOLATION}' is 'process', which only the python backend supports",
+        )
+    timeout_s: float | None = None
+    if EXECUTE_TIMEOUT_MS in params:
+        text = params[EXECUTE_TIMEOUT_MS].string_value.strip()
+        try:
+            ms = int(text)
+        except ValueError:
+            ms = -1
+        if ms < 0:
+            raise InferenceError(
+                Code.INVALID_ARG,
+                f"model '{cfg.name}': parameter '{EXECUTE_TIMEOUT_MS}' must be a whole number of milliseconds "
+                f"(0: no timeout), not '{text}'",
+            )
+        timeout_s = ms / 1000 if ms else None
+    return ExecutionSettings(mode == "process", timeout_s)
