@@ -138,7 +138,7 @@ class StreamSession:
         try:
             async for msg in requests:
                 decoded: tuple[InferRequest, grpc_codec.GrpcReplyOptions] | Exception | None = None
-                if type(msg) is not grpc_codec.Undecodable:
+                if not isinstance(msg, grpc_codec.Undecodable):
                     try:
                         decoded = grpc_codec.decode_request(msg, inline=True)
                     except grpc_codec.DecodeOffLoop:
@@ -163,7 +163,7 @@ class StreamSession:
         did not decode at all is refused too (with no request id to echo) and the stream goes
         on: gRPC's framing is intact, only that message's bytes are bad."""
         self._unfinished += 1
-        if type(msg) is grpc_codec.Undecodable:
+        if isinstance(msg, grpc_codec.Undecodable):
             req = _StreamRequest("", "", "")
             self._hold_place(req)
             err = msg.error()
