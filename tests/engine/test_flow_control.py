@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from seqserve.engine import Code, InferenceError, InferRequest, SequenceScope, Server
+from seqserve.engine import Code, InferenceError, InferRequest, SequenceScope, Server, SessionGoneError
 from tests.conftest import expect_error, write_model
 
 GATED_MODEL = """
@@ -407,3 +407,38 @@ async def test_waiting_in_the_backlog_does_not_count_as_idle_oldest(repo, serve)
     assert (await waiting).outputs["OUT_X"].item() == 2
     await asyncio.sleep(0.1)
     assert await call(s, 2, 3) == 3
+
+
+# ------------------------------------------------------------------------------ sessions
+
+
+def session(seq_id: int, value: int, scope: SequenceScope | None = None) -> InferRequest:
+    return InferRequest("m", x_in(value), sequence_id=seq_id, session=True, scope=scope)
+
+
+async def test_a_cancelled_session_is_remembered(repo, serve):
+    write_model(repo, "m", config(), GATED_MODEL)
+    s = await serve()
+    await call(s, 1, start=True)  # holds the only slot
+    fut = s.enqueue(session(77, 1))  # START implied; backlogged
+    fut.cancel()
+    await until(lambda: state(s)["backlog_sequences"] == 0, "the backlog to drop session 77")
+    with pytest.raises(SessionGoneError) as ei:
+        s.enqueue(session(77, 2))
+    assert (
+        str(ei.value) == "session '77' was cancelled (a request of it was cancelled); start a new session with a new id"
+    )
+
+
+async def test_a_session_started_in_a_scope_ends_with_it(repo, serve):
+    write_model(repo, "m", config(mbs=2), GATED_MODEL)
+    s = await serve()
+    scope = SequenceScope("the test closed it")
+    assert (await s.enqueue(session(78, 1, scope))).outputs["OUT_X"].item() == 1  # START implied
+    assert (await s.enqueue(session(78, 2, scope))).outputs["OUT_X"].item() == 2
+    assert scope.close() == 1
+    with pytest.raises(SessionGoneError) as ei:
+        s.enqueue(session(78, 3))
+    assert str(ei.value) == (
+        "session '78' was ended when the stream that started it closed; start a new session with a new id"
+    )
