@@ -85,7 +85,7 @@ def listing(live: int, reps: int) -> None:
     s, go = _scheduler()
     arr = np.array([[1]], np.int32)
     for i in range(live):
-        assert s.submit(i + 1, (arr,), f"seq-{i:08d}", True, False, 0, 1, 0, False) is None
+        assert isinstance(s.submit(i + 1, (arr,), f"seq-{i:08d}", True, False, 0, 1, 0, False), int)  # accepted
     print(f"listing: {live} live sequences")
     for limit in (1000, 10_000):
         us = median_us(functools.partial(s.list_sequences, limit), reps)

@@ -16,6 +16,7 @@ import queue
 import select
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -382,6 +383,14 @@ def test_acceptance_bounded_backlog_and_stream_scoped_sequences(launch, streams)
             refused += 1
     assert (ok, refused) == (16, 920)
     assert refused >= 900
+
+    def metrics() -> str:  # refreshed every --metrics-interval-ms
+        with urllib.request.urlopen(srv.metrics_url, timeout=10) as r:
+            return str(r.read().decode())
+
+    full = 'seqserve_sequence_backlog_full_total{model="accumulator",version="1"} 920'
+    until(lambda: full in metrics().splitlines(), "the refusals in the metrics")
+    assert 'seqserve_sequence_backlog{model="accumulator",version="1"} 64' in metrics().splitlines()
     stream.cancel()
     # Another client starts 16 sequences. It may get there before the server has seen the
     # stream close: a START refused for the full backlog is retried, as Retry-After suggests

@@ -60,6 +60,7 @@ SEQUENCE = {
     "seqserve_sequence_ended_total": "counter",
     "seqserve_sequence_expired_total": "counter",
     "seqserve_sequence_state_bytes": "gauge",
+    "seqserve_sequence_backlog_full_total": "counter",
 }
 ACC = {"model": "accumulator", "version": "1"}
 

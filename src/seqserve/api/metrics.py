@@ -104,7 +104,7 @@ _SEQUENCE = (
     (
         "seqserve_sequence_ended_total",
         "counter",
-        "Sequences ended by an END request or through the sequence API",
+        "Sequences ended by an END request, through the sequence API, by cancellation or with their stream",
         "sequences_ended",
     ),
     (
@@ -114,6 +114,12 @@ _SEQUENCE = (
         "sequences_expired",
     ),
     ("seqserve_sequence_state_bytes", "gauge", "Bytes of implicit state held by the sequences in slots", "state_bytes"),
+    (
+        "seqserve_sequence_backlog_full_total",
+        "counter",
+        "STARTs refused at once because the backlog held max_backlog_sequences sequences",
+        "backlog_full",
+    ),
 )
 
 

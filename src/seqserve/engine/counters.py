@@ -35,4 +35,5 @@ class ModelCounters:
     sequences_started: int = 0
     sequences_ended: int = 0
     sequences_expired: int = 0
+    backlog_full: int = 0  # STARTs refused because the backlog held max_backlog_sequences sequences
     state_bytes: int = 0  # implicit state held by the sequences in slots

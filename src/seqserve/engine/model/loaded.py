@@ -302,6 +302,7 @@ class LoadedModel(SequenceViews):
             sequences_started=s.sequences_started,
             sequences_ended=s.sequences_ended,
             sequences_expired=s.sequences_expired,
+            backlog_full=s.backlog_full,
             state_bytes=s.state_bytes,
         )
 
