@@ -25,7 +25,7 @@ if sanitize:
     link_args += [f"-fsanitize={sanitize}"]
 
 # The core (no Python), then its binding; headers listed so that editing one rebuilds.
-core = ["batch", "state_store", "sequence_table", "scheduler", "sequence_scheduler", "direct", "oldest", "dynamic", "stateless"]
+core = ["batch", "state_store", "sequence_table", "scheduler", "executor", "sequence_scheduler", "direct", "oldest", "dynamic", "stateless"]
 binding = ["module", "bind_spec", "bind_batch"]
 headers = ["common", "spec", "request", "batch", "state_store", "tombstones", "sequence_table", "scheduler", "sequence_scheduler", "binding"]
 

@@ -121,6 +121,9 @@ void bind_batch(py::module_& m) {
   py::class_<BatchView>(m, "Batch", "One batch formed by the scheduler, valid during the runner call.")
       .def_property_readonly("size", [](BatchView& v) { return v.get().batch.size; })
       .def_property_readonly("instance", [](BatchView& v) { return v.get().index; })
+      .def_property_readonly(
+          "inline", [](BatchView& v) { return v.get().inline_batch; },
+          "True when this batch runs inline, on the thread that called Scheduler.run_ready_inline.")
       .def_property_readonly("handles",
                              [](BatchView& v) {
                                const std::vector<Row>& rows = v.get().batch.rows;
@@ -202,6 +205,10 @@ void bind_batch(py::module_& m) {
           "finish",
           [](BatchView& v, bool ok) {
             Instance& inst = v.get();
+            if (inst.inline_batch) {  // the event loop: the lock is brief, and the GIL stays here
+              v.sched->record_batch(inst, ok);
+              return;
+            }
             py::gil_scoped_release r;
             v.sched->record_batch(inst, ok);
           },

@@ -23,7 +23,7 @@ class DynamicScheduler final : public Scheduler {
     for (auto& q : delayed_)
       while (!q.empty()) take(q.pop());
   }
-  void run(Instance& inst) override;
+  Next form_locked(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold) override;
   void cancel_locked(Request*) override { cancels_ = true; }
   bool expire_queued_locked(int64_t now, Fails& fails, int64_t* next_deadline);
   void drop_cancelled_locked();
@@ -33,6 +33,7 @@ class DynamicScheduler final : public Scheduler {
   std::vector<Ring<Request*>> levels_, delayed_;
   int64_t timed_requests_ = 0;
   bool cancels_ = false;  // a queued request may have been cancelled
+  std::vector<Request*> cand_;  // form_locked's scratch (lock held)
 };
 
 void DynamicScheduler::drop_cancelled_locked() {
@@ -111,78 +112,58 @@ bool DynamicScheduler::expire_queued_locked(int64_t now, Fails& fails, int64_t* 
   return true;
 }
 
-void DynamicScheduler::run(Instance& inst) {
-  std::unique_lock<std::mutex> lk(mu_);
-  RuntimeHold hold(hooks_, lk);
-  Fails fails;
-  std::vector<Request*> cand;
+Scheduler::Next DynamicScheduler::form_locked(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold) {
+  if (cancels_) drop_cancelled_locked();
+  if (flush_cancelled(lk)) return {Next::kAgain};
+  if (!released_locked()) return {closing_ ? Next::kExit : Next::kBlocked};
   const size_t cap = static_cast<size_t>(std::max(1, spec_.max_batch_size));
-  for (;;) {
-    if (force_) break;
-    if (cancels_) drop_cancelled_locked();
-    if (flush_cancelled(lk)) continue;
-    if (!released_locked()) {
-      if (closing_) break;
-      if (hold.held()) { hold.release(); continue; }
-      inst.cv.wait(lk);
-      continue;
-    }
-    const int64_t now = now_ns();
-    int64_t next_deadline = INT64_MAX;
-    if (timed_requests_ > 0 && expire_queued_locked(now, fails, &next_deadline)) {
-      lk.unlock();
-      report(fails, kUnavailable);
-      lk.lock();
-      continue;
-    }
-    // Candidates in priority order, FIFO within a level (delayed requests last); a batch never
-    // needs more than max_batch_size + 1 of them to decide.
-    cand.clear();
-    for (size_t L = 0; L < levels_.size() && cand.size() <= cap; ++L) {
-      for (size_t i = 0; i < levels_[L].size() && cand.size() <= cap; ++i) cand.push_back(levels_[L].at(i));
-      for (size_t i = 0; i < delayed_[L].size() && cand.size() <= cap; ++i) cand.push_back(delayed_[L].at(i));
-    }
-    if (cand.empty()) {
-      if (closing_) break;
-      if (hold.held()) {
-        hold.release();
-        continue;
-      }
-      if (next_deadline == INT64_MAX) inst.cv.wait(lk);
-      else inst.cv.wait_for(lk, std::chrono::nanoseconds(next_deadline - now + 1));
-      continue;
-    }
-    int64_t oldest = INT64_MAX;
-    for (const Request* r : cand) oldest = std::min(oldest, r->arrival_ns);
-    int64_t wake = 0;
-    const size_t n = pick_batch(
-        cand.size(), [&](size_t i) { return std::max<int64_t>(1, cand[i]->rows); },
-        [&](size_t i) { return shapes_match(cand[i], cand[0]); }, oldest, &wake);
-    if (n == 0) {
-      if (hold.held()) { hold.release(); continue; }
-      inst.cv.wait_for(lk, std::chrono::nanoseconds(std::min(wake, next_deadline) - now + 1));
-      continue;
-    }
-    if (hold.acquire()) continue;  // what arrived while we waited joins this batch
-    std::vector<Row>& batch_rows = inst.batch.rows;
-    batch_rows.clear();
-    int64_t rows = 0;
-    size_t left = n;
-    for (size_t L = 0; L < levels_.size() && left; ++L) {
-      for (Ring<Request*>* q : {&levels_[L], &delayed_[L]}) {
-        while (left && !q->empty()) {
-          Request* r = q->pop();
-          if (r->deadline_ns) --timed_requests_;
-          --counts_.queued;
-          rows += r->rows;
-          batch_rows.push_back(Row{r, 0});
-          --left;
-        }
-      }
-    }
-    inst.batch.size = spec_.max_batch_size > 0 ? rows : 1;
-    run_formed_batch(inst, lk, hold, counts_.queued > 0);
+  const int64_t now = now_ns();
+  int64_t next_deadline = INT64_MAX;
+  Fails fails;
+  if (timed_requests_ > 0 && expire_queued_locked(now, fails, &next_deadline)) {
+    lk.unlock();
+    report(fails, kUnavailable);
+    lk.lock();
+    return {Next::kAgain};
   }
+  // Candidates in priority order, FIFO within a level (delayed requests last); a batch never
+  // needs more than max_batch_size + 1 of them to decide.
+  std::vector<Request*>& cand = cand_;
+  cand.clear();
+  for (size_t L = 0; L < levels_.size() && cand.size() <= cap; ++L) {
+    for (size_t i = 0; i < levels_[L].size() && cand.size() <= cap; ++i) cand.push_back(levels_[L].at(i));
+    for (size_t i = 0; i < delayed_[L].size() && cand.size() <= cap; ++i) cand.push_back(delayed_[L].at(i));
+  }
+  if (cand.empty()) {
+    if (closing_) return {Next::kExit};
+    return next_deadline == INT64_MAX ? Next{Next::kIdle} : Next::until(next_deadline + 1);
+  }
+  int64_t oldest = INT64_MAX;
+  for (const Request* r : cand) oldest = std::min(oldest, r->arrival_ns);
+  int64_t wake = 0;
+  const size_t n = pick_batch(
+      cand.size(), [&](size_t i) { return std::max<int64_t>(1, cand[i]->rows); },
+      [&](size_t i) { return shapes_match(cand[i], cand[0]); }, oldest, &wake);
+  if (n == 0) return Next::until(std::min(wake, next_deadline) + 1);
+  if (hold.acquire()) return {Next::kAgain};  // what arrived while we waited joins this batch
+  std::vector<Row>& batch_rows = inst.batch.rows;
+  batch_rows.clear();
+  int64_t rows = 0;
+  size_t left = n;
+  for (size_t L = 0; L < levels_.size() && left; ++L) {
+    for (Ring<Request*>* q : {&levels_[L], &delayed_[L]}) {
+      while (left && !q->empty()) {
+        Request* r = q->pop();
+        if (r->deadline_ns) --timed_requests_;
+        --counts_.queued;
+        rows += r->rows;
+        batch_rows.push_back(Row{r, 0});
+        --left;
+      }
+    }
+  }
+  inst.batch.size = spec_.max_batch_size > 0 ? rows : 1;
+  return Next::batch(counts_.queued > 0);
 }
 
 }  // namespace

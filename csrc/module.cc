@@ -188,6 +188,16 @@ PYBIND11_MODULE(_core, m) {
   bind_spec(m);
   bind_batch(m);
 
+  py::class_<InlineStats>(m, "InlineStats", "Inline execution of one model: its policy and counters.")
+      .def_property_readonly("max_batch_us", [](const InlineStats& s) { return s.max_batch_ns / 1000.0; })
+      .def_readonly("promote_after", &InlineStats::promote_after)
+      .def_readonly("active", &InlineStats::active)
+      .def_readonly("inline_batches", &InlineStats::inline_batches)
+      .def_readonly("thread_batches", &InlineStats::thread_batches)
+      .def_readonly("promotions", &InlineStats::promotions)
+      .def_readonly("demotions", &InlineStats::demotions)
+      .def_property_readonly("last_batch_us", [](const InlineStats& s) { return s.last_batch_ns / 1000.0; });
+
   py::class_<PyScheduler>(m, "Scheduler", "Scheduler and executor threads of one model.")
       .def(py::init<ModelSpec, py::function, py::function, py::function, py::object>(), py::arg("spec"),
            py::kw_only(), py::arg("runner"), py::arg("on_fail"), py::arg("on_warning"),
@@ -206,6 +216,24 @@ PYBIND11_MODULE(_core, m) {
            "its queued requests are answered CANCELLED with `reason`.")
       .def("slot_of", &PyScheduler::slot_of, py::arg("corrid"),
            "The global slot of a live sequence, -1 while it is backlogged, -2 when it is unknown.")
+      .def(
+          "configure_inline",
+          [](PyScheduler& s, double max_batch_us, int promote_after) {
+            if (!(max_batch_us >= 0)) throw py::value_error("max_batch_us must be >= 0");
+            if (promote_after < 1) throw py::value_error("promote_after must be >= 1");
+            s.sched().configure_inline(static_cast<int64_t>(max_batch_us * 1000), promote_after);
+          },
+          py::arg("max_batch_us"), py::arg("promote_after") = 8,
+          "Inline execution: once promote_after batches in a row each cost at most max_batch_us (0: never), "
+          "run_ready_inline runs batches on its caller's thread and submit wakes no executor; a batch over "
+          "the bound ends that at once.")
+      .def(
+          "run_ready_inline", [](PyScheduler& s) { return s.sched().run_ready_inline(); },
+          "Event loop, GIL held: run on this thread the batches idle instances can form now (inline mode "
+          "only). Returns how many ran.")
+      .def(
+          "inline_stats", [](PyScheduler& s) { return s.sched().inline_stats(); },
+          "Inline execution's policy and counters.")
       .def("stop_accepting", [](PyScheduler& s) { s.sched().stop_accepting(); })
       .def("inflight_sequences", [](PyScheduler& s) { return s.sched().inflight_sequences(); })
       .def("pending_requests", [](PyScheduler& s) { return s.sched().pending_requests(); })

@@ -14,7 +14,8 @@ class OldestScheduler final : public SequenceScheduler {
   ~OldestScheduler() override { close(true); }
 
  private:
-  void run(Instance& inst) override;
+  Next form_locked(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold) override;
+  void batch_done_locked(Instance& inst) override;
   void slot_queued_locked(Instance& inst, int index) override { handoff_locked(inst, index); }
   void drain_instance_locked(Instance& inst, const std::function<void(Request*)>& take) override {
     Ring<Request*>& q = ready_[inst.index];
@@ -88,57 +89,49 @@ void OldestScheduler::drop_cancelled_ready_locked(Instance& inst) {
   dropped_.clear();
 }
 
-void OldestScheduler::run(Instance& inst) {
-  std::unique_lock<std::mutex> lk(mu_);
-  RuntimeHold hold(hooks_, lk);
-  const bool has_var_state = inst.state.has_variable();
+Scheduler::Next OldestScheduler::form_locked(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold) {
+  if (flush_cancelled(lk)) return {Next::kAgain};
+  if (inst.cancels) drop_cancelled_ready_locked(inst);
   Ring<Request*>& ready = ready_[inst.index];
-  std::vector<int> done;
-  for (;;) {
-    if (force_) break;
-    if (flush_cancelled(lk)) continue;
-    if (inst.cancels) drop_cancelled_ready_locked(inst);
-    if (!released_locked() || ready.empty()) {
-      if (closing_ && (ready.empty() || !delay_released_)) break;
-      if (hold.held()) { hold.release(); continue; }
-      inst.cv.wait(lk);
-      continue;
-    }
-    const Request* rep = nullptr;
-    for (size_t i = 0; i < ready.size() && !rep; ++i)
-      if (ready.at(i)->kind == kNormal) rep = ready.at(i);
-    if (has_var_state && rep) inst.state.shapes_of(rep->slot, rep, rep_state_shapes_);
-    int64_t wake = 0;
-    const size_t n = pick_batch(
-        ready.size(), [](size_t) { return int64_t{1}; },
-        [&](size_t i) {
-          const Request* r = ready.at(i);
-          if (!rep || r->kind != kNormal || r == rep) return true;
-          return shapes_match(r, rep) &&
-                 (!has_var_state || inst.state.shapes_match(r->slot, r, rep_state_shapes_));
-        },
-        ready.front()->handoff_ns, &wake);
-    if (n == 0) {
-      if (hold.held()) { hold.release(); continue; }
-      inst.cv.wait_for(lk, std::chrono::nanoseconds(wake - now_ns() + 1));
-      continue;
-    }
-    if (hold.acquire()) continue;  // what arrived while we waited joins this batch
-    std::vector<Row>& rows = inst.batch.rows;
-    rows.clear();
-    for (size_t i = 0; i < n; ++i) {
-      Request* r = ready.pop();
-      if (r->kind == kNormal) --counts_.queued;
-      rows.push_back(Row{r, r->slot});
-    }
-    inst.batch.size = spec_.max_batch_size > 0 ? static_cast<int64_t>(n) : 1;
-    done.clear();
-    for (const Row& row : rows) done.push_back(row.slot);
-    run_formed_batch(inst, lk, hold, false);
-    for (int s : done) {
-      table_.slot(inst.index, s).in_flight = false;
-      handoff_locked(inst, s);
-    }
+  const bool released = released_locked();
+  if (!released || ready.empty()) {
+    if (closing_ && (ready.empty() || !delay_released_)) return {Next::kExit};
+    return {released ? Next::kIdle : Next::kBlocked};
+  }
+  const bool has_var_state = inst.state.has_variable();
+  const Request* rep = nullptr;
+  for (size_t i = 0; i < ready.size() && !rep; ++i)
+    if (ready.at(i)->kind == kNormal) rep = ready.at(i);
+  if (has_var_state && rep) inst.state.shapes_of(rep->slot, rep, rep_state_shapes_);
+  int64_t wake = 0;
+  const size_t n = pick_batch(
+      ready.size(), [](size_t) { return int64_t{1}; },
+      [&](size_t i) {
+        const Request* r = ready.at(i);
+        if (!rep || r->kind != kNormal || r == rep) return true;
+        return shapes_match(r, rep) &&
+               (!has_var_state || inst.state.shapes_match(r->slot, r, rep_state_shapes_));
+      },
+      ready.front()->handoff_ns, &wake);
+  if (n == 0) return Next::until(wake + 1);
+  if (hold.acquire()) return {Next::kAgain};  // what arrived while we waited joins this batch
+  std::vector<Row>& rows = inst.batch.rows;
+  rows.clear();
+  for (size_t i = 0; i < n; ++i) {
+    Request* r = ready.pop();
+    if (r->kind == kNormal) --counts_.queued;
+    rows.push_back(Row{r, r->slot});
+  }
+  inst.batch.size = spec_.max_batch_size > 0 ? static_cast<int64_t>(n) : 1;
+  return Next::batch(false);
+}
+
+void OldestScheduler::batch_done_locked(Instance& inst) {
+  SequenceScheduler::batch_done_locked(inst);
+  // Each sequence of the batch may hand its next request to the batcher now.
+  for (const Row& row : inst.batch.rows) {
+    table_.slot(inst.index, row.slot).in_flight = false;
+    handoff_locked(inst, row.slot);
   }
 }
 

@@ -53,7 +53,7 @@ void Scheduler::start() {
   started_ = true;
   for (auto& inst : instances_) {
     Instance* ip = inst.get();
-    inst->thread = spawn([this, ip] { run(*ip); }, &ip->exited);
+    inst->thread = spawn([this, ip] { executor_loop(*ip); }, &ip->exited);
   }
   start_helpers();
 }
@@ -97,7 +97,14 @@ SubmitResult Scheduler::submit(Request* r, int priority) {
     } else {
       r->kind = kNormal;
       r->arrival_ns = now_ns();
+      const int64_t now = r->arrival_ns;
       res = enqueue_locked(r, priority, wake, warning);
+      // Inline mode: the event loop runs the work (run_ready_inline); waking the executor is
+      // the hand-off inline execution saves.
+      if (wake && res.accepted && inline_mode_.load(std::memory_order_relaxed)) {
+        inline_queued_locked(*wake, now);
+        wake = nullptr;
+      }
     }
     if (!res.accepted) recycle_locked(r);
     if (!cancelled_.empty()) cancelled.swap(cancelled_);  // queueing met cancelled requests
@@ -122,16 +129,22 @@ bool Scheduler::shapes_match(const Request* a, const Request* b) const {
 }
 
 void Scheduler::run_formed_batch(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold,
-                                 bool more_work) {
+                                 bool more_work, bool in_line) {
   inst.executing = true;
+  inst.inline_batch = in_line;
   inst.t_form = now_ns();
   Instance* idle = more_work ? idle_instance_locked() : nullptr;  // more work in a shared queue
+  const int64_t bound = inline_.max_batch_ns;  // 0: nobody asks what batches cost
+  const ThreadUsage usage = bound ? ThreadUsage::now() : ThreadUsage{};
   lk.unlock();
   if (idle) idle->cv.notify_one();
   execute(inst);
+  int64_t cost = now_ns() - inst.t_form;  // gather, runner, replies: what inline would cost
+  if (bound && cost > bound) cost = ThreadUsage::cost(usage, cost);
   hold.release_unlocked();  // the event loop is waiting for the runtime to deliver replies
   lk.lock();
   finish_batch_locked(inst);
+  note_batch_cost_locked(in_line, cost);
 }
 
 void Scheduler::execute(Instance& inst) {
@@ -211,6 +224,12 @@ void Scheduler::finish_batch_locked(Instance& inst) {
   }
   inst.executing = false;
   inst.t_executed = 0;
+  if (inst.inline_batch) {
+    inst.inline_batch = false;
+    // Its executor waited for this batch (woken meanwhile), or close() waits for it.
+    if (inst.waits_for_inline) inst.cv.notify_one();
+    if (closing_) exited_cv_.notify_all();
+  }
 }
 
 void Scheduler::report(Fails& fails, Code code) {
@@ -355,9 +374,11 @@ std::vector<int> Scheduler::close(bool force, int64_t timeout_ns) {
     delay_released_ = true;  // test hooks must not hold a shutdown
     for (auto& inst : instances_) inst->cv.notify_all();
     // Bounded: an executor stuck in a model's execute must not hold the process forever.
+    // An inline batch (on the event loop's thread) counts as a running executor: its
+    // instance is not finalized under it.
     auto all_exited = [this] {
       for (auto& inst : instances_)
-        if (inst->thread.joinable() && !inst->exited) return false;
+        if ((inst->thread.joinable() && !inst->exited) || inst->inline_batch) return false;
       return true;
     };
     if (timeout_ns < 0)
@@ -365,7 +386,7 @@ std::vector<int> Scheduler::close(bool force, int64_t timeout_ns) {
     else
       exited_cv_.wait_for(lk, std::chrono::nanoseconds(timeout_ns), all_exited);
     for (auto& inst : instances_)
-      if (inst->thread.joinable() && !inst->exited) hung.push_back(inst->index);
+      if ((inst->thread.joinable() && !inst->exited) || inst->inline_batch) hung.push_back(inst->index);
   }
   for (auto& inst : instances_) {
     if (!inst->thread.joinable()) continue;

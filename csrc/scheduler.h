@@ -2,11 +2,13 @@
 // request pool, one executor thread per model instance (each with its reused batch area and
 // state store), statistics and shutdown. A strategy (direct.cc, oldest.cc, dynamic.cc,
 // stateless.cc; the sequence ones over sequence_scheduler.h) supplies the queueing of a
-// request and the executor loop that forms batches. Python is reached only through Hooks,
-// which are never called with the lock held.
+// request and the forming of one batch; executor.cc runs formed batches, on an instance's
+// executor thread or inline on the thread that already holds the Python runtime (the event
+// loop). Python is reached only through Hooks, which are never called with the lock held.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -82,6 +84,31 @@ struct Instance {
   bool exited = false;    // its executor thread has finished (close() waits for this, bounded)
   bool recorded = false;  // stats of the current batch already recorded
   bool cancels = false;   // a request this instance may hold outside its slot queues was cancelled
+  // Inline execution (executor.cc): the current batch runs on the event loop's thread; its
+  // executor waits for that batch to finish; submit queued work for it without waking it, and
+  // its executor takes that work itself from this time on (0: none) if the loop has not.
+  bool inline_batch = false;
+  bool waits_for_inline = false;
+  int64_t inline_due_ns = 0;
+};
+
+// This thread's CPU time and voluntary context switches (executor.cc): a batch that overran
+// its bound without ever blocking was preempted, and is judged by the CPU time it used.
+struct ThreadUsage {
+  int64_t cpu_ns = 0;
+  long blocked = 0;
+  static ThreadUsage now();
+  // What a batch that took `wall_ns` since `start` cost: its CPU time if it never blocked.
+  static int64_t cost(const ThreadUsage& start, int64_t wall_ns);
+};
+
+// Inline execution's policy and counters (Scheduler::configure_inline, inline_stats).
+struct InlineStats {
+  int64_t max_batch_ns = 0;  // a batch costing more is not cheap (0: inline never)
+  int promote_after = 0;     // cheap executor batches in a row before inline mode
+  bool active = false;       // inline mode now
+  uint64_t inline_batches = 0, thread_batches = 0, promotions = 0, demotions = 0;
+  int64_t last_batch_ns = 0;  // the cost of the latest batch (gather, runner, replies)
 };
 
 // Hooks into the Python layer. Both are called without the scheduler lock and must take the
@@ -165,6 +192,16 @@ class Scheduler {
   // client that reads statistics after its reply sees its request counted.
   void record_batch(Instance& inst, bool ok);
 
+  // Inline execution (executor.cc). configure_inline (before start): batches costing at most
+  // max_batch_ns (0: never inline) are cheap; after promote_after cheap batches in a row the
+  // model goes inline, and submit stops waking executors. run_ready_inline: the caller holds
+  // the Python runtime (the event loop): runs on this thread the batches that idle instances
+  // can form now; returns how many. A batch that must wait (a delay, a queue timeout) is left
+  // to its executor. A batch over the bound ends inline mode at once.
+  void configure_inline(int64_t max_batch_ns, int promote_after);
+  int run_ready_inline();
+  InlineStats inline_stats();
+
  protected:
   using Fails = std::vector<std::pair<std::vector<uint64_t>, std::string>>;
 
@@ -176,7 +213,27 @@ class Scheduler {
   // Queues `r` (closing_ already checked, arrival stamped). Sets `wake` to an instance to
   // notify once the lock is dropped, `warning` to a message to log.
   virtual SubmitResult enqueue_locked(Request* r, int priority, Instance*& wake, std::string& warning) = 0;
-  virtual void run(Instance& inst) = 0;  // the executor loop; takes the lock itself
+  class RuntimeHold;
+  // What forming a batch of `inst` came to (see form_locked).
+  struct Next {
+    enum Kind {
+      kBatch,    // inst.batch holds a batch to run; `more`: a shared queue holds more work
+      kAgain,    // the lock was dropped meanwhile (answers reported, the runtime taken): look again
+      kIdle,     // nothing ready
+      kBlocked,  // TRITONSERVER_DELAY_SCHEDULER holds everything back
+      kUntil,    // work must wait (batch delay, queue timeout) until `until_ns`
+      kExit,     // closing, and nothing left for this instance
+    };
+    Kind kind = kIdle;
+    int64_t until_ns = 0;
+    bool more = false;
+    static Next batch(bool more) { return {kBatch, 0, more}; }
+    static Next until(int64_t t) { return {kUntil, t, false}; }
+  };
+  // Forms the next batch of `inst` into inst.batch (lock held; `inst` is not executing). The one
+  // batch-forming logic of a strategy, shared by its executor thread and inline execution. It
+  // calls hold.acquire() just before it takes requests, and returns kAgain if that waited.
+  virtual Next form_locked(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold) = 0;
   virtual void start_helpers() {}        // lock held
   virtual void stop_helpers() {}         // after the executors joined; no lock held
   // Hands every request still queued to `take` and forgets them.
@@ -217,10 +274,11 @@ class Scheduler {
   // until `*wake_ns`. Implements preferred sizes, max batch size and the queue delay.
   template <class RowsOf, class Matches>
   size_t pick_batch(size_t n, RowsOf rows_of, Matches matches, int64_t oldest_ns, int64_t* wake_ns) const;
-  class RuntimeHold;
   // Runs the batch just formed in `inst`; the lock is held on entry and on return.
-  // `more_work`: a shared queue holds more, so an idle instance is woken for it.
-  void run_formed_batch(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold, bool more_work);
+  // `more_work`: a shared queue holds more, so an idle instance is woken for it. `in_line`: on
+  // the event loop's thread (run_ready_inline).
+  void run_formed_batch(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold, bool more_work,
+                        bool in_line = false);
   void report(Fails& fails, Code code);  // no lock held
   // A dropped request joins the CANCELLED answers (lock held).
   void cancelled_locked(Request* r, std::vector<uint64_t>& handles, int64_t now);
@@ -246,15 +304,29 @@ class Scheduler {
   void execute(Instance& inst);  // no lock held
   void finish_batch_locked(Instance& inst);
   void record_batch_locked(Instance& inst, bool ok);
+  // executor.cc
+  void executor_loop(Instance& inst);
+  void idle_wait(Instance& inst, std::unique_lock<std::mutex>& lk);
+  void note_batch_cost_locked(bool in_line, int64_t cost_ns);  // promotes / demotes
+  // Submit in inline mode: `inst` is due to run what was just queued (lock held).
+  void inline_queued_locked(Instance& inst, int64_t now);
+
+  InlineStats inline_;                  // policy and counters (lock held)
+  std::atomic<bool> inline_mode_{false};  // read without the lock by run_ready_inline's first check
+  int cheap_streak_ = 0;                // cheap batches in a row
+  int inline_penalty_ = 0;              // demotions lately: promotion needs promote_after << penalty
 
   const bool sequences_;
 };
 
 // Holds the Python runtime (via Hooks::enter/leave) around forming and running one batch.
 // Both transitions drop the scheduler lock first, so the lock order is always runtime -> lock.
+// `borrowed`: the caller already holds the runtime (inline execution on the event loop), so it
+// is neither entered nor left here.
 class Scheduler::RuntimeHold {
  public:
-  RuntimeHold(const Hooks& h, std::unique_lock<std::mutex>& lk) : h_(h), lk_(lk) {}
+  RuntimeHold(const Hooks& h, std::unique_lock<std::mutex>& lk, bool borrowed = false)
+      : h_(h), lk_(lk), held_(borrowed), borrowed_(borrowed) {}
   ~RuntimeHold() { release(); }
   bool held() const { return held_; }
   // True when it had to wait for the runtime: the caller re-examines its queues.
@@ -267,7 +339,7 @@ class Scheduler::RuntimeHold {
     return true;
   }
   void release() {
-    if (!held_) return;
+    if (!held_ || borrowed_) return;
     lk_.unlock();
     h_.leave();
     lk_.lock();
@@ -275,7 +347,7 @@ class Scheduler::RuntimeHold {
   }
   // Same, for a caller that does not hold the lock right now.
   void release_unlocked() {
-    if (!held_) return;
+    if (!held_ || borrowed_) return;
     h_.leave();
     held_ = false;
   }
@@ -284,6 +356,7 @@ class Scheduler::RuntimeHold {
   const Hooks& h_;
   std::unique_lock<std::mutex>& lk_;
   bool held_ = false;
+  const bool borrowed_ = false;
 };
 
 template <class RowsOf, class Matches>

@@ -21,7 +21,7 @@ class StatelessScheduler final : public Scheduler {
   void drain_locked(const std::function<void(Request*)>& take) override {
     while (!fifo_.empty()) take(fifo_.pop());
   }
-  void run(Instance& inst) override;
+  Next form_locked(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold) override;
   void cancel_locked(Request*) override { cancels_ = true; }
   void drop_cancelled_locked() {
     cancels_ = false;
@@ -44,28 +44,22 @@ class StatelessScheduler final : public Scheduler {
   bool cancels_ = false;  // a queued request may have been cancelled
 };
 
-void StatelessScheduler::run(Instance& inst) {
-  std::unique_lock<std::mutex> lk(mu_);
-  RuntimeHold hold(hooks_, lk);
-  for (;;) {
-    if (force_) break;
-    if (cancels_) drop_cancelled_locked();
-    if (flush_cancelled(lk)) continue;
-    if (!released_locked() || fifo_.empty()) {
-      if (closing_) break;
-      if (hold.held()) { hold.release(); continue; }
-      inst.cv.wait(lk);
-      continue;
-    }
-    if (hold.acquire()) continue;
-    Request* r = fifo_.pop();
-    --counts_.queued;
-    std::vector<Row>& rows = inst.batch.rows;
-    rows.clear();
-    rows.push_back(Row{r, 0});
-    inst.batch.size = spec_.max_batch_size > 0 ? r->rows : 1;
-    run_formed_batch(inst, lk, hold, !fifo_.empty());
+Scheduler::Next StatelessScheduler::form_locked(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold) {
+  if (cancels_) drop_cancelled_locked();
+  if (flush_cancelled(lk)) return {Next::kAgain};
+  const bool released = released_locked();
+  if (!released || fifo_.empty()) {
+    if (closing_) return {Next::kExit};
+    return {released ? Next::kIdle : Next::kBlocked};
   }
+  if (hold.acquire()) return {Next::kAgain};
+  Request* r = fifo_.pop();
+  --counts_.queued;
+  std::vector<Row>& rows = inst.batch.rows;
+  rows.clear();
+  rows.push_back(Row{r, 0});
+  inst.batch.size = spec_.max_batch_size > 0 ? r->rows : 1;
+  return Next::batch(!fifo_.empty());
 }
 
 }  // namespace

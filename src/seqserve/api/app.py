@@ -31,6 +31,7 @@ from seqserve.engine import (
     Server,
     SessionPolicy,
 )
+from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US
 
 log = logging.getLogger("seqserve")
 
@@ -78,6 +79,7 @@ class ServeOptions:
     session_tombstone_s: float = DEFAULT_TOMBSTONE_S
     session_tombstone_max: int = DEFAULT_TOMBSTONE_MAX
     python_isolation: str = "thread"  # or "process": see docs/isolation.md
+    inline_max_batch_us: int = DEFAULT_INLINE_MAX_BATCH_US  # 0: never run batches on the loop
 
     max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES  # per model; 0: no bound
     stream_scoped_sequences: bool = False  # sequences started on a gRPC stream end with it
@@ -122,6 +124,7 @@ async def serve(opts: ServeOptions) -> int:
         sessions=SessionPolicy(opts.session_tombstone_s, opts.session_tombstone_max),
         python_isolation=opts.python_isolation,
         max_backlog_sequences=opts.max_backlog_sequences,
+        inline_max_batch_us=opts.inline_max_batch_us,
     )
     log.info("model control mode: %s", opts.model_control.value)
     await server.start(opts.startup_models)

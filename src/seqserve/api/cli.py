@@ -20,6 +20,7 @@ from seqserve.engine import (
     ModelControlMode,
     startup_models,
 )
+from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US
 
 DEMO_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
 
@@ -365,6 +366,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="where Python models' instances run unless their config says (parameter 'isolation'): in the "
         "server process, or each in its own child process that is restarted if it dies (default: thread)",
     )
+    s.add_argument(
+        "--inline-max-batch-us",
+        type=_count,
+        default=DEFAULT_INLINE_MAX_BATCH_US,
+        metavar="US",
+        help="in-process Python models whose batches cost at most this many microseconds run them on the event "
+        "loop's thread instead of an executor thread, saving two thread hand-offs per batch; a slower batch moves "
+        "the model back to its threads at once. A model's parameter 'inline_max_batch_us' overrides it. "
+        f"0: never (default: {DEFAULT_INLINE_MAX_BATCH_US})",
+    )
     s.add_argument("--tls-cert", help="PEM certificate for both front-ends")
     s.add_argument("--tls-key", help="PEM private key for both front-ends")
     s.add_argument("--http-tls-cert", help="PEM certificate for HTTP (overrides --tls-cert)")
@@ -525,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
             keepalive_timeout_s=args.grpc_keepalive_timeout_secs,
         ),
         python_isolation=args.python_isolation,
+        inline_max_batch_us=args.inline_max_batch_us,
         max_backlog_sequences=args.max_backlog_sequences,
         stream_scoped_sequences=args.stream_scoped_sequences,
     )

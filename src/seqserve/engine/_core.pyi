@@ -386,6 +386,9 @@ class Batch(metaclass=_Pybind11Type):
     @property
     def instance(self) -> int: ...
     @property
+    def inline(self) -> bool:
+        """True when this batch runs inline, on the thread that called Scheduler.run_ready_inline."""
+    @property
     def handles(self) -> list[int]:
         """The request handle of every row; 0 for padding rows."""
     def inputs(self) -> dict[str, np.ndarray]: ...
@@ -408,6 +411,29 @@ class Batch(metaclass=_Pybind11Type):
     def mark_executed(self) -> None: ...
     def finish(self, ok: bool) -> None:
         """Record this batch's statistics now, before its replies are sent."""
+
+class InlineStats(metaclass=_Pybind11Type):
+    """Inline execution of one model: its policy and counters."""
+
+    @property
+    def max_batch_us(self) -> float:
+        """A batch costing more is not cheap (0: never inline)."""
+    @property
+    def promote_after(self) -> int: ...
+    @property
+    def active(self) -> bool:
+        """Inline mode now: submit wakes no executor, run_ready_inline runs batches."""
+    @property
+    def inline_batches(self) -> int: ...
+    @property
+    def thread_batches(self) -> int: ...
+    @property
+    def promotions(self) -> int: ...
+    @property
+    def demotions(self) -> int: ...
+    @property
+    def last_batch_us(self) -> float:
+        """What the latest batch cost (gather, runner, reply split)."""
 
 #: One input of submit(): a C-contiguous array, or BYTES as (serialized data, shape).
 _InputArg: TypeAlias = np.ndarray | tuple[bytes | np.ndarray, tuple[int, ...] | list[int]]
@@ -448,6 +474,15 @@ class Scheduler(metaclass=_Pybind11Type):
         its queued requests are answered CANCELLED with `reason`."""
     def slot_of(self, corrid: int | str) -> int:
         """The global slot of a live sequence, -1 while it is backlogged, -2 when it is unknown."""
+    def configure_inline(self, max_batch_us: float, promote_after: int = 8) -> None:
+        """Inline execution: once promote_after batches in a row each cost at most max_batch_us (0: never),
+        run_ready_inline runs batches on its caller's thread and submit wakes no executor; a batch over
+        the bound ends that at once."""
+    def run_ready_inline(self) -> int:
+        """Event loop, GIL held: run on this thread the batches idle instances can form now (inline mode
+        only). Returns how many ran."""
+    def inline_stats(self) -> InlineStats:
+        """Inline execution's policy and counters."""
     def stop_accepting(self) -> None: ...
     def inflight_sequences(self) -> int: ...
     def pending_requests(self) -> int: ...

@@ -31,7 +31,7 @@ from seqserve.engine.config import (
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.drain import Drain
 from seqserve.engine.errors import Code, InferenceError
-from seqserve.engine.isolation.settings import check_mode
+from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US, check_mode
 from seqserve.engine.keyword_api import KeywordAPI
 from seqserve.engine.model import LoadedModel
 from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
@@ -72,6 +72,7 @@ class Server(RepositoryControl, Drain, KeywordAPI):
         sessions: SessionPolicy | None = None,
         python_isolation: str = "thread",
         max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES,
+        inline_max_batch_us: int = DEFAULT_INLINE_MAX_BATCH_US,
     ) -> None:
         """auto_sequence_ids: a request to a sequence model that names no sequence starts a new
         one with a server-generated id (returned as the `sequence_id` response parameter).
@@ -98,7 +99,12 @@ class Server(RepositoryControl, Drain, KeywordAPI):
 
         max_backlog_sequences: admission control, how many sequences of one model may wait in
         its backlog for a slot (0: no bound, as in Triton); a START beyond it is refused at once
-        with UNAVAILABLE. A model's ``sequence_batching.max_backlog_sequences`` overrides it."""
+        with UNAVAILABLE. A model's ``sequence_batching.max_backlog_sequences`` overrides it.
+
+        inline_max_batch_us: in-process Python models whose batches cost at most this many
+        microseconds run them on the event loop's thread instead of handing each batch to an
+        executor thread (0: never; a model's parameter ``inline_max_batch_us`` overrides it;
+        docs/architecture.md, "Inline execution")."""
         self.python_isolation = check_mode(python_isolation, "python_isolation")
         repos = [model_repository] if isinstance(model_repository, str | Path) else list(model_repository)
         if not repos:
@@ -115,6 +121,9 @@ class Server(RepositoryControl, Drain, KeywordAPI):
         if max_backlog_sequences < 0:
             raise ValueError(f"max_backlog_sequences must be >= 0 (0: no bound), got {max_backlog_sequences}")
         self.max_backlog_sequences = max_backlog_sequences
+        if inline_max_batch_us < 0:
+            raise ValueError(f"inline_max_batch_us must be >= 0 (0: never inline), got {inline_max_batch_us}")
+        self.inline_max_batch_us = inline_max_batch_us
         self.sessions = sessions or SessionPolicy()
         self._models: dict[str, ModelState] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -177,6 +186,7 @@ class Server(RepositoryControl, Drain, KeywordAPI):
                     sessions=self.sessions,
                     python_isolation=self.python_isolation,
                     max_backlog_sequences=self.max_backlog_sequences,
+                    inline_max_batch_us=self.inline_max_batch_us,
                 )
         except Exception as e:
             for m in versions.values():

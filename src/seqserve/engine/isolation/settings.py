@@ -6,6 +6,10 @@
   Python models (``Server(python_isolation=...)``, ``seqserve serve --python-isolation``).
 - ``execute_timeout_ms``: a batch whose ``execute`` takes longer fails with UNAVAILABLE; a
   process-isolated instance is then killed and restarted. Unset or 0: no timeout.
+- ``inline_max_batch_us``: inline execution (docs/architecture.md#inline-execution): an
+  in-process Python model whose batches cost at most this many microseconds runs them on the
+  event loop's thread; 0: never. Unset: the server's default (``Server(inline_max_batch_us=...)``,
+  ``seqserve serve --inline-max-batch-us``).
 """
 
 from __future__ import annotations
@@ -17,13 +21,17 @@ from seqserve.engine.errors import Code, InferenceError
 
 ISOLATION = "isolation"
 EXECUTE_TIMEOUT_MS = "execute_timeout_ms"
+INLINE_MAX_BATCH_US = "inline_max_batch_us"
 MODES = ("thread", "process")
+#: the server's default bound of inline execution, in microseconds (0: never inline)
+DEFAULT_INLINE_MAX_BATCH_US = 200
 
 
 @dataclass(frozen=True, slots=True)
 class ExecutionSettings:
     process: bool  # each instance in a child process
     execute_timeout_s: float | None  # None: no timeout
+    inline_max_batch_us: int = 0  # batches this cheap run on the event loop (0: never)
 
 
 def check_mode(value: str, what: str) -> str:
@@ -32,11 +40,18 @@ def check_mode(value: str, what: str) -> str:
     return value
 
 
-def execution_settings(cfg: mc.ModelConfig, *, python_backend: bool, default: str = "thread") -> ExecutionSettings:
+def execution_settings(
+    cfg: mc.ModelConfig,
+    *,
+    python_backend: bool,
+    default: str = "thread",
+    inline_max_batch_us: int = DEFAULT_INLINE_MAX_BATCH_US,
+) -> ExecutionSettings:
     """The settings of one model; INVALID_ARG for values that make no sense.
 
     ``python_backend``: the model is served by the python backend, the one that can run
-    isolated (the server's default applies to it only)."""
+    isolated (the server's default applies to it only). ``inline_max_batch_us``: the server's
+    default bound of inline execution."""
     params = cfg.parameters
     raw = params[ISOLATION].string_value.strip().lower() if ISOLATION in params else ""
     if raw:
@@ -62,4 +77,20 @@ def execution_settings(cfg: mc.ModelConfig, *, python_backend: bool, default: st
                 f"(0: no timeout), not '{text}'",
             )
         timeout_s = ms / 1000 if ms else None
-    return ExecutionSettings(mode == "process", timeout_s)
+    inline_us = _whole_number(cfg, INLINE_MAX_BATCH_US, "microseconds (0: never inline)", inline_max_batch_us)
+    return ExecutionSettings(mode == "process", timeout_s, inline_us)
+
+
+def _whole_number(cfg: mc.ModelConfig, key: str, unit: str, default: int) -> int:
+    if key not in cfg.parameters:
+        return default
+    text = cfg.parameters[key].string_value.strip()
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InferenceError(
+            Code.INVALID_ARG, f"model '{cfg.name}': parameter '{key}' must be a whole number of {unit}, not '{text}'"
+        )
+    return value

@@ -3,8 +3,9 @@ replies, responders (late and repeated responses from any thread), ordered relea
 resolving futures or calling stream callbacks on the event loop.
 
 Thread contract: ``split``, ``responder`` and ``respond`` run on executor threads (or any
-thread, for responders); everything that touches a future or a callback runs on the event
-loop, reached with ``loop.call_soon_threadsafe`` once per batch or once per sent response.
+thread, for responders; or the event loop, for a batch run inline); everything that touches a
+future or a callback runs on the event loop, reached with ``loop.call_soon_threadsafe`` once
+per batch or once per sent response, or directly (``deliver``) by a batch run inline there.
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ class Delivery:
     def post(self, replies: list[tuple[Pending, Reply]]) -> None:
         """Hand a batch's replies to the event loop: one wake-up per batch."""
         self._loop.call_soon_threadsafe(self._deliver, replies)
+
+    def deliver(self, replies: list[tuple[Pending, Reply]]) -> None:
+        """Event loop (a batch run inline): answer the batch's requests now."""
+        self._deliver(replies)
 
     def batch_failed(self, recs: list[Pending | None], err: InferenceError) -> None:
         """The model failed this batch: only requests not yet answered get the error."""

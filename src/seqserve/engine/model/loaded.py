@@ -2,8 +2,10 @@
 request through them.
 
 ``submit`` (event loop): validate against the config, hand the buffers to the core, return a
-future (or take a callback, for streaming). The core's executor thread calls ``_run`` with
-the GIL held, once per batch; replies go back to the loop through ``Delivery``. A request
+future (or take a callback, for streaming). The core calls ``_run`` with the GIL held, once per
+batch: on the instance's executor thread, or, for a cheap in-process Python model, inline on
+the event loop (``_run_inline``, a callback scheduled after submit; see docs/architecture.md,
+"Inline execution"). Replies go back to the loop through ``Delivery``. A request
 whose client goes away (its future cancelled, or the cancel() of a streaming submit called)
 leaves the core's queues before it runs.
 """
@@ -28,10 +30,12 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import _core
 from seqserve.engine.backends import BackendInstance, InstanceContext, ModelContext, find_backend
 from seqserve.engine.batch import ExecuteBatch, RaggedInput
-from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
 from seqserve.engine.isolation import IsolatedBackend, execution_settings
+from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US
 from seqserve.engine.model.delivery import Delivery, Pending
+from seqserve.engine.model.inline import InlineExecution, inline_eligible
+from seqserve.engine.model.reports import ModelReports
 from seqserve.engine.model.sequence_views import SequenceViews
 from seqserve.engine.model.spec import build_core_spec
 from seqserve.engine.model.validation import INTEGER_CORRID, RequestValidator
@@ -39,7 +43,6 @@ from seqserve.engine.model.watchdog import ExecuteWatchdog
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
 from seqserve.engine.sessions import SessionGoneError, SessionPolicy
-from seqserve.engine.tensors import wire_dtype_name
 
 log = logging.getLogger("seqserve.model")
 
@@ -73,7 +76,7 @@ class RequestFuture(asyncio.Future[InferResult]):
         return True
 
 
-class LoadedModel(SequenceViews):
+class LoadedModel(ModelReports, SequenceViews):
     """A model version ready to serve: scheduler started, instances initialized."""
 
     def __init__(
@@ -86,9 +89,12 @@ class LoadedModel(SequenceViews):
         sessions: SessionPolicy | None = None,
         python_isolation: str = "thread",
         max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES,
+        inline_max_batch_us: int = DEFAULT_INLINE_MAX_BATCH_US,
     ) -> None:
         """``max_backlog_sequences``: the server's bound on backlogged sequences (0: none), for
-        a sequence model whose config sets none (``sequence_batching.max_backlog_sequences``)."""
+        a sequence model whose config sets none (``sequence_batching.max_backlog_sequences``).
+        ``inline_max_batch_us``: the server's bound of inline execution (0: never), for a
+        model whose config sets none (parameter ``inline_max_batch_us``)."""
         self.config = cfg
         self.name = cfg.name
         self.version = version
@@ -126,7 +132,10 @@ class LoadedModel(SequenceViews):
                 "(model_transaction_policy { decoupled: true }); the python backend does",
             )
         # parameters `isolation` and `execute_timeout_ms` (seqserve.engine.isolation.settings)
-        execution = execution_settings(cfg, python_backend="python" in backend_cls.names, default=python_isolation)
+        python_backend = "python" in backend_cls.names
+        execution = execution_settings(
+            cfg, python_backend=python_backend, default=python_isolation, inline_max_batch_us=inline_max_batch_us
+        )
         ctx = ModelContext(
             name=self.name,
             version=version,
@@ -169,6 +178,14 @@ class LoadedModel(SequenceViews):
             on_warning=lambda msg: log.warning("%s", msg),
             on_expire=self._describe_expired if describe else None,
         )
+        eligible = inline_eligible(
+            python_backend=python_backend,
+            process=execution.process,
+            decoupled=self.decoupled,
+            watchdog=self._watchdog is not None,
+            max_batch_us=execution.inline_max_batch_us,
+        )
+        self._inline = InlineExecution(self._core, loop, execution.inline_max_batch_us) if eligible else None
         self._core.start()
 
     def _create_instances(self, ctx: ModelContext) -> None:
@@ -215,96 +232,6 @@ class LoadedModel(SequenceViews):
             "slot": x.slot,
         }
         log.info("sequence expired %s", orjson.dumps(info).decode())
-
-    # ------------------------------------------------------------------------ metadata
-
-    def metadata(self) -> dict[str, Any]:
-        batch = [-1] if self.max_batch_size > 0 else []
-        return {
-            "name": self.name,
-            "versions": [self.version_str],
-            "platform": self.config.platform or self.config.backend,
-            "inputs": [
-                {"name": t.name, "datatype": wire_dtype_name(t.data_type), "shape": [*batch, *t.dims]}
-                for t in self.config.input
-            ],
-            "outputs": [
-                {"name": t.name, "datatype": wire_dtype_name(t.data_type), "shape": [*batch, *t.dims]}
-                for t in self.config.output
-            ],
-        }
-
-    def statistics(self) -> dict[str, Any]:
-        """The core's counts (durations in ns), plus the requests refused before reaching it
-        and those a batch failed alone."""
-        s = self._core.stats()
-        refused = self._validator.failures
-        alone = self._delivery.request_failures
-        return {
-            "inference_count": s.inference_count,
-            "execution_count": s.execution_count,
-            "last_inference": s.last_inference_ms,
-            "success": _duration(s.success, -alone),
-            "fail": _duration(s.fail, refused + alone),
-            "queue": _duration(s.queue),
-            "compute_input": _duration(s.compute_input),
-            "compute_infer": _duration(s.compute_infer),
-            "compute_output": _duration(s.compute_output),
-            "batch_stats": [
-                {
-                    "batch_size": size,
-                    "compute_input": _duration(b.compute_input),
-                    "compute_infer": _duration(b.compute_infer),
-                    "compute_output": _duration(b.compute_output),
-                }
-                for size, b in sorted(s.batches.items())
-            ],
-        }
-
-    def counters(self) -> ModelCounters:
-        """Everything a metrics exporter reports for this version, read now (one core call)."""
-        s = self._core.stats()
-        refused = self._validator.failures
-        alone = self._delivery.request_failures
-        rejected = s.fail_rejected + self._rejected
-        backend = s.fail_backend + alone
-        fail = s.fail.count + refused + alone
-        cumulative = 0
-        buckets = []
-        for bound, n in zip([*self._spec.scheduler.latency_buckets_ms, float("inf")], s.latency_counts, strict=True):
-            cumulative += n
-            buckets.append((bound, cumulative))
-        return ModelCounters(
-            model=self.name,
-            version=self.version_str,
-            tags=dict(self.config.metric_tags),
-            success=s.success.count - alone,
-            failure={
-                "REJECTED": rejected,
-                "CANCELED": s.fail_canceled,
-                "BACKEND": backend,
-                "OTHER": max(0, fail - rejected - s.fail_canceled - backend),
-            },
-            inference_count=s.inference_count,
-            execution_count=s.execution_count,
-            request_duration_us=s.success.ns // 1000,
-            queue_duration_us=s.queue.ns // 1000,
-            compute_input_duration_us=s.compute_input.ns // 1000,
-            compute_infer_duration_us=s.compute_infer.ns // 1000,
-            compute_output_duration_us=s.compute_output.ns // 1000,
-            pending_requests=s.pending_requests,
-            latency_buckets=buckets,
-            latency_sum_ms=s.latency_sum_ms,
-            is_sequence=self.is_sequence,
-            sequence_slots=s.sequence_slots,
-            sequences_active=s.sequences_active,
-            sequences_backlogged=s.sequences_backlogged,
-            sequences_started=s.sequences_started,
-            sequences_ended=s.sequences_ended,
-            sequences_expired=s.sequences_expired,
-            backlog_full=s.backlog_full,
-            state_bytes=s.state_bytes,
-        )
 
     # ------------------------------------------------------------------ sequence API
 
@@ -455,6 +382,8 @@ class LoadedModel(SequenceViews):
             )
         rec.handle = handle
         rec.token = token
+        if self._inline is not None:
+            self._inline.schedule()
         scope = request.scope
         if scope is not None and self.is_sequence:
             if request.sequence_end:
@@ -469,7 +398,8 @@ class LoadedModel(SequenceViews):
     # ------------------------------------------------------------------ executor side
 
     def _run(self, cb: _core.Batch) -> bool:
-        """Executor thread, GIL held: run the model on one batch and schedule the replies."""
+        """Executor thread or, inline, the event loop; GIL held: run the model on one batch and
+        deliver the replies (inline: at once, on this thread; else posted to the loop)."""
         pending = self._pending
         recs = [pending.pop(h, None) if h else None for h in cb.handles]
         delivery = self._delivery
@@ -519,7 +449,10 @@ class LoadedModel(SequenceViews):
         except Exception as e:
             return self._batch_failed(cb, recs, e)
         cb.finish(True)  # statistics first: a client that sees its reply sees them counted
-        delivery.post(replies)
+        if cb.inline:
+            delivery.deliver(replies)
+        else:
+            delivery.post(replies)
         return True
 
     def _batch_failed(self, cb: _core.Batch, recs: list[Pending | None], e: Exception) -> bool:
@@ -593,7 +526,3 @@ class LoadedModel(SequenceViews):
                 log.exception("model '%s': finalize failed", self.name)
         self._delivery.close_open()
         return [self.instance_names[i] for i in hung]
-
-
-def _duration(d: _core.Duration, extra: int = 0) -> dict[str, int]:
-    return {"count": d.count + extra, "ns": d.ns}

@@ -1,0 +1,127 @@
+"""What one model version reports about itself: metadata, statistics, metrics counters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from seqserve._proto import model_config_pb2 as mc
+from seqserve.engine import _core
+from seqserve.engine.counters import ModelCounters
+from seqserve.engine.model.delivery import Delivery
+from seqserve.engine.model.spec import CoreSpec
+from seqserve.engine.model.validation import RequestValidator
+from seqserve.engine.tensors import wire_dtype_name
+
+
+class ModelReports:
+    """Part of ``LoadedModel``."""
+
+    config: mc.ModelConfig
+    name: str
+    version_str: str
+    max_batch_size: int
+    is_sequence: bool
+    _core: _core.Scheduler
+    _spec: CoreSpec
+    _validator: RequestValidator
+    _delivery: Delivery
+    _rejected: int
+
+    def metadata(self) -> dict[str, Any]:
+        batch = [-1] if self.max_batch_size > 0 else []
+        return {
+            "name": self.name,
+            "versions": [self.version_str],
+            "platform": self.config.platform or self.config.backend,
+            "inputs": [
+                {"name": t.name, "datatype": wire_dtype_name(t.data_type), "shape": [*batch, *t.dims]}
+                for t in self.config.input
+            ],
+            "outputs": [
+                {"name": t.name, "datatype": wire_dtype_name(t.data_type), "shape": [*batch, *t.dims]}
+                for t in self.config.output
+            ],
+        }
+
+    def statistics(self) -> dict[str, Any]:
+        """The core's counts (durations in ns), plus the requests refused before reaching it
+        and those a batch failed alone."""
+        s = self._core.stats()
+        refused = self._validator.failures
+        alone = self._delivery.request_failures
+        return {
+            "inference_count": s.inference_count,
+            "execution_count": s.execution_count,
+            "last_inference": s.last_inference_ms,
+            "success": _duration(s.success, -alone),
+            "fail": _duration(s.fail, refused + alone),
+            "queue": _duration(s.queue),
+            "compute_input": _duration(s.compute_input),
+            "compute_infer": _duration(s.compute_infer),
+            "compute_output": _duration(s.compute_output),
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": _duration(b.compute_input),
+                    "compute_infer": _duration(b.compute_infer),
+                    "compute_output": _duration(b.compute_output),
+                }
+                for size, b in sorted(s.batches.items())
+            ],
+        }
+
+    def counters(self) -> ModelCounters:
+        """Everything a metrics exporter reports for this version, read now (one core call)."""
+        s = self._core.stats()
+        refused = self._validator.failures
+        alone = self._delivery.request_failures
+        rejected = s.fail_rejected + self._rejected
+        backend = s.fail_backend + alone
+        fail = s.fail.count + refused + alone
+        cumulative = 0
+        buckets = []
+        for bound, n in zip([*self._spec.scheduler.latency_buckets_ms, float("inf")], s.latency_counts, strict=True):
+            cumulative += n
+            buckets.append((bound, cumulative))
+        return ModelCounters(
+            model=self.name,
+            version=self.version_str,
+            tags=dict(self.config.metric_tags),
+            success=s.success.count - alone,
+            failure={
+                "REJECTED": rejected,
+                "CANCELED": s.fail_canceled,
+                "BACKEND": backend,
+                "OTHER": max(0, fail - rejected - s.fail_canceled - backend),
+            },
+            inference_count=s.inference_count,
+            execution_count=s.execution_count,
+            request_duration_us=s.success.ns // 1000,
+            queue_duration_us=s.queue.ns // 1000,
+            compute_input_duration_us=s.compute_input.ns // 1000,
+            compute_infer_duration_us=s.compute_infer.ns // 1000,
+            compute_output_duration_us=s.compute_output.ns // 1000,
+            pending_requests=s.pending_requests,
+            latency_buckets=buckets,
+            latency_sum_ms=s.latency_sum_ms,
+            is_sequence=self.is_sequence,
+            sequence_slots=s.sequence_slots,
+            sequences_active=s.sequences_active,
+            sequences_backlogged=s.sequences_backlogged,
+            sequences_started=s.sequences_started,
+            sequences_ended=s.sequences_ended,
+            sequences_expired=s.sequences_expired,
+            backlog_full=s.backlog_full,
+            state_bytes=s.state_bytes,
+        )
+
+
+    @property
+    def inline_stats(self) -> _core.InlineStats:
+        """Inline execution: its bound (0: never inline), whether it is on now, and how many
+        batches ran inline and on executor threads (docs/architecture.md, "Inline execution")."""
+        return self._core.inline_stats()
+
+
+def _duration(d: _core.Duration, extra: int = 0) -> dict[str, int]:
+    return {"count": d.count + extra, "ns": d.ns}
