@@ -17,8 +17,8 @@
 //
 // Correctness does not depend on the loop coming back: in inline mode an idle executor waits
 // with a timeout, and takes the work queued for it once it has waited kInlineFallbackNs for
-// the loop (a loop that is busy, or gone). Work the loop does not take (a batch that must wait
-// for its delay, what is left when the pass ends) goes to the executors as before.
+// the loop (a loop that is busy, or gone). A batch that must wait for its delay is left to the
+// executor, as is everything while an instance's executor is running a batch of its own.
 #include <sys/resource.h>
 
 #include "scheduler.h"
@@ -157,7 +157,8 @@ void Scheduler::note_batch_cost_locked(bool in_line, int64_t cost_ns) {
   }
 }
 
-int Scheduler::run_ready_inline() {
+int Scheduler::run_ready_inline(bool* more) {
+  *more = false;
   if (!inline_mode_.load(std::memory_order_relaxed)) return 0;
   std::unique_lock<std::mutex> lk(mu_);
   RuntimeHold hold(hooks_, lk, true);  // the caller (the event loop) holds the runtime
@@ -185,8 +186,10 @@ int Scheduler::run_ready_inline() {
       ++ran;
       progress = true;
       if (now_ns() - t0 >= std::max(kInlinePassNs, inline_.max_batch_ns)) {
-        // The loop has other work: what is still queued goes to the executors.
-        for (auto& i : instances_) i->cv.notify_one();
+        // The loop has other work (sockets to read, replies to write): the caller comes back
+        // for the rest after it. (Waking the executors instead would have them compete with
+        // the loop for the GIL.)
+        *more = true;
         return ran;
       }
     }

@@ -228,9 +228,15 @@ PYBIND11_MODULE(_core, m) {
           "run_ready_inline runs batches on its caller's thread and submit wakes no executor; a batch over "
           "the bound ends that at once.")
       .def(
-          "run_ready_inline", [](PyScheduler& s) { return s.sched().run_ready_inline(); },
+          "run_ready_inline",
+          [](PyScheduler& s) {
+            bool more = false;
+            const int ran = s.sched().run_ready_inline(&more);
+            return std::make_pair(ran, more);
+          },
           "Event loop, GIL held: run on this thread the batches idle instances can form now (inline mode "
-          "only). Returns how many ran.")
+          "only). Returns (how many ran, whether it stopped at its time budget with work left: call again "
+          "soon).")
       .def(
           "inline_stats", [](PyScheduler& s) { return s.sched().inline_stats(); },
           "Inline execution's policy and counters.")

@@ -196,10 +196,11 @@ class Scheduler {
   // max_batch_ns (0: never inline) are cheap; after promote_after cheap batches in a row the
   // model goes inline, and submit stops waking executors. run_ready_inline: the caller holds
   // the Python runtime (the event loop): runs on this thread the batches that idle instances
-  // can form now; returns how many. A batch that must wait (a delay, a queue timeout) is left
+  // can form now; returns how many. `more`: it stopped at its time budget with work left (the
+  // caller should come back soon). A batch that must wait (a delay, a queue timeout) is left
   // to its executor. A batch over the bound ends inline mode at once.
   void configure_inline(int64_t max_batch_ns, int promote_after);
-  int run_ready_inline();
+  int run_ready_inline(bool* more);
   InlineStats inline_stats();
 
  protected:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,12 +105,28 @@ async def run_sequences(server: Server, model: str, n: int, steps: int) -> None:
     await asyncio.gather(*(one(i) for i in range(n)))
 
 
+async def while_inline(server: Server, model: str, work: Callable[[], Awaitable[None]], *, seq: bool = False) -> None:
+    """Promotes the model, then runs `work` (which checks its own results) and checks that batches
+    ran inline. A stall of this shared machine can demote a cheap model (a long GC pass), or keep
+    the event loop from its callback for longer than the executors' fallback wait (the OS
+    descheduling the loop's thread): then the round runs again, up to 3 times."""
+    for _ in range(3):
+        await promote(server, model, seq=seq)
+        before = server.model(model).inline_stats
+        await work()
+        after = server.model(model).inline_stats
+        if after.demotions == before.demotions and after.inline_batches > before.inline_batches:
+            return
+    raise AssertionError(f"{model} ran no batch inline in 3 rounds: {_show(after)}")
+
+
 async def promote(server: Server, model: str, *, seq: bool = False) -> None:
     """Cheap batches until the core runs the model inline."""
-    for k in range(40):
+    for _ in range(40):
         if server.model(model).inline_stats.active:
             return
-        await server.infer(model, {"INPUT": x(1)}, sequence_id=999 if seq else 0, sequence_start=seq and k == 0)
+        # a sequence model: one-step sequences, which hold no slot afterwards
+        await server.infer(model, {"INPUT": x(1)}, sequence_id=999 if seq else 0, sequence_start=seq, sequence_end=seq)
     raise AssertionError(f"{model} was never promoted: {server.model(model).inline_stats.promotions}")
 
 
@@ -117,30 +134,26 @@ async def promote(server: Server, model: str, *, seq: bool = False) -> None:
 async def test_sequences_run_inline_with_their_state_and_order(repo: Path, serve: Any, kind: str) -> None:
     write_model(repo, "s", sequence_config("s", kind), SUM_MODEL)
     server = await serve()
-    await run_sequences(server, "s", 16, 30)  # promoted on the way
-    before = server.model("s").inline_stats
-    assert before.promotions >= 1
-    await run_sequences(server, "s", 16, 30)
-    st = server.model("s").inline_stats
-    assert st.inline_batches > before.inline_batches, (st.inline_batches, st.thread_batches)
+    await while_inline(server, "s", lambda: run_sequences(server, "s", 16, 30), seq=True)
     stats = server.model("s").statistics()
-    assert stats["inference_count"] == 2 * 16 * 30
-    assert stats["success"]["count"] == 2 * 16 * 30 and stats["fail"]["count"] == 0
+    assert stats["fail"]["count"] == 0
+    assert stats["success"]["count"] == stats["inference_count"] >= 16 * 30
 
 
 async def test_inline_batches_run_on_the_event_loop_thread(repo: Path, serve: Any) -> None:
     write_model(repo, "t", plain_config("t"), THREAD_MODEL)
     server = await serve()
-    await promote(server, "t")
     threads = model_module("t").THREADS
-    threads.clear()
-    results = await asyncio.gather(*(server.infer("t", {"INPUT": x(i)}) for i in range(32)))
-    assert [float(r.outputs["OUTPUT"][0, 0]) for r in results] == list(range(32))
+
+    async def work() -> None:
+        threads.clear()
+        results = await asyncio.gather(*(server.infer("t", {"INPUT": x(i)}) for i in range(32)))
+        assert [float(r.outputs["OUTPUT"][0, 0]) for r in results] == list(range(32))
+
+    await while_inline(server, "t", work)
     assert set(threads) == {threading.get_ident()}
-    # Requests submitted in one loop iteration batch together (up to max_batch_size 8).
-    assert len(threads) <= 8
-    st = server.model("t").inline_stats
-    assert st.active and st.demotions == 0
+    # Requests submitted in one loop iteration batch together: 4 batches of max_batch_size 8.
+    assert len(threads) == 4
 
 
 async def test_a_slow_model_is_never_promoted(repo: Path, serve: Any) -> None:
@@ -150,9 +163,10 @@ async def test_a_slow_model_is_never_promoted(repo: Path, serve: Any) -> None:
     for i in range(12):
         r = await server.infer("t", {"INPUT": x(i)})
         assert float(r.outputs["OUTPUT"][0, 0]) == i
+    # counted once the executor has finished the batch, just after its reply was posted
+    wait_until_sync(lambda: server.model("t").inline_stats.thread_batches == 12, "12 batches counted")
     st = server.model("t").inline_stats
     assert (st.active, st.promotions, st.inline_batches) == (False, 0, 0)
-    assert st.thread_batches == 12
     assert threading.get_ident() not in model_module("t").THREADS
 
 
@@ -177,11 +191,13 @@ async def test_a_model_that_turns_slow_is_demoted_after_one_batch(repo: Path, se
 async def test_dynamic_batching_keeps_results_and_priority_levels(repo: Path, serve: Any) -> None:
     write_model(repo, "d", plain_config("d"), THREAD_MODEL)
     server = await serve()
-    await promote(server, "d")
-    for _ in range(3):
-        results = await asyncio.gather(*(server.infer("d", {"INPUT": x(i)}) for i in range(50)))
-        assert [float(r.outputs["OUTPUT"][0, 0]) for r in results] == list(range(50))
-    assert server.model("d").inline_stats.inline_batches >= 3
+
+    async def work() -> None:
+        for _ in range(3):
+            results = await asyncio.gather(*(server.infer("d", {"INPUT": x(i)}) for i in range(50)))
+            assert [float(r.outputs["OUTPUT"][0, 0]) for r in results] == list(range(50))
+
+    await while_inline(server, "d", work)
 
 
 async def test_a_batch_delay_is_left_to_the_executor(repo: Path, serve: Any) -> None:
@@ -203,36 +219,47 @@ async def test_a_batch_delay_is_left_to_the_executor(repo: Path, serve: Any) -> 
 async def test_stateless_model_keeps_fifo_order(repo: Path, serve: Any) -> None:
     write_model(repo, "n", plain_config("n", mbs=0, batching="").replace("dims: [ 1 ]", "dims: [ 1, 1 ]"), THREAD_MODEL)
     server = await serve()
-    await promote(server, "n")
-    got: list[float] = []
+    threads = model_module("n").THREADS
 
-    async def one(i: int) -> None:
-        r = await server.infer("n", {"INPUT": x(i)})
-        got.append(float(r.outputs["OUTPUT"][0, 0]))
+    async def work() -> None:
+        got: list[float] = []
+        threads.clear()
 
-    await asyncio.gather(*(one(i) for i in range(40)))
-    assert got == [float(i) for i in range(40)]  # one request per batch, in submit order
-    assert server.model("n").inline_stats.inline_batches >= 40
+        async def one(i: int) -> None:
+            r = await server.infer("n", {"INPUT": x(i)})
+            got.append(float(r.outputs["OUTPUT"][0, 0]))
+
+        await asyncio.gather(*(one(i) for i in range(40)))
+        assert got == [float(i) for i in range(40)]  # one request per batch, in submit order
+
+    await while_inline(server, "n", work)
+    assert threads.count(threading.get_ident()) == 40, "all 40 on the loop (passes resumed after their budget)"
 
 
 async def test_preserve_ordering_holds_inline(repo: Path, serve: Any) -> None:
     batching = "dynamic_batching { preserve_ordering: true }"
     write_model(repo, "d", plain_config("d", batching=batching), THREAD_MODEL)
     server = await serve()
-    await promote(server, "d")
-    order: list[int] = []
 
-    def on_response(i: int) -> Any:
-        return lambda result, final: order.append(i)
+    async def work() -> None:
+        order: list[int] = []
 
-    for i in range(30):
-        server.model("d").submit_streaming(_request(i), on_response(i))
-    await asyncio.sleep(0)
-    for _ in range(200):
-        if len(order) == 30:
-            break
-        await asyncio.sleep(0.01)
-    assert order == list(range(30))
+        def on_response(i: int) -> Any:
+            return lambda result, final: order.append(i)
+
+        for i in range(30):
+            server.model("d").submit_streaming(_request(i), on_response(i))
+        for _ in range(500):
+            if len(order) == 30:
+                break
+            await asyncio.sleep(0.01)
+        assert order == list(range(30))
+
+    await while_inline(server, "d", work)
+
+
+def _show(st: _core.InlineStats) -> str:
+    return ", ".join(f"{k}={getattr(st, k)}" for k in dir(st) if not k.startswith("_"))
 
 
 def _request(i: int, model: str = "d") -> InferRequest:

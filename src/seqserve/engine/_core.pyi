@@ -478,9 +478,10 @@ class Scheduler(metaclass=_Pybind11Type):
         """Inline execution: once promote_after batches in a row each cost at most max_batch_us (0: never),
         run_ready_inline runs batches on its caller's thread and submit wakes no executor; a batch over
         the bound ends that at once."""
-    def run_ready_inline(self) -> int:
+    def run_ready_inline(self) -> tuple[int, bool]:
         """Event loop, GIL held: run on this thread the batches idle instances can form now (inline mode
-        only). Returns how many ran."""
+        only). Returns (how many ran, whether it stopped at its time budget with work left: call again
+        soon)."""
     def inline_stats(self) -> InlineStats:
         """Inline execution's policy and counters."""
     def stop_accepting(self) -> None: ...

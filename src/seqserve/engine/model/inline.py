@@ -50,7 +50,9 @@ class InlineExecution:
 
     def _run(self) -> None:
         self._scheduled = False
-        self._core.run_ready_inline()
+        _, more = self._core.run_ready_inline()
+        if more:  # it gave the loop back for its other work: the rest after that
+            self.schedule()
 
     def stats(self) -> _core.InlineStats:
         return self._core.inline_stats()
