@@ -312,6 +312,13 @@ async def run_api(wls: list[Workload], args: argparse.Namespace) -> list[Summary
                     if rep:  # rep 0 is the warm-up
                         reps.append(r)
                 out.append(summarize("(a) Server.infer", wl, reps, args))
+                inline = getattr(server.model(model), "inline_stats", None)  # absent before inline execution
+                if inline is not None:
+                    log(
+                        f"  (a) mbs={wl.mbs} depth={wl.depth} inline execution so far: {inline.inline_batches} batches "
+                        f"inline, {inline.thread_batches} on the executor, {inline.promotions} promotions, "
+                        f"{inline.demotions} demotions"
+                    )
         finally:
             await server.shutdown(timeout_s=5)
     return out
