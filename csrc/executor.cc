@@ -12,7 +12,7 @@
 // cheap: promote_after batches in a row (on its executor) each costing at most max_batch_ns
 // (gather + runner + reply split). Any batch over the bound ends inline mode at once and hands
 // the queued work back to the executors; so a model that turns slow costs the loop one batch.
-// Each demotion doubles the cheap run needed for the next promotion (up to 64x), so a model
+// Each demotion doubles the cheap run needed for the next promotion (up to 16x), so a model
 // that is sometimes slow settles on its executor threads.
 //
 // Correctness does not depend on the loop coming back: in inline mode an idle executor waits
@@ -29,8 +29,8 @@ namespace seqserve {
 namespace {
 constexpr int64_t kInlineFallbackNs = 10'000'000;  // an executor takes queued work the loop left this long
 constexpr int64_t kInlinePassNs = 1'000'000;       // one inline pass runs batches for this long at most
-constexpr int kMaxPenalty = 6;                     // promotion needs at most promote_after << 6 batches
-constexpr uint64_t kPenaltyDecay = 4096;           // cheap inline batches that forgive one demotion
+constexpr int kMaxPenalty = 4;                     // promotion needs at most promote_after << 4 batches
+constexpr uint64_t kPenaltyDecay = 1024;           // cheap inline batches that forgive one demotion
 }  // namespace
 
 ThreadUsage ThreadUsage::now() {
