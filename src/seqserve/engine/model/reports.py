@@ -115,7 +115,6 @@ class ModelReports:
             state_bytes=s.state_bytes,
         )
 
-
     @property
     def inline_stats(self) -> _core.InlineStats:
         """Inline execution: its bound (0: never inline), whether it is on now, and how many
