@@ -13,7 +13,9 @@
 // (gather + runner + reply split). Any batch over the bound ends inline mode at once and hands
 // the queued work back to the executors; so a model that turns slow costs the loop one batch.
 // Each demotion doubles the cheap run needed for the next promotion (up to 16x), so a model
-// that is sometimes slow settles on its executor threads.
+// that is sometimes slow runs at most one slow batch in 128 on the loop. A batch is judged by
+// its wall time, unless its thread never blocked: then the OS preempted it (a stall the loop
+// suffers wherever the batch runs), and its thread CPU time counts instead.
 //
 // Correctness does not depend on the loop coming back: in inline mode an idle executor waits
 // with a timeout, and takes the work queued for it once it has waited kInlineFallbackNs for

@@ -6,6 +6,7 @@ from typing import Any
 
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import _core
+from seqserve.engine._core import InlineStats, Scheduler
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.model.delivery import Delivery
 from seqserve.engine.model.spec import CoreSpec
@@ -21,7 +22,7 @@ class ModelReports:
     version_str: str
     max_batch_size: int
     is_sequence: bool
-    _core: _core.Scheduler
+    _core: Scheduler
     _spec: CoreSpec
     _validator: RequestValidator
     _delivery: Delivery
@@ -116,7 +117,7 @@ class ModelReports:
         )
 
     @property
-    def inline_stats(self) -> _core.InlineStats:
+    def inline_stats(self) -> InlineStats:
         """Inline execution: its bound (0: never inline), whether it is on now, and how many
         batches ran inline and on executor threads (docs/architecture.md, "Inline execution")."""
         return self._core.inline_stats()
