@@ -23,6 +23,7 @@ from seqserve.api.http import HttpFrontend, close_when_exiting
 from seqserve.api.limits import DEFAULT_MAX_BODY_BYTES, GrpcLimits, HttpLimits, shutdown_executor
 from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig, MetricsServer, start_metrics
 from seqserve.engine import (
+    DEFAULT_INLINE_MAX_BATCH_US,
     DEFAULT_MAX_BACKLOG_SEQUENCES,
     DEFAULT_REPOSITORY_POLL_SECS,
     DEFAULT_TOMBSTONE_MAX,
@@ -31,7 +32,6 @@ from seqserve.engine import (
     Server,
     SessionPolicy,
 )
-from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US
 
 log = logging.getLogger("seqserve")
 

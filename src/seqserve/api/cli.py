@@ -13,6 +13,7 @@ from seqserve.api import security
 from seqserve.api.app import ServeOptions, resolve_http_server, run
 from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig
 from seqserve.engine import (
+    DEFAULT_INLINE_MAX_BATCH_US,
     DEFAULT_MAX_BACKLOG_SEQUENCES,
     DEFAULT_REPOSITORY_POLL_SECS,
     DEFAULT_TOMBSTONE_MAX,
@@ -20,7 +21,6 @@ from seqserve.engine import (
     ModelControlMode,
     startup_models,
 )
-from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US
 
 DEMO_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from seqserve.engine.batch import ExecuteBatch, RaggedInput
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
+from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US
 from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
 from seqserve.engine.model_control import (
     DEFAULT_REPOSITORY_POLL_SECS,
@@ -35,6 +36,7 @@ from seqserve.engine.sessions import (
 )
 
 __all__ = [
+    "DEFAULT_INLINE_MAX_BATCH_US",
     "DEFAULT_MAX_BACKLOG_SEQUENCES",
     "DEFAULT_REPOSITORY_POLL_SECS",
     "DEFAULT_TOMBSTONE_MAX",
