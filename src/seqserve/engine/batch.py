@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -46,6 +46,33 @@ class RaggedInput:
         return f"RaggedInput(shapes={list(self.shapes)})"
 
 
+class StateViews(Mapping[str, np.ndarray]):
+    """``batch.states`` of an engine batch: a state's array is made on first access (for an
+    Oldest batch whose rows are not in slot order, that is when its rows are copied out of the
+    state store), so a model that never reads a state pays nothing for it."""
+
+    __slots__ = ("_get", "_got", "_names")
+
+    def __init__(self, names: tuple[str, ...], get: Callable[[str], np.ndarray]) -> None:
+        self._names = names
+        self._get = get
+        self._got: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        arr = self._got.get(name)
+        if arr is None:
+            if name not in self._names:
+                raise KeyError(name)
+            arr = self._got[name] = self._get(name)
+        return arr
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 @dataclass(slots=True)
 class ExecuteBatch:
     """One batch formed by the scheduler.
@@ -59,8 +86,11 @@ class ExecuteBatch:
     size: int
     instance: int
     inputs: dict[str, np.ndarray]
-    #: implicit state, keyed by the state's input name; [B, ...]
-    states: dict[str, np.ndarray]
+    #: implicit state, keyed by the state's input name; [B, ...]. Read-only, except a state with
+    #: ``use_same_buffer_for_input_output: true``, whose array is also its next state (see
+    #: ``next_state``). A mapping (``StateViews`` for engine batches); ``dict(batch.states)``
+    #: gives a dict
+    states: Mapping[str, np.ndarray]
     #: the configured control tensors (START/END/READY/CORRID), keyed by their names; [B, 1]
     controls: dict[str, np.ndarray]
     start: np.ndarray  # bool [B]
@@ -83,6 +113,29 @@ class ExecuteBatch:
     ragged: dict[str, RaggedInput] = field(default_factory=dict)
     #: the model has a batch dimension (``max_batch_size > 0``)
     batched: bool = True
+    #: the engine's next-state buffers by state input name (None: it offers none); use
+    #: ``next_state``
+    state_buffer: Callable[[str], np.ndarray | None] | None = None
+    _next_states: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def next_state(self, name: str) -> np.ndarray:
+        """A writable array for the next value of implicit state ``name`` (its input name, as in
+        ``states``), shaped like ``states[name]``, its contents unspecified. Write the next state
+        into it and return it as the output state: where the engine can, it then becomes the
+        state without being copied (otherwise it is copied once, like any returned array).
+
+        Returning it is what updates the state: written but not returned, it is discarded (a
+        state with ``use_same_buffer_for_input_output: true`` is the exception: its buffer is
+        ``states[name]`` itself, and what is written there is kept). Variable-shape and BYTES
+        states get a new array each time; so do isolated models. Valid during ``execute`` only.
+        """
+        buf = self._next_states.get(name)
+        if buf is None:
+            buf = self.state_buffer(name) if self.state_buffer is not None else None
+            if buf is None:
+                buf = np.empty_like(self.states[name])
+            self._next_states[name] = buf
+        return buf
 
     def request_inputs(self, name: str) -> list[np.ndarray]:
         """Input ``name`` of each request of the batch, in its own shape (views): a ragged

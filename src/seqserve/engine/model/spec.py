@@ -257,6 +257,7 @@ def _state_specs(
                 dims=list(st.dims),
                 initial=data,
                 initial_dims=list(dims),
+                same_buffer=st.use_same_buffer_for_input_output,
             )
         )
     return out, outputs
