@@ -77,7 +77,7 @@ class Model:
         if MODE == "fresh":
             new = s + x
         elif MODE == "next":
-            new = np.add(s, x, out=batch.next_state("S_OUT"))
+            new = np.add(s, x, out=batch.next_state("S_IN"))
         else:
             new = np.add(s, x, out=s)
         return {{"OUTPUT": new[:, [0, -1]], "S_OUT": new}}
@@ -134,7 +134,10 @@ async def one_rep(server: Server, model: str, args: argparse.Namespace, xs: np.n
     async def step(s: int, k: int) -> None:
         t0 = perf()
         r = await server.infer(
-            model, {"INPUT": xs[s, k : k + 1, None]}, sequence_id=s + 1, sequence_start=k == 0,
+            model,
+            {"INPUT": xs[s, k : k + 1, None]},
+            sequence_id=s + 1,
+            sequence_start=k == 0,
             sequence_end=k == steps - 1,
         )
         if k >= depth:
