@@ -140,7 +140,7 @@ async def one_rep(server: Server, model: str, args: argparse.Namespace, xs: np.n
             sequence_start=k == 0,
             sequence_end=k == steps - 1,
         )
-        if k >= depth:
+        if k >= depth or args.order == "shuffled":
             lat.append(perf() - t0)
         if k == steps - 1:
             want = np.float32(0)
@@ -149,6 +149,14 @@ async def one_rep(server: Server, model: str, args: argparse.Namespace, xs: np.n
             got = r.outputs["OUTPUT"][0]
             if got[0] != want or got[1] != want:
                 bad.append(f"sequence {s + 1}: {got.tolist()} != {want}")
+
+    async def lockstep() -> None:
+        # Every sequence's step k, submitted in a new random order, then step k + 1: Oldest's
+        # batches come in that order, out of slot order (its state is gathered).
+        order = np.random.default_rng(args.steps).permutation(nseq)
+        for k in range(steps):
+            np.random.default_rng(k).shuffle(order)
+            await asyncio.gather(*(step(int(s), k) for s in order))
 
     async def sequence(s: int) -> None:
         sem = asyncio.Semaphore(depth)
@@ -162,7 +170,10 @@ async def one_rep(server: Server, model: str, args: argparse.Namespace, xs: np.n
 
     before = stats(server, model)
     t0 = perf()
-    await asyncio.gather(*(sequence(s) for s in range(nseq)))
+    if args.order == "shuffled":
+        await lockstep()
+    else:
+        await asyncio.gather(*(sequence(s) for s in range(nseq)))
     wall = perf() - t0
     after = stats(server, model)
     if bad:
@@ -219,6 +230,25 @@ def summary(c: Case, r: Result) -> dict[str, Any]:
     }
 
 
+def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rows of several runs of one configuration set: medians over the runs, and the range of
+    steps/s (``steps_per_s_reps`` then holds each run's median)."""
+    by_key: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for run_ in runs:
+        for r in run_["rows"]:
+            by_key.setdefault((r["strategy"], r["size"], r["mode"]), []).append(r)
+    rows = []
+    for (strategy, size, mode), rs in by_key.items():
+        row: dict[str, Any] = {"strategy": strategy, "size": size, "mode": mode}
+        for key in ("lat_p50_us", "lat_p99_us", "steps_per_s", "avg_batch", "compute_input_us", "compute_output_us"):
+            row[key] = float(np.median([r[key] for r in rs]))
+        row["steps_per_s_reps"] = [round(r["steps_per_s"]) for r in rs]
+        rows.append(row)
+    args = dict(runs[0]["args"])
+    args["reps"] = f"{len(runs)} runs x {args['reps']}"
+    return {"args": args, "rows": rows}
+
+
 def size_name(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB" if n >= 1024 else f"{n} B"
 
@@ -228,7 +258,7 @@ def report(out: dict[str, Any]) -> None:
     base = {(r["strategy"], r["mode"]): r for r in rows if r["size"] == min(x["size"] for x in rows)}
     print(
         f"{'strategy':8} {'state':>7} {'mode':8} {'p50 us':>8} {'p99 us':>8} {'steps/s':>8} "
-        f"{'+us/step':>8} {'in us/b':>8} {'out us/b':>8} {'batch':>5}"
+        f"{'+us/step':>8} {'in us/b':>8} {'out us/b':>8} {'batch':>5}  steps/s per rep"
     )
     for r in rows:
         b = base[(r["strategy"], r["mode"])]
@@ -236,11 +266,12 @@ def report(out: dict[str, Any]) -> None:
         print(
             f"{r['strategy']:8} {size_name(r['size']):>7} {r['mode']:8} {r['lat_p50_us']:8.0f} "
             f"{r['lat_p99_us']:8.0f} {r['steps_per_s']:8.0f} {extra:8.1f} {r['compute_input_us']:8.1f} "
-            f"{r['compute_output_us']:8.1f} {r['avg_batch']:5.1f}"
+            f"{r['compute_output_us']:8.1f} {r['avg_batch']:5.1f}  {r['steps_per_s_reps']}"
         )
     a = out["args"]
     print(
-        f"\n{a['sequences']} sequences x {a['steps']} steps, depth {a['depth']}, {a['reps']} reps (alternating "
+        f"\n{a['sequences']} sequences x {a['steps']} steps, order {a.get('order', 'slots')}, depth {a['depth']}, "
+        f"{a['reps']} reps (alternating "
         "rounds); +us/step: per-step wall time minus the smallest state's; in/out us/b: the engine's "
         "compute_input / compute_output per batch (state gather / write-back included)"
     )
@@ -255,8 +286,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--depth", type=int, default=2)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument(
+        "--order",
+        choices=("slots", "shuffled"),
+        default="slots",
+        help="slots: every sequence keeps --depth steps in flight (Oldest's rows mostly in slot order); "
+        "shuffled: all sequences step k in a random order, then step k + 1 (rows out of slot order)",
+    )
     p.add_argument("--json", help="write the raw figures here")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="print the medians of earlier --json runs and exit")
     args = p.parse_args(argv)
+    if args.merge:
+        report(merge([json.loads(Path(f).read_text()) for f in args.merge]))
+        return 0
     out = asyncio.run(run(args))
     report(out)
     if args.json:
