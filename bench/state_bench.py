@@ -18,9 +18,11 @@ Modes (how the model produces its next state):
   inplace  ``use_same_buffer_for_input_output: true``: ``np.add(state, x, out=state)``
 
 Printed per configuration: per-request latency median and p99 (submit -> reply, steps after the
-pipeline filled), steps/s (median over reps), per-step wall time minus the 4-byte figure of the
-same strategy and mode (the state's cost per step), the engine's compute_input (state gather
-included) and compute_output (state write-back included) per batch, and the average batch.
+pipeline filled), steps/s (median over reps), the process's CPU time per step (client, event
+loop and executor together: it moves little with the machine's load, where wall-clock figures
+move a lot) and that minus the 4-byte figure of the same strategy and mode (the state's cost
+per step), the engine's compute_input (state gather included) and compute_output (state
+write-back included) per batch, and the average batch.
 Configurations run in alternating rounds (rep 1 of every configuration, then rep 2, ...), so a
 load change on a shared machine spreads over all of them. ``--json`` writes the raw figures.
 """
@@ -99,6 +101,7 @@ class Case:
 class Result:
     lat: list[np.ndarray] = field(default_factory=list)
     rates: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # process CPU ns per step, per rep
     executions: int = 0
     rows: int = 0
     input_ns: int = 0
@@ -169,17 +172,20 @@ async def one_rep(server: Server, model: str, args: argparse.Namespace, xs: np.n
         await asyncio.gather(*tasks)
 
     before = stats(server, model)
+    c0 = time.process_time_ns()
     t0 = perf()
     if args.order == "shuffled":
         await lockstep()
     else:
         await asyncio.gather(*(sequence(s) for s in range(nseq)))
     wall = perf() - t0
+    cpu = time.process_time_ns() - c0
     after = stats(server, model)
     if bad:
         raise RuntimeError(f"{model}: wrong running sums: {bad[:3]}")
     res.lat.append(np.array(lat, np.int64))
     res.rates.append(nseq * steps / wall * 1e9)
+    res.cpu.append(cpu / (nseq * steps))
     res.executions += after[0] - before[0]
     res.rows += after[1] - before[1]
     res.input_ns += after[2] - before[2]
@@ -224,6 +230,7 @@ def summary(c: Case, r: Result) -> dict[str, Any]:
         "lat_p99_us": float(np.percentile(lat, 99)) / 1e3,
         "steps_per_s": float(np.median(r.rates)),
         "steps_per_s_reps": [round(x) for x in r.rates],
+        "cpu_us_per_step": float(np.median(r.cpu)) / 1e3,
         "avg_batch": r.rows / ex,
         "compute_input_us": r.input_ns / ex / 1e3,
         "compute_output_us": r.output_ns / ex / 1e3,
@@ -240,7 +247,15 @@ def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
     rows = []
     for (strategy, size, mode), rs in by_key.items():
         row: dict[str, Any] = {"strategy": strategy, "size": size, "mode": mode}
-        for key in ("lat_p50_us", "lat_p99_us", "steps_per_s", "avg_batch", "compute_input_us", "compute_output_us"):
+        for key in (
+            "lat_p50_us",
+            "lat_p99_us",
+            "steps_per_s",
+            "cpu_us_per_step",
+            "avg_batch",
+            "compute_input_us",
+            "compute_output_us",
+        ):
             row[key] = float(np.median([r[key] for r in rs]))
         row["steps_per_s_reps"] = [round(r["steps_per_s"]) for r in rs]
         rows.append(row)
@@ -257,23 +272,26 @@ def report(out: dict[str, Any]) -> None:
     rows = out["rows"]
     base = {(r["strategy"], r["mode"]): r for r in rows if r["size"] == min(x["size"] for x in rows)}
     print(
-        f"{'strategy':8} {'state':>7} {'mode':8} {'p50 us':>8} {'p99 us':>8} {'steps/s':>8} "
-        f"{'+us/step':>8} {'in us/b':>8} {'out us/b':>8} {'batch':>5}  steps/s per rep"
+        f"{'strategy':8} {'state':>7} {'mode':8} {'p50 us':>8} {'p99 us':>8} {'steps/s':>8} {'cpu us':>7} "
+        f"{'+cpu us':>7} {'in us/b':>8} {'out us/b':>8} {'batch':>5}  steps/s per rep"
     )
     for r in rows:
         b = base[(r["strategy"], r["mode"])]
-        extra = 1e6 / r["steps_per_s"] - 1e6 / b["steps_per_s"]
+        extra = r["cpu_us_per_step"] - b["cpu_us_per_step"]
         print(
             f"{r['strategy']:8} {size_name(r['size']):>7} {r['mode']:8} {r['lat_p50_us']:8.0f} "
-            f"{r['lat_p99_us']:8.0f} {r['steps_per_s']:8.0f} {extra:8.1f} {r['compute_input_us']:8.1f} "
-            f"{r['compute_output_us']:8.1f} {r['avg_batch']:5.1f}  {r['steps_per_s_reps']}"
+            f"{r['lat_p99_us']:8.0f} {r['steps_per_s']:8.0f} {r['cpu_us_per_step']:7.1f} {extra:7.1f} "
+            f"{r['compute_input_us']:8.1f} {r['compute_output_us']:8.1f} {r['avg_batch']:5.1f}  "
+            f"{r['steps_per_s_reps']}"
         )
     a = out["args"]
     print(
         f"\n{a['sequences']} sequences x {a['steps']} steps, order {a.get('order', 'slots')}, depth {a['depth']}, "
         f"{a['reps']} reps (alternating "
-        "rounds); +us/step: per-step wall time minus the smallest state's; in/out us/b: the engine's "
-        "compute_input / compute_output per batch (state gather / write-back included)"
+        "rounds); cpu us: the process's CPU time per step (all threads: client, event loop, executor), "
+        "+cpu us: minus the smallest state's (the state's cost per step); in/out us/b: the engine's "
+        "compute_input / compute_output per batch (state gather / write-back included; a lazily "
+        "gathered Oldest state is copied inside compute_infer, when the model reads it)"
     )
 
 

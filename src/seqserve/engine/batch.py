@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -46,16 +46,22 @@ class RaggedInput:
         return f"RaggedInput(shapes={list(self.shapes)})"
 
 
+class _EngineStates(Protocol):
+    def state(self, name: str) -> np.ndarray: ...
+    def next_state(self, name: str) -> np.ndarray | None: ...
+
+
 class StateViews(Mapping[str, np.ndarray]):
     """``batch.states`` of an engine batch: a state's array is made on first access (for an
     Oldest batch whose rows are not in slot order, that is when its rows are copied out of the
-    state store), so a model that never reads a state pays nothing for it."""
+    state store), so a model that never reads a state pays nothing for it. It also hands out
+    the engine's next-state buffers (``ExecuteBatch.next_state``)."""
 
-    __slots__ = ("_get", "_got", "_names")
+    __slots__ = ("_batch", "_got", "_names")
 
-    def __init__(self, names: tuple[str, ...], get: Callable[[str], np.ndarray]) -> None:
+    def __init__(self, names: tuple[str, ...], batch: _EngineStates) -> None:
         self._names = names
-        self._get = get
+        self._batch = batch
         self._got: dict[str, np.ndarray] = {}
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -63,8 +69,12 @@ class StateViews(Mapping[str, np.ndarray]):
         if arr is None:
             if name not in self._names:
                 raise KeyError(name)
-            arr = self._got[name] = self._get(name)
+            arr = self._got[name] = self._batch.state(name)
         return arr
+
+    def next_buffer(self, name: str) -> np.ndarray | None:
+        """The engine's buffer for the next value of state ``name``, or None where it has none."""
+        return self._batch.next_state(name)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
@@ -113,9 +123,6 @@ class ExecuteBatch:
     ragged: dict[str, RaggedInput] = field(default_factory=dict)
     #: the model has a batch dimension (``max_batch_size > 0``)
     batched: bool = True
-    #: the engine's next-state buffers by state input name (None: it offers none); use
-    #: ``next_state``
-    state_buffer: Callable[[str], np.ndarray | None] | None = None
     _next_states: dict[str, np.ndarray] = field(default_factory=dict)
 
     def next_state(self, name: str) -> np.ndarray:
@@ -131,7 +138,7 @@ class ExecuteBatch:
         """
         buf = self._next_states.get(name)
         if buf is None:
-            buf = self.state_buffer(name) if self.state_buffer is not None else None
+            buf = self.states.next_buffer(name) if isinstance(self.states, StateViews) else None
             if buf is None:
                 buf = np.empty_like(self.states[name])
             self._next_states[name] = buf

@@ -151,7 +151,6 @@ class LoadedModel(SequenceViews):
         )
         self.strategy_name = spec.strategy_name
         self._spec = spec
-        self._state_names = tuple(st.input_name for st in spec.scheduler.states)
         self._validator = RequestValidator(cfg, spec)
         self._delivery = Delivery(cfg, self.version_str, loop, preserve_ordering=spec.preserve_ordering)
         self._watchdog = (  # isolated instances time out on their own
@@ -483,7 +482,7 @@ class LoadedModel(SequenceViews):
                 size=cb.size,
                 instance=cb.instance,
                 inputs=cb.inputs(),
-                states=StateViews(self._state_names, cb.state) if self._state_names else {},
+                states=StateViews(self._spec.state_names, cb) if self._spec.state_names else {},
                 controls=cb.controls(),
                 start=cb.start,
                 end=cb.end,
@@ -494,7 +493,6 @@ class LoadedModel(SequenceViews):
                 request_ids=[r.request_id if r is not None else "" for r in recs],
                 ragged={k: RaggedInput(v) for k, v in cb.ragged().items()} if self._has_ragged else {},
                 batched=self.max_batch_size > 0,
-                state_buffer=cb.next_state,
             )
             instance = self._instances[cb.instance]
             if instance.uses_responders:
