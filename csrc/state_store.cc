@@ -87,6 +87,10 @@ void StateStore::reset(const std::vector<Row>& rows) {
         std::memcpy(fixed_row(k, row.slot), init, row_bytes_[k]);
       }
     }
+    if (!sl.ready) {
+      ++ready_count_;
+      ready_end_ = std::max(ready_end_, static_cast<size_t>(row.slot) + 1);
+    }
     sl.ready = true;
   }
 }
@@ -221,21 +225,19 @@ void StateStore::commit_alt(size_t k, const std::vector<Row>& rows) {
   const size_t rb = row_bytes_[k];
   const uint8_t* alt = alt_[k].data() + base_[k] * rb;
   size_t real = 0;
-  for (const Row& row : rows)
-    if (row.req) {
-      in_batch_[row.slot] = 1;
-      ++real;
-    }
-  size_t keep = 0;
-  for (size_t s = 0; s < slots_.size(); ++s) keep += slots_[s].ready && !in_batch_[s];
+  for (const Row& row : rows) real += row.req ? 1 : 0;
+  // Every real row's slot holds a state (reset() ran), so the others that do number:
+  const size_t keep = ready_count_ - real;
   if (keep < real) {
-    for (size_t s = 0; s < slots_.size(); ++s)
+    for (const Row& row : rows)
+      if (row.req) in_batch_[row.slot] = 1;
+    for (size_t s = 0; s < ready_end_; ++s)  // slots are taken lowest first: ready ones sit low
       if (slots_[s].ready && !in_batch_[s]) std::memcpy(alt_[k].data() + s * rb, store_[k].data() + s * rb, rb);
+    for (const Row& row : rows) in_batch_[row.slot] = 0;
     swap(store_[k], alt_[k]);
   } else {
     copy_rows(k, rows, alt, rb);
   }
-  for (const Row& row : rows) in_batch_[row.slot] = 0;
 }
 
 uint8_t* StateStore::data(size_t k) {

@@ -97,6 +97,8 @@ class StateStore {
   std::vector<uint8_t> gathered_;  // per state: always gathered (variable-shape, BYTES)
   std::vector<uint8_t> same_buffer_;
   std::vector<uint8_t> in_batch_;  // per slot: a real row of the current batch (commit_alt)
+  size_t ready_count_ = 0;         // slots that hold a state (SlotState::ready)
+  size_t ready_end_ = 0;           // 1 + the highest such slot
   // Per batch: the slot of row 0 where state k is a view of the store, else -1 (gathered).
   std::vector<int64_t> base_;
   std::vector<uint8_t> pending_;   // per state: gathered on first data() (rows_ of this batch)

@@ -259,3 +259,15 @@ async def test_unbatched_model_in_place(repo, serve):
         r = await s.infer("m", {"X": np.array([x], np.int64)}, sequence_id=3, sequence_start=k == 0)
         total += x
         assert r.outputs["Y"].tolist() == [total] * N
+
+
+@pytest.mark.parametrize(("mode", "same"), [("next", False), ("inplace", True)])
+async def test_oldest_more_slots_than_rows(repo, serve, mode, same):
+    # 16 candidate sequences, batches of 4: a returned next-state buffer is committed by copying
+    # its rows (the store holds more sequences than the batch updates) or, at small counts, by
+    # trading the stores; either way the 12 idle slots keep their state.
+    cfg = config("oldest", same=same).replace("max_candidate_sequences: 4", "max_candidate_sequences: 16")
+    write_model(repo, "m", cfg, MODEL.format(mode=mode))
+    s = await serve()
+    for seed in range(3):
+        await drive(s, 100 + seed, nseq=14)
