@@ -400,6 +400,10 @@ def main(argv: list[str] | None = None) -> int:
             "execute (batch compute_infer, wall time) per request the model served, both over the measured window:"
         )
         print(overhead)
+        medians = report.overhead_medians(rows)
+        if medians:
+            print("\nthe same, medians of the runs of each load (min-max):")
+            print(medians)
     table, warns, comps = report.compare_floors(rows)
     if table:
         print()

@@ -191,6 +191,30 @@ def format_overhead(rows: list[dict[str, Any]]) -> str:
     return _cells(cells)
 
 
+def overhead_medians(rows: list[dict[str, Any]]) -> str:
+    """When a (transport, load) was run more than once (e.g. ``--concurrency 1,16,64,1,16,64``): the
+    median (min-max) of the server's CPU, the model's execute and the rest, per step."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if "execute_us_per_step" in r:
+            groups.setdefault((r["target"], r["transport"], r["concurrency"]), []).append(r)
+    if not groups or max(len(g) for g in groups.values()) < 2:
+        return ""
+
+    def spread(g: list[dict[str, Any]], key: str) -> str:
+        vals = sorted(v for r in g if (v := r.get(key)) is not None)
+        if not vals:
+            return "-"
+        mid = vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
+        return f"{mid:.0f} ({vals[0]:.0f}-{vals[-1]:.0f})"
+
+    cells = [["transport", "load", "runs", "srv us/step", "execute us/step", "srv excl. execute us/step"]]
+    for (_, transport, load), g in groups.items():
+        cells.append([transport, f"c={load}", str(len(g))] + [spread(g, k) for k in
+                     ("server_cpu_us_per_step", "execute_us_per_step", "server_own_us_per_step")])  # fmt: skip
+    return _cells(cells)
+
+
 def ceiling_note(rows: list[dict[str, Any]]) -> str:
     """How close the generator itself came to being the bottleneck."""
     if not rows:
