@@ -10,7 +10,7 @@ from bench.loadgen import MODES
 from bench.transports import TRANSPORTS, resolve_transport
 
 
-def _int_list(value: str) -> list[int]:
+def int_list(value: str) -> list[int]:
     try:
         out = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
@@ -20,7 +20,7 @@ def _int_list(value: str) -> list[int]:
     return out
 
 
-def _transport_list(value: str) -> list[str]:
+def transport_list(value: str) -> list[str]:
     try:
         return [resolve_transport(v) for v in value.split(",") if v.strip()]
     except ValueError as e:
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = p.add_argument_group("workload")
     w.add_argument(
         "--transports",
-        type=_transport_list,
+        type=transport_list,
         default=["http-binary", "grpc-unary", "grpc-stream"],
         help=f"comma-separated, from {', '.join(TRANSPORTS)} (aliases: http, json, grpc, stream); "
         "default: http-binary,grpc-unary,grpc-stream",
@@ -93,13 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--mode", choices=MODES, default="closed", help="closed loop (default) or paced open loop")
     w.add_argument(
         "--concurrency",
-        type=_int_list,
+        type=int_list,
         default=[1, 16],
         help="closed: comma-separated numbers of concurrent sequences, one run each (default: 1,16)",
     )
     w.add_argument(
         "--streams",
-        type=_int_list,
+        type=int_list,
         default=[1, 8],
         help="paced: comma-separated numbers of streams, one run each (default: 1,8)",
     )

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -32,7 +34,7 @@ from bench import report, sbs_report
 from bench.cpu import ProcessTreeCpu
 from bench.loadgen import RunConfig, SequenceIds, id_base, run_coro, run_load
 from bench.model_stats import StatsReader, StatsSnapshot, window
-from bench.options import _int_list, _transport_list
+from bench.options import int_list, transport_list
 from bench.target import SpawnedServer, Target, fetch_metadata, wait_ready
 from bench.transports import TRANSPORTS, TransportSpec
 from bench.triton_anchor import SpawnedTriton, TritonUnavailable, default_script
@@ -48,11 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default: 3)")
     p.add_argument(
         "--transports",
-        type=_transport_list,
+        type=transport_list,
         default=["grpc-stream", "http-binary", "grpc-unary"],
         help="comma-separated (default: grpc-stream,http-binary,grpc-unary)",
     )
-    p.add_argument("--concurrency", type=_int_list, default=[16], help="concurrent sequences (default: 16)")
+    p.add_argument("--concurrency", type=int_list, default=[16], help="concurrent sequences (default: 16)")
     p.add_argument("--seq-len", type=int, default=20, help="steps per sequence (default: 20)")
     p.add_argument("--duration", type=float, default=8.0, help="measured seconds per run (default: 8)")
     p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each run (default: 2)")
@@ -90,13 +92,11 @@ class Side:
     target: Target
     cpu: ProcessTreeCpu
     stats: StatsReader
-    check_alive: Any  # () -> None, raises when the server is gone
+    check_alive: Callable[[], None]  # raises when the server is gone
     info: dict[str, Any]
 
 
 def _get_json(url: str) -> dict[str, Any] | None:
-    import json
-
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
             return dict(json.loads(resp.read()))
