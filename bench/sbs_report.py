@@ -130,22 +130,37 @@ def labels_of(infos: dict[str, dict[str, Any]]) -> dict[str, str]:
     return {n: (f"Triton {i['version']}" if n == "Triton" and i.get("version") else n) for n, i in infos.items()}
 
 
+def slots_line(infos: dict[str, dict[str, Any]]) -> str:
+    """Which slots each side's model had, e.g. "seqserve accumulator 16 slots (2 instances x max_batch_size 8),
+    Triton 2.51.0 accum_py 16 slots (...; how its instance count was set)"."""
+    labels = labels_of(infos)
+    parts = []
+    for n, i in infos.items():
+        part = f"{labels[n]} {i.get('model')} {i.get('slots') or '?'} slots"
+        if i.get("instances") and i.get("max_batch_size"):
+            part += f" ({i['instances']} instances x max_batch_size {i['max_batch_size']}"
+            part += f"; {i['instances_how']})" if i.get("instances_how") else ")"
+        parts.append(part)
+    return "Models: " + ", ".join(parts) + "."
+
+
 def format_text(summary: dict[str, Any], args: argparse.Namespace, infos: dict[str, Any], loop: str) -> str:
     sides = list(infos)
     labels = labels_of(infos)
-    slots = ", ".join(f"{labels[n]} {i.get('model')} {i.get('slots') or '?'} slots" for n, i in infos.items())
+    short = [labels[n] for n, i in infos.items() if (i.get("slots") or 0) < max(args.concurrency)]
     lines = [
         f"side by side: {args.rounds} alternating rounds; per run {args.warmup:g}s warm-up + {args.duration:g}s "
         f"measured; {','.join(map(str, args.concurrency))} concurrent sequences of {args.seq_len} steps, closed "
         f"loop, one gRPC stream per sequence; client tritonclient aio on {loop}; every reply checked against the "
-        f"running sum. Models: {slots}.",
+        f"running sum. {slots_line(infos)}",
         "Server CPU per step = CPU of the server's whole process tree (Triton: with its Python backend stubs) over "
         "the measured window / measured steps. Figures: median of the rounds (min-max); ratio = "
         f"{labels[sides[0]]} / {labels[sides[-1]]} per round, its median (min-max).",
         "",
         *_table(summary, sides, labels),
         "",
-        "A Direct model with fewer slots than sequences keeps the others in its backlog: their START steps wait "
+        (f"Fewer slots than sequences ({', '.join(short)}): " if short else "")
+        + "a Direct model with fewer slots than sequences keeps the others in its backlog: their START steps wait "
         "for a sequence to end, which sets the p99; 'p99 without START steps' is the steady steps' tail.",
         "",
         "Per server and transport, medians of the rounds (min-max); cpu columns in cores; 'other cpu' is the "

@@ -8,6 +8,13 @@ sum), transport by transport, in alternating rounds: in round r the server that 
 alternates per transport and per round, so slow drifts of the shared machine's load fall on both.
 Both servers run for the whole bench; each run also records the other (idle) server's CPU.
 
+Slots: Triton's model gets as many instances as seqserve's (``--triton-instances``, default
+``match``; ``bench.triton_repo``): the anchor's ``accum_py`` has 1 instance (8 slots) and the demo
+``accumulator`` 2 (16), and with fewer slots than sequences Triton's extra sequences would wait in
+its backlog. seqserve starts first so that its model's instance count can be read from its config
+endpoint; Triton then runs on a temporary copy of its repository with that count (removed at exit),
+or on the repository as it is when the count there already matches. Both slot counts are printed.
+
 Reported (``bench.sbs_report``): per transport, the medians over the rounds of server CPU per step
 (whole process tree, Triton's Python backend stubs included), p50/p99 latency and throughput with
 their spread (min-max), the ratio seqserve / Triton per round (its median and spread) against the
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import sys
@@ -37,8 +45,24 @@ from bench.model_stats import StatsReader, StatsSnapshot, window
 from bench.options import int_list, transport_list
 from bench.target import SpawnedServer, Target, fetch_metadata, wait_ready
 from bench.transports import TRANSPORTS, TransportSpec
-from bench.triton_anchor import SpawnedTriton, TritonUnavailable, default_script
+from bench.triton_anchor import SpawnedTriton, TritonUnavailable, anchor_problem, default_script
+from bench.triton_repo import RepoProblem, config_path, instance_count, read_config, repo_with_instances
 from bench.workload import Workload, from_metadata
+
+MATCH = "match"
+
+
+def instances_option(value: str) -> int | str:
+    """``--triton-instances``: a count >= 1, or ``match`` (seqserve's model's count)."""
+    if value == MATCH:
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither a count nor {MATCH!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("the instance count must be >= 1")
+    return n
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,6 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--triton-repo", type=Path, help="model repository for Triton (default: the anchor's own)")
     p.add_argument("--triton-model", default="accum_py", help="Triton's model (default: accum_py)")
+    p.add_argument(
+        "--triton-instances",
+        type=instances_option,
+        default=MATCH,
+        metavar="N|match",
+        help="instances of Triton's model (its instance_group count; slots = count x max_batch_size): N, or "
+        "match (default) the instance count of seqserve's model. When it differs from the repository's "
+        "config, Triton runs on a temporary copy of the repository with the count set there (removed at exit)",
+    )
     p.add_argument("--model", default="accumulator", help="seqserve's model (default: accumulator)")
     p.add_argument(
         "--server-arg",
@@ -219,59 +252,107 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")  # unwinds through the finally blocks that stop the servers
 
 
+class _StartFailed(Exception):
+    """A server could not be started; the message says why (exit status 2)."""
+
+
+def _triton_repo(args: argparse.Namespace, script: Path, seqserve_info: dict[str, Any],
+                 stack: contextlib.ExitStack) -> tuple[Path | None, int, str]:  # fmt: skip
+    """The repository Triton runs on (None: the script's own), the instance count its model will
+    have, and where that count comes from (for the output)."""
+    src = args.triton_repo or script.parent / "models"  # the script's default repository
+    try:
+        have = instance_count(read_config(config_path(src, args.triton_model)))
+    except RepoProblem as e:
+        raise _StartFailed(f"Triton's model {args.triton_model!r}: {e} (see --triton-repo, --triton-model)") from None
+    want = args.triton_instances
+    if want == MATCH:
+        want = seqserve_info.get("instances")
+        if not want:
+            raise _StartFailed(f"cannot read the instance count of seqserve's model {args.model!r} from its "
+                               "config endpoint: give --triton-instances N")  # fmt: skip
+    if want == have:
+        return args.triton_repo, have, f"{have} instance(s) as configured in {config_path(src, args.triton_model)}"
+    try:
+        repo = stack.enter_context(repo_with_instances(src, args.triton_model, want))
+    except RepoProblem as e:
+        raise _StartFailed(str(e)) from None
+    how = "to match seqserve's model" if args.triton_instances == MATCH else "by --triton-instances"
+    return repo, want, f"instance_group count set to {want} (configured: {have}) {how}, in a temporary copy {repo}"
+
+
+def _start_triton(args: argparse.Namespace, seqserve_info: dict[str, Any], stack: contextlib.ExitStack) -> Side:
+    script = args.triton_script or default_script()
+    repo, count, how = _triton_repo(args, script, seqserve_info, stack)
+    triton = SpawnedTriton(script, repo)
+    stack.callback(triton.stop)  # registered before start: start may leave a server behind when it fails
+    print(f"bench.side_by_side: starting Triton ({script}); {args.triton_model}: {how}", file=sys.stderr, flush=True)
+    try:
+        triton.start()
+    except TritonUnavailable as e:
+        raise _StartFailed(str(e)) from None
+    assert triton.pid is not None
+    tt = Target(triton.http_url, triton.grpc_url, args.triton_model, triton.pid, None, "Triton")
+    try:
+        wait_ready(tt, timeout_s=30)
+    except (RuntimeError, TimeoutError) as e:
+        raise _StartFailed(f"Triton: {e}") from None
+    info = {**_info(tt), "repository": str(repo) if repo else None, "instances_how": how}
+    if info["instances"] != count:  # what Triton reports it loaded, not what we wrote
+        raise _StartFailed(f"Triton reports {info['instances']} instance(s) of {args.triton_model}, not {count}")
+    return Side("Triton", tt, ProcessTreeCpu(triton.pid), StatsReader(triton.http_url, tt.model),
+                triton.check_alive, info)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.rounds < 1 or args.seq_len < 1 or args.duration <= 0:
         raise SystemExit("--rounds and --seq-len must be >= 1, --duration > 0")
+    if not args.no_triton:  # before anything starts: a missing anchor fails at once
+        problem = anchor_problem(args.triton_script or default_script())
+        if problem:
+            print(f"bench.side_by_side: {problem}", file=sys.stderr)
+            return 2
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
-    seqserve = SpawnedServer(extra_args=list(args.server_arg))
-    triton = None if args.no_triton else SpawnedTriton(args.triton_script or default_script(), args.triton_repo)
     sides: dict[str, Side] = {}
-    try:
-        if triton is not None:
-            print(f"bench.side_by_side: starting Triton ({triton.script})", file=sys.stderr, flush=True)
-            try:
-                triton.start()
-            except TritonUnavailable as e:
-                print(f"bench.side_by_side: {e}", file=sys.stderr)
-                return 2
-            assert triton.pid is not None
-            tt = Target(triton.http_url, triton.grpc_url, args.triton_model, triton.pid, None, "Triton")
-            try:
-                wait_ready(tt, timeout_s=30)
-            except (RuntimeError, TimeoutError) as e:
-                print(f"bench.side_by_side: Triton: {e}", file=sys.stderr)
-                return 2
-            sides["Triton"] = Side("Triton", tt, ProcessTreeCpu(triton.pid), StatsReader(triton.http_url, tt.model),
-                                   triton.check_alive, _info(tt))  # fmt: skip
-        seqserve.start()
-        assert seqserve.proc is not None
-        st = Target(seqserve.http_url, seqserve.grpc_url, args.model, seqserve.proc.pid, seqserve, "seqserve")
+    # closed in reverse: the servers stop first, then the temporary repository goes
+    with contextlib.ExitStack() as stack:
         try:
-            wait_ready(st)
-        except (RuntimeError, TimeoutError) as e:
-            print(f"bench.side_by_side: seqserve: {e}", file=sys.stderr)
+            seqserve = SpawnedServer(extra_args=list(args.server_arg))
+            stack.callback(seqserve.stop)
+            seqserve.start()
+            assert seqserve.proc is not None
+            st = Target(seqserve.http_url, seqserve.grpc_url, args.model, seqserve.proc.pid, seqserve, "seqserve")
+            try:
+                wait_ready(st)
+            except (RuntimeError, TimeoutError) as e:
+                raise _StartFailed(f"seqserve: {e}") from None
+            stats = StatsReader(seqserve.http_url, args.model)
+            sides["seqserve"] = Side("seqserve", st, ProcessTreeCpu(seqserve.proc.pid), stats, seqserve.check_alive,
+                                     _info(st))  # fmt: skip
+            if not args.no_triton:
+                sides["Triton"] = _start_triton(args, sides["seqserve"].info, stack)
+            workloads = {name: _workload(s, args.seed) for name, s in sides.items()}
+            for name, s in sides.items():
+                print(f"bench.side_by_side: {name} pid {s.target.server_pid}: {s.info}", file=sys.stderr, flush=True)
+            print(f"bench.side_by_side: {sbs_report.slots_line(_infos(sides))}", file=sys.stderr, flush=True)
+            rows, loop = run_coro(_measure(args, sides, workloads), args.loop)
+        except _StartFailed as e:
+            print(f"bench.side_by_side: {e}", file=sys.stderr)
             return 2
-        mine = Side("seqserve", st, ProcessTreeCpu(seqserve.proc.pid), StatsReader(seqserve.http_url, args.model),
-                    seqserve.check_alive, _info(st))  # fmt: skip
-        sides = {"seqserve": mine, **sides}
-        workloads = {name: _workload(s, args.seed) for name, s in sides.items()}
-        for name, s in sides.items():
-            print(f"bench.side_by_side: {name} pid {s.target.server_pid}: {s.info}", file=sys.stderr, flush=True)
-        rows, loop = run_coro(_measure(args, sides, workloads), args.loop)
-    except KeyboardInterrupt as e:
-        print(f"bench.side_by_side: interrupted ({e or 'Ctrl-C'}); stopping the servers", file=sys.stderr)
-        return 130
-    finally:
-        seqserve.stop()
-        if triton is not None:
-            triton.stop()
+        except KeyboardInterrupt as e:
+            print(f"bench.side_by_side: interrupted ({e or 'Ctrl-C'}); stopping the servers", file=sys.stderr)
+            return 130
     summary = sbs_report.summarize(rows, args.transports, args.concurrency, list(sides))
-    print(sbs_report.format_text(summary, args, {n: s.info for n, s in sides.items()}, loop))
+    print(sbs_report.format_text(summary, args, _infos(sides), loop))
     if args.json:
-        sbs_report.write_json(args.json, args, argv, summary, rows, {n: s.info for n, s in sides.items()}, loop)
+        sbs_report.write_json(args.json, args, argv, summary, rows, _infos(sides), loop)
     return 0 if summary["checks_ok"] else 1
+
+
+def _infos(sides: dict[str, Side]) -> dict[str, dict[str, Any]]:
+    return {n: s.info for n, s in sides.items()}
 
 
 if __name__ == "__main__":

@@ -3,11 +3,13 @@
 The mode runs here briefly against seqserve alone; against the real Triton only where the
 development environment's anchor (../shared/anchors/triton) is installed, otherwise that test
 skips and says why. Starting Triton must fail clearly and leave nothing running: a fake anchor
-script checks that without Triton. The summaries (alternation, medians, ratios) and the
+script checks that without Triton, and that the bench hands it a temporary repository whose model has
+as many instances as seqserve's, removed at exit. The summaries (alternation, medians, ratios) and the
 statistics arithmetic are checked on synthetic data."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -21,8 +23,10 @@ import pytest
 
 from bench import sbs_report
 from bench.model_stats import parse, per_step, window
-from bench.side_by_side import plan
+from bench.side_by_side import instances_option, plan
 from bench.triton_anchor import anchor_problem, default_script
+from bench.triton_repo import RepoProblem, instance_count, read_config, repo_with_instances, with_instances
+from seqserve._proto import model_config_pb2 as mc
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["--duration", "0.6", "--warmup", "0.2", "--pause", "0", "--seq-len", "5", "--concurrency", "2"]
@@ -128,24 +132,93 @@ def test_missing_anchor_fails_clearly(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "no Triton anchor at" in proc.stderr
 
 
-def test_triton_that_does_not_start_is_stopped(tmp_path: Path) -> None:
-    """A start script that launches a server which never gets ready (as the real one exits 1 after
-    30 s): the bench says so, exits 2, and ends the process the script left running."""
+ANCHOR_CONFIG = """name: "accum_py"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  direct { }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY fp32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""  # the anchor's accum_py config, as in ../shared/anchors/triton/models
+
+
+def anchor_repo(root: Path) -> Path:
+    repo = root / "models"
+    (repo / "accum_py" / "1" / "__pycache__").mkdir(parents=True)
+    (repo / "accum_py" / "config.pbtxt").write_text(ANCHOR_CONFIG)
+    (repo / "accum_py" / "1" / "model.py").write_text("# the model\n")
+    (repo / "accum_py" / "1" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"stale")
+    return repo
+
+
+def test_instance_count_and_option() -> None:
+    assert instance_count(mc.ModelConfig()) == 1  # Triton makes one instance when none is configured
+    two_groups = mc.ModelConfig(instance_group=[mc.ModelInstanceGroup(count=2), mc.ModelInstanceGroup(count=3)])
+    assert instance_count(two_groups) == 5
+    assert instances_option("match") == "match" and instances_option("3") == 3
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            instances_option(bad)
+    with pytest.raises(ValueError):
+        with_instances(mc.ModelConfig(), 0)
+
+
+def test_repo_copy_sets_the_instances_and_is_removed(tmp_path: Path) -> None:
+    src = anchor_repo(tmp_path)
+    before = read_config(src / "accum_py" / "config.pbtxt")
+    with repo_with_instances(src, "accum_py", 2) as repo:
+        assert repo != src and repo.is_dir()
+        cfg = read_config(repo / "accum_py" / "config.pbtxt")
+        assert [(g.count, g.kind) for g in cfg.instance_group] == [(2, mc.ModelInstanceGroup.KIND_CPU)]
+        # every other field as in the anchor's config
+        cfg.ClearField("instance_group")
+        before.ClearField("instance_group")
+        assert cfg == before and cfg.sequence_batching.HasField("direct") and cfg.max_batch_size == 8
+        assert [c.name for c in cfg.sequence_batching.control_input] == ["START", "READY", "CORRID"]
+        assert (repo / "accum_py" / "1" / "model.py").read_text() == "# the model\n"
+        assert not (repo / "accum_py" / "1" / "__pycache__").exists()
+        top = repo.parent
+    assert not top.exists(), "the temporary repository was left behind"
+    assert (src / "accum_py" / "config.pbtxt").read_text() == ANCHOR_CONFIG  # the anchor is never touched
+    with pytest.raises(KeyboardInterrupt), repo_with_instances(src, "accum_py", 3) as repo:
+        top = repo.parent
+        raise KeyboardInterrupt
+    assert not top.exists()
+    with pytest.raises(RepoProblem, match="cannot read the model config"), repo_with_instances(src, "nope", 2):
+        pass
+    (src / "accum_py" / "config.pbtxt").write_text("max_batch_size: eight\n")
+    with pytest.raises(RepoProblem, match="not a valid model config"), repo_with_instances(src, "accum_py", 2):
+        pass
+
+
+def _fake_anchor(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A start script that records the repository it was given (and that repository's accum_py config),
+    then launches a server which never gets ready (as the real one exits 1 after 30 s)."""
     venv = tmp_path / "venv" / "bin"
     venv.mkdir(parents=True)
     (venv / "python").symlink_to(sys.executable)
-    pidfile = tmp_path / "pid"
+    anchor_repo(tmp_path)
     script = tmp_path / "start.sh"
     script.write_text(
         "#!/bin/bash\n"
+        f'echo "$3" > {tmp_path}/repo_arg\n'
+        f'if [ -n "$3" ]; then cp "$3/accum_py/config.pbtxt" {tmp_path}/seen.pbtxt; fi\n'
         f'echo "model failed to load" > "$ANCHOR_LOG"\n'
-        f"setsid sleep 300 & echo $!; echo $! > {pidfile}\n"
+        f"setsid sleep 300 & echo $!; echo $! > {tmp_path}/pid\n"
         'echo "triton did not become ready" >&2; exit 1\n'
     )
-    proc = bench("bench.side_by_side", "--triton-script", str(script), *SHORT, env={"ANCHOR_VENV": str(venv.parent)})
-    assert proc.returncode == 2, proc.stderr
-    assert "Triton did not start" in proc.stderr and "triton did not become ready" in proc.stderr
-    assert "model failed to load" in proc.stderr  # the log's tail
+    return script, {"ANCHOR_VENV": str(venv.parent)}
+
+
+def _assert_stopped(pidfile: Path) -> None:
     pid = int(pidfile.read_text())
     deadline = time.monotonic() + 5
     while alive(pid) and time.monotonic() < deadline:
@@ -153,6 +226,33 @@ def test_triton_that_does_not_start_is_stopped(tmp_path: Path) -> None:
     if alive(pid):
         os.kill(pid, signal.SIGKILL)
         pytest.fail("the server the script started was left running")
+
+
+def test_triton_that_does_not_start_is_stopped(tmp_path: Path) -> None:
+    """The bench says why Triton did not start, exits 2, and ends the process the script left running.
+    By default it hands the script a temporary copy of the repository in which accum_py has as many
+    instances as seqserve's accumulator (2), and removes it."""
+    script, env = _fake_anchor(tmp_path)
+    proc = bench("bench.side_by_side", "--triton-script", str(script), *SHORT, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "Triton did not start" in proc.stderr and "triton did not become ready" in proc.stderr
+    assert "model failed to load" in proc.stderr  # the log's tail
+    assert "instance_group count set to 2 (configured: 1) to match seqserve's model" in proc.stderr
+    _assert_stopped(tmp_path / "pid")
+    repo = Path((tmp_path / "repo_arg").read_text().strip())
+    assert repo.name == "models" and repo.parent != tmp_path
+    assert not repo.parent.exists(), "the temporary repository was left behind"
+    seen = read_config(tmp_path / "seen.pbtxt")
+    assert [(g.count, g.kind) for g in seen.instance_group] == [(2, mc.ModelInstanceGroup.KIND_CPU)]
+
+
+def test_triton_instances_1_keeps_the_anchor_config(tmp_path: Path) -> None:
+    script, env = _fake_anchor(tmp_path)
+    proc = bench("bench.side_by_side", "--triton-script", str(script), "--triton-instances", "1", *SHORT, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "1 instance(s) as configured in" in proc.stderr
+    assert (tmp_path / "repo_arg").read_text().strip() == ""  # the script's own repository
+    _assert_stopped(tmp_path / "pid")
 
 
 @pytest.mark.skipif(anchor_problem(default_script()) is not None, reason=f"{anchor_problem(default_script())}")
@@ -165,7 +265,25 @@ def test_side_by_side_with_triton(tmp_path: Path) -> None:
     assert {r["target"] for r in doc["runs"]} == {"seqserve", "Triton"}
     (case,) = doc["summary"]["cases"]
     assert case["ratios"]["server_cpu_us_per_step"]["median"] > 0
-    assert doc["meta"]["servers"]["Triton"]["version"].startswith("2.")
+    servers = doc["meta"]["servers"]
+    assert servers["Triton"]["version"].startswith("2.")
+    # as many slots as seqserve's accumulator (2 instances x 8), on a temporary copy removed at exit
+    assert servers["Triton"]["instances"] == servers["seqserve"]["instances"] == 2
+    assert servers["Triton"]["slots"] == servers["seqserve"]["slots"] == 16
+    assert not Path(servers["Triton"]["repository"]).exists()
+    assert "seqserve accumulator 16 slots" in proc.stdout and "accum_py 16 slots" in proc.stdout
     assert "| gRPC stream | " in proc.stdout
     for side in ("seqserve", "Triton"):
         assert not alive(doc["meta"]["servers"][side]["pid"]), f"{side} left running"
+
+
+def test_slots_line() -> None:
+    infos = {
+        "seqserve": {"model": "accumulator", "slots": 16, "instances": 2, "max_batch_size": 8},
+        "Triton": {"version": "2.51.0", "model": "accum_py", "slots": 16, "instances": 2, "max_batch_size": 8,
+                   "instances_how": "instance_group count set to 2"},
+    }  # fmt: skip
+    assert sbs_report.slots_line(infos) == (
+        "Models: seqserve accumulator 16 slots (2 instances x max_batch_size 8), Triton 2.51.0 accum_py 16 slots "
+        "(2 instances x max_batch_size 8; instance_group count set to 2)."
+    )
