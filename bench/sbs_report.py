@@ -159,8 +159,8 @@ def format_text(summary: dict[str, Any], args: argparse.Namespace, infos: dict[s
         "",
         *_table(summary, sides, labels),
         "",
-        (f"Fewer slots than sequences ({', '.join(short)}): " if short else "")
-        + "a Direct model with fewer slots than sequences keeps the others in its backlog: their START steps wait "
+        (f"Fewer slots than sequences: {', '.join(short)}. " if short else "Every side has a slot per sequence. ")
+        + "A Direct model with fewer slots than sequences keeps the others in its backlog: their START steps wait "
         "for a sequence to end, which sets the p99; 'p99 without START steps' is the steady steps' tail.",
         "",
         "Per server and transport, medians of the rounds (min-max); cpu columns in cores; 'other cpu' is the "
