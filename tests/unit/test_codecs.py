@@ -247,7 +247,7 @@ async def test_stream_replies_in_request_order_except_decoupled() -> None:
     server.submitted["4"](_result("4"), True)
     server.submitted["2"](_result("2"), False)  # decoupled: written as it comes
     server.submitted["1"](_result("1"), True)
-    replies = await _drain(session, 4)
+    replies = [pb.ModelStreamInferResponse.FromString(r) for r in await _drain(session, 4)]
     assert [r.infer_response.id for r in replies] == ["2", "1", "3", "4"]
     assert replies[2].error_message == "Request for unknown model: 'missing' is not found"
     assert [r.infer_response.parameters["triton_final_response"].bool_param for r in (replies[0], replies[1])] == [
