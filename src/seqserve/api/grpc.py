@@ -43,7 +43,9 @@ RAW_RPCS = frozenset({"ModelInfer", "ModelStreamInfer"})
 #: call about 9 us; the rare ones are found by the generic handler instead.
 HOT_RPCS = frozenset({"ModelInfer", "ModelStreamInfer"})
 
-_parse_infer_request = grpc_codec.safe_deserializer(pb.ModelInferRequest)
+_parse_infer_request: Callable[[bytes], pb.ModelInferRequest | Undecodable] = grpc_codec.safe_deserializer(
+    pb.ModelInferRequest
+)
 
 #: what the requests still queued in a stream-scoped sequence are told when its stream closes
 _STREAM_CLOSED = "the gRPC stream that started it was closed"
@@ -156,17 +158,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         bytes (or, called directly, as a message) and the reply goes back as bytes, encoded by
         ``grpc_wire`` without building a response message."""
         try:
-            if type(request) is bytes:
-                msg = _parse_infer_request(request)
-                if type(msg) is Undecodable:
-                    raise msg.error()
-                request = msg
-            elif type(request) is Undecodable:
-                raise request.error()
+            msg = _parse_infer_request(request) if isinstance(request, bytes) else request
+            if isinstance(msg, Undecodable):
+                raise msg.error()
             try:
-                infer_request, _ = grpc_codec.decode_request(request, inline=True)
+                infer_request, _ = grpc_codec.decode_request(msg, inline=True)
             except grpc_codec.DecodeOffLoop:
-                infer_request, _ = await offload(grpc_codec.decode_request, request)
+                infer_request, _ = await offload(grpc_codec.decode_request, msg)
             metadata = context.invocation_metadata()
             if metadata:
                 session = end = None
@@ -188,7 +186,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
-    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+    ) -> AsyncIterator[bytes]:
         """See StreamSession. Headers: ``triton_grpc_error: true``, the first error ends the
         stream with its gRPC status; ``seqserve-reply-order: completion``, replies as they
         complete; ``seqserve-stream-scoped: true|false``, whether the sequences started on the

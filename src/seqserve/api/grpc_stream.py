@@ -26,7 +26,9 @@ from seqserve.engine import (
 
 log = logging.getLogger("seqserve.grpc")
 
-_parse_request = grpc_codec.safe_deserializer(pb.ModelInferRequest)
+_parse_request: Callable[[bytes], pb.ModelInferRequest | grpc_codec.Undecodable] = grpc_codec.safe_deserializer(
+    pb.ModelInferRequest
+)
 
 #: stream header (gRPC metadata): "completion" writes each reply as soon as it is known instead of
 #: in request order; replies carry their request's id, which tritonclient matches them by
@@ -142,7 +144,7 @@ class StreamSession:
         parse = _parse_request
         try:
             async for item in requests:
-                msg = parse(item) if type(item) is bytes else item
+                msg = parse(item) if isinstance(item, bytes) else item
                 decoded: tuple[InferRequest, grpc_codec.GrpcReplyOptions] | Exception | None = None
                 if not isinstance(msg, grpc_codec.Undecodable):
                     try:

@@ -9,6 +9,7 @@ objects: the HTTP front-end (``http.py``) owns headers, status codes and routing
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import zlib
@@ -304,6 +305,7 @@ def _json_data(name: str, arr: np.ndarray) -> Any:
 # (Request bodies are inflated, within the body limit, by ``limits.inflate``.)
 
 
+@functools.lru_cache(maxsize=256)  # a client sends the same header with every request
 def choose_encoding(accept: str) -> str | None:
     """Pick gzip or deflate from Accept-Encoding by weight (ties: first listed); never br."""
     best: tuple[float, int] | None = None
