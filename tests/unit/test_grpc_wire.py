@@ -84,3 +84,78 @@ def test_output_heads_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         result = InferResult("m", "", "", {f"O{i}": np.array([i], np.int32)})
         assert pb.ModelInferResponse.FromString(grpc_wire.infer_response(result)).outputs[0].name == f"O{i}"
         assert len(grpc_wire._OUTPUT_HEADS) <= 4
+
+
+# ------------------------------------------------------------------ the servicer on raw bytes
+
+
+class _Registry:
+    """What add_service needs of a grpc.aio.Server."""
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self.generic = handlers[0]
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.registered = handlers
+
+
+class _Context:
+    def __init__(self, metadata: tuple[tuple[str, str], ...] = ()) -> None:
+        self.metadata = metadata
+        self.aborted: tuple[Any, str] | None = None
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.metadata
+
+    async def abort(self, code: Any, message: str) -> None:
+        self.aborted = (code, message)
+        raise RuntimeError("aborted")
+
+
+def test_only_the_hot_rpcs_are_registered_methods_and_they_take_bytes() -> None:
+    from seqserve.api.grpc import HOT_RPCS, InferenceServicer, add_service
+
+    registry = _Registry()
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    add_service(registry, InferenceServicer(None), service)  # type: ignore[arg-type]
+    assert set(registry.registered) == set(HOT_RPCS) == {"ModelInfer", "ModelStreamInfer"}
+    for handler in registry.registered.values():
+        assert handler.request_deserializer is None and handler.response_serializer is None
+    # every rpc is still served, the others with (de)serializers, through the generic handler
+    for method in service.methods:
+        details = type("D", (), {"method": f"/{service.full_name}/{method.name}", "invocation_metadata": ()})()
+        handler = registry.generic.service(details)
+        assert handler is not None, method.name
+        assert (handler.request_deserializer is None) == (method.name in HOT_RPCS)
+
+
+async def test_model_infer_on_bytes() -> None:
+    import asyncio
+
+    import grpc
+
+    from seqserve.api.grpc import InferenceServicer
+
+    seen: list[Any] = []
+
+    class Server:
+        def enqueue(self, request: Any) -> asyncio.Future[InferResult]:
+            seen.append(request)
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result(InferResult(request.model, "1", request.id, {"OUT": np.array([[2.0]], np.float32)}))
+            return fut
+
+    servicer = InferenceServicer(Server())  # type: ignore[arg-type]
+    req = pb.ModelInferRequest(model_name="m", id="r1")
+    req.inputs.add(name="IN", datatype="FP32", shape=[1, 1])
+    req.raw_input_contents.append(np.float32(1.5).tobytes())
+    for request in (req.SerializeToString(), req):  # as grpcio hands it, or called directly
+        reply = pb.ModelInferResponse.FromString(await servicer.ModelInfer(request, _Context()))
+        assert (reply.id, reply.model_name, reply.outputs[0].name) == ("r1", "m", "OUT")
+        assert np.frombuffer(reply.raw_output_contents[0], np.float32).tolist() == [2.0]
+    assert seen[0].inputs["IN"].tolist() == [[1.5]]
+    ctx = _Context()
+    with pytest.raises(RuntimeError, match="aborted"):
+        await servicer.ModelInfer(b"\xff\xff\xff", ctx)
+    assert ctx.aborted is not None and ctx.aborted[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert ctx.aborted[1].startswith("failed to parse the ModelInferRequest message")

@@ -185,7 +185,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         raise AssertionError("unreachable: abort raises")
 
     async def ModelStreamInfer(
-        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
+        self, request_iterator: AsyncIterator[bytes], context: Any
     ) -> AsyncIterator[bytes]:
         """See StreamSession. Headers: ``triton_grpc_error: true``, the first error ends the
         stream with its gRPC status; ``seqserve-reply-order: completion``, replies as they
