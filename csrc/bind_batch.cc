@@ -47,11 +47,26 @@ std::string serialize_bytes(const py::array& arr) {
 namespace {
 
 py::array view_array(py::object base, const py::dtype& dt, bool is_bytes, const std::vector<int64_t>& shape,
-                     uint8_t* data, size_t nbytes) {
+                     uint8_t* data, size_t nbytes, bool writable = false) {
   if (is_bytes) return deserialize_bytes(data, nbytes, shape);
   py::array arr(dt, shape, {}, data, base);
-  py::detail::array_proxy(arr.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;  // read-only
+  if (!writable) py::detail::array_proxy(arr.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
   return arr;
+}
+
+// The buffer for the batch's next value of the state whose input name is `name` (see
+// StateStore::next_buffer), or None where the model must return a new array.
+py::object next_state(py::object self, const std::string& name) {
+  BatchView& v = self.cast<BatchView&>();
+  StateStore& st = v.get().state;
+  const std::vector<StateSpec>& states = v.sched->spec().states;
+  for (size_t k = 0; k < states.size(); ++k) {
+    if (states[k].input_name != name) continue;
+    uint8_t* buf = st.next_buffer(k);
+    if (!buf) return py::none();
+    return view_array(self, v.dtypes->states[k], false, st.shape(k), buf, st.nbytes(k), true);
+  }
+  throw py::key_error("'" + name + "' is not an implicit state of this model");
 }
 
 py::array flags_array(py::object self, std::vector<uint8_t> Batch::*flags) {
@@ -189,13 +204,32 @@ void bind_batch(py::module_& m) {
              for (size_t k = 0; k < spec.states.size(); ++k)
                out[py::str(spec.states[k].input_name)] =
                    view_array(self, v.dtypes->states[k], spec.states[k].type.is_bytes, st.shape(k),
-                              st.data(k), st.nbytes(k));
+                              st.data(k), st.nbytes(k), st.writable(k));
              return out;
            })
       .def_property_readonly("start", [](py::object self) { return flags_array(self, &Batch::start); })
       .def_property_readonly("end", [](py::object self) { return flags_array(self, &Batch::end); })
       .def_property_readonly("ready", [](py::object self) { return flags_array(self, &Batch::ready); })
       .def_property_readonly("corrid", &corrid_array)
+      .def(
+          "state",
+          [](py::object self, const std::string& name) {
+            BatchView& v = self.cast<BatchView&>();
+            StateStore& st = v.get().state;
+            const std::vector<StateSpec>& states = v.sched->spec().states;
+            for (size_t k = 0; k < states.size(); ++k)
+              if (states[k].input_name == name)
+                return view_array(self, v.dtypes->states[k], states[k].type.is_bytes, st.shape(k), st.data(k),
+                                  st.nbytes(k), st.writable(k));
+            throw py::key_error("'" + name + "' is not an implicit state of this model");
+          },
+          py::arg("name"),
+          "The state whose input name is `name`, as states() has it; an out-of-order Oldest batch "
+          "gathers it on this first access.")
+      .def("next_state", &next_state, py::arg("name"),
+           "A writable buffer for the next value of the state named `name` (its input name), valid "
+           "during the runner call; returned as the output state it becomes the state without a copy "
+           "where the layout allows. None for variable-shape and BYTES states.")
       .def("set_state", &set_state, py::arg("index"), py::arg("value"),
            "Store the output state for every real row of the batch.")
       .def(

@@ -116,7 +116,8 @@ void bind_tensor_specs(py::module_& m) {
   py::class_<StateSpec> state(m, "StateSpec", "An implicit state the core keeps per sequence slot.");
   state
       .def(py::init([](std::string input_name, std::string output_name, const py::dtype& dtype,
-                       std::vector<int64_t> dims, py::bytes initial, std::vector<int64_t> initial_dims) {
+                       std::vector<int64_t> dims, py::bytes initial, std::vector<int64_t> initial_dims,
+                       bool same_buffer) {
              StateSpec s;
              s.input_name = std::move(input_name);
              s.output_name = std::move(output_name);
@@ -125,6 +126,7 @@ void bind_tensor_specs(py::module_& m) {
              s.dims = std::move(dims);
              s.initial = std::string(initial);
              s.initial_dims = std::move(initial_dims);
+             s.same_buffer = same_buffer;
              // A fixed-shape state's rows are as long as its initial value: they must agree.
              const auto& shape = s.variable ? s.initial_dims : s.dims;
              if (!s.type.is_bytes && s.initial.size() != product(shape) * s.type.itemsize)
@@ -134,14 +136,15 @@ void bind_tensor_specs(py::module_& m) {
              return s;
            }),
            py::kw_only(), py::arg("input_name"), py::arg("output_name"), py::arg("dtype"), py::arg("dims"),
-           py::arg("initial"), py::arg("initial_dims"))
+           py::arg("initial"), py::arg("initial_dims"), py::arg("same_buffer") = false)
       .def_readonly("input_name", &StateSpec::input_name)
       .def_readonly("output_name", &StateSpec::output_name)
       .def_property_readonly("dtype", [](const StateSpec& s) { return numpy_dtype(s.type); })
       .def_readonly("dims", &StateSpec::dims)
       .def_property_readonly("initial", [](const StateSpec& s) { return py::bytes(s.initial); })
-      .def_readonly("initial_dims", &StateSpec::initial_dims);
-  add_repr(state, {"input_name", "output_name", "dtype", "dims", "initial_dims"});
+      .def_readonly("initial_dims", &StateSpec::initial_dims)
+      .def_readonly("same_buffer", &StateSpec::same_buffer);
+  add_repr(state, {"input_name", "output_name", "dtype", "dims", "initial_dims", "same_buffer"});
 }
 
 void bind_model_spec(py::module_& m) {

@@ -99,6 +99,10 @@ class Buffer {
   ~Buffer() { std::free(p_); }
   uint8_t* data() const { return p_; }
   size_t capacity() const { return cap_; }
+  friend void swap(Buffer& a, Buffer& b) noexcept {
+    std::swap(a.p_, b.p_);
+    std::swap(a.cap_, b.cap_);
+  }
   // Ensures room for n bytes, keeping the first `keep` bytes.
   void reserve(size_t n, size_t keep = 0) {
     if (n <= cap_) return;

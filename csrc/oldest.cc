@@ -1,6 +1,7 @@
 // Oldest strategy (also Triton's reusable_batch): each instance batches the oldest requests
 // handed over by its slots, one per sequence at a time, under the dynamic batcher's rules
-// (preferred sizes, queue delay). Rows come from arbitrary slots, so state is gathered.
+// (preferred sizes, queue delay). Rows come from arbitrary slots, so state is gathered (when
+// the model reads it) unless the batch's slots happen to be consecutive and in order.
 #include "sequence_scheduler.h"
 
 namespace seqserve {

@@ -161,6 +161,7 @@ void Scheduler::execute(Instance& inst) {
   inst.t_executed = 0;
   inst.recorded = false;
   bool ok = hooks_.run(inst);
+  if (sequences_) inst.state.finish(b.rows);  // same_buffer states: in-place writes, padding rows
   if (ok && !inst.t_executed) inst.t_executed = now_ns();
   if (!ok) inst.t_executed = 0;
 }

@@ -54,6 +54,9 @@ struct StateSpec {
   bool variable = false;      // some dim is -1
   std::string initial;        // initial bytes (zeros when the config has no initial_state)
   std::vector<int64_t> initial_dims;
+  // use_same_buffer_for_input_output: the model may write the next state into its input state
+  // (one buffer), and what it writes there is kept even if it does not return it.
+  bool same_buffer = false;
 };
 
 // Variable-shape and BYTES states live per slot; fixed-shape states in a [slots, ...] store.

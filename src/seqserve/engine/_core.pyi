@@ -107,6 +107,7 @@ class StateSpec(metaclass=_Pybind11Type):
         dims: list[int],
         initial: bytes,
         initial_dims: list[int],
+        same_buffer: bool = False,
     ) -> None: ...
     @property
     def input_name(self) -> str: ...
@@ -120,6 +121,9 @@ class StateSpec(metaclass=_Pybind11Type):
     def initial(self) -> bytes: ...
     @property
     def initial_dims(self) -> list[int]: ...
+    @property
+    def same_buffer(self) -> bool:
+        """``use_same_buffer_for_input_output``: the input state is writable and is the next state."""
 
 class QueuePolicy(metaclass=_Pybind11Type):
     """The dynamic batcher's policy for one priority level."""
@@ -406,6 +410,13 @@ class Batch(metaclass=_Pybind11Type):
     def ready(self) -> np.ndarray: ...
     @property
     def corrid(self) -> np.ndarray: ...
+    def state(self, name: str) -> np.ndarray:
+        """The state whose input name is `name`, as states() has it; an out-of-order Oldest batch
+        gathers it on this first access."""
+    def next_state(self, name: str) -> np.ndarray | None:
+        """A writable buffer for the next value of state `name` (its input name), valid during the
+        runner call; handed back through set_state it becomes the state without a copy where the
+        layout allows. None for variable-shape and BYTES states."""
     def set_state(self, index: int, value: np.ndarray) -> None:
         """Store output state `index` for every real row of the batch."""
     def mark_executed(self) -> None: ...

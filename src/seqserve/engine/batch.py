@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -46,6 +46,43 @@ class RaggedInput:
         return f"RaggedInput(shapes={list(self.shapes)})"
 
 
+class _EngineStates(Protocol):
+    def state(self, name: str) -> np.ndarray: ...
+    def next_state(self, name: str) -> np.ndarray | None: ...
+
+
+class StateViews(Mapping[str, np.ndarray]):
+    """``batch.states`` of an engine batch: a state's array is made on first access (for an
+    Oldest batch whose rows are not in slot order, that is when its rows are copied out of the
+    state store), so a model that never reads a state pays nothing for it. It also hands out
+    the engine's next-state buffers (``ExecuteBatch.next_state``)."""
+
+    __slots__ = ("_batch", "_got", "_names")
+
+    def __init__(self, names: tuple[str, ...], batch: _EngineStates) -> None:
+        self._names = names
+        self._batch = batch
+        self._got: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        arr = self._got.get(name)
+        if arr is None:
+            if name not in self._names:
+                raise KeyError(name)
+            arr = self._got[name] = self._batch.state(name)
+        return arr
+
+    def next_buffer(self, name: str) -> np.ndarray | None:
+        """The engine's buffer for the next value of state ``name``, or None where it has none."""
+        return self._batch.next_state(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 @dataclass(slots=True)
 class ExecuteBatch:
     """One batch formed by the scheduler.
@@ -59,8 +96,11 @@ class ExecuteBatch:
     size: int
     instance: int
     inputs: dict[str, np.ndarray]
-    #: implicit state, keyed by the state's input name; [B, ...]
-    states: dict[str, np.ndarray]
+    #: implicit state, keyed by the state's input name; [B, ...]. Read-only, except a state with
+    #: ``use_same_buffer_for_input_output: true``, whose array is also its next state (see
+    #: ``next_state``). A mapping (``StateViews`` for engine batches); ``dict(batch.states)``
+    #: gives a dict
+    states: Mapping[str, np.ndarray]
     #: the configured control tensors (START/END/READY/CORRID), keyed by their names; [B, 1]
     controls: dict[str, np.ndarray]
     start: np.ndarray  # bool [B]
@@ -83,6 +123,26 @@ class ExecuteBatch:
     ragged: dict[str, RaggedInput] = field(default_factory=dict)
     #: the model has a batch dimension (``max_batch_size > 0``)
     batched: bool = True
+    _next_states: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def next_state(self, name: str) -> np.ndarray:
+        """A writable array for the next value of implicit state ``name`` (its input name, as in
+        ``states``), shaped like ``states[name]``, its contents unspecified. Write the next state
+        into it and return it as the output state: where the engine can, it then becomes the
+        state without being copied (otherwise it is copied once, like any returned array).
+
+        Returning it is what updates the state: written but not returned, it is discarded (a
+        state with ``use_same_buffer_for_input_output: true`` is the exception: its buffer is
+        ``states[name]`` itself, and what is written there is kept). Variable-shape and BYTES
+        states get a new array each time; so do isolated models. Valid during ``execute`` only.
+        """
+        buf = self._next_states.get(name)
+        if buf is None:
+            buf = self.states.next_buffer(name) if isinstance(self.states, StateViews) else None
+            if buf is None:
+                buf = np.empty_like(self.states[name])
+            self._next_states[name] = buf
+        return buf
 
     def request_inputs(self, name: str) -> list[np.ndarray]:
         """Input ``name`` of each request of the batch, in its own shape (views): a ragged

@@ -26,8 +26,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends import InstanceContext, ModelContext, find_backend
+from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.isolation import batches, results
 from seqserve.engine.isolation import protocol as p
@@ -135,6 +138,36 @@ def _failure(e: BaseException, name: str) -> InferenceError:
     return InferenceError(Code.INTERNAL, f"model '{name}' failed: {type(e).__name__}: {e}")
 
 
+def _same_buffer_states(cfg: mc.ModelConfig) -> list[tuple[str, str]]:
+    """(input name, output name) of the fixed-shape states with use_same_buffer_for_input_output."""
+    return [
+        (st.input_name or st.name, st.output_name or st.name)
+        for st in cfg.sequence_batching.state
+        if st.use_same_buffer_for_input_output and -1 not in st.dims and st.data_type != mc.TYPE_STRING
+    ]
+
+
+def _writable_states(ebatch: ExecuteBatch, same_buffer: list[tuple[str, str]]) -> None:
+    # The state arrived through shared memory: the model writes into its own copy, which goes
+    # back as the output state (the copy path; a failed batch keeps nothing of it).
+    states = dict(ebatch.states)
+    for in_name, _out in same_buffer:
+        if in_name in states:
+            states[in_name] = np.array(states[in_name])
+    ebatch.states = states
+
+
+def _with_same_buffer_states(ebatch: ExecuteBatch, produced: Any, same_buffer: list[tuple[str, str]]) -> Any:
+    """What was written in place is the next state even when the model does not return it."""
+    if produced is not None and not isinstance(produced, dict):
+        return produced  # the writer reports what is wrong with it
+    out = dict(produced or {})
+    for in_name, out_name in same_buffer:
+        if out.get(out_name) is None and in_name in ebatch.states:
+            out[out_name] = ebatch.states[in_name]
+    return out
+
+
 def serve(batch: Channel, events: Channel) -> int:
     body, _fds = batch.recv()
     if p.kind_of(body) != p.INIT:
@@ -159,6 +192,7 @@ def serve(batch: Channel, events: Channel) -> int:
     batched = cfg.max_batch_size > 0
     model = cfg.name
     execute = instance.execute
+    same_buffer = _same_buffer_states(cfg)
     batch.send(bytes((p.READY, uses_responders)))
     while True:
         try:
@@ -173,7 +207,11 @@ def serve(batch: Channel, events: Channel) -> int:
                 ebatch.responder = functools.partial(client.responder, token)
             produced = None
             try:
+                if same_buffer:
+                    _writable_states(ebatch, same_buffer)
                 produced = execute(ebatch)
+                if same_buffer:
+                    produced = _with_same_buffer_states(ebatch, produced, same_buffer)
                 reply, out_fds = writer.encode(produced)
             except Exception as e:
                 err = _failure(e, model)

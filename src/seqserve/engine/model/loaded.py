@@ -29,7 +29,7 @@ import orjson
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import _core
 from seqserve.engine.backends import BackendInstance, InstanceContext, ModelContext, find_backend
-from seqserve.engine.batch import ExecuteBatch, RaggedInput
+from seqserve.engine.batch import ExecuteBatch, RaggedInput, StateViews
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
 from seqserve.engine.isolation import IsolatedBackend, execution_settings
 from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US
@@ -412,7 +412,7 @@ class LoadedModel(ModelReports, SequenceViews):
                 size=cb.size,
                 instance=cb.instance,
                 inputs=cb.inputs(),
-                states=cb.states(),
+                states=StateViews(self._spec.state_names, cb) if self._spec.state_names else {},
                 controls=cb.controls(),
                 start=cb.start,
                 end=cb.end,

@@ -36,6 +36,7 @@ class CoreSpec:
     preserve_ordering: bool  # replies leave in submit order (dynamic batcher's preserve_ordering)
     #: (state index, output name) of each implicit state: execute returns its next value
     state_outputs: list[tuple[int, str]] = field(default_factory=list)
+    state_names: tuple[str, ...] = ()  # input names of the implicit states, in state order
     #: control and state inputs: the server supplies them, a client's copy is ignored
     server_inputs: frozenset[str] = frozenset()
     corrid_dtype: int | None = None  # the CORRID control's config datatype, if there is one
@@ -112,6 +113,7 @@ def build_core_spec(
         strategy_name=strategy_name,
         preserve_ordering=preserve_ordering,
         state_outputs=state_outputs,
+        state_names=tuple(s.input_name for s in states),
         server_inputs=frozenset(c.name for c in controls) | frozenset(s.input_name for s in states),
         corrid_dtype=corrid_dtype,
         corrid_name=corrid_name,
@@ -257,6 +259,7 @@ def _state_specs(
                 dims=list(st.dims),
                 initial=data,
                 initial_dims=list(dims),
+                same_buffer=st.use_same_buffer_for_input_output,
             )
         )
     return out, outputs

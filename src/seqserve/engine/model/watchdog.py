@@ -4,7 +4,8 @@ A thread cannot be stopped from outside, so an overrunning ``execute`` keeps its
 busy until it returns. What the watchdog can do safely is answer the batch's clients: at the
 deadline it fails the batch's requests (``Delivery.batch_failed``, which closes them, so
 nothing the model sends or returns later reaches a client), and when ``execute`` finally
-returns the batch is treated as failed, so the core keeps every sequence's previous state.
+returns the batch is treated as failed, so the core keeps every sequence's previous state
+(but for what the model wrote in place into a ``use_same_buffer_for_input_output`` state).
 The core itself is never touched from the watchdog thread.
 
 Process-isolated instances do better: the server kills and restarts the child
