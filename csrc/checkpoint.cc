@@ -206,12 +206,18 @@ SubmitResult Scheduler::restore_locked(const CorrId&, bool, uint64_t, const std:
 
 bool SequenceScheduler::slot_busy_locked(int g) {
   const Slot& sl = table_.slot(g);
-  if (!sl.queue.empty() || sl.in_flight) return true;  // queued, or handed to Oldest's batcher
+  if (!sl.queue.empty()) return true;
   const Instance& inst = *instances_[sl.instance];
-  if (!inst.executing) return false;
-  for (const Row& row : inst.batch.rows)
-    if (row.req && row.slot == sl.index) return true;
-  return false;
+  bool in_batch = false;
+  if (inst.executing)
+    for (const Row& row : inst.batch.rows)
+      if (row.req && row.slot == sl.index) in_batch = true;
+  // A step of the batch the instance runs is done once the batch is recorded: its state is
+  // written and its reply is on its way, so a client that has its reply can move the sequence
+  // at once (the executor has yet to tidy up). Oldest: in flight is also a request handed to the
+  // batcher that has not run yet.
+  if (in_batch) return !inst.recorded;
+  return sl.in_flight;
 }
 
 SubmitResult SequenceScheduler::checkpoint_locked(const CorrId& id, bool release, const StateSink& sink,
