@@ -30,7 +30,14 @@ def blob(header: object, payload: bytes = b"", *, fmt: int = FORMAT_VERSION, fla
 
 
 def header(states: object = None, **over: object) -> dict:
-    h = {"model": "m", "version": 1, "sequence_id": 5, "steps": 2, "session": True, "states": [] if states is None else states}
+    h = {
+        "model": "m",
+        "version": 1,
+        "sequence_id": 5,
+        "steps": 2,
+        "session": True,
+        "states": [] if states is None else states,
+    }
     h.update(over)
     return h
 

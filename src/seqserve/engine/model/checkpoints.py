@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("seqserve.model")
 
+#: list_sequences' limit when every live sequence is wanted
+_ALL = 1 << 62
+
 
 class SequenceCheckpoints:
     """Part of ``LoadedModel``."""
@@ -38,6 +41,14 @@ class SequenceCheckpoints:
     is_sequence: bool
     _core: Scheduler
     _spec: CoreSpec
+
+    def slot_sequences(self) -> list[tuple[SequenceId, float]]:
+        """(sequence id, idle seconds) of every live sequence that holds a slot (not the
+        backlogged ones: they hold no state yet); empty for a model without sequences."""
+        if not self.is_sequence:
+            return []
+        _, found = self._core.list_sequences(_ALL)
+        return [(x.sequence_id, x.idle_s) for x in found if not x.backlogged]
 
     def checkpoint_sequence(self, sequence_id: SequenceId, *, release: bool) -> SequenceCheckpoint | None:
         """The live sequence ``sequence_id`` as it stands between two steps; None when it is
