@@ -12,16 +12,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import tensors
 from seqserve.engine._core import Code as CoreCode
 from seqserve.engine._core import Refusal, Scheduler, StateSpec
 from seqserve.engine.checkpoint import (
     RETRY_AFTER_S,
+    CheckpointError,
     CheckpointUnsupportedError,
     SequenceBusyError,
     SequenceCheckpoint,
+    check_fields,
 )
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.model.validation import INTEGER_CORRID, MAX_STRING_ID
 from seqserve.engine.request import SequenceId
 
 if TYPE_CHECKING:
@@ -106,6 +110,7 @@ class SequenceCheckpoints:
                 f"the checkpoint of sequence {ckpt.sequence_id!r} is of model '{ckpt.model}' version "
                 f"{ckpt.version}, not '{self.name}' version {self.version}",
             )
+        self._check_identity(ckpt)
         specs = self._spec.scheduler.states
         if not specs:
             raise CheckpointUnsupportedError(
@@ -121,6 +126,25 @@ class SequenceCheckpoints:
         if code is Code.UNSUPPORTED:
             raise CheckpointUnsupportedError(got.message)
         raise InferenceError(code, got.message, retry_after_s=RETRY_AFTER_S if code is Code.UNAVAILABLE else None)
+
+    def _check_identity(self, ckpt: SequenceCheckpoint) -> None:
+        """The checkpoint's fields are in range, and its id is one this model's requests can
+        name (a string id needs a string CORRID, if the model has a CORRID control)."""
+        try:
+            check_fields(ckpt.model, ckpt.version, ckpt.sequence_id, ckpt.steps, ckpt.session)
+        except CheckpointError as e:
+            raise InferenceError(Code.INVALID_ARG, str(e)) from None
+        sid = ckpt.sequence_id
+        is_str = isinstance(sid, str)
+        if is_str and len(sid) > MAX_STRING_ID:  # type: ignore[arg-type]
+            raise InferenceError(Code.INVALID_ARG, f"string sequence id longer than {MAX_STRING_ID} characters")
+        cd = self._spec.corrid_dtype
+        if cd is not None and ((is_str and cd != mc.TYPE_STRING) or (not is_str and cd not in INTEGER_CORRID)):
+            raise InferenceError(
+                Code.INVALID_ARG,
+                f"the checkpoint of sequence {sid!r} has a {'string' if is_str else 'integer'} id, the CORRID "
+                f"control of model '{self.name}' is {tensors.wire_dtype_name(cd)}",
+            )
 
     def _state_values(self, ckpt: SequenceCheckpoint, specs: list[StateSpec]) -> list[tuple[Any, list[int]]]:
         """The checkpoint's states in the model's order as (C-contiguous data, shape); the core
