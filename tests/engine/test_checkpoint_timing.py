@@ -238,3 +238,25 @@ async def test_timeout_complete_final_step_sees_the_restored_state(repo, serve):
     await wait_reaped(s, 3)
     await wait_until(lambda: model_module("m").FINAL, "the final END step ran")
     assert model_module("m").FINAL == [(3, [21, 6])]
+
+
+# ------------------------------------------------------------------------------- drain
+
+
+async def test_a_drain_ends_once_its_sequences_are_released(repo, serve):
+    """What drain handoff relies on: during the drain a sequence can still be checkpointed and
+    released, and the drain then has nothing left to wait for; restores are refused."""
+    write_model(repo, "m", config(), GATED)
+    s = await serve(exit_timeout_s=30)
+    assert await call(s, 1, 4, start=True) == 4
+    s.begin_shutdown()
+    done = asyncio.ensure_future(s.shutdown())
+    await asyncio.sleep(0.2)
+    assert not done.done()  # waiting for sequence 1's END
+    assert await call(s, 1, 1) == 5  # a live sequence still runs its steps during the drain
+    ckpt = s.checkpoint_sequence("m", 1, 1, release=True)
+    assert ckpt is not None and ckpt.states["ACC"].tolist() == [5, 2]
+    await expect_error(_restore(s, ckpt), Code.UNAVAILABLE)
+    t0 = asyncio.get_running_loop().time()
+    await asyncio.wait_for(done, 10)
+    assert asyncio.get_running_loop().time() - t0 < 5  # not the 30 s exit timeout
