@@ -122,6 +122,7 @@ async def test_dead_owner_can_be_claimed(stores: Factory) -> None:
     assert not await b.is_alive("dead")
     c = await b.claim(KEY, 30)
     assert c.won and c.token == tok + 1 and c.data is None  # a live entry has no checkpoint
+    assert c.previous_owner == "dead"
     # a late write from the 'dead' replica is fenced off
     assert not await dead.release(KEY, tok, b"late", 30)
 
@@ -152,3 +153,12 @@ async def test_handover_request_reaches_owner(stores: Factory) -> None:
     key = SequenceKey("m/x", 1, "s:1")
     await b.request_handover("owner", key)
     assert await asyncio.wait_for(got.get(), 3) == (key, "B")
+
+
+async def test_own_live_entry_is_not_claimed(stores: Factory) -> None:
+    """A replica's own live entry is not claimable by itself: its engine knows better (the
+    sequence expired or ended there), so the caller decides."""
+    a = await stores("A")
+    [tok] = await a.register([(KEY, True)], 30)
+    c = await a.claim(KEY, 30)
+    assert not c.won and c.entry is not None and (c.entry.owner, c.entry.token) == ("A", tok)

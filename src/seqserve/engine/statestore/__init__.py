@@ -9,6 +9,7 @@ from seqserve.engine.statestore.base import (
     Status,
     StoreError,
     open_store,
+    redact,
 )
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "Status",
     "StoreError",
     "open_store",
+    "redact",
 ]

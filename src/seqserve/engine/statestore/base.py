@@ -7,10 +7,11 @@ keeps, atomically:
 
 - ``register`` (a START on this replica) takes the entry whatever it was: the token goes up by
   one and the status is ``live``; the caller keeps the token.
-- ``claim`` takes an entry that is ``released``, or ``live`` under an owner whose heartbeat has
-  expired (a dead replica), or ``live`` under the claimer itself; it answers the checkpoint
-  and the new token. Two claimers of one entry: exactly one wins, the other sees the winner.
-- ``release``, ``end``, ``refresh`` and ``unclaim`` present the token: a stale one (someone
+- ``claim`` takes an entry that is ``released``, or ``live`` under another owner whose
+  heartbeat has expired (a dead replica); it answers the checkpoint (None for a dead owner's
+  live entry: its state died with it) and the new token. Of two claimers of one entry exactly
+  one wins; the other sees the winner.
+- ``release``, ``end`` and ``refresh`` present the token: a stale one (someone
   claimed the entry since) is refused, so a replica that lost a sequence can never write it
   back over its new owner's.
 - Every entry expires (its ``ttl_s``) unless refreshed: abandoned entries vanish by themselves.
@@ -82,6 +83,7 @@ class Claim:
     token: int = 0
     data: bytes | None = None
     entry: Entry | None = None
+    previous_owner: str = ""  # when won: who held it (a dead replica's id, for its live entries)
 
 
 #: handover requests reach a replica through this: called with the key asked for
@@ -125,7 +127,7 @@ class StateStore(abc.ABC):
 
     @abc.abstractmethod
     async def claim(self, key: SequenceKey, ttl_s: float) -> Claim:
-        """Take a released entry (or one whose owner is dead, or this replica's own)."""
+        """Take a released entry, or a live one whose (other) owner is dead."""
 
     @abc.abstractmethod
     async def release(self, key: SequenceKey, token: int, data: bytes, ttl_s: float) -> bool:
@@ -144,6 +146,14 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     async def request_handover(self, owner: str, key: SequenceKey) -> None:
         """Ask ``owner`` to checkpoint and release ``key`` between two steps."""
+
+
+def redact(url: str) -> str:
+    """The URL without its user name and password, for logs and error messages."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
 
 
 def open_store(url: str, replica_id: str, *, heartbeat_ttl_s: float = 3.0) -> StateStore:

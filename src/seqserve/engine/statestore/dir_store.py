@@ -239,11 +239,11 @@ class DirStore(StateStore):
                 entry = self._entry(*found)
                 ours = entry.owner == self.replica_id
                 if entry.status is Status.RELEASED or (
-                    entry.status is Status.LIVE and (ours or not self._alive(entry.owner))
+                    entry.status is Status.LIVE and not ours and not self._alive(entry.owner)
                 ):
                     token = entry.token + 1
                     self._write(key, self._meta(token, Status.LIVE, entry.session, ttl_s))
-                    return Claim(True, token, entry.data)
+                    return Claim(True, token, entry.data, previous_owner=entry.owner)
                 return Claim(False, entry=Entry(entry.owner, entry.token, entry.status, entry.session))
 
         return await self._run("claim", claim)  # type: ignore[return-value]

@@ -29,6 +29,7 @@ from seqserve.engine.statestore.base import (
     StateStore,
     Status,
     StoreError,
+    redact,
 )
 
 log = logging.getLogger("seqserve.statestore")
@@ -41,19 +42,19 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return tok
 """
 
-# ARGV: me, ttl_ms, heartbeat key prefix. {1, token, data|false} when won; {0} when there is no
+# ARGV: me, ttl_ms, heartbeat key prefix. {1, token, data|false, previous owner} when won; {0} when there is no
 # entry; {2, owner, token, status, session} when someone else holds it.
 _CLAIM = """
 local e = redis.call('HMGET', KEYS[1], 'owner', 'token', 'status', 'session')
 if not e[3] then return {0} end
 local st = e[3]
-if st == 'released' or (st == 'live' and (e[1] == ARGV[1] or redis.call('EXISTS', ARGV[3] .. e[1]) == 0)) then
+if st == 'released' or (st == 'live' and e[1] ~= ARGV[1] and redis.call('EXISTS', ARGV[3] .. e[1]) == 0) then
   local data = redis.call('HGET', KEYS[1], 'data')
   local tok = redis.call('HINCRBY', KEYS[1], 'token', 1)
   redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'status', 'live')
   redis.call('HDEL', KEYS[1], 'data')
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tok, data}
+  return {1, tok, data, e[1]}
 end
 return {2, e[1], e[2], e[3], e[4] or '0'}
 """
@@ -107,7 +108,7 @@ class RedisStore(StateStore):
                 "the redis:// state store needs redis-py: pip install 'seqserve[redis]' (or pip install redis)"
             ) from None
         self._redis_errors: tuple[type[BaseException], ...] = (aioredis.RedisError, OSError)
-        self.url = url
+        self.url = redact(url)  # for messages: never the password
         self.prefix = prefix
         # bounded waits: a store that hangs must not hang the requests that consult it
         self._r = aioredis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
@@ -207,7 +208,7 @@ class RedisStore(StateStore):
         if r[0] == 0:
             return Claim(False)
         if r[0] == 1:
-            return Claim(True, int(r[1]), r[2] if len(r) > 2 and r[2] else None)
+            return Claim(True, int(r[1]), r[2] or None, previous_owner=_text(r[3]))
         return Claim(False, entry=Entry(_text(r[1]), int(r[2]), Status(_text(r[3])), _text(r[4]) == "1"))
 
     async def release(self, key: SequenceKey, token: int, data: bytes, ttl_s: float) -> bool:
