@@ -8,7 +8,8 @@ await server.shutdown()
 ``Server`` is assembled from parts a reader can hold in their head: this module (construction,
 start, load of one model, health, metadata, statistics, the request path, the sequence API),
 ``repository_control`` (model control, load/unload/poll), ``drain`` (shutdown) and
-``keyword_api`` (the keyword helpers); what they share is in ``server_state``.
+``keyword_api`` (the keyword helpers), ``server_checkpoints`` (checkpoint and restore of live
+sequences); what they share is in ``server_state``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from seqserve.engine.repository import discover_models, select_versions
 from seqserve.engine.repository_control import RepositoryControl
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
+from seqserve.engine.server_checkpoints import CheckpointAPI
 from seqserve.engine.server_state import (
     MODEL_DUPLICATE_REASON,
     SERVER_STOPPING,
@@ -61,7 +63,7 @@ if TYPE_CHECKING:
     from seqserve.engine.statestore import StateStore
 
 
-class Server(RepositoryControl, Drain, KeywordAPI):
+class Server(RepositoryControl, Drain, KeywordAPI, CheckpointAPI):
     """Serves a model repository in this process. All methods run on one asyncio loop."""
 
     def __init__(
