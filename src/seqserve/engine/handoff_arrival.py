@@ -265,9 +265,9 @@ class HandoffArrivals:
             self.ended(key, request.session)
             raise _lost(m, sid, request.session, f"its checkpoint is unusable ({e})") from None
         try:
-            self.server.restore_sequence(ckpt)
+            await self._restore_when_free(ckpt)
         except InferenceError as e:
-            # No free slot here (or another refusal): put it back for whoever can take it.
+            # No free slot here in time (or another refusal): put it back for whoever can take it.
             self._owned.pop(key, None)
             try:
                 await self.store.release(key, claim.token, claim.data, self.ttl_s(m))
@@ -279,6 +279,21 @@ class HandoffArrivals:
                 retry_after_s=e.retry_after_s or RETRY_AFTER_S,
             ) from None
         return self._submit(m, request, submit)
+
+    async def _restore_when_free(self, ckpt: SequenceCheckpoint) -> None:
+        """Restore into a free slot; while none is free (UNAVAILABLE), wait for one up to the
+        handover timeout: finished sequences and the idle spill free slots."""
+        deadline = time.monotonic() + self.handover_timeout_s
+        pause = 0.005
+        while True:
+            try:
+                self.server.restore_sequence(ckpt)
+                return
+            except InferenceError as e:
+                if e.code is not Code.UNAVAILABLE or time.monotonic() + pause > deadline or self.draining:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _HANDOVER_POLL_S)
 
 
 def _lost(m: LoadedModel, sid: SequenceId, session: bool, why: str) -> InferenceError:
