@@ -14,9 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import secrets
-import socket
 import time
 from typing import TYPE_CHECKING
 
@@ -37,11 +34,6 @@ DEFAULT_MARGIN_S = 30.0
 _BUSY_RETRY_S = 0.01
 #: sequences checkpointed per round of the spill task, so that one round never holds the loop long
 _SPILL_BATCH = 256
-
-
-def default_replica_id() -> str:
-    """hostname-pid-random: unique per process, readable in logs and in the store."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 class Handoff(HandoffArrivals):

@@ -105,9 +105,9 @@ class HandoffArrivals:
             return m.submit_streaming(request, on_response, response_parameters=response_parameters)
 
         if not self._needs_store(m, request):
-            cancel = submit()
+            cancel_now = submit()
             self._after(m, request)
-            return cancel
+            return cancel_now
         inner: list[Callable[[], None]] = []
         cancelled = False
 

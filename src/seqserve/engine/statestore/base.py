@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import abc
 import enum
+import os
+import secrets
+import socket
 import urllib.parse
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -148,7 +151,12 @@ class StateStore(abc.ABC):
         """Ask ``owner`` to checkpoint and release ``key`` between two steps."""
 
 
-def redact(url: str) -> str:
+def default_replica_id() -> str:
+    """hostname-pid-random: unique per process, readable in logs and in the store."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def redact_url(url: str) -> str:
     """The URL without its user name and password, for logs and error messages."""
     parts = urllib.parse.urlsplit(url)
     if "@" not in parts.netloc:
