@@ -96,7 +96,7 @@ HandoverHandler = Callable[[SequenceKey, str], Coroutine[Any, Any, None]]
 class StateStore(abc.ABC):
     """An async state store; one client per replica (``replica_id``)."""
 
-    def __init__(self, replica_id: str, *, heartbeat_ttl_s: float = 3.0) -> None:
+    def __init__(self, replica_id: str, *, heartbeat_ttl_s: float = 10.0) -> None:
         self.replica_id = replica_id
         self.heartbeat_ttl_s = heartbeat_ttl_s
 
@@ -164,7 +164,7 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
 
 
-def open_store(url: str, replica_id: str, *, heartbeat_ttl_s: float = 3.0) -> StateStore:
+def open_store(url: str, replica_id: str, *, heartbeat_ttl_s: float = 10.0) -> StateStore:
     """A store from its URL: ``redis://host:port/db`` (also ``rediss://``, ``unix://``) or
     ``dir:///path``. Raises ValueError for anything else."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""

@@ -99,7 +99,7 @@ def _text(v: Any) -> str:
 class RedisStore(StateStore):
     """See the module's docstring."""
 
-    def __init__(self, url: str, replica_id: str, *, heartbeat_ttl_s: float = 3.0, prefix: str = "seqserve:") -> None:
+    def __init__(self, url: str, replica_id: str, *, heartbeat_ttl_s: float = 10.0, prefix: str = "seqserve:") -> None:
         super().__init__(replica_id, heartbeat_ttl_s=heartbeat_ttl_s)
         try:
             import redis.asyncio as aioredis
