@@ -240,3 +240,23 @@ async def test_release_right_after_start_keeps_the_checkpoint(replica: Replica) 
     await settle(a)
     for n in range(10):
         assert await step(b, 7000 + n, 3.0) == 5.0
+
+
+async def test_a_client_leaving_during_the_lookup_strands_nothing(replica: Replica) -> None:
+    """The client of the step that brings a sequence back goes away while the store is consulted:
+    the claim and restore finish anyway (the state stays reachable), the step itself is cancelled
+    unless it already ran."""
+    a, b = await replica("A"), await replica("B")
+    assert await step(a, 81, 4.0, start=True) == 4.0
+    await a.shutdown()
+    req = InferRequest("accumulator", {"INPUT": np.array([[1.0]], np.float32)}, sequence_id=81)
+    fut = b.enqueue(req)
+    await asyncio.sleep(0)
+    fut.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await fut
+    for _ in range(100):
+        if 81 in live_ids(b):
+            break
+        await asyncio.sleep(0.01)
+    assert await step(b, 81, 10.0) in (14.0, 15.0)  # restored here; the cancelled step ran or not

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.handoff_arrival import HandoffArrivals
@@ -70,6 +70,7 @@ class Handoff(HandoffArrivals):
         #: sequences a step may not reach the core for now: leaving (handover) or arriving
         self._busy: dict[SequenceKey, asyncio.Lock] = {}
         self._leaving: set[SequenceKey] = set()
+        self._arrivals: set[asyncio.Future[Any]] = set()  # steps waiting for the store
         self._tasks: list[asyncio.Task[None]] = []
         self._drain_task: asyncio.Task[None] | None = None
         self._stateful: dict[str, tuple[LoadedModel, bool]] = {}
