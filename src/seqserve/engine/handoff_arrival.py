@@ -69,6 +69,7 @@ class HandoffArrivals:
 
         def is_stateful(self, m: LoadedModel) -> bool: ...
         def ttl_s(self, m: LoadedModel) -> float: ...
+        def tombstone_s(self, session: bool) -> float: ...
         def started(self, key: SequenceKey, session: bool) -> None: ...
         def ended(self, key: SequenceKey, session: bool) -> None: ...
         def refuse_leaving(self, m: LoadedModel, sequence_id: object) -> InferenceError: ...
@@ -217,9 +218,10 @@ class HandoffArrivals:
                 if claim.won:
                     return await self._restore(m, key, request, claim, submit)
                 entry = claim.entry
-                if entry is None or entry.status is Status.ENDED:
+                if entry is None or entry.status.tombstone:
                     if entry is not None and request.session:
-                        raise SessionGoneError(f"session '{sid}' was ended; start a new session with a new id")
+                        how = "was ended" if entry.status is Status.ENDED else "expired while idle in the state store"
+                        raise SessionGoneError(f"session '{sid}' {how}; start a new session with a new id")
                     return self._unknown(m, key, request, submit)
                 if entry.owner == self.replica_id:
                     if key in self._owned or key in self._to_register:
@@ -288,7 +290,7 @@ class HandoffArrivals:
             # No free slot here in time (or another refusal): put it back for whoever can take it.
             self._owned.pop(key, None)
             try:
-                await self.store.release(key, claim.token, claim.data, self.ttl_s(m))
+                await self.store.release(key, claim.token, claim.data, self.ttl_s(m), self.tombstone_s(ckpt.session))
             except StoreError as put_back:
                 raise _lost(m, sid, request.session, f"it could not be put back: {put_back}") from None
             raise InferenceError(
