@@ -371,7 +371,13 @@ class Handoff(HandoffArrivals):
                     continue
                 key = SequenceKey(name, version, sid)
                 m = self._model(key)
-                if m is None or not self.is_stateful(m) or key in self._releasing or key in self._busy:
+                if (
+                    m is None
+                    or not self.is_stateful(m)
+                    or key in self._releasing
+                    or key in self._busy
+                    or key in self._leaving
+                ):
                     continue
                 ckpt = await self._checkpoint(m, key, time.monotonic())
                 if ckpt is not None:
