@@ -7,19 +7,20 @@ import asyncio
 import datetime
 import os
 import platform
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from bench import report
 from bench.cpu import CpuSample, ProcessTreeCpu, SystemCpu, find_listener_pid
 from bench.floors import FLOORS
-from bench.loadgen import MODES, RunConfig, RunResult, SequenceIds, id_base, run_coro, run_load
+from bench.loadgen import RunConfig, RunResult, SequenceIds, id_base, run_coro, run_load
+from bench.model_stats import StatsReader, StatsSnapshot, window
+from bench.options import build_parser
+from bench.progress import ProgressBar
 from bench.target import SpawnedFloor, SpawnedServer, Target, fetch_metadata, url_port, wait_ready
-from bench.transports import TRANSPORTS, TransportSpec, resolve_transport
+from bench.transports import TRANSPORTS, TransportSpec
 from bench.workload import Workload, from_data_file, from_metadata
 
 # what the demo accumulator's metadata says; used when a server gives none
@@ -28,227 +29,6 @@ DEFAULT_METADATA = {
     "inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [-1, 1]}],
     "outputs": [{"name": "OUTPUT", "datatype": "FP32", "shape": [-1, 1]}],
 }
-
-
-def _int_list(value: str) -> list[int]:
-    try:
-        out = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of integers") from None
-    if not out or min(out) < 1:
-        raise argparse.ArgumentTypeError("values must be >= 1")
-    return out
-
-
-def _transport_list(value: str) -> list[str]:
-    try:
-        return [resolve_transport(v) for v in value.split(",") if v.strip()]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _floor_list(value: str) -> list[str]:
-    names = [v.strip() for v in value.split(",") if v.strip()]
-    for n in names:
-        if n != "auto" and n not in FLOORS:
-            raise argparse.ArgumentTypeError(f"unknown floor {n!r} (choose from {', '.join(FLOORS)}, or auto)")
-    return names
-
-
-def _shape(value: str) -> tuple[str, list[int]]:
-    try:
-        name, dims = value.split("=", 1)
-        return name, [int(d) for d in dims.split(",") if d.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected NAME=d1,d2,...") from None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m bench",
-        description="Load generator for stateful (sequence) models on KServe v2 servers: closed loop or "
-        "real-time paced, over HTTP (JSON, binary) and gRPC (unary, stream).",
-    )
-    t = p.add_argument_group("target")
-    t.add_argument("--spawn", action="store_true", help="start seqserve on free loopback ports, stop it at the end")
-    t.add_argument(
-        "--server-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="extra argument for the spawned `seqserve serve` (repeatable; use --server-arg=--flag)",
-    )
-    t.add_argument("--http-url", help="HTTP endpoint host:port of a running server (e.g. 127.0.0.1:8000)")
-    t.add_argument("--grpc-url", help="gRPC endpoint host:port of a running server (e.g. 127.0.0.1:8001)")
-    t.add_argument(
-        "--server-pid",
-        metavar="PID|auto",
-        help="root pid of a running server, for server CPU per step (its whole process tree is "
-        "counted); 'auto' finds the process listening on the URL's port. Implied by --spawn",
-    )
-    t.add_argument(
-        "--spawn-floor",
-        type=_floor_list,
-        default=[],
-        metavar="NAMES",
-        help=f"also run the plan against floor servers ({', '.join(FLOORS)}; 'auto': one per planned "
-        "transport), started here one at a time: server CPU per step as a multiple of the floor's, "
-        "and the generator's ceiling",
-    )
-    t.add_argument(
-        "--ceiling",
-        action="store_true",
-        help="measure the generator's ceiling against the floor for each transport (--spawn-floor auto) "
-        "and warn when a run's throughput or client CPU is near it",
-    )
-    t.add_argument("--model", default="accumulator", help="model name (default: accumulator)")
-    w = p.add_argument_group("workload")
-    w.add_argument(
-        "--transports",
-        type=_transport_list,
-        default=["http-binary", "grpc-unary", "grpc-stream"],
-        help=f"comma-separated, from {', '.join(TRANSPORTS)} (aliases: http, json, grpc, stream); "
-        "default: http-binary,grpc-unary,grpc-stream",
-    )
-    w.add_argument("--mode", choices=MODES, default="closed", help="closed loop (default) or paced open loop")
-    w.add_argument(
-        "--concurrency",
-        type=_int_list,
-        default=[1, 16],
-        help="closed: comma-separated numbers of concurrent sequences, one run each (default: 1,16)",
-    )
-    w.add_argument(
-        "--streams",
-        type=_int_list,
-        default=[1, 8],
-        help="paced: comma-separated numbers of streams, one run each (default: 1,8)",
-    )
-    w.add_argument(
-        "--period-ms",
-        type=float,
-        default=20.0,
-        help="paced: each stream sends one step every this many ms (default: 20, i.e. 20 ms audio frames)",
-    )
-    w.add_argument("--seq-len", type=int, default=100, help="steps per sequence (default: 100)")
-    w.add_argument(
-        "--seq-len-jitter",
-        type=float,
-        default=0.0,
-        metavar="F",
-        help="vary sequence length uniformly in seq-len * (1 +- F), 0 <= F < 1 (default: 0)",
-    )
-    w.add_argument("--duration", type=float, default=10.0, help="measured seconds per run (default: 10)")
-    w.add_argument("--steps", type=int, help="measure this many steps per run instead of --duration (1 process)")
-    w.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each run (default: 2)")
-    w.add_argument("--pause", type=float, default=0.5, help="seconds between runs (default: 0.5)")
-    w.add_argument(
-        "--grpc-streams",
-        type=int,
-        default=1,
-        metavar="N",
-        help="grpc-stream: number of bidi streams the sequences are spread over, 0 = one per sequence "
-        "(default: 1). Triton answers a stream's requests in order, so with more sequences than the "
-        "model has slots one shared stream stalls there (until the sequence idle timeout): use 0, or "
-        "--grpc-reply-order completion against seqserve",
-    )
-    w.add_argument(
-        "--grpc-reply-order",
-        choices=["request", "completion"],
-        default="request",
-        help="grpc-stream: 'completion' opens the streams with the seqserve-reply-order: completion header, so "
-        "seqserve writes each reply as it completes and a shared stream does not stall behind a backlogged "
-        "START; 'request' (default) sends no header: request order, as Triton",
-    )
-    w.add_argument("--string-ids", action="store_true", help="string sequence ids instead of uint64")
-    w.add_argument(
-        "--data",
-        type=Path,
-        metavar="FILE.json",
-        help="per-sequence step data ({'data': [[{INPUT: [..]}, ...], ...]}, see bench/workload.py); "
-        "default: random data shaped by the model's metadata",
-    )
-    w.add_argument(
-        "--shape",
-        type=_shape,
-        action="append",
-        default=[],
-        metavar="NAME=d1,d2",
-        help="shape to send for an input with variable dims, batch dim included (repeatable)",
-    )
-    w.add_argument("--input-name", default="INPUT", help="input whose running sum is verified (default: INPUT)")
-    w.add_argument("--output-name", default="OUTPUT", help="output to request and verify (default: OUTPUT)")
-    w.add_argument(
-        "--verify",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="check every reply against the running sum of the inputs; auto (default): when the model "
-        "looks like the demo accumulator (one FP32 input, one element per step)",
-    )
-    w.add_argument("--no-verify", dest="verify", action="store_const", const="off", help="same as --verify off")
-    w.add_argument("--seed", type=int, default=0, help="random data and sequence lengths (default: 0)")
-    w.add_argument("--request-timeout", type=float, default=30.0, help="per-step timeout in seconds (default: 30)")
-    w.add_argument(
-        "--processes",
-        type=int,
-        default=1,
-        metavar="N",
-        help="spread each run's sequences over N generator processes (default: 1)",
-    )
-    o = p.add_argument_group("output")
-    o.add_argument("--json", type=Path, metavar="PATH", help="write machine-readable results here")
-    o.add_argument("--plot", type=Path, metavar="PATH.png", help="latency vs load and latency CDF (needs matplotlib)")
-    o.add_argument(
-        "--loop",
-        choices=["auto", "uvloop", "asyncio"],
-        default="auto",
-        help="client event loop (default: uvloop when installed)",
-    )
-    o.add_argument("--quiet", action="store_true", help="no progress bar, no per-run lines")
-    return p
-
-
-class ProgressBar:
-    """One stderr line redrawn with \\r: a bar over the whole plan and the current run's state.
-    Off when stderr is not a terminal or with --quiet; per-run result lines are printed either way
-    (unless --quiet)."""
-
-    def __init__(self, quiet: bool, total_runs: int) -> None:
-        self.quiet = quiet
-        self.bar = not quiet and sys.stderr.isatty()
-        self.total = max(1, total_runs)
-        self.done_runs = 0
-        self.prefix = ""
-        self.drawn = False
-
-    def update(self, frac: float, text: str) -> None:
-        if not self.bar:
-            return
-        overall = min(1.0, (self.done_runs + max(0.0, min(1.0, frac))) / self.total)
-        width = 24
-        fill = int(overall * width)
-        line = f"[{'#' * fill}{'.' * (width - fill)}] {overall:4.0%} {self.prefix} {text}"
-        cols = shutil.get_terminal_size((100, 20)).columns
-        sys.stderr.write("\r\x1b[K" + line[: cols - 1])
-        sys.stderr.flush()
-        self.drawn = True
-
-    def line(self, text: str) -> None:
-        if self.quiet:
-            return
-        if self.drawn:
-            sys.stderr.write("\r\x1b[K")
-            self.drawn = False
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-
-    def run_done(self) -> None:
-        self.done_runs += 1
-
-    def close(self) -> None:
-        if self.drawn:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
-            self.drawn = False
 
 
 CEILING_MIN_CONCURRENCY = 16
@@ -321,21 +101,35 @@ async def _run_single(
     prog: ProgressBar,
 ) -> Outcome:
     server_cpu = ProcessTreeCpu(target.server_pid) if target.server_pid else None
+    stats = _stats_reader(args, target)
     out = Outcome()
     for i, run in enumerate(runs, 1):
         prog.prefix = run.tag
         transport = TRANSPORTS[run.transport](TransportSpec(**_spec(args, target, workload, run.load)))
+        snaps: dict[str, StatsSnapshot] = {}
+        edge = (lambda e: snaps.__setitem__(e, stats.read())) if stats else None  # noqa: B023
         await transport.open()
         try:
-            result = await run_load(transport, _cfg(args, run, run.load), workload, ids, server_cpu, prog.update)
+            result = await run_load(
+                transport, _cfg(args, run, run.load), workload, ids, server_cpu, prog.update, at_edge=edge
+            )
         finally:
             await transport.close()
+        if snaps:
+            result.model_stats = window(snaps["start"], snaps["end"])
         _finish_run(prog, out, result)
         if target.spawned is not None:
             target.spawned.check_alive()
         if i < len(runs) and args.pause > 0:
             await asyncio.sleep(args.pause)
     return out
+
+
+def _stats_reader(args: argparse.Namespace, target: Target) -> StatsReader | None:
+    """--model-stats: the model's statistics, for the server under test (not the floors: they keep none)."""
+    if not args.model_stats or target.label.startswith(("floor:", "ceiling:")) or not target.http_url:
+        return None
+    return StatsReader(target.http_url, target.model)
 
 
 def _run_multi(
@@ -345,6 +139,7 @@ def _run_multi(
 
     server_cpu = ProcessTreeCpu(target.server_pid) if target.server_pid else None
     system_cpu = SystemCpu()
+    stats = _stats_reader(args, target)
     out = Outcome(loop="uvloop" if args.loop != "asyncio" else "asyncio")
     for i, run in enumerate(runs, 1):
         prog.prefix = run.tag
@@ -358,8 +153,14 @@ def _run_multi(
             jobs.append(Job(_spec(args, target, workload, n), cfg, workload, start_at, args.loop))
         samples: dict[str, tuple[CpuSample | None, CpuSample | None]] = {}
 
+        snaps: dict[str, StatsSnapshot] = {}
+
         def at_window(edge: str) -> None:
+            if stats is not None and edge == "start":  # outside the CPU window, as in run_load
+                snaps[edge] = stats.read()  # noqa: B023
             samples[edge] = (server_cpu.sample() if server_cpu else None, system_cpu.sample())  # noqa: B023
+            if stats is not None and edge == "end":
+                snaps[edge] = stats.read()  # noqa: B023
 
         parts = pool.run(
             jobs, at_window, prog.update, timeout_s=args.warmup + args.duration + 60 + args.request_timeout
@@ -374,6 +175,8 @@ def _run_multi(
             d = {k: v - srv0.threads.get(k, 0.0) for k, v in srv1.threads.items()}
             merged.server_threads_cpu_s = {k: round(v, 3) for k, v in sorted(d.items(), key=lambda kv: -kv[1]) if v > 0}
         merged.system_cpu_s = (sys1.cpu_s - sys0.cpu_s) if sys0 and sys1 else None
+        if snaps:
+            merged.model_stats = window(snaps["start"], snaps["end"])
         _finish_run(prog, out, merged)
         if target.spawned is not None:
             target.spawned.check_alive()
@@ -487,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     has_primary = bool(args.spawn or args.http_url or args.grpc_url)
     if args.spawn and (args.http_url or args.grpc_url):
         raise SystemExit("--spawn and --http-url/--grpc-url are exclusive")
+    if args.model_stats and not (args.spawn or args.http_url):
+        raise SystemExit("--model-stats reads the statistics over HTTP: give --http-url (or --spawn)")
     if not has_primary and not floors:
         raise SystemExit("give --http-url and/or --grpc-url, or --spawn (and/or --spawn-floor / --ceiling)")
     plans: list[tuple[str, list[RunSpec]]] = []  # ("primary" or a floor name, its runs)
@@ -587,6 +392,18 @@ def main(argv: list[str] | None = None) -> int:
             "'streams on time' had no miss in the window; lag = how late steps were sent behind schedule."
         )
     print(report.ceiling_note(rows))
+    overhead = report.format_overhead(rows)
+    if overhead:
+        print()
+        print(
+            "the server's own cost per step (--model-stats): server CPU per measured step minus the model's "
+            "execute (batch compute_infer, wall time) per request the model served, both over the measured window:"
+        )
+        print(overhead)
+        medians = report.overhead_medians(rows)
+        if medians:
+            print("\nthe same, medians of the runs of each load (min-max):")
+            print(medians)
     table, warns, comps = report.compare_floors(rows)
     if table:
         print()

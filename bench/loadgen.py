@@ -97,6 +97,10 @@ class RunResult:
     server_threads_cpu_s: dict[str, float] | None = None  # the root process's threads (see cpu.CpuSample)
     client_cpu_s: float = 0.0
     system_cpu_s: float | None = None  # busy CPU of the whole machine over the window
+    # the model's statistics over the window (bench.model_stats.window), when read (--model-stats)
+    model_stats: dict[str, Any] | None = None
+    # anything else sampled at the window's edges by the caller (e.g. the other server's CPU)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def latencies_ns(self) -> np.ndarray:
@@ -137,6 +141,8 @@ class RunResult:
             server_threads_cpu_s=self.server_threads_cpu_s or other.server_threads_cpu_s,
             client_cpu_s=self.client_cpu_s + other.client_cpu_s,
             system_cpu_s=self.system_cpu_s if self.system_cpu_s is not None else other.system_cpu_s,
+            model_stats=self.model_stats if self.model_stats is not None else other.model_stats,
+            extra=self.extra or other.extra,
         )
 
 
@@ -277,6 +283,9 @@ def _thread_delta(a: CpuSample | None, b: CpuSample | None) -> dict[str, float] 
 
 # progress(fraction of this run done, text)
 ProgressFn = Callable[[float, str], None]
+# called with "start" just before the window's CPU samples are taken and with "end" just after
+# (e.g. to read the model's statistics over the same window without counting that read's CPU)
+EdgeFn = Callable[[str], None]
 
 
 async def run_load(
@@ -288,9 +297,11 @@ async def run_load(
     progress: ProgressFn | None = None,
     start_at_ns: int | None = None,
     sample_system: bool = True,
+    at_edge: EdgeFn | None = None,
 ) -> RunResult:
     """One run (closed or paced, ``cfg.mode``) of ``cfg.concurrency`` lanes on an opened transport.
-    ``start_at_ns``: perf_counter_ns at which the warm-up begins (several processes share it)."""
+    ``start_at_ns``: perf_counter_ns at which the warm-up begins (several processes share it).
+    ``at_edge``: see :data:`EdgeFn` (it runs on the event loop: keep it short)."""
     if cfg.mode not in MODES:
         raise ValueError(f"unknown mode {cfg.mode!r}")
     run = _Run(transport, cfg, workload, ids)
@@ -312,6 +323,8 @@ async def run_load(
         tick("warm-up", el / 1e9, el / 1e9 / total_s if total_s else 0.0)
         await asyncio.sleep(min(0.25, (warm_ns - el) / 1e9))
 
+    if at_edge is not None:
+        at_edge("start")
     sys0 = system_cpu.sample() if system_cpu else None
     srv0: CpuSample | None = server_cpu.sample() if server_cpu else None
     cli0 = client_cpu.sample()
@@ -339,6 +352,8 @@ async def run_load(
     cli1 = client_cpu.sample()
     srv1: CpuSample | None = server_cpu.sample() if server_cpu else None
     sys1 = system_cpu.sample() if system_cpu else None
+    if at_edge is not None:
+        at_edge("end")
 
     run.stop = True
     if progress is not None:

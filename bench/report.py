@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from bench.loadgen import RunResult
+from bench.model_stats import per_step
 
 NEAR = 0.8  # "near the generator's ceiling": at least this fraction of what it did against a floor
 
@@ -87,6 +88,10 @@ def summarize(r: RunResult) -> dict[str, Any]:
         other = max(0.0, (r.system_cpu_s - (r.server_cpu_s or 0.0) - r.client_cpu_s) / r.window_s)
     row["system_cpu_s"] = r.system_cpu_s
     row["other_cpu_util"] = other
+    if r.model_stats is not None:
+        row["model_stats"] = r.model_stats
+        row.update(per_step(r.model_stats, row["server_cpu_us_per_step"]))
+    row.update(r.extra)
     return row
 
 
@@ -159,6 +164,54 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         if row["mode"] == "paced":
             row["on_time"] = f"{row['streams_ok']}/{row['streams']}"
         cells.append([("-" if row.get(k) is None else f.format(row[k])) for _, k, f in cols])
+    return _cells(cells)
+
+
+def format_overhead(rows: list[dict[str, Any]]) -> str:
+    """The server's own cost per step, the model's execute taken out (runs with --model-stats)."""
+    rows = [r for r in rows if "execute_us_per_step" in r]
+    if not rows:
+        return ""
+    cols = [
+        ("transport", "transport", "{}"),
+        ("load", "load", "{}"),
+        ("srv us/step", "server_cpu_us_per_step", "{:.0f}"),
+        ("execute us/step", "execute_us_per_step", "{:.1f}"),
+        ("srv excl. execute us/step", "server_own_us_per_step", "{:.0f}"),
+        ("mean batch", "mean_batch", "{:.2f}"),
+        ("execute us/batch", "execute_us_per_batch", "{:.1f}"),
+        ("input us/step", "compute_input_us_per_step", "{:.1f}"),
+        ("output us/step", "compute_output_us_per_step", "{:.1f}"),
+        ("other cpu%", "other_cpu_util", "{:.0%}"),
+    ]
+    cells = [[h for h, _, _ in cols]]
+    for row in rows:
+        row = dict(row, load=_load(row))
+        cells.append([("-" if row.get(k) is None else f.format(row[k])) for _, k, f in cols])
+    return _cells(cells)
+
+
+def overhead_medians(rows: list[dict[str, Any]]) -> str:
+    """When a (transport, load) was run more than once (e.g. ``--concurrency 1,16,64,1,16,64``): the
+    median (min-max) of the server's CPU, the model's execute and the rest, per step."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if "execute_us_per_step" in r:
+            groups.setdefault((r["target"], r["transport"], r["concurrency"]), []).append(r)
+    if not groups or max(len(g) for g in groups.values()) < 2:
+        return ""
+
+    def spread(g: list[dict[str, Any]], key: str) -> str:
+        vals = sorted(v for r in g if (v := r.get(key)) is not None)
+        if not vals:
+            return "-"
+        mid = vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
+        return f"{mid:.0f} ({vals[0]:.0f}-{vals[-1]:.0f})"
+
+    cells = [["transport", "load", "runs", "srv us/step", "execute us/step", "srv excl. execute us/step"]]
+    for (_, transport, load), g in groups.items():
+        cells.append([transport, f"c={load}", str(len(g))] + [spread(g, k) for k in
+                     ("server_cpu_us_per_step", "execute_us_per_step", "server_own_us_per_step")])  # fmt: skip
     return _cells(cells)
 
 

@@ -77,10 +77,14 @@ class SpawnedServer(_Spawned):
     def start(self) -> None:
         self.http_port = self.http_port or free_port(self.host)
         self.grpc_port = self.grpc_port or free_port(self.host)
+        # the metrics endpoint stays on (as installed) but on a free port: its default (8002) collides
+        # with any other server on the machine, a second bench among them
+        given = {a.split("=", 1)[0] for a in self.extra_args}
+        metrics = [] if "--metrics-port" in given else ["--metrics-port", str(free_port(self.host))]
         cmd = [
             self.python, "-m", "seqserve", "serve", "--host", self.host,
             "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-            "--log-level", "warning", *self.extra_args,
+            *metrics, "--log-level", "warning", *self.extra_args,
         ]  # fmt: skip
         fd, name = tempfile.mkstemp(prefix="seqserve-bench-", suffix=".log")
         self.log_path = Path(name)

@@ -5,7 +5,9 @@ and the engine's ordered release."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
+import zlib
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -247,7 +249,7 @@ async def test_stream_replies_in_request_order_except_decoupled() -> None:
     server.submitted["4"](_result("4"), True)
     server.submitted["2"](_result("2"), False)  # decoupled: written as it comes
     server.submitted["1"](_result("1"), True)
-    replies = await _drain(session, 4)
+    replies = [pb.ModelStreamInferResponse.FromString(r) for r in await _drain(session, 4)]
     assert [r.infer_response.id for r in replies] == ["2", "1", "3", "4"]
     assert replies[2].error_message == "Request for unknown model: 'missing' is not found"
     assert [r.infer_response.parameters["triton_final_response"].bool_param for r in (replies[0], replies[1])] == [
@@ -264,3 +266,21 @@ async def test_stream_grpc_errors_yields_the_error() -> None:
     session.submit(pb.ModelInferRequest(model_name="missing", id="1"))
     (reply,) = await _drain(session, 1)
     assert isinstance(reply, InferenceError) and reply.code == Code.NOT_FOUND
+
+
+@pytest.mark.parametrize("size", [0, 1, 150, 511, 512, 513, 5000, 40_000, 300_000])
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_compress_round_trips_at_any_size(size: int, encoding: str) -> None:
+    """Replies are compressed with a window sized to them: any inflater reads them, and they
+    are about as small as with zlib's defaults."""
+    rng = np.random.default_rng(size)
+    body = (b'{"model_name":"m","outputs":[]}' + rng.integers(0, 16, size, dtype=np.uint8).tobytes())[:size]
+    packed = kserve_json.compress(body, encoding)
+    if encoding == "gzip":
+        assert gzip.decompress(packed) == body
+        reference = gzip.compress(body, compresslevel=6)
+    else:
+        assert zlib.decompress(packed) == body
+        assert zlib.decompressobj().decompress(packed) == body
+        reference = zlib.compress(body)
+    assert len(packed) <= len(reference) * 1.02 + 8

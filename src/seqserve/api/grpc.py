@@ -14,7 +14,7 @@ from google.protobuf import json_format, message_factory
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
 from seqserve._proto import health_pb2, health_pb2_grpc
-from seqserve.api import grpc_codec, security
+from seqserve.api import grpc_codec, grpc_wire, security
 from seqserve.api.errors import internal_error
 from seqserve.api.grpc_codec import Undecodable
 from seqserve.api.grpc_stream import REPLY_ORDER_HEADER, STREAM_SCOPED_HEADER, StreamSession, StreamStats
@@ -33,6 +33,19 @@ GRPC_STATUS = {
     Code.CANCELLED: grpc.StatusCode.CANCELLED,
 }
 
+
+#: rpcs that take and return bytes: grpcio calls no (de)serializer, the servicer parses the
+#: request itself and encodes the reply with ``grpc_wire``
+RAW_RPCS = frozenset({"ModelInfer", "ModelStreamInfer"})
+#: rpcs registered with grpcio's "registered method" path as well as the generic handler. grpc.aio
+#: keeps one pending request-call future per registered method and runs ``asyncio.wait`` over all
+#: of them for every incoming call, so registering the 20-odd rpcs of the service costs every
+#: call about 9 us; the rare ones are found by the generic handler instead.
+HOT_RPCS = frozenset({"ModelInfer", "ModelStreamInfer"})
+
+_parse_infer_request: Callable[[bytes], pb.ModelInferRequest | Undecodable] = grpc_codec.safe_deserializer(
+    pb.ModelInferRequest
+)
 
 #: what the requests still queued in a stream-scoped sequence are told when its stream closes
 _STREAM_CLOSED = "the gRPC stream that started it was closed"
@@ -140,24 +153,30 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -------------------------------------------------------------------------- infer
 
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+    async def ModelInfer(self, request: bytes | pb.ModelInferRequest, context: Any) -> bytes:
+        """Registered with no deserializer and no serializer (``RAW_RPCS``): the request comes as
+        bytes (or, called directly, as a message) and the reply goes back as bytes, encoded by
+        ``grpc_wire`` without building a response message."""
         try:
-            if type(request) is Undecodable:
-                raise request.error()
+            msg = _parse_infer_request(request) if isinstance(request, bytes) else request
+            if isinstance(msg, Undecodable):
+                raise msg.error()
             try:
-                infer_request, _ = grpc_codec.decode_request(request, inline=True)
+                infer_request, _ = grpc_codec.decode_request(msg, inline=True)
             except grpc_codec.DecodeOffLoop:
-                infer_request, _ = await offload(grpc_codec.decode_request, request)
-            session = end = None
-            for key, value in context.invocation_metadata() or ():
-                if key == SESSION_ID_KEY:
-                    session = value
-                elif key == SESSION_END_KEY:
-                    end = value
-            if session is not None or end is not None:
-                apply_session(self.server, infer_request, session, end)
+                infer_request, _ = await offload(grpc_codec.decode_request, msg)
+            metadata = context.invocation_metadata()
+            if metadata:
+                session = end = None
+                for key, value in metadata:
+                    if key == SESSION_ID_KEY:
+                        session = value
+                    elif key == SESSION_END_KEY:
+                        end = value
+                if session is not None or end is not None:
+                    apply_session(self.server, infer_request, session, end)
             result = await enqueue_single(self.server, infer_request, "ModelInfer RPC")
-            return grpc_codec.encode_response(result)
+            return grpc_wire.infer_response(result)
         except InferenceError as e:
             err = e
         except Exception as e:
@@ -166,8 +185,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         raise AssertionError("unreachable: abort raises")
 
     async def ModelStreamInfer(
-        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
-    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        self, request_iterator: AsyncIterator[bytes], context: Any
+    ) -> AsyncIterator[bytes]:
         """See StreamSession. Headers: ``triton_grpc_error: true``, the first error ends the
         stream with its gRPC status; ``seqserve-reply-order: completion``, replies as they
         complete; ``seqserve-stream-scoped: true|false``, whether the sequences started on the
@@ -267,15 +286,17 @@ def guard_rpcs(servicer: Any, service: Any) -> None:
 def add_service(g: grpc.aio.Server, servicer: Any, service: Any) -> None:
     """Register ``servicer``'s methods for ``service`` (a ServiceDescriptor), as the generated
     ``add_*_to_server`` does, but with deserializers that hand undecodable bytes on as an
-    ``Undecodable`` (see ``guard_rpcs``, ``ModelInfer`` and ``StreamSession``). The methods are
-    read from the instance, so wrappers set on it before this call stay in place."""
+    ``Undecodable`` (see ``guard_rpcs``, ``ModelInfer`` and ``StreamSession``), ``RAW_RPCS``
+    without (de)serializers, and only ``HOT_RPCS`` as registered methods. The methods are read
+    from the instance, so wrappers set on it before this call stay in place."""
     handlers = {}
     for method in service.methods:
-        request_class = message_factory.GetMessageClass(method.input_type)
-        response_class = message_factory.GetMessageClass(method.output_type)
-        deserialize = grpc_codec.safe_deserializer(request_class)
-        serialize = response_class.SerializeToString
         behaviour = getattr(servicer, method.name)
+        if method.name in RAW_RPCS:
+            deserialize = serialize = None
+        else:
+            deserialize = grpc_codec.safe_deserializer(message_factory.GetMessageClass(method.input_type))
+            serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
         if method.client_streaming and method.server_streaming:
             handlers[method.name] = grpc.stream_stream_rpc_method_handler(
                 behaviour, request_deserializer=deserialize, response_serializer=serialize
@@ -287,7 +308,9 @@ def add_service(g: grpc.aio.Server, servicer: Any, service: Any) -> None:
                 behaviour, request_deserializer=deserialize, response_serializer=serialize
             )
     g.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
-    g.add_registered_method_handlers(service.full_name, handlers)
+    hot = {name: h for name, h in handlers.items() if name in HOT_RPCS}
+    if hot:
+        g.add_registered_method_handlers(service.full_name, hot)
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from seqserve._proto import grpc_service_pb2 as pb
-from seqserve.api import grpc_codec
+from seqserve.api import grpc_codec, grpc_wire
 from seqserve.api.errors import internal_error
 from seqserve.api.limits import offload
 from seqserve.engine import (
@@ -26,6 +26,10 @@ from seqserve.engine import (
 
 log = logging.getLogger("seqserve.grpc")
 
+_parse_request: Callable[[bytes], pb.ModelInferRequest | grpc_codec.Undecodable] = grpc_codec.safe_deserializer(
+    pb.ModelInferRequest
+)
+
 #: stream header (gRPC metadata): "completion" writes each reply as soon as it is known instead of
 #: in request order; replies carry their request's id, which tritonclient matches them by
 REPLY_ORDER_HEADER = "seqserve-reply-order"
@@ -38,8 +42,9 @@ DEFAULT_STALL_THRESHOLD_S = 1.0
 #: at most one stall line per this many seconds per server (the others are counted)
 STALL_LOG_INTERVAL_S = 10.0
 
-#: what the session writes: a stream message, or (``triton_grpc_error``) the error that ends the stream
-Reply = pb.ModelStreamInferResponse | InferenceError
+#: what the session writes: a serialized ModelStreamInferResponse (``grpc_wire``), or
+#: (``triton_grpc_error``) the error that ends the stream
+Reply = bytes | InferenceError
 #: a reply (None: nothing to write) and whether it is its request's last
 _Item = tuple[Reply | None, bool]
 
@@ -132,11 +137,14 @@ class StreamSession:
         self._stall_timer: asyncio.TimerHandle | None = None
         self._stall_head: _StreamRequest | None = None  # the head reply the stall timer watches
 
-    async def read(self, requests: AsyncIterator[pb.ModelInferRequest | grpc_codec.Undecodable]) -> None:
-        """Submit each request as it arrives. A request whose decoding grows with its size is
+    async def read(self, requests: AsyncIterator[bytes | pb.ModelInferRequest | grpc_codec.Undecodable]) -> None:
+        """Submit each request as it arrives: serialized (the rpc is registered without a
+        deserializer) or already a message. A request whose decoding grows with its size is
         decoded off the event loop, and the next one waits for it: order is kept."""
+        parse = _parse_request
         try:
-            async for msg in requests:
+            async for item in requests:
+                msg = parse(item) if isinstance(item, bytes) else item
                 decoded: tuple[InferRequest, grpc_codec.GrpcReplyOptions] | Exception | None = None
                 if not isinstance(msg, grpc_codec.Undecodable):
                     try:
@@ -226,9 +234,9 @@ class StreamSession:
         if isinstance(response, InferenceError):
             reply = response if self._grpc_errors else req.error(response, final)
         elif response is not None:
-            reply = grpc_codec.stream_response(response, final)
+            reply = grpc_wire.stream_response(response, final)
         elif req.empty_final:  # a final flag alone, written only when the client asked for it
-            reply = grpc_codec.stream_empty_final(req.id, req.model, req.version)
+            reply = grpc_wire.stream_reply(req.id, req.model, req.version, True)
         else:  # a bare final flag: nothing to write
             reply = None
         self._put(req, reply, final)
@@ -317,8 +325,8 @@ class _StreamRequest:
         self.start = False
         self.stall_counted = False
 
-    def error(self, err: InferenceError, final: bool | None = None) -> pb.ModelStreamInferResponse:
-        return grpc_codec.stream_error(self.id, self.model, self.version, err, final)
+    def error(self, err: InferenceError, final: bool | None = None) -> bytes:
+        return grpc_wire.stream_reply(self.id, self.model, self.version, final, err.message)
 
 
 def _nothing() -> None:
