@@ -1,0 +1,198 @@
+"""Verified sessions of the demo `accumulator` through a balancer, for the scale-out test and
+bench: every reply is checked against the running sum of what its session sent.
+
+Each session sends `Inference-Session-Id` on every request, which is what the balancer hashes
+on. Two styles are mixed, the two ways a client names a sequence:
+- "triton": the `sequence_id` parameter with START on the first step and END on the last, as
+  Triton clients do (the header only routes); a step that reaches a replica which does not
+  know the sequence gets `must specify the START flag`.
+- "session": the header alone (START implied on first use, `Inference-Session-End` on the
+  last); a session that silently restarted on fresh state shows up as a wrong running sum.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http.aio as httpaio
+from tritonclient.utils import InferenceServerException
+
+if TYPE_CHECKING:
+    from bench.cluster import Cluster
+
+STYLES = ("triton", "session")
+
+
+@dataclass
+class LoadResult:
+    sessions_started: int = 0
+    sessions_completed: int = 0
+    steps: int = 0
+    wrong: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    latencies_s: list[float] = field(default_factory=list)
+    # (time.monotonic() when the reply came, latency) per step, for latency over time
+    timeline: list[tuple[float, float]] = field(default_factory=list)
+
+    def percentile_ms(self, q: float, since: float = 0.0, until: float = float("inf")) -> float:
+        lat = [lat for t, lat in self.timeline if since <= t <= until]
+        return float(np.percentile(lat, q) * 1e3) if lat else float("nan")
+
+    def summary(self) -> str:
+        return (
+            f"sessions {self.sessions_completed}/{self.sessions_started} complete, steps {self.steps}, "
+            f"wrong {len(self.wrong)}, errors {len(self.errors)}"
+        )
+
+
+def step_value(session: int, step: int) -> float:
+    """Small integers: their float32 running sums are exact."""
+    return float((session * 7 + step * 3) % 11 + 1)
+
+
+@dataclass
+class SessionLoad:
+    """`sessions` concurrent workers, each running sessions of `steps` steps back to back
+    until `rounds` sessions each are done or `deadline` (time.monotonic()) has passed.
+
+    `pace_s` sleeps between a session's steps; `hold_at`/`hold` make every session wait at that
+    step until the event is set (the test holds its sessions open across the restarts);
+    `progress(step)` is called after every verified step."""
+
+    url: str
+    sessions: int = 24
+    steps: int = 60
+    rounds: int = 1
+    protocol: str = "http"
+    model: str = "accumulator"
+    pace_s: float = 0.0
+    deadline: float = float("inf")
+    hold_at: int | None = None
+    hold: asyncio.Event | None = None
+    progress: Callable[[int], None] | None = None
+    stop_on_error: bool = True
+    result: LoadResult = field(default_factory=LoadResult)
+
+    async def run(self) -> LoadResult:
+        if self.protocol == "http":
+            client = httpaio.InferenceServerClient(self.url, conn_limit=self.sessions + 4)
+        else:
+            client = grpcaio.InferenceServerClient(self.url)
+        try:
+            await asyncio.gather(*(self._worker(client, w) for w in range(self.sessions)))
+        finally:
+            await client.close()
+        return self.result
+
+    async def _worker(self, client: httpaio.InferenceServerClient | grpcaio.InferenceServerClient, w: int) -> None:
+        for rnd in range(self.rounds):
+            if time.monotonic() >= self.deadline:
+                return
+            style = STYLES[w % 2]
+            ok = await self._session(client, w, style, f"s{w}-{rnd}-{uuid.uuid4().hex[:8]}")
+            if not ok and self.stop_on_error:
+                return
+
+    async def _session(self, client: object, w: int, style: str, sid: str) -> bool:
+        res = self.result
+        res.sessions_started += 1
+        total = 0.0
+        for i in range(self.steps):
+            if self.hold is not None and i == self.hold_at:
+                await self.hold.wait()
+            if time.monotonic() >= self.deadline:
+                return False
+            last = i == self.steps - 1
+            x = step_value(w, i)
+            total += x
+            headers = {"Inference-Session-Id": sid}
+            kwargs: dict[str, object] = {}
+            if style == "triton":
+                kwargs = {"sequence_id": sid, "sequence_start": i == 0, "sequence_end": last}
+            elif last:
+                headers["Inference-Session-End"] = "true"
+            if self.protocol == "grpc":  # gRPC metadata keys are lower case
+                headers = {k.lower(): v for k, v in headers.items()}
+            mod = httpaio if self.protocol == "http" else grpcaio
+            inp = mod.InferInput("INPUT", [1, 1], "FP32")
+            inp.set_data_from_numpy(np.array([[x]], dtype=np.float32))
+            t0 = time.monotonic()
+            try:
+                reply = await client.infer(self.model, [inp], headers=headers, **kwargs)  # type: ignore[attr-defined]
+            except InferenceServerException as e:
+                res.errors.append(f"{sid} step {i}: {e.status()} {e.message()}")
+                return False
+            except Exception as e:  # a transport failure is an error too, not a crash of the run
+                res.errors.append(f"{sid} step {i}: {type(e).__name__}: {e}")
+                return False
+            t1 = time.monotonic()
+            res.steps += 1
+            res.latencies_s.append(t1 - t0)
+            res.timeline.append((t1, t1 - t0))
+            got = float(reply.as_numpy("OUTPUT")[0, 0])
+            if got != total:
+                res.wrong.append(f"{sid} ({style}) step {i}: got {got}, expected {total}")
+                return False
+            if self.progress is not None:
+                self.progress(i)
+            if self.pace_s and not last:
+                await asyncio.sleep(self.pace_s)
+        res.sessions_completed += 1
+        return True
+
+
+@dataclass
+class Restart:
+    replica: str
+    exit_status: int
+    exit_s: float  # SIGTERM to exit (the drain and handoff)
+    back_s: float  # exit to UP again in HAProxy (startup, readiness, health checks)
+    began: float  # time.monotonic() at SIGTERM
+    ended: float  # time.monotonic() when HAProxy had it UP again
+
+
+async def rolling_restart(cluster: Cluster, load: SessionLoad, *, after_steps: int = 2) -> list[Restart]:
+    """Run `load` while every replica of `cluster` is restarted in turn (SIGTERM, wait for the
+    exit, start again, wait until HAProxy has it UP), beginning once every session has made
+    `after_steps` steps. If load.hold is set it is set when the restarts are done, so sessions
+    held at load.hold_at live across every restart. Returns the restarts; load.result holds
+    the sessions' outcome."""
+    started = asyncio.Event()
+    count = 0
+    threshold = load.sessions * after_steps
+
+    def progress(step: int) -> None:
+        nonlocal count
+        if step < after_steps:
+            count += 1
+            if count >= threshold:
+                started.set()
+
+    load.progress = progress
+    restarts: list[Restart] = []
+
+    async def restarter() -> None:
+        try:
+            waiter = asyncio.ensure_future(started.wait())
+            await asyncio.wait([waiter, runner], return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if not started.is_set():
+                return  # the load ended (failed) before every session began
+            for i in range(len(cluster.replicas)):
+                t0 = time.monotonic()
+                rc, exit_s, back_s = await asyncio.to_thread(cluster.restart, i)
+                restarts.append(Restart(cluster.replicas[i].name, rc, exit_s, back_s, t0, time.monotonic()))
+        finally:
+            if load.hold is not None:
+                load.hold.set()
+
+    runner = asyncio.ensure_future(load.run())
+    await asyncio.gather(restarter(), runner)
+    return restarts
