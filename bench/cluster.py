@@ -212,6 +212,7 @@ def render_haproxy_config(
     out: list[str] = []
     section = ""
     index = 0
+    servers: dict[str, int] = {}
     for line in text.splitlines():
         words = line.split()
         if line[:1].strip() and words:  # a section header starts at column 0
@@ -227,13 +228,15 @@ def render_haproxy_config(
                 continue
             r = replicas[index]
             index += 1
+            servers[section] = index
             grpc = section == "backend seqserve_grpc"
             params = " ".join(words[3:])
             params = re.sub(r"\bport \d+", f"port {r.http_port}", params)
             line = f"    server {r.name} 127.0.0.1:{r.grpc_port if grpc else r.http_port} {params}"
         out.append(line.rstrip())
-    if index < len(replicas) and section:
-        raise ClusterError(f"{HAPROXY_CFG} has fewer server lines than {len(replicas)} replicas")
+    short = {name for name in ("backend seqserve_http", "backend seqserve_grpc") if servers.get(name, 0) < len(replicas)}
+    if short:
+        raise ClusterError(f"{', '.join(sorted(short))}: fewer server lines than the {len(replicas)} replicas")
     return "\n".join(out) + "\n"
 
 

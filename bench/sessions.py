@@ -13,6 +13,7 @@ on. Two styles are mixed, the two ways a client names a sequence:
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -28,6 +29,35 @@ if TYPE_CHECKING:
     from bench.cluster import Cluster
 
 STYLES = ("triton", "session")
+
+# gRPC cannot be retried by HAProxy (errors travel in trailers), so gRPC clients retry
+# UNAVAILABLE themselves: gRPC's own retry policy, set once on the channel, as
+# docs/deployment.md shows. seqserve answers UNAVAILABLE only for requests it did not run
+# (draining, a sequence handed to the store), so a retry never applies a step twice.
+GRPC_SERVICE_CONFIG = {
+    "methodConfig": [
+        {
+            "name": [{"service": "inference.GRPCInferenceService"}],
+            "retryPolicy": {
+                "maxAttempts": 5,  # gRPC's ceiling
+                "initialBackoff": "0.2s",
+                "maxBackoff": "2s",
+                "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE"],
+            },
+        }
+    ]
+}
+
+
+def grpc_channel_args() -> list[tuple[str, object]]:
+    """tritonclient's default channel options plus the retry policy."""
+    return [
+        ("grpc.max_send_message_length", 2**31 - 1),
+        ("grpc.max_receive_message_length", 2**31 - 1),
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", json.dumps(GRPC_SERVICE_CONFIG)),
+    ]
 
 
 @dataclass
@@ -84,7 +114,7 @@ class SessionLoad:
         if self.protocol == "http":
             client = httpaio.InferenceServerClient(self.url, conn_limit=self.sessions + 4)
         else:
-            client = grpcaio.InferenceServerClient(self.url)
+            client = grpcaio.InferenceServerClient(self.url, channel_args=grpc_channel_args())
         try:
             await asyncio.gather(*(self._worker(client, w) for w in range(self.sessions)))
         finally:
