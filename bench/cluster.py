@@ -234,7 +234,9 @@ def render_haproxy_config(
             params = re.sub(r"\bport \d+", f"port {r.http_port}", params)
             line = f"    server {r.name} 127.0.0.1:{r.grpc_port if grpc else r.http_port} {params}"
         out.append(line.rstrip())
-    short = {name for name in ("backend seqserve_http", "backend seqserve_grpc") if servers.get(name, 0) < len(replicas)}
+    short = {
+        name for name in ("backend seqserve_http", "backend seqserve_grpc") if servers.get(name, 0) < len(replicas)
+    }
     if short:
         raise ClusterError(f"{', '.join(sorted(short))}: fewer server lines than the {len(replicas)} replicas")
     return "\n".join(out) + "\n"
