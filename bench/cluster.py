@@ -9,7 +9,6 @@ outlives the test or the bench run.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shutil
 import signal
@@ -19,7 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -364,6 +363,7 @@ class Cluster:
     haproxy: HAProxy | None = None
 
     def start(self) -> Cluster:
+        self.workdir.mkdir(parents=True, exist_ok=True)
         ports = free_ports(3 * self.n_replicas + 3)
         if self.state_store:
             self.redis = Redis(ports.pop(), self.workdir)
@@ -425,10 +425,3 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-@contextlib.contextmanager
-def cluster(workdir: Path, **kwargs: object) -> Iterator[Cluster]:
-    os.makedirs(workdir, exist_ok=True)
-    with Cluster(workdir, **kwargs) as c:  # type: ignore[arg-type]
-        yield c

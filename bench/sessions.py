@@ -70,6 +70,11 @@ class LoadResult:
     latencies_s: list[float] = field(default_factory=list)
     # (time.monotonic() when the reply came, latency) per step, for latency over time
     timeline: list[tuple[float, float]] = field(default_factory=list)
+    # time.monotonic() of each error and wrong answer
+    failure_times: list[float] = field(default_factory=list)
+
+    def failures(self, since: float = 0.0, until: float = float("inf")) -> int:
+        return sum(1 for t in self.failure_times if since <= t <= until)
 
     def percentile_ms(self, q: float, since: float = 0.0, until: float = float("inf")) -> float:
         lat = [lat for t, lat in self.timeline if since <= t <= until]
@@ -157,9 +162,11 @@ class SessionLoad:
             try:
                 reply = await client.infer(self.model, [inp], headers=headers, **kwargs)  # type: ignore[attr-defined]
             except InferenceServerException as e:
+                res.failure_times.append(time.monotonic())
                 res.errors.append(f"{sid} step {i}: {e.status()} {e.message()}")
                 return False
             except Exception as e:  # a transport failure is an error too, not a crash of the run
+                res.failure_times.append(time.monotonic())
                 res.errors.append(f"{sid} step {i}: {type(e).__name__}: {e}")
                 return False
             t1 = time.monotonic()
@@ -168,6 +175,7 @@ class SessionLoad:
             res.timeline.append((t1, t1 - t0))
             got = float(reply.as_numpy("OUTPUT")[0, 0])
             if got != total:
+                res.failure_times.append(t1)
                 res.wrong.append(f"{sid} ({style}) step {i}: got {got}, expected {total}")
                 return False
             if self.progress is not None:
@@ -188,12 +196,14 @@ class Restart:
     ended: float  # time.monotonic() when HAProxy had it UP again
 
 
-async def rolling_restart(cluster: Cluster, load: SessionLoad, *, after_steps: int = 2) -> list[Restart]:
+async def rolling_restart(
+    cluster: Cluster, load: SessionLoad, *, after_steps: int = 2, delay_s: float = 0.0, tail_s: float | None = None
+) -> list[Restart]:
     """Run `load` while every replica of `cluster` is restarted in turn (SIGTERM, wait for the
-    exit, start again, wait until HAProxy has it UP), beginning once every session has made
-    `after_steps` steps. If load.hold is set it is set when the restarts are done, so sessions
-    held at load.hold_at live across every restart. Returns the restarts; load.result holds
-    the sessions' outcome."""
+    exit, start again, wait until HAProxy has it UP), beginning `delay_s` after every session
+    has made `after_steps` steps. If load.hold is set it is set when the restarts are done, so
+    sessions held at load.hold_at live across every restart; with `tail_s`, the load stops that
+    long after the last restart. Returns the restarts; load.result holds the sessions' outcome."""
     started = asyncio.Event()
     count = 0
     threshold = load.sessions * after_steps
@@ -215,6 +225,7 @@ async def rolling_restart(cluster: Cluster, load: SessionLoad, *, after_steps: i
             waiter.cancel()
             if not started.is_set():
                 return  # the load ended (failed) before every session began
+            await asyncio.sleep(delay_s)
             for i in range(len(cluster.replicas)):
                 t0 = time.monotonic()
                 rc, exit_s, back_s = await asyncio.to_thread(cluster.restart, i)
@@ -222,6 +233,8 @@ async def rolling_restart(cluster: Cluster, load: SessionLoad, *, after_steps: i
         finally:
             if load.hold is not None:
                 load.hold.set()
+            if tail_s is not None:
+                load.deadline = time.monotonic() + tail_s
 
     runner = asyncio.ensure_future(load.run())
     await asyncio.gather(restarter(), runner)
