@@ -7,6 +7,8 @@
 // under the scheduler lock, reset/gather/scatter without it); the reaper reads slot_bytes().
 #pragma once
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "common.h"
@@ -16,6 +18,14 @@
 namespace seqserve {
 
 using Shapes = std::vector<std::vector<int64_t>>;
+
+// One implicit state's value for one sequence, in spec order: a view of bytes (BYTES states:
+// serialized) and the shape without the batch dim.
+struct StateValue {
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;
+  size_t nbytes = 0;
+};
 
 class StateStore {
  public:
@@ -43,6 +53,19 @@ class StateStore {
   size_t nbytes(size_t k) const { return nbytes_[k]; }
   const std::vector<int64_t>& shape(size_t k) const { return shapes_[k]; }
 
+  // Checkpoints (checkpoint.cc), under the scheduler lock, for a slot no running batch of this
+  // instance reads or writes as a real row. check: why `values` do not fit the specs ("" when
+  // they do). read: the slot's state (a staged value when one waits) to `sink`. write: the
+  // slot holds `values` now (the instance is not executing); stage: it will, once the batch
+  // this instance runs now is done (apply_staged(), from batch_done_locked): the batch may read
+  // the slot as a padding row, or write it as the END row of the slot's previous sequence.
+  std::string check(const std::vector<StateValue>& values) const;
+  void read(int slot, const std::function<void(size_t, const std::vector<int64_t>&, const uint8_t*, size_t)>& sink) const;
+  void write(int slot, const std::vector<StateValue>& values);
+  void stage(int slot, const std::vector<StateValue>& values);
+  void apply_staged();
+  void discard_staged(int slot);
+
  private:
   struct SlotState {
     bool ready = false;  // has had a state created at least once
@@ -60,6 +83,12 @@ class StateStore {
   std::vector<uint8_t> gathered_;  // per state: the batch reads gather_, not store_
   Shapes shapes_;                  // per state, the batch shape presented
   std::vector<size_t> nbytes_;
+  struct Staged {
+    int slot = -1;
+    Shapes shapes;
+    std::vector<std::string> data;
+  };
+  std::vector<Staged> staged_;  // restores waiting for the running batch to finish
 };
 
 }  // namespace seqserve

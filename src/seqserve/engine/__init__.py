@@ -8,6 +8,13 @@ What the front-ends (``seqserve.api``) use comes from here and from ``seqserve.e
 from __future__ import annotations
 
 from seqserve.engine.batch import ExecuteBatch, RaggedInput
+from seqserve.engine.checkpoint import (
+    CheckpointError,
+    CheckpointUnsupportedError,
+    SequenceBusyError,
+    SequenceCheckpoint,
+    SequenceReleasedError,
+)
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
 from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
@@ -42,6 +49,8 @@ __all__ = [
     "SERVER_EXITING",
     "SERVER_NOT_READY",
     "SERVER_STOPPING",
+    "CheckpointError",
+    "CheckpointUnsupportedError",
     "Code",
     "DecoupledModelError",
     "EndedSequence",
@@ -55,9 +64,12 @@ __all__ = [
     "OrderedRelease",
     "RaggedInput",
     "ResponseCallback",
+    "SequenceBusyError",
+    "SequenceCheckpoint",
     "SequenceId",
     "SequenceInfo",
     "SequenceList",
+    "SequenceReleasedError",
     "SequenceScope",
     "Server",
     "SessionGoneError",
