@@ -70,6 +70,23 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> int:
     return proc.wait(5)
 
 
+def demo_repo_with_instances(dst: Path, instances: int) -> Path:
+    """A copy of the demo repository at `dst` whose `accumulator` has `instances` instances
+    (max_batch_size 8 sequence slots each; the bundled one has 2, 16 slots).
+
+    Why: a replica must have free slots for the sessions a draining peer hands it. With 24
+    sessions on three replicas, consistent hashing puts uneven shares on each, and while one
+    replica is down one of the other two can get more than 16; a restore that finds no free slot
+    is refused (503 / UNAVAILABLE) rather than waiting for one (docs/deployment.md, capacity)."""
+    shutil.copytree(DEMO_REPO, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    config = dst / "accumulator" / "config.pbtxt"
+    text, n = re.subn(r"instance_group \[ \{ count: \d+", f"instance_group [ {{ count: {instances}", config.read_text())
+    if n != 1:
+        raise ClusterError(f"{config}: no instance_group count to change")
+    config.write_text(text)
+    return dst
+
+
 # ------------------------------------------------------------------------------- replicas
 
 

@@ -13,6 +13,7 @@ on. Two styles are mixed, the two ways a client names a sequence:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -70,6 +71,8 @@ class LoadResult:
     latencies_s: list[float] = field(default_factory=list)
     # (time.monotonic() when the reply came, latency) per step, for latency over time
     timeline: list[tuple[float, float]] = field(default_factory=list)
+    # time.monotonic() when each completed session had its last reply
+    completion_times: list[float] = field(default_factory=list)
     # time.monotonic() of each error and wrong answer
     failure_times: list[float] = field(default_factory=list)
 
@@ -97,8 +100,10 @@ class SessionLoad:
     """`sessions` concurrent workers, each running sessions of `steps` steps back to back
     until `rounds` sessions each are done or `deadline` (time.monotonic()) has passed.
 
-    `pace_s` sleeps between a session's steps; `hold_at`/`hold` make every session wait at that
-    step until the event is set (the test holds its sessions open across the restarts);
+    `pace_s` sleeps between a session's steps; `hold_at`/`hold` slow every session down from
+    that step on until the event is set: each step waits for it up to `hold_step_s` (below the
+    model's idle timeout, so that a held session does not expire). The test keeps its sessions
+    open across the restarts this way;
     `progress(step)` is called after every verified step."""
 
     url: str
@@ -111,6 +116,7 @@ class SessionLoad:
     deadline: float = float("inf")
     hold_at: int | None = None
     hold: asyncio.Event | None = None
+    hold_step_s: float = 2.0
     progress: Callable[[int], None] | None = None
     stop_on_error: bool = True
     result: LoadResult = field(default_factory=LoadResult)
@@ -140,8 +146,9 @@ class SessionLoad:
         res.sessions_started += 1
         total = 0.0
         for i in range(self.steps):
-            if self.hold is not None and i == self.hold_at:
-                await self.hold.wait()
+            if self.hold is not None and self.hold_at is not None and i >= self.hold_at and not self.hold.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.hold.wait(), self.hold_step_s)
             if time.monotonic() >= self.deadline:
                 return False
             last = i == self.steps - 1
@@ -183,6 +190,7 @@ class SessionLoad:
             if self.pace_s and not last:
                 await asyncio.sleep(self.pace_s)
         res.sessions_completed += 1
+        res.completion_times.append(time.monotonic())
         return True
 
 
