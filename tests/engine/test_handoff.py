@@ -204,3 +204,20 @@ async def test_unknown_ended_and_lost_sequences(replica: Replica) -> None:
     assert ei.value.code is Code.INVALID_ARG
     with pytest.raises(SessionGoneError, match="was lost"):
         await step(b, "dies", 1.0, session=True)
+
+
+async def test_a_restart_under_the_same_replica_id_does_not_start_afresh(replica: Replica) -> None:
+    """A replica killed and restarted under its old name (a StatefulSet pod) finds its earlier
+    process's live entries: their state is gone, and the step is told so."""
+    old = await replica("pod-0")
+    await step(old, "kept-name", 5.0, session=True)
+    await step(old, 61, 5.0, start=True)
+    await settle(old)
+    new = await replica("pod-0")  # the same id, a new process (the old one never handed off)
+    with pytest.raises(SessionGoneError, match="replica 'pod-0' restarted without handing it off"):
+        await step(new, "kept-name", 1.0, session=True)
+    with pytest.raises(InferenceError, match="was lost"):
+        await step(new, 61, 1.0)
+    await settle(new)
+    with pytest.raises(SessionGoneError):  # and stays refused (a tombstone), never a fresh 1.0
+        await step(new, "kept-name", 1.0, session=True)

@@ -130,15 +130,17 @@ async def test_dead_owner_can_be_claimed(stores: Factory) -> None:
 async def test_register_is_batched_and_entries_expire(stores: Factory) -> None:
     a = await stores("A")
     keys = [(SequenceKey("m", 2, i), False) for i in range(1, 51)]
-    tokens = await a.register(keys, 0.3)
-    assert tokens == [1] * 50
-    assert all(await a.refresh([(keys[0][0], 1)], 30))
-    await asyncio.sleep(0.6)
-    assert await a.get(keys[1][0]) is None  # expired
-    assert await a.get(keys[0][0]) is not None  # refreshed
+    assert await a.register(keys, 30) == [1] * 50
+    assert [e is not None and e.owner == "A" for e in [await a.get(k) for k, _ in keys]] == [True] * 50
+    short, kept = SequenceKey("m", 3, 1), SequenceKey("m", 3, 2)
+    assert await a.register([(short, False), (kept, False)], 0.5) == [1, 1]
+    assert await a.refresh([(kept, 1)], 30) == [True]
+    await asyncio.sleep(0.8)
+    assert await a.get(short) is None  # expired
+    assert await a.get(kept) is not None  # refreshed
     # ended without a tombstone: gone
-    assert await a.end([(keys[0][0], 1)], 0) == [True]
-    assert await a.get(keys[0][0]) is None
+    assert await a.end([(kept, 1)], 0) == [True]
+    assert await a.get(kept) is None
 
 
 async def test_handover_request_reaches_owner(stores: Factory) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import queue
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.integration._util import new_int_id, new_str_id
@@ -160,7 +162,8 @@ def test_draining_replica_answers_503_with_retry_after(launch: Launch, store_url
         time.sleep(0.05)
     assert status == 503, (status, body)
     assert int(headers["retry-after"]) >= 1
-    assert "leaving this replica" in body["error"]
+    # refused before the core while its sequences leave, then as a stopped model: a retry either way
+    assert "leaving this replica" in body["error"] or "Server is stopping" in body["error"], body
     assert infer(b, 1, session=s) == 6  # where the balancer retries it
     assert a.wait() == 0, a.log()
 
@@ -176,3 +179,53 @@ def test_two_replicas_race_for_one_released_sequence(launch: Launch, store_url: 
         got = sorted(pool.map(lambda srv_x: infer(srv_x[0], srv_x[1], session=s), [(b, 10.0), (c, 100.0)]))
     # both steps ran, once each, one after the other on whoever held the sequence then
     assert got in ([11.0, 111.0], [101.0, 111.0]), got
+
+
+def grpc_step(
+    client: grpcclient.InferenceServerClient, x: float, *, session: str | None = None, sequence_id: int = 0
+) -> float:
+    inp = grpcclient.InferInput("INPUT", [1, 1], "FP32")
+    inp.set_data_from_numpy(np.array([[x]], np.float32))
+    headers = {"inference-session-id": session} if session else None
+    result = client.infer("accumulator", [inp], headers=headers, sequence_id=sequence_id)
+    return float(result.as_numpy("OUTPUT").reshape(-1)[0])
+
+
+def stream_steps(srv: ServerProcess, sequence_id: int, xs: list[float], *, start: bool) -> list[float]:
+    """Steps of one sequence on one gRPC stream (ModelStreamInfer), sent back to back."""
+    results: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put(error or result))
+    try:
+        for n, x in enumerate(xs):
+            inp = grpcclient.InferInput("INPUT", [1, 1], "FP32")
+            inp.set_data_from_numpy(np.array([[x]], np.float32))
+            client.async_stream_infer("accumulator", [inp], sequence_id=sequence_id, sequence_start=start and n == 0)
+        out = []
+        for _ in xs:
+            got = results.get(timeout=20)
+            if isinstance(got, Exception):
+                raise got
+            out.append(float(got.as_numpy("OUTPUT").reshape(-1)[0]))
+        return out
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_grpc_sessions_and_streams_move(launch: Launch, store_url: str) -> None:
+    a = replica(launch, store_url, "A")
+    b = replica(launch, store_url, "B")
+    s, i = new_str_id(), new_int_id()
+    ca = grpcclient.InferenceServerClient(a.grpc_url)
+    assert grpc_step(ca, 1, session=s) == 1
+    assert grpc_step(ca, 2, session=s) == 3
+    ca.close()
+    assert stream_steps(a, i, [1, 2, 3], start=True) == [1, 3, 6]
+    assert a.stop() == 0, a.log()
+    cb = grpcclient.InferenceServerClient(b.grpc_url)
+    assert grpc_step(cb, 3, session=s) == 6
+    cb.close()
+    # a stream to B continues the sequence: its first step waits for the store, the ones behind it
+    # queue in order
+    assert stream_steps(b, i, [4, 5, 6], start=False) == [10, 15, 21]

@@ -30,8 +30,10 @@ from seqserve.engine import (
     ModelControlMode,
     Server,
     SessionPolicy,
+    default_replica_id,
+    open_store,
+    redact_url,
 )
-from seqserve.engine.statestore.base import redact
 
 log = logging.getLogger("seqserve")
 
@@ -147,7 +149,7 @@ async def serve(opts: ServeOptions) -> int:
         try:
             await _enable_state_store(server, opts)
         except Exception as e:
-            log.error("cannot use the state store %s: %s", redact(opts.state_store), e)
+            log.error("cannot use the state store %s: %s", redact_url(opts.state_store), e)
             await server.shutdown(timeout_s=0)
             return 1
 
@@ -231,13 +233,10 @@ async def serve(opts: ServeOptions) -> int:
 
 
 async def _enable_state_store(server: Server, opts: ServeOptions) -> None:
-    from seqserve.engine.handoff import default_replica_id
-    from seqserve.engine.statestore import open_store
-
     assert opts.state_store
     store = open_store(opts.state_store, opts.replica_id or default_replica_id())
     await server.enable_state_store(store, spill_idle_s=opts.spill_idle_s, handover_timeout_s=opts.handover_timeout_s)
-    log.info("state store %s: this replica is '%s'", redact(opts.state_store), store.replica_id)
+    log.info("state store %s: this replica is '%s'", redact_url(opts.state_store), store.replica_id)
 
 
 class Shutdown:

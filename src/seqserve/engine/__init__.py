@@ -40,6 +40,7 @@ from seqserve.engine.sessions import (
     SessionPolicy,
     parse_sequence_id,
 )
+from seqserve.engine.statestore import StateStore, default_replica_id, open_store, redact_url
 
 __all__ = [
     "DEFAULT_MAX_BACKLOG_SEQUENCES",
@@ -74,6 +75,10 @@ __all__ = [
     "Server",
     "SessionGoneError",
     "SessionPolicy",
+    "StateStore",
+    "default_replica_id",
+    "open_store",
     "parse_sequence_id",
+    "redact_url",
     "startup_models",
 ]

@@ -14,9 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import secrets
-import socket
 import time
 from typing import TYPE_CHECKING
 
@@ -37,11 +34,6 @@ DEFAULT_MARGIN_S = 30.0
 _BUSY_RETRY_S = 0.01
 #: sequences checkpointed per round of the spill task, so that one round never holds the loop long
 _SPILL_BATCH = 256
-
-
-def default_replica_id() -> str:
-    """hostname-pid-random: unique per process, readable in logs and in the store."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 class Handoff(HandoffArrivals):
@@ -140,6 +132,9 @@ class Handoff(HandoffArrivals):
             found = self._stateful[k] = bool(m.config.sequence_batching.state)
         return found
 
+    def _stateful_models(self) -> list[LoadedModel]:
+        return [m for s in self.server._models.values() for m in s.versions.values() if self.is_stateful(m)]
+
     def ttl_s(self, m: LoadedModel) -> float:
         """How long an entry lives unrefreshed: the model's idle timeout and the margin."""
         idle_us = m.config.sequence_batching.max_sequence_idle_microseconds or 1_000_000
@@ -162,14 +157,18 @@ class Handoff(HandoffArrivals):
         self._wake.set()
 
     async def _flusher(self) -> None:
+        backoff = 0.0
         while True:
             await self._wake.wait()
             self._wake.clear()
             try:
                 await self._flush()
+                backoff = 0.0
             except StoreError as e:
-                log.warning("state store: %s", e)
-                await asyncio.sleep(0.5)
+                backoff = min(max(backoff * 2, 0.25), 5.0)
+                log.warning("state store: %s (trying again in %g s)", e, backoff)
+                await asyncio.sleep(backoff)
+                self._wake.set()
 
     async def _flush(self) -> None:
         """Send the queued registrations, then the ends, each batch in one round trip."""
@@ -181,8 +180,14 @@ class Handoff(HandoffArrivals):
                 by_ttl: dict[float, list[tuple[SequenceKey, bool]]] = {}
                 for k, session in reg.items():
                     by_ttl.setdefault(ttls[k], []).append((k, session))
-                for ttl, items in by_ttl.items():
-                    tokens = await self.store.register(items, ttl)
+                for ttl, items in list(by_ttl.items()):
+                    try:
+                        tokens = await self.store.register(items, ttl)
+                    except StoreError:
+                        for k, session in (kv for group in by_ttl.values() for kv in group):
+                            self._to_register.setdefault(k, session)  # next time, unless ended meanwhile
+                        raise
+                    del by_ttl[ttl]
                     for (k, _), t in zip(items, tokens, strict=True):
                         self._owned[k] = t
             ended = {k: s for k, s in self._to_end.items() if k in self._owned}
@@ -221,7 +226,7 @@ class Handoff(HandoffArrivals):
     async def _beat(self) -> None:
         """The heartbeat; every few beats, push back the expiry of the entries of sequences
         still live here and end those the engine ended by itself (idle expiry)."""
-        interval = max(self.store.heartbeat_ttl_s / 3, 0.05)
+        interval = min(max(self.store.heartbeat_ttl_s / 3, 0.05), 1.0)
         refresh_every = max(1, int(self.margin_s / 3 / interval))
         n = 0
         while True:
@@ -235,10 +240,10 @@ class Handoff(HandoffArrivals):
             await asyncio.sleep(interval)
 
     async def _refresh(self) -> None:
-        live = {SequenceKey(m, v, s) for m, v, s, _ in self.server.live_sequences()}
         by_ttl: dict[float, list[tuple[SequenceKey, int]]] = {}
         for k, t in list(self._owned.items()):
-            if k in live:
+            m = self._model(k)
+            if m is not None and m.sequence_slot(k.sequence_id) is not None:  # a slot, or the backlog
                 by_ttl.setdefault(self._entry_ttl(k), []).append((k, t))
             elif k not in self._releasing and k not in self._busy and k not in self._to_end:
                 self._to_end[k] = True  # expired here: a tombstone, as the engine keeps one
@@ -322,19 +327,17 @@ class Handoff(HandoffArrivals):
         its running step; those of models that keep their own state finish here."""
         moved = 0
         while time.monotonic() < deadline:
-            pending = 0
             for name, version, sid, _idle in self.server.live_sequences():
                 key = SequenceKey(name, version, sid)
                 m = self._model(key)
                 if m is None or not self.is_stateful(m) or key in self._releasing:
                     continue
                 ckpt = await self._checkpoint(m, key, time.monotonic())  # one try: others meanwhile
-                if ckpt is None:
-                    pending += 1
-                else:
+                if ckpt is not None:
                     self.release_later(m, key, ckpt)
                     moved += 1
-            if not pending:
+            # sequences still running a step, or waiting in the backlog for a slot the handoffs free
+            if not any(m.inflight_sequences for m in self._stateful_models()):
                 break
             await asyncio.sleep(0.005)
         if self._releasing:

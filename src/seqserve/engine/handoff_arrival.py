@@ -61,6 +61,7 @@ class HandoffArrivals:
         draining: bool
         handover_timeout_s: float
         _owned: dict[SequenceKey, int]
+        _to_register: dict[SequenceKey, bool]
         _busy: dict[SequenceKey, Any]
         _leaving: set[SequenceKey]
         _releasing: dict[SequenceKey, asyncio.Future[None]]
@@ -105,9 +106,9 @@ class HandoffArrivals:
             return m.submit_streaming(request, on_response, response_parameters=response_parameters)
 
         if not self._needs_store(m, request):
-            cancel = submit()
+            cancel_now = submit()
             self._after(m, request)
-            return cancel
+            return cancel_now
         inner: list[Callable[[], None]] = []
         cancelled = False
 
@@ -147,8 +148,8 @@ class HandoffArrivals:
         consulted first; raises for a step this replica must refuse (its sequence is leaving)."""
         if not self.is_stateful(m):
             return False  # models that keep their own state: their sequences never move
-        if request.sequence_start:
-            return False  # a START begins the id afresh, here
+        if request.sequence_start or not request.sequence_id:
+            return False  # a START begins the id afresh, here; no id: the core's error
         if self.draining:
             raise self.refuse_leaving(m, request.sequence_id)
         if self._busy or self._leaving or self._releasing:
@@ -212,10 +213,18 @@ class HandoffArrivals:
                         raise SessionGoneError(f"session '{sid}' was ended; start a new session with a new id")
                     return self._unknown(m, key, request, submit)
                 if entry.owner == self.replica_id:
-                    # This replica's, yet not live here: the engine ended it (idle expiry); the
-                    # core answers the step as it would have without a store.
+                    if key in self._owned or key in self._to_register:
+                        # This process's, yet not live here: the engine ended it (idle expiry,
+                        # the sequence API); the core answers as it would without a store.
+                        self.ended(key, entry.session)
+                        return self._unknown(m, key, request, submit)
+                    # An earlier process under this replica id (a restart that kept its name,
+                    # a StatefulSet pod's): its state died with that process.
+                    [self._owned[key]] = await self.store.register([(key, entry.session)], ttl)
                     self.ended(key, entry.session)
-                    return self._unknown(m, key, request, submit)
+                    raise _lost(
+                        m, sid, request.session, f"replica '{self.replica_id}' restarted without handing it off"
+                    )
                 if entry.owner != asked:  # live under another replica: ask it to let go
                     await self.store.request_handover(entry.owner, key)
                     asked = entry.owner
@@ -265,9 +274,9 @@ class HandoffArrivals:
             self.ended(key, request.session)
             raise _lost(m, sid, request.session, f"its checkpoint is unusable ({e})") from None
         try:
-            self.server.restore_sequence(ckpt)
+            await self._restore_when_free(ckpt)
         except InferenceError as e:
-            # No free slot here (or another refusal): put it back for whoever can take it.
+            # No free slot here in time (or another refusal): put it back for whoever can take it.
             self._owned.pop(key, None)
             try:
                 await self.store.release(key, claim.token, claim.data, self.ttl_s(m))
@@ -279,6 +288,21 @@ class HandoffArrivals:
                 retry_after_s=e.retry_after_s or RETRY_AFTER_S,
             ) from None
         return self._submit(m, request, submit)
+
+    async def _restore_when_free(self, ckpt: SequenceCheckpoint) -> None:
+        """Restore into a free slot; while none is free (UNAVAILABLE), wait for one up to the
+        handover timeout: finished sequences and the idle spill free slots."""
+        deadline = time.monotonic() + self.handover_timeout_s
+        pause = 0.005
+        while True:
+            try:
+                self.server.restore_sequence(ckpt)
+                return
+            except InferenceError as e:
+                if e.code is not Code.UNAVAILABLE or time.monotonic() + pause > deadline or self.draining:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _HANDOVER_POLL_S)
 
 
 def _lost(m: LoadedModel, sid: SequenceId, session: bool, why: str) -> InferenceError:

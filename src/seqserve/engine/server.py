@@ -266,8 +266,10 @@ class Server(RepositoryControl, Drain, KeywordAPI, CheckpointAPI):
         begun, a model that is not (or no longer) loaded is UNAVAILABLE (SERVER_STOPPING)."""
         state = self._models.get(name)
         if state is None or not state.versions:
-            if self._exiting:
-                raise InferenceError(Code.UNAVAILABLE, SERVER_STOPPING)
+            if self._exiting:  # with a state store, its sequences went on elsewhere: worth a retry there
+                raise InferenceError(
+                    Code.UNAVAILABLE, SERVER_STOPPING, retry_after_s=None if self._handoff is None else 1.0
+                )
             raise InferenceError(Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
         if version in ("", None, -1, "-1"):
             return state.versions[max(state.versions)]

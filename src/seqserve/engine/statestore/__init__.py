@@ -8,8 +8,9 @@ from seqserve.engine.statestore.base import (
     StateStore,
     Status,
     StoreError,
+    default_replica_id,
     open_store,
-    redact,
+    redact_url,
 )
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "StateStore",
     "Status",
     "StoreError",
+    "default_replica_id",
     "open_store",
-    "redact",
+    "redact_url",
 ]

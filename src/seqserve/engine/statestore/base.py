@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import abc
 import enum
+import os
+import secrets
+import socket
 import urllib.parse
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -93,7 +96,7 @@ HandoverHandler = Callable[[SequenceKey, str], Coroutine[Any, Any, None]]
 class StateStore(abc.ABC):
     """An async state store; one client per replica (``replica_id``)."""
 
-    def __init__(self, replica_id: str, *, heartbeat_ttl_s: float = 3.0) -> None:
+    def __init__(self, replica_id: str, *, heartbeat_ttl_s: float = 10.0) -> None:
         self.replica_id = replica_id
         self.heartbeat_ttl_s = heartbeat_ttl_s
 
@@ -148,7 +151,12 @@ class StateStore(abc.ABC):
         """Ask ``owner`` to checkpoint and release ``key`` between two steps."""
 
 
-def redact(url: str) -> str:
+def default_replica_id() -> str:
+    """hostname-pid-random: unique per process, readable in logs and in the store."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def redact_url(url: str) -> str:
     """The URL without its user name and password, for logs and error messages."""
     parts = urllib.parse.urlsplit(url)
     if "@" not in parts.netloc:
@@ -156,7 +164,7 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
 
 
-def open_store(url: str, replica_id: str, *, heartbeat_ttl_s: float = 3.0) -> StateStore:
+def open_store(url: str, replica_id: str, *, heartbeat_ttl_s: float = 10.0) -> StateStore:
     """A store from its URL: ``redis://host:port/db`` (also ``rediss://``, ``unix://``) or
     ``dir:///path``. Raises ValueError for anything else."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""

@@ -64,7 +64,7 @@ class DirStore(StateStore):
     """See the module's docstring."""
 
     def __init__(
-        self, root: str | Path, replica_id: str, *, heartbeat_ttl_s: float = 3.0, poll_s: float = 0.05
+        self, root: str | Path, replica_id: str, *, heartbeat_ttl_s: float = 10.0, poll_s: float = 0.05
     ) -> None:
         super().__init__(replica_id, heartbeat_ttl_s=heartbeat_ttl_s)
         self.root = Path(root)

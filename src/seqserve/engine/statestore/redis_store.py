@@ -29,7 +29,7 @@ from seqserve.engine.statestore.base import (
     StateStore,
     Status,
     StoreError,
-    redact,
+    redact_url,
 )
 
 log = logging.getLogger("seqserve.statestore")
@@ -99,7 +99,7 @@ def _text(v: Any) -> str:
 class RedisStore(StateStore):
     """See the module's docstring."""
 
-    def __init__(self, url: str, replica_id: str, *, heartbeat_ttl_s: float = 3.0, prefix: str = "seqserve:") -> None:
+    def __init__(self, url: str, replica_id: str, *, heartbeat_ttl_s: float = 10.0, prefix: str = "seqserve:") -> None:
         super().__init__(replica_id, heartbeat_ttl_s=heartbeat_ttl_s)
         try:
             import redis.asyncio as aioredis
@@ -108,7 +108,7 @@ class RedisStore(StateStore):
                 "the redis:// state store needs redis-py: pip install 'seqserve[redis]' (or pip install redis)"
             ) from None
         self._redis_errors: tuple[type[BaseException], ...] = (aioredis.RedisError, OSError)
-        self.url = redact(url)  # for messages: never the password
+        self.url = redact_url(url)  # for messages: never the password
         self.prefix = prefix
         # bounded waits: a store that hangs must not hang the requests that consult it
         self._r = aioredis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
