@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.cluster import Cluster, missing_tools
+from bench.cluster import Cluster, demo_repo_with_instances, missing_tools
 from bench.sessions import LoadResult, SessionLoad, rolling_restart
 
 
@@ -46,7 +46,7 @@ def _row(label: str, res: LoadResult, since: float, until: float) -> str:
 
 
 def steady(workdir: Path, n: int, args: argparse.Namespace, direct: bool = False) -> str:
-    with Cluster(workdir, n_replicas=n, state_store=not args.no_store) as cluster:
+    with Cluster(workdir, n_replicas=n, repo=args.repo, state_store=not args.no_store) as cluster:
         assert cluster.haproxy is not None
         if direct:
             r = cluster.replicas[0]
@@ -62,7 +62,7 @@ def steady(workdir: Path, n: int, args: argparse.Namespace, direct: bool = False
 
 
 def restart(workdir: Path, args: argparse.Namespace) -> list[str]:
-    with Cluster(workdir, n_replicas=3, state_store=not args.no_store) as cluster:
+    with Cluster(workdir, n_replicas=3, repo=args.repo, state_store=not args.no_store) as cluster:
         assert cluster.haproxy is not None
         url = cluster.haproxy.http_url if args.protocol == "http" else cluster.haproxy.grpc_url
         before = cluster.haproxy.counters()
@@ -112,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=10.0, help="measured seconds per replica count")
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    ap.add_argument(
+        "--instances",
+        type=int,
+        default=4,
+        help="accumulator instances per replica, 8 slots each (default 4, as tests/integration/test_scaleout.py: "
+        "room for a drained peer's sessions)",
+    )
     ap.add_argument("--restart-pace", type=float, default=0.05, help="seconds between a session's steps")
     ap.add_argument("--no-restart", action="store_true", help="skip the rolling restart")
     ap.add_argument("--no-store", action="store_true", help="replicas without --state-store (sessions are lost)")
@@ -127,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         f"# python -m bench.scaleout_bench {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip(),
         f"# {platform.platform()}, Python {platform.python_version()}, {cpus} CPUs shared by every replica, "
         f"HAProxy, Redis and the load generator; load average {load1:.2f} at the start",
-        f"# {args.protocol}, {args.sessions} sessions of {args.steps} steps (accumulator, every reply verified), "
+        f"# {args.protocol}, {args.sessions} sessions of {args.steps} steps (accumulator with {args.instances} "
+        f"instances, {8 * args.instances} slots per replica; every reply verified), "
         f"state store: {'none' if args.no_store else 'redis'}",
         "",
         f"{'':<22} {'steps/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'failed':>8}",
@@ -139,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
 
     with tempfile.TemporaryDirectory(prefix="scaleout-bench-") as tmp:
+        args.repo = demo_repo_with_instances(Path(tmp) / "models", args.instances)
         if 1 in counts:
             emit(steady(Path(tmp) / "direct", 1, args, direct=True))
         for n in counts:

@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http.aio as httpaio
@@ -51,6 +53,17 @@ GRPC_SERVICE_CONFIG = {
 }
 
 
+# In-stream errors (ModelStreamInferResponse.error_message) carry no status code, only a message.
+# These are the replies of a replica for a step it did not run because the step belongs
+# elsewhere: it is draining, or the sequence is moving (state store); the client reopens its
+# stream through the balancer and sends the step again.
+STREAM_NOT_RUN = re.compile(r"^Server is stopping|is leaving this replica|; retry( later)?$")
+
+
+def stream_step_not_run(message: str) -> bool:
+    return bool(STREAM_NOT_RUN.search(message))
+
+
 def grpc_channel_args() -> list[tuple[str, object]]:
     """tritonclient's default channel options plus the retry policy."""
     return [
@@ -73,6 +86,8 @@ class LoadResult:
     timeline: list[tuple[float, float]] = field(default_factory=list)
     # time.monotonic() when each completed session had its last reply
     completion_times: list[float] = field(default_factory=list)
+    # streams reopened because their replica did not run a step (drain, moving sequence)
+    stream_reopens: int = 0
     # time.monotonic() of each error and wrong answer
     failure_times: list[float] = field(default_factory=list)
 
@@ -123,7 +138,7 @@ class SessionLoad:
 
     async def run(self) -> LoadResult:
         if self.protocol == "http":
-            client = httpaio.InferenceServerClient(self.url, conn_limit=self.sessions + 4)
+            client: Any = httpaio.InferenceServerClient(self.url, conn_limit=self.sessions + 4)
         else:
             client = grpcaio.InferenceServerClient(self.url, channel_args=grpc_channel_args())
         try:
@@ -132,16 +147,24 @@ class SessionLoad:
             await client.close()
         return self.result
 
-    async def _worker(self, client: httpaio.InferenceServerClient | grpcaio.InferenceServerClient, w: int) -> None:
+    async def _worker(self, client: Any, w: int) -> None:
         for rnd in range(self.rounds):
             if time.monotonic() >= self.deadline:
                 return
-            style = STYLES[w % 2]
-            ok = await self._session(client, w, style, f"s{w}-{rnd}-{uuid.uuid4().hex[:8]}")
+            # a stream names its sequences with sequence_id (its metadata only routes it)
+            style = "triton" if self.protocol == "stream" else STYLES[w % 2]
+            sid = f"s{w}-{rnd}-{uuid.uuid4().hex[:8]}"
+            stream = _Stream(client, sid, self.model) if self.protocol == "stream" else None
+            try:
+                ok = await self._session(client, stream, w, style, sid)
+            finally:
+                if stream is not None:
+                    self.result.stream_reopens += stream.reopens
+                    stream.close()
             if not ok and self.stop_on_error:
                 return
 
-    async def _session(self, client: object, w: int, style: str, sid: str) -> bool:
+    async def _session(self, client: Any, stream: _Stream | None, w: int, style: str, sid: str) -> bool:
         res = self.result
         res.sessions_started += 1
         total = 0.0
@@ -160,14 +183,17 @@ class SessionLoad:
                 kwargs = {"sequence_id": sid, "sequence_start": i == 0, "sequence_end": last}
             elif last:
                 headers["Inference-Session-End"] = "true"
-            if self.protocol == "grpc":  # gRPC metadata keys are lower case
+            if self.protocol != "http":  # gRPC metadata keys are lower case
                 headers = {k.lower(): v for k, v in headers.items()}
             mod = httpaio if self.protocol == "http" else grpcaio
             inp = mod.InferInput("INPUT", [1, 1], "FP32")
             inp.set_data_from_numpy(np.array([[x]], dtype=np.float32))
             t0 = time.monotonic()
             try:
-                reply = await client.infer(self.model, [inp], headers=headers, **kwargs)  # type: ignore[attr-defined]
+                if stream is not None:
+                    reply = await stream.step([inp], **kwargs)
+                else:
+                    reply = await client.infer(self.model, [inp], headers=headers, **kwargs)
             except InferenceServerException as e:
                 res.failure_times.append(time.monotonic())
                 res.errors.append(f"{sid} step {i}: {e.status()} {e.message()}")
@@ -192,6 +218,59 @@ class SessionLoad:
         res.sessions_completed += 1
         res.completion_times.append(time.monotonic())
         return True
+
+
+class _Stream:
+    """One session's ModelStreamInfer through the balancer (routed by its `inference-session-id`
+    metadata), one step at a time, reopened when its replica did not run a step: the stream
+    ended with UNAVAILABLE, or a reply said so (stream_step_not_run). The step is then sent
+    again on a new stream, which the balancer opens on a ready replica."""
+
+    def __init__(self, client: grpcaio.InferenceServerClient, sid: str, model: str, max_reopens: int = 20) -> None:
+        self.client, self.sid, self.model, self.max_reopens = client, sid, model, max_reopens
+        self.reopens = 0
+        self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.responses: Any = None
+
+    def _open(self) -> None:
+        queue = self.queue = asyncio.Queue()
+
+        async def requests() -> Any:
+            while (item := await queue.get()) is not None:
+                yield item
+
+        self.responses = self.client.stream_infer(requests(), headers={"inference-session-id": self.sid})
+
+    async def step(self, inputs: list[Any], **kwargs: Any) -> Any:
+        while True:
+            if self.responses is None:
+                self._open()
+            await self.queue.put({"model_name": self.model, "inputs": inputs, **kwargs})
+            try:
+                result, error = await self.responses.__anext__()
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise InferenceServerException(msg=e.details(), status=str(e.code())) from None
+                why = f"stream ended: {e.code()} {e.details()}"
+            except StopAsyncIteration:
+                why = "stream ended without a reply"
+            else:
+                if error is None:
+                    return result
+                if not stream_step_not_run(error.message() or ""):
+                    raise error
+                why = error.message()
+            if self.reopens == self.max_reopens:
+                raise InferenceServerException(msg=f"gave up after {self.reopens} reopened streams: {why}")
+            self.close()
+            await asyncio.sleep(min(0.05 * 2**self.reopens, 1.0))  # the balancer needs ~1 s to notice
+            self.reopens += 1
+
+    def close(self) -> None:
+        if self.responses is not None:
+            self.queue.put_nowait(None)
+            self.responses.cancel()
+            self.responses = None
 
 
 @dataclass

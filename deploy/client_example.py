@@ -11,9 +11,10 @@ What the balancer needs from a client: the session id on every request, as the
 step of a session reaches the replica that holds its state. What a client does on a drain:
 - HTTP: nothing; HAProxy retries a 503 on another replica, which restores the sequence.
 - gRPC calls: retry UNAVAILABLE; gRPC's retry policy on the channel does it (below).
-- gRPC streams: a stream lives on one replica; when that replica drains, it ends the stream with
-  UNAVAILABLE. Reopen the stream (through HAProxy, which picks a ready replica) and send the
-  step again: the sequence continues from the state store.
+- gRPC streams: a stream lives on one replica. When that replica drains, the stream's steps
+  are refused without running (in-stream error replies, which carry only a message; or the
+  stream ends with UNAVAILABLE). Reopen the stream (through HAProxy, which picks a ready
+  replica) and send the step again: the sequence continues from the state store.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import queue
+import re
+import time
 import uuid
 from typing import Any
 
@@ -47,6 +50,16 @@ RETRY_UNAVAILABLE = json.dumps(
         ]
     }
 )
+
+
+# In-stream error replies have no status code, only a message: these say that the replica did
+# not run the step because it belongs elsewhere (the replica is draining, or the sequence is
+# moving to another replica), so the step can be sent again on a new stream.
+NOT_RUN_HERE = re.compile(r"^Server is stopping|is leaving this replica|; retry( later)?$")
+
+
+def not_run_here(error: InferenceServerException) -> bool:
+    return "UNAVAILABLE" in str(error.status()) or bool(NOT_RUN_HERE.search(error.message() or ""))
 
 
 def http_session(url: str, session: str, values: list[float]) -> list[float]:
@@ -103,12 +116,11 @@ def stream_session(url: str, session: str, values: list[float], max_reopens: int
                                   sequence_start=i == 0, sequence_end=i == len(values) - 1)  # fmt: skip
         result, error = replies.get(timeout=60)
         if error is not None:
-            # UNAVAILABLE: the replica drained and ended the stream without running this step.
-            # Anything else is a real error.
-            if "UNAVAILABLE" not in str(error.status()) or reopens == max_reopens:
-                raise error
+            if not not_run_here(error) or reopens == max_reopens:
+                raise error  # a real error
             reopens += 1
             client.stop_stream()
+            time.sleep(min(0.05 * 2**reopens, 1.0))  # HAProxy takes about a second to drop a draining replica
             open_stream()
             continue  # send the same step again, on the new stream
         sums.append(float(result.as_numpy("OUTPUT")[0, 0]))
