@@ -223,7 +223,8 @@ class SessionLoad:
 class _Stream:
     """One session's ModelStreamInfer through the balancer (routed by its `inference-session-id`
     metadata), one step at a time, reopened when its replica did not run a step: the stream
-    ended with UNAVAILABLE, or a reply said so (stream_step_not_run). The step is then sent
+    ended (UNAVAILABLE, or CANCELLED when the replica exited), or a reply said so
+    (stream_step_not_run). The step is then sent
     again on a new stream, which the balancer opens on a ready replica."""
 
     def __init__(self, client: grpcaio.InferenceServerClient, sid: str, model: str, max_reopens: int = 20) -> None:
@@ -249,7 +250,9 @@ class _Stream:
             try:
                 result, error = await self.responses.__anext__()
             except grpc.aio.AioRpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                # A replica that exits resets the streams still open on it (CANCELLED through
+                # HAProxy); it ran no step of theirs that it did not answer.
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                     raise InferenceServerException(msg=e.details(), status=str(e.code())) from None
                 why = f"stream ended: {e.code()} {e.details()}"
             except StopAsyncIteration:

@@ -12,8 +12,8 @@ step of a session reaches the replica that holds its state. What a client does o
 - HTTP: nothing; HAProxy retries a 503 on another replica, which restores the sequence.
 - gRPC calls: retry UNAVAILABLE; gRPC's retry policy on the channel does it (below).
 - gRPC streams: a stream lives on one replica. When that replica drains, the stream's steps
-  are refused without running (in-stream error replies, which carry only a message; or the
-  stream ends with UNAVAILABLE). Reopen the stream (through HAProxy, which picks a ready
+  are refused without running (in-stream error replies, which carry only a message), and when
+  it exits it resets the stream (CANCELLED). Reopen the stream (through HAProxy, which picks a ready
   replica) and send the step again: the sequence continues from the state store.
 """
 
@@ -59,7 +59,10 @@ NOT_RUN_HERE = re.compile(r"^Server is stopping|is leaving this replica|; retry(
 
 
 def not_run_here(error: InferenceServerException) -> bool:
-    return "UNAVAILABLE" in str(error.status()) or bool(NOT_RUN_HERE.search(error.message() or ""))
+    # The stream itself ended: UNAVAILABLE, or CANCELLED when its replica exited (it resets the
+    # streams still open on it, after answering every step it took).
+    status = str(error.status())
+    return "UNAVAILABLE" in status or "CANCELLED" in status or bool(NOT_RUN_HERE.search(error.message() or ""))
 
 
 def http_session(url: str, session: str, values: list[float]) -> list[float]:

@@ -1,6 +1,7 @@
 """Issue 15's acceptance test: three replicas sharing a Redis state store behind HAProxy
 (configured from the shipped deploy/haproxy/haproxy.cfg), 24 concurrent sessions of 60 steps
-(HTTP; and gRPC calls with the session as metadata), every replica restarted in turn with
+(HTTP; gRPC calls with the session as metadata; gRPC streams routed by their metadata and
+reopened when their replica drains), every replica restarted in turn with
 SIGTERM during the run: all sessions complete, 0 wrong, 0 errors. Half the sessions name their
 sequence Triton's way (sequence_id, START, END; the header only routes), half by the session
 header alone (bench/sessions.py).
@@ -48,18 +49,22 @@ def _tools() -> None:
     pytest.skip(why)
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", ["http", "grpc", "stream"])
 def test_rolling_restart_loses_no_session(tmp_path: Path, protocol: str) -> None:
     repo = demo_repo_with_instances(tmp_path / "models", INSTANCES)
     with Cluster(tmp_path, n_replicas=3, repo=repo) as cluster:
         assert cluster.haproxy is not None
         url = cluster.haproxy.http_url if protocol == "http" else cluster.haproxy.grpc_url
+        # stream: one ModelStreamInfer per session, reopened when its replica drains
         load = SessionLoad(url, sessions=SESSIONS, steps=STEPS, protocol=protocol, pace_s=PACE_S,
                            hold_at=HOLD_AT, hold=asyncio.Event(), hold_step_s=HOLD_STEP_S)  # fmt: skip
 
         restarts = asyncio.run(rolling_restart(cluster, load))
         res = load.result
-        report = f"{res.summary()}\nrestarts: {restarts}\nerrors: {res.errors[:5]}\nwrong: {res.wrong[:5]}"
+        report = (
+            f"{res.summary()}, streams reopened {res.stream_reopens}\nrestarts: {restarts}\n"
+            f"errors: {res.errors[:5]}\nwrong: {res.wrong[:5]}"
+        )
         logs = cluster.logs() if res.errors or res.wrong else ""
         assert [r.replica for r in restarts] == [r.name for r in cluster.replicas], report + logs
         assert all(r.exit_status == 0 for r in restarts), report + logs
@@ -67,6 +72,8 @@ def test_rolling_restart_loses_no_session(tmp_path: Path, protocol: str) -> None
         assert not res.errors, report + logs
         assert res.sessions_completed == SESSIONS, report + logs
         assert res.steps == SESSIONS * STEPS
+        if protocol == "stream":  # every stream's replica exited while the stream was open
+            assert res.stream_reopens >= SESSIONS, report
         # the test means something only if the sessions were open across every restart
         assert min(res.completion_times) > restarts[-1].ended, (
             f"{sum(t <= restarts[-1].ended for t in res.completion_times)} sessions ended before the last "
