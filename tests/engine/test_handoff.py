@@ -6,6 +6,7 @@ Each test runs against a real redis-server and against the directory store."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -221,3 +222,41 @@ async def test_a_restart_under_the_same_replica_id_does_not_start_afresh(replica
     await settle(new)
     with pytest.raises(SessionGoneError):  # and stays refused (a tombstone), never a fresh 1.0
         await step(new, "kept-name", 1.0, session=True)
+
+
+async def test_release_right_after_start_keeps_the_checkpoint(replica: Replica) -> None:
+    """A sequence released before its START's registration reached the store (the write is in
+    the background) still lands in the store, once, with its state."""
+    a, b = await replica("A"), await replica("B")
+    h = a._handoff
+    assert h is not None
+    m = a.model("accumulator")
+    for n in range(10):
+        sid = 7000 + n
+        assert await step(a, sid, 2.0, start=True) == 2.0
+        ckpt = await h._checkpoint(m, SequenceKey("accumulator", 1, sid), time.monotonic() + 5)
+        assert ckpt is not None
+        h.release_later(m, SequenceKey("accumulator", 1, sid), ckpt)
+    await settle(a)
+    for n in range(10):
+        assert await step(b, 7000 + n, 3.0) == 5.0
+
+
+async def test_a_client_leaving_during_the_lookup_strands_nothing(replica: Replica) -> None:
+    """The client of the step that brings a sequence back goes away while the store is consulted:
+    the claim and restore finish anyway (the state stays reachable), the step itself is cancelled
+    unless it already ran."""
+    a, b = await replica("A"), await replica("B")
+    assert await step(a, 81, 4.0, start=True) == 4.0
+    await a.shutdown()
+    req = InferRequest("accumulator", {"INPUT": np.array([[1.0]], np.float32)}, sequence_id=81)
+    fut = b.enqueue(req)
+    await asyncio.sleep(0)
+    fut.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await fut
+    for _ in range(100):
+        if 81 in live_ids(b):
+            break
+        await asyncio.sleep(0.01)
+    assert await step(b, 81, 10.0) in (14.0, 15.0)  # restored here; the cancelled step ran or not

@@ -15,11 +15,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.handoff_arrival import HandoffArrivals
-from seqserve.engine.statestore import SequenceKey, StateStore, StoreError
+from seqserve.engine.statestore import SequenceKey, StateStore, Status, StoreError
 
 if TYPE_CHECKING:
     from seqserve.engine.checkpoint import SequenceCheckpoint
@@ -62,6 +62,7 @@ class Handoff(HandoffArrivals):
         #: writes waiting for the flusher: registrations (key -> session) and ends
         self._to_register: dict[SequenceKey, bool] = {}
         self._to_end: dict[SequenceKey, bool] = {}
+        self._registering: set[SequenceKey] = set()  # registrations on their way to the store
         self._wake = asyncio.Event()
         self._flushed = asyncio.Event()  # set after each flush: waiters for a token re-check
         #: sequences whose state is on its way into the store (the release write in flight)
@@ -69,9 +70,10 @@ class Handoff(HandoffArrivals):
         #: sequences a step may not reach the core for now: leaving (handover) or arriving
         self._busy: dict[SequenceKey, asyncio.Lock] = {}
         self._leaving: set[SequenceKey] = set()
+        self._arrivals: set[asyncio.Future[Any]] = set()  # steps waiting for the store
         self._tasks: list[asyncio.Task[None]] = []
         self._drain_task: asyncio.Task[None] | None = None
-        self._stateful: dict[tuple[str, int], bool] = {}
+        self._stateful: dict[str, tuple[LoadedModel, bool]] = {}
 
     # --------------------------------------------------------------------- lifecycle
 
@@ -126,11 +128,10 @@ class Handoff(HandoffArrivals):
 
     def is_stateful(self, m: LoadedModel) -> bool:
         """Whether the server holds the model's state (implicit state): only those can move."""
-        k = (m.name, m.version)
-        found = self._stateful.get(k)
-        if found is None:
-            found = self._stateful[k] = bool(m.config.sequence_batching.state)
-        return found
+        found = self._stateful.get(m.name)
+        if found is None or found[0] is not m:  # one entry per name: a reload replaces it
+            found = self._stateful[m.name] = (m, bool(m.config.sequence_batching.state))
+        return found[1]
 
     def _stateful_models(self) -> list[LoadedModel]:
         return [m for s in self.server._models.values() for m in s.versions.values() if self.is_stateful(m)]
@@ -173,6 +174,7 @@ class Handoff(HandoffArrivals):
     async def _flush(self) -> None:
         """Send the queued registrations, then the ends, each batch in one round trip."""
         reg, self._to_register = self._to_register, {}
+        self._registering = set(reg)
         try:
             if reg:
                 ttls = {k: self._entry_ttl(k) for k in reg}
@@ -203,6 +205,7 @@ class Handoff(HandoffArrivals):
                 if others:
                     await self.store.end(others, 0)
         finally:
+            self._registering = set()
             self._flushed.set()
             self._flushed = asyncio.Event()
 
@@ -215,7 +218,7 @@ class Handoff(HandoffArrivals):
         for _ in range(3):
             if key in self._owned:
                 return self._owned[key]
-            if key not in self._to_register:
+            if key not in self._to_register and key not in self._registering:
                 return None
             self._wake.set()
             waiter = self._flushed
@@ -287,6 +290,11 @@ class Handoff(HandoffArrivals):
                     [token] = await self.store.register([(key, ckpt.session)], ttl)
                 self._owned.pop(key, None)
                 if await self.store.release(key, token, data, ttl):
+                    return
+                entry = await self.store.get(key)
+                # registered twice by this process (a race of two writers): the entry is ours
+                ours = entry is not None and entry.owner == self.replica_id and entry.status is Status.LIVE
+                if ours and entry is not None and await self.store.release(key, entry.token, data, ttl):
                     return
                 log.error("state store: sequence %s was taken by another replica meanwhile; dropped", key.encode())
                 return

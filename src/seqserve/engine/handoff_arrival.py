@@ -64,6 +64,7 @@ class HandoffArrivals:
         _to_register: dict[SequenceKey, bool]
         _busy: dict[SequenceKey, Any]
         _leaving: set[SequenceKey]
+        _arrivals: set[asyncio.Future[Any]]
         _releasing: dict[SequenceKey, asyncio.Future[None]]
 
         def is_stateful(self, m: LoadedModel) -> bool: ...
@@ -88,7 +89,17 @@ class HandoffArrivals:
             return fut
 
         async def arrive() -> InferResult:
-            return await (await self._arrive(m, request, submit))
+            # A client that leaves does not interrupt the store work (a claim half done would
+            # strand the state): the lookup finishes, and the request it submitted is cancelled.
+            lookup = asyncio.ensure_future(self._arrive(m, request, submit))
+            self._arrivals.add(lookup)
+            lookup.add_done_callback(self._arrivals.discard)
+            try:
+                fut = await asyncio.shield(lookup)
+            except asyncio.CancelledError:
+                lookup.add_done_callback(_cancel_submitted)
+                raise
+            return await fut
 
         return asyncio.ensure_future(arrive())
 
@@ -118,9 +129,6 @@ class HandoffArrivals:
             except InferenceError as e:
                 on_response(e, True)
                 return
-            except asyncio.CancelledError:
-                on_response(InferenceError(Code.CANCELLED, "the request was cancelled"), True)
-                return
             except Exception as e:  # a bug must not leave the request unanswered
                 on_response(InferenceError(Code.INTERNAL, f"state store: {type(e).__name__}: {e}"), True)
                 return
@@ -130,14 +138,15 @@ class HandoffArrivals:
                 inner.append(found)
 
         task = asyncio.ensure_future(arrive())
+        self._arrivals.add(task)  # a strong reference while it runs
+        task.add_done_callback(self._arrivals.discard)
 
         def cancel() -> None:
+            # As for unary requests, the store work goes on; its request is cancelled once submitted.
             nonlocal cancelled
             cancelled = True
             if inner:
                 inner[0]()
-            elif not task.done():
-                task.cancel()
 
         return cancel
 
@@ -303,6 +312,11 @@ class HandoffArrivals:
                     raise
             await asyncio.sleep(pause)
             pause = min(pause * 2, _HANDOVER_POLL_S)
+
+
+def _cancel_submitted(lookup: asyncio.Future[Any]) -> None:
+    if not lookup.cancelled() and lookup.exception() is None:
+        lookup.result().cancel()
 
 
 def _lost(m: LoadedModel, sid: SequenceId, session: bool, why: str) -> InferenceError:
