@@ -9,20 +9,26 @@ namespace seqserve::binding {
 
 py::object checkpoint_sequence(Scheduler& sched, py::handle corrid, bool release) {
   const CorrId id = corrid_from(corrid);
-  py::list states;
+  // Under the scheduler lock only bytes objects are made: they are not tracked by the garbage
+  // collector, so no collection (and no finalizer that might call back into this scheduler)
+  // can run while the lock is held. Tuples and lists are made once it is dropped.
+  std::vector<py::bytes> data;
+  std::vector<std::vector<int64_t>> shapes;
   SequenceInfo info;
   bool found = false;
-  std::string error;
   SubmitResult res = sched.checkpoint_sequence(
       id, release,
-      [&](size_t, const std::vector<int64_t>& shape, const uint8_t* data, size_t n) {
-        PyObject* b = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(data), static_cast<Py_ssize_t>(n));
+      [&](size_t, const std::vector<int64_t>& shape, const uint8_t* p, size_t n) {
+        PyObject* b = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(p), static_cast<Py_ssize_t>(n));
         if (b == nullptr) throw py::error_already_set();
-        states.append(py::make_tuple(py::reinterpret_steal<py::bytes>(b), py::cast(shape)));
+        data.push_back(py::reinterpret_steal<py::bytes>(b));
+        shapes.push_back(shape);
       },
       info, found);
   if (!res.accepted) return py::cast(std::move(res));
   if (!found) return py::none();
+  py::list states;
+  for (size_t k = 0; k < data.size(); ++k) states.append(py::make_tuple(data[k], py::cast(shapes[k])));
   return py::make_tuple(info.steps, info.session, states);
 }
 

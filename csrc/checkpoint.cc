@@ -204,14 +204,27 @@ SubmitResult Scheduler::restore_locked(const CorrId&, bool, uint64_t, const std:
 
 // -------------------------------------------------------------- SequenceScheduler
 
-bool SequenceScheduler::slot_busy_locked(int g) {
-  const Slot& sl = table_.slot(g);
-  if (!sl.queue.empty() || sl.in_flight) return true;  // queued, or handed to Oldest's batcher
-  const Instance& inst = *instances_[sl.instance];
+namespace {
+
+// Whether a request of slot `index` is in the batch `inst` runs now.
+bool in_running_batch(const Instance& inst, int index) {
   if (!inst.executing) return false;
   for (const Row& row : inst.batch.rows)
-    if (row.req && row.slot == sl.index) return true;
+    if (row.req && row.slot == index) return true;
   return false;
+}
+
+}  // namespace
+
+bool SequenceScheduler::slot_busy_locked(int g) {
+  const Slot& sl = table_.slot(g);
+  if (!sl.queue.empty()) return true;
+  // A step of the batch the instance runs is done once the batch is recorded: its state is
+  // written and its reply is on its way, so a client that has its reply can move the sequence
+  // at once (the executor has yet to tidy up). Oldest: in flight is also a request handed to the
+  // batcher that has not run yet.
+  if (in_running_batch(*instances_[sl.instance], sl.index)) return !instances_[sl.instance]->recorded;
+  return sl.in_flight;
 }
 
 SubmitResult SequenceScheduler::checkpoint_locked(const CorrId& id, bool release, const StateSink& sink,
@@ -265,9 +278,12 @@ SubmitResult SequenceScheduler::restore_locked(const CorrId& id, bool session, u
   const std::string bad = instances_[0]->state.check(states);
   if (!bad.empty()) return refuse(kInvalidArg, "the checkpoint of " + name + " does not fit the model: " + bad);
   const int64_t now = now_ns();
-  // Oldest: a free slot whose previous sequence's END is still with the batcher waits for it.
-  const int g = table_.claim_restored(id, session, steps, now,
-                                      [this](int i, int s) { return !table_.slot(i, s).in_flight; });
+  // Oldest: a free slot whose previous sequence's END is still with the batcher waits for it,
+  // unless that END is in the batch running now and recorded (its state written): the value is
+  // then staged until the batch is done, as for any slot of a running instance.
+  const int g = table_.claim_restored(id, session, steps, now, [this](int i, int s) {
+    return !table_.slot(i, s).in_flight || (in_running_batch(*instances_[i], s) && instances_[i]->recorded);
+  });
   if (g < 0) {
     SubmitResult full = refuse(kUnavailable, "no sequence slot of model '" + spec_.name + "' is free to restore " +
                                                  name + " (" + std::to_string(table_.backlog_sequences()) +

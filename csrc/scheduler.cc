@@ -124,6 +124,7 @@ bool Scheduler::shapes_match(const Request* a, const Request* b) const {
 void Scheduler::run_formed_batch(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold,
                                  bool more_work) {
   inst.executing = true;
+  inst.recorded = false;  // under the lock: a checkpoint reads it (checkpoint.cc)
   inst.t_form = now_ns();
   Instance* idle = more_work ? idle_instance_locked() : nullptr;  // more work in a shared queue
   lk.unlock();
@@ -146,7 +147,6 @@ void Scheduler::execute(Instance& inst) {
   }
   inst.t_gathered = now_ns();
   inst.t_executed = 0;
-  inst.recorded = false;
   bool ok = hooks_.run(inst);
   if (ok && !inst.t_executed) inst.t_executed = now_ns();
   if (!ok) inst.t_executed = 0;

@@ -83,7 +83,7 @@ struct Instance {
   int64_t t_form = 0, t_gathered = 0, t_executed = 0;
   bool executing = false;
   bool exited = false;    // its executor thread has finished (close() waits for this, bounded)
-  bool recorded = false;  // stats of the current batch already recorded
+  bool recorded = false;  // stats of the current batch already recorded (its state written); lock held
   bool cancels = false;   // a request this instance may hold outside its slot queues was cancelled
 };
 

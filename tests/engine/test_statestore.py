@@ -164,3 +164,20 @@ async def test_own_live_entry_is_not_claimed(stores: Factory) -> None:
     [tok] = await a.register([(KEY, True)], 30)
     c = await a.claim(KEY, 30)
     assert not c.won and c.entry is not None and (c.entry.owner, c.entry.token) == ("A", tok)
+
+
+async def test_released_entries_expire_into_tombstones(stores: Factory) -> None:
+    """A released checkpoint nobody claims in time is not silently forgotten: it becomes an
+    'expired' tombstone for the tombstone TTL (sessions answer 410 then, never start afresh)."""
+    a, b = await stores("A"), await stores("B")
+    tomb, gone = SequenceKey("m", 4, "kept"), SequenceKey("m", 4, "plain")
+    [t1, t2] = await a.register([(tomb, True), (gone, False)], 30)
+    assert await a.release(tomb, t1, b"x", 0.3, tombstone_ttl_s=30)
+    assert await a.release(gone, t2, b"y", 0.3)
+    await asyncio.sleep(0.6)
+    c = await b.claim(tomb, 30)
+    assert not c.won and c.entry is not None and c.entry.status is Status.EXPIRED and c.entry.session
+    e = await b.get(tomb)
+    assert e is not None and e.status is Status.EXPIRED and e.data is None
+    await asyncio.sleep(0.2)
+    assert await b.get(gone) is None and not (await b.claim(gone, 30)).won

@@ -102,7 +102,7 @@ class SequenceCheckpoint:
     def to_bytes(self) -> bytes:
         """The binary format (module docstring). CheckpointError when a field is out of range
         or a state's dtype is not a tensor datatype."""
-        _check_fields(self.model, self.version, self.sequence_id, self.steps, self.session)
+        check_fields(self.model, self.version, self.sequence_id, self.steps, self.session)
         if len(self.states) > MAX_STATES:
             raise CheckpointError(f"a checkpoint holds at most {MAX_STATES} states, not {len(self.states)}")
         entries: list[dict[str, Any]] = []
@@ -170,7 +170,7 @@ class SequenceCheckpoint:
             raise CheckpointError(f"the checkpoint header must have exactly the keys {sorted(_HEADER_KEYS)}")
         model, version, sequence_id = header["model"], header["version"], header["sequence_id"]
         steps, session, entries = header["steps"], header["session"], header["states"]
-        _check_fields(model, version, sequence_id, steps, session)
+        check_fields(model, version, sequence_id, steps, session)
         if not isinstance(entries, list) or len(entries) > MAX_STATES:
             raise CheckpointError(f"the checkpoint's states must be a list of at most {MAX_STATES}")
         specs = [_check_entry(e) for e in entries]
@@ -213,7 +213,8 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _check_fields(model: object, version: object, sequence_id: object, steps: object, session: object) -> None:
+def check_fields(model: object, version: object, sequence_id: object, steps: object, session: object) -> None:
+    """CheckpointError unless the scalar fields are of their types and in range."""
     if not isinstance(model, str) or not model or len(model) > MAX_NAME_CHARS:
         raise CheckpointError(f"a checkpoint's model must be a non-empty name, not {model!r:.80}")
     if not _is_int(version) or not 0 <= version < 2**63:  # type: ignore[operator]

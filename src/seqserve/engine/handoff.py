@@ -141,6 +141,11 @@ class Handoff(HandoffArrivals):
         idle_us = m.config.sequence_batching.max_sequence_idle_microseconds or 1_000_000
         return idle_us / 1e6 + self.margin_s
 
+    def tombstone_s(self, session: bool) -> float:
+        """How long the store remembers an ended (or expired) sequence: sessions as the engine
+        does (--session-tombstone-secs), plain sequences not at all."""
+        return self.server.sessions.tombstone_s if session else 0.0
+
     def _model(self, key: SequenceKey) -> LoadedModel | None:
         try:
             return self.server.model(key.model, key.version)
@@ -201,7 +206,7 @@ class Handoff(HandoffArrivals):
                 sessions = [(k, self._owned.pop(k)) for k, s in ended.items() if s]
                 others = [(k, self._owned.pop(k)) for k, s in ended.items() if not s]
                 if sessions:
-                    await self.store.end(sessions, self.server.sessions.tombstone_s)
+                    await self.store.end(sessions, self.tombstone_s(True))
                 if others:
                     await self.store.end(others, 0)
         finally:
@@ -289,12 +294,13 @@ class Handoff(HandoffArrivals):
                 if token is None:  # its START never reached the store: take it now
                     [token] = await self.store.register([(key, ckpt.session)], ttl)
                 self._owned.pop(key, None)
-                if await self.store.release(key, token, data, ttl):
+                if await self.store.release(key, token, data, ttl, self.tombstone_s(ckpt.session)):
                     return
                 entry = await self.store.get(key)
                 # registered twice by this process (a race of two writers): the entry is ours
                 ours = entry is not None and entry.owner == self.replica_id and entry.status is Status.LIVE
-                if ours and entry is not None and await self.store.release(key, entry.token, data, ttl):
+                tomb = self.tombstone_s(ckpt.session)
+                if ours and entry is not None and await self.store.release(key, entry.token, data, ttl, tomb):
                     return
                 log.error("state store: sequence %s was taken by another replica meanwhile; dropped", key.encode())
                 return
@@ -365,7 +371,13 @@ class Handoff(HandoffArrivals):
                     continue
                 key = SequenceKey(name, version, sid)
                 m = self._model(key)
-                if m is None or not self.is_stateful(m) or key in self._releasing or key in self._busy:
+                if (
+                    m is None
+                    or not self.is_stateful(m)
+                    or key in self._releasing
+                    or key in self._busy
+                    or key in self._leaving
+                ):
                     continue
                 ckpt = await self._checkpoint(m, key, time.monotonic())
                 if ckpt is not None:

@@ -69,6 +69,7 @@ class HandoffArrivals:
 
         def is_stateful(self, m: LoadedModel) -> bool: ...
         def ttl_s(self, m: LoadedModel) -> float: ...
+        def tombstone_s(self, session: bool) -> float: ...
         def started(self, key: SequenceKey, session: bool) -> None: ...
         def ended(self, key: SequenceKey, session: bool) -> None: ...
         def refuse_leaving(self, m: LoadedModel, sequence_id: object) -> InferenceError: ...
@@ -80,24 +81,30 @@ class HandoffArrivals:
     ) -> asyncio.Future[InferResult]:
         """``Server.enqueue`` for sequence models while a state store is attached."""
 
-        def submit() -> asyncio.Future[InferResult]:
-            return m.submit(request, response_parameters=response_parameters)
-
         if not self._needs_store(m, request):
-            fut = submit()
+            fut = m.submit(request, response_parameters=response_parameters)
             self._after(m, request)
             return fut
+        withdrawn = False
+
+        def submit() -> asyncio.Future[InferResult]:
+            if withdrawn:
+                raise _Withdrawn
+            return m.submit(request, response_parameters=response_parameters)
 
         async def arrive() -> InferResult:
             # A client that leaves does not interrupt the store work (a claim half done would
-            # strand the state): the lookup finishes, and the request it submitted is cancelled.
+            # strand the state): the lookup finishes, restores the sequence, and does not submit
+            # the step (a request cancelled in the core would take its whole sequence with it).
+            nonlocal withdrawn
             lookup = asyncio.ensure_future(self._arrive(m, request, submit))
             self._arrivals.add(lookup)
             lookup.add_done_callback(self._arrivals.discard)
             try:
                 fut = await asyncio.shield(lookup)
             except asyncio.CancelledError:
-                lookup.add_done_callback(_cancel_submitted)
+                withdrawn = True
+                lookup.add_done_callback(_retrieve)
                 raise
             return await fut
 
@@ -113,19 +120,24 @@ class HandoffArrivals:
         """``Server.enqueue_streaming`` for sequence models while a state store is attached:
         a refusal found in the store comes through ``on_response`` (final)."""
 
-        def submit() -> Callable[[], None]:
-            return m.submit_streaming(request, on_response, response_parameters=response_parameters)
-
         if not self._needs_store(m, request):
-            cancel_now = submit()
+            cancel_now = m.submit_streaming(request, on_response, response_parameters=response_parameters)
             self._after(m, request)
             return cancel_now
         inner: list[Callable[[], None]] = []
         cancelled = False
 
+        def submit() -> Callable[[], None]:
+            if cancelled:  # withdrawn while the store was consulted: never reaches the core
+                raise _Withdrawn
+            return m.submit_streaming(request, on_response, response_parameters=response_parameters)
+
         async def arrive() -> None:
             try:
                 found = await self._arrive(m, request, submit)
+            except _Withdrawn:
+                on_response(InferenceError(Code.CANCELLED, "the request was cancelled"), True)
+                return
             except InferenceError as e:
                 on_response(e, True)
                 return
@@ -142,7 +154,7 @@ class HandoffArrivals:
         task.add_done_callback(self._arrivals.discard)
 
         def cancel() -> None:
-            # As for unary requests, the store work goes on; its request is cancelled once submitted.
+            # As for unary requests, the store work goes on; the step is not submitted.
             nonlocal cancelled
             cancelled = True
             if inner:
@@ -217,9 +229,10 @@ class HandoffArrivals:
                 if claim.won:
                     return await self._restore(m, key, request, claim, submit)
                 entry = claim.entry
-                if entry is None or entry.status is Status.ENDED:
+                if entry is None or entry.status.tombstone:
                     if entry is not None and request.session:
-                        raise SessionGoneError(f"session '{sid}' was ended; start a new session with a new id")
+                        how = "was ended" if entry.status is Status.ENDED else "expired while idle in the state store"
+                        raise SessionGoneError(f"session '{sid}' {how}; start a new session with a new id")
                     return self._unknown(m, key, request, submit)
                 if entry.owner == self.replica_id:
                     if key in self._owned or key in self._to_register:
@@ -288,7 +301,7 @@ class HandoffArrivals:
             # No free slot here in time (or another refusal): put it back for whoever can take it.
             self._owned.pop(key, None)
             try:
-                await self.store.release(key, claim.token, claim.data, self.ttl_s(m))
+                await self.store.release(key, claim.token, claim.data, self.ttl_s(m), self.tombstone_s(ckpt.session))
             except StoreError as put_back:
                 raise _lost(m, sid, request.session, f"it could not be put back: {put_back}") from None
             raise InferenceError(
@@ -314,9 +327,13 @@ class HandoffArrivals:
             pause = min(pause * 2, _HANDOVER_POLL_S)
 
 
-def _cancel_submitted(lookup: asyncio.Future[Any]) -> None:
-    if not lookup.cancelled() and lookup.exception() is None:
-        lookup.result().cancel()
+class _Withdrawn(Exception):
+    """The step's client left while the store was consulted: it is not submitted."""
+
+
+def _retrieve(lookup: asyncio.Future[Any]) -> None:
+    if not lookup.cancelled():
+        lookup.exception()  # nobody awaits it any more: no "exception was never retrieved"
 
 
 def _lost(m: LoadedModel, sid: SequenceId, session: bool, why: str) -> InferenceError:

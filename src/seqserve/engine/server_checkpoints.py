@@ -13,9 +13,6 @@ from seqserve.engine.server_state import ModelState
 if TYPE_CHECKING:
     from seqserve.engine.model import LoadedModel
 
-#: list_sequences' limit when every live sequence is wanted
-_ALL = 1 << 62
-
 
 class CheckpointAPI:
     """Part of ``Server``; see ``seqserve.engine.server``."""
@@ -48,11 +45,9 @@ class CheckpointAPI:
         in every loaded sequence model (backlogged ones are left out: they hold no state yet).
         For drain and idle spill; models without implicit state are included, and refuse a
         checkpoint (CheckpointUnsupportedError): finish those where they run."""
-        out: list[tuple[str, int, SequenceId, float]] = []
-        for name, state in list(self._models.items()):
-            for version, m in list(state.versions.items()):
-                if not m.is_sequence:
-                    continue
-                _, found = m._core.list_sequences(_ALL)
-                out.extend((name, version, x.sequence_id, x.idle_s) for x in found if not x.backlogged)
-        return out
+        return [
+            (name, version, sequence_id, idle_s)
+            for name, state in list(self._models.items())
+            for version, m in list(state.versions.items())
+            for sequence_id, idle_s in m.slot_sequences()
+        ]

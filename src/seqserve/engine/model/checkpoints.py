@@ -12,22 +12,29 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import tensors
 from seqserve.engine._core import Code as CoreCode
 from seqserve.engine._core import Refusal, Scheduler, StateSpec
 from seqserve.engine.checkpoint import (
     RETRY_AFTER_S,
+    CheckpointError,
     CheckpointUnsupportedError,
     SequenceBusyError,
     SequenceCheckpoint,
+    check_fields,
 )
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.model.validation import INTEGER_CORRID, MAX_STRING_ID
 from seqserve.engine.request import SequenceId
 
 if TYPE_CHECKING:
     from seqserve.engine.model.spec import CoreSpec
 
 log = logging.getLogger("seqserve.model")
+
+#: list_sequences' limit when every live sequence is wanted
+_ALL = 1 << 62
 
 
 class SequenceCheckpoints:
@@ -38,6 +45,14 @@ class SequenceCheckpoints:
     is_sequence: bool
     _core: Scheduler
     _spec: CoreSpec
+
+    def slot_sequences(self) -> list[tuple[SequenceId, float]]:
+        """(sequence id, idle seconds) of every live sequence that holds a slot (not the
+        backlogged ones: they hold no state yet); empty for a model without sequences."""
+        if not self.is_sequence:
+            return []
+        _, found = self._core.list_sequences(_ALL)
+        return [(x.sequence_id, x.idle_s) for x in found if not x.backlogged]
 
     def checkpoint_sequence(self, sequence_id: SequenceId, *, release: bool) -> SequenceCheckpoint | None:
         """The live sequence ``sequence_id`` as it stands between two steps; None when it is
@@ -95,6 +110,7 @@ class SequenceCheckpoints:
                 f"the checkpoint of sequence {ckpt.sequence_id!r} is of model '{ckpt.model}' version "
                 f"{ckpt.version}, not '{self.name}' version {self.version}",
             )
+        self._check_identity(ckpt)
         specs = self._spec.scheduler.states
         if not specs:
             raise CheckpointUnsupportedError(
@@ -110,6 +126,25 @@ class SequenceCheckpoints:
         if code is Code.UNSUPPORTED:
             raise CheckpointUnsupportedError(got.message)
         raise InferenceError(code, got.message, retry_after_s=RETRY_AFTER_S if code is Code.UNAVAILABLE else None)
+
+    def _check_identity(self, ckpt: SequenceCheckpoint) -> None:
+        """The checkpoint's fields are in range, and its id is one this model's requests can
+        name (a string id needs a string CORRID, if the model has a CORRID control)."""
+        try:
+            check_fields(ckpt.model, ckpt.version, ckpt.sequence_id, ckpt.steps, ckpt.session)
+        except CheckpointError as e:
+            raise InferenceError(Code.INVALID_ARG, str(e)) from None
+        sid = ckpt.sequence_id
+        is_str = isinstance(sid, str)
+        if is_str and len(sid) > MAX_STRING_ID:  # type: ignore[arg-type]
+            raise InferenceError(Code.INVALID_ARG, f"string sequence id longer than {MAX_STRING_ID} characters")
+        cd = self._spec.corrid_dtype
+        if cd is not None and ((is_str and cd != mc.TYPE_STRING) or (not is_str and cd not in INTEGER_CORRID)):
+            raise InferenceError(
+                Code.INVALID_ARG,
+                f"the checkpoint of sequence {sid!r} has a {'string' if is_str else 'integer'} id, the CORRID "
+                f"control of model '{self.name}' is {tensors.wire_dtype_name(cd)}",
+            )
 
     def _state_values(self, ckpt: SequenceCheckpoint, specs: list[StateSpec]) -> list[tuple[Any, list[int]]]:
         """The checkpoint's states in the model's order as (C-contiguous data, shape); the core

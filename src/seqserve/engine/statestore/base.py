@@ -14,7 +14,8 @@ keeps, atomically:
 - ``release``, ``end`` and ``refresh`` present the token: a stale one (someone
   claimed the entry since) is refused, so a replica that lost a sequence can never write it
   back over its new owner's.
-- Every entry expires (its ``ttl_s``) unless refreshed: abandoned entries vanish by themselves.
+- Every entry expires (its ``ttl_s``) unless refreshed: abandoned entries vanish by themselves
+  (a released one first turns into an ``expired`` tombstone for ``tombstone_ttl_s``).
 
 The store knows nothing about HTTP, gRPC or the engine's objects: it moves bytes.
 """
@@ -42,6 +43,11 @@ class Status(str, enum.Enum):
     LIVE = "live"  # a replica runs it (its slot holds the state)
     RELEASED = "released"  # checkpointed and left its replica: any replica may claim it
     ENDED = "ended"  # ended (END, the sequence API): a tombstone, so sessions answer 410
+    EXPIRED = "expired"  # released, and nobody came back for it in time: a tombstone too
+
+    @property
+    def tombstone(self) -> bool:
+        return self in (Status.ENDED, Status.EXPIRED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +139,13 @@ class StateStore(abc.ABC):
         """Take a released entry, or a live one whose (other) owner is dead."""
 
     @abc.abstractmethod
-    async def release(self, key: SequenceKey, token: int, data: bytes, ttl_s: float) -> bool:
-        """Store the checkpoint and mark the entry released, if ``token`` is current."""
+    async def release(
+        self, key: SequenceKey, token: int, data: bytes, ttl_s: float, tombstone_ttl_s: float = 0.0
+    ) -> bool:
+        """Store the checkpoint and mark the entry released, if ``token`` is current. Nobody
+        claims it within ``ttl_s``: it expires as an idle sequence would, and stays
+        ``tombstone_ttl_s`` more as an ``expired`` tombstone (sessions answer 410 then, never
+        start afresh on lost state)."""
 
     @abc.abstractmethod
     async def end(self, items: list[tuple[SequenceKey, int]], tombstone_ttl_s: float) -> list[bool]:

@@ -106,10 +106,18 @@ class DirStore(StateStore):
             return None
         head, _, data = raw.partition(b"\n")
         meta = json.loads(head)
-        if float(meta["expires"]) < time.time():
+        now = time.time()
+        if float(meta["expires"]) < now:
             with contextlib.suppress(FileNotFoundError):
                 self._path(key).unlink()
             return None
+        until = meta.get("until")
+        if meta["status"] == Status.RELEASED.value and until is not None and float(until) < now:
+            # the checkpoint expired; the entry stays a tombstone until "expires"
+            meta = {**meta, "status": Status.EXPIRED.value}
+            meta.pop("until")
+            self._write(key, meta)
+            data = b""
         return meta, data
 
     def _write(self, key: SequenceKey, meta: dict[str, object], data: bytes = b"") -> None:
@@ -208,14 +216,20 @@ class DirStore(StateStore):
 
         return await self._run("get", get)  # type: ignore[return-value]
 
-    def _meta(self, token: int, status: Status, session: bool, ttl_s: float) -> dict[str, object]:
-        return {
+    def _meta(
+        self, token: int, status: Status, session: bool, ttl_s: float, until_s: float | None = None
+    ) -> dict[str, object]:
+        now = time.time()
+        meta: dict[str, object] = {
             "owner": self.replica_id,
             "token": token,
             "status": status.value,
             "session": session,
-            "expires": time.time() + ttl_s,
+            "expires": now + ttl_s,
         }
+        if until_s is not None:
+            meta["until"] = now + until_s
+        return meta
 
     async def register(self, keys: list[tuple[SequenceKey, bool]], ttl_s: float) -> list[int]:
         def register() -> list[int]:
@@ -259,13 +273,17 @@ class DirStore(StateStore):
             return None
         return meta
 
-    async def release(self, key: SequenceKey, token: int, data: bytes, ttl_s: float) -> bool:
+    async def release(
+        self, key: SequenceKey, token: int, data: bytes, ttl_s: float, tombstone_ttl_s: float = 0.0
+    ) -> bool:
         def release() -> bool:
             with self._locked(key):
                 meta = self._if_current(key, token)
                 if meta is None:
                     return False
-                self._write(key, self._meta(token, Status.RELEASED, bool(meta["session"]), ttl_s), data)
+                session = bool(meta["session"])
+                new = self._meta(token, Status.RELEASED, session, ttl_s + max(tombstone_ttl_s, 0.0), until_s=ttl_s)
+                self._write(key, new, data)
                 return True
 
         return bool(await self._run("release", release))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 from seqserve.engine.statestore.base import (
@@ -48,23 +49,36 @@ _CLAIM = """
 local e = redis.call('HMGET', KEYS[1], 'owner', 'token', 'status', 'session')
 if not e[3] then return {0} end
 local st = e[3]
+if st == 'released' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local untl = tonumber(redis.call('HGET', KEYS[1], 'until') or '0')
+  if untl > 0 and now > untl then
+    redis.call('HSET', KEYS[1], 'status', 'expired')
+    redis.call('HDEL', KEYS[1], 'data', 'until')
+    return {2, e[1], e[2], 'expired', e[4] or '0'}
+  end
+end
 if st == 'released' or (st == 'live' and e[1] ~= ARGV[1] and redis.call('EXISTS', ARGV[3] .. e[1]) == 0) then
   local data = redis.call('HGET', KEYS[1], 'data')
   local tok = redis.call('HINCRBY', KEYS[1], 'token', 1)
   redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'status', 'live')
-  redis.call('HDEL', KEYS[1], 'data')
+  redis.call('HDEL', KEYS[1], 'data', 'until')
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tok, data, e[1]}
 end
 return {2, e[1], e[2], e[3], e[4] or '0'}
 """
 
-# ARGV: me, token, data, ttl_ms
+# ARGV: me, token, data, ttl_ms, tombstone ttl_ms. 'until' (ms, the server's clock): when the
+# checkpoint expires; the key lives on as a tombstone until the tombstone TTL is over too.
 _RELEASE = """
 local e = redis.call('HMGET', KEYS[1], 'owner', 'token', 'status')
 if e[1] ~= ARGV[1] or e[2] ~= ARGV[2] or e[3] ~= 'live' then return 0 end
-redis.call('HSET', KEYS[1], 'status', 'released', 'data', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], 'status', 'released', 'data', ARGV[3], 'until', now + tonumber(ARGV[4]))
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[4]) + tonumber(ARGV[5]))
 return 1
 """
 
@@ -74,7 +88,7 @@ local e = redis.call('HMGET', KEYS[1], 'owner', 'token')
 if e[1] ~= ARGV[1] or e[2] ~= ARGV[2] then return 0 end
 if ARGV[3] == '0' then redis.call('DEL', KEYS[1]) return 1 end
 redis.call('HSET', KEYS[1], 'status', 'ended')
-redis.call('HDEL', KEYS[1], 'data')
+redis.call('HDEL', KEYS[1], 'data', 'until')
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 """
@@ -186,12 +200,15 @@ class RedisStore(StateStore):
         return bool(await self._do("heartbeat check", self._r.exists(self._hb(replica_id))))
 
     async def get(self, key: SequenceKey) -> Entry | None:
-        owner, token, status, session, data = await self._do(
-            "get", self._r.hmget(self._k(key), ["owner", "token", "status", "session", "data"])
+        owner, token, status, session, data, until = await self._do(
+            "get", self._r.hmget(self._k(key), ["owner", "token", "status", "session", "data", "until"])
         )
         if status is None:
             return None
-        return Entry(_text(owner or b""), int(token or 0), Status(_text(status)), _text(session) == "1", data)
+        st = Status(_text(status))
+        if st is Status.RELEASED and until is not None and int(until) < time.time() * 1000:
+            st, data = Status.EXPIRED, None  # (a claim makes it so in the store)
+        return Entry(_text(owner or b""), int(token or 0), st, _text(session) == "1", data)
 
     async def register(self, keys: list[tuple[SequenceKey, bool]], ttl_s: float) -> list[int]:
         if not keys:
@@ -211,9 +228,13 @@ class RedisStore(StateStore):
             return Claim(True, int(r[1]), r[2] or None, previous_owner=_text(r[3]))
         return Claim(False, entry=Entry(_text(r[1]), int(r[2]), Status(_text(r[3])), _text(r[4]) == "1"))
 
-    async def release(self, key: SequenceKey, token: int, data: bytes, ttl_s: float) -> bool:
+    async def release(
+        self, key: SequenceKey, token: int, data: bytes, ttl_s: float, tombstone_ttl_s: float = 0.0
+    ) -> bool:
+        tomb = _ms(tombstone_ttl_s) if tombstone_ttl_s > 0 else 0
         r = await self._do(
-            "release", self._release(keys=[self._k(key)], args=[self.replica_id, token, data, _ms(ttl_s)])
+            "release",
+            self._release(keys=[self._k(key)], args=[self.replica_id, token, data, _ms(ttl_s), tomb]),
         )
         return bool(r)
 
