@@ -25,8 +25,8 @@ if sanitize:
     link_args += [f"-fsanitize={sanitize}"]
 
 # The core (no Python), then its binding; headers listed so that editing one rebuilds.
-core = ["batch", "state_store", "sequence_table", "scheduler", "executor", "sequence_scheduler", "direct", "oldest", "dynamic", "stateless"]
-binding = ["module", "bind_spec", "bind_batch"]
+core = ["batch", "state_store", "sequence_table", "scheduler", "executor", "sequence_scheduler", "direct", "oldest", "dynamic", "stateless", "checkpoint"]
+binding = ["module", "bind_spec", "bind_batch", "bind_checkpoint"]
 headers = ["common", "spec", "request", "batch", "state_store", "tombstones", "sequence_table", "scheduler", "sequence_scheduler", "binding"]
 
 ext = Pybind11Extension(

@@ -244,8 +244,10 @@ void bind_results(py::module_& m) {
   py::class_<SubmitResult> refusal(m, "Refusal", "Why submit() did not queue a request.");
   refusal.def_readonly("code", &SubmitResult::code)
       .def_readonly("message", &SubmitResult::message)
-      .def_readonly("backlog_full", &SubmitResult::backlog_full);
-  add_repr(refusal, {"code", "message", "backlog_full"});
+      .def_readonly("backlog_full", &SubmitResult::backlog_full)
+      .def_readonly("busy", &SubmitResult::busy)
+      .def_readonly("released", &SubmitResult::released);
+  add_repr(refusal, {"code", "message", "backlog_full", "busy", "released"});
 
   py::class_<ExpiredSequence> expired(m, "ExpiredSequence", "A sequence the idle reaper expired (DESCRIBE).");
   expired
@@ -285,6 +287,8 @@ void bind_results(py::module_& m) {
       .def_readonly("sequences_started", &Stats::sequences_started)
       .def_readonly("sequences_ended", &Stats::sequences_ended)
       .def_readonly("sequences_expired", &Stats::sequences_expired)
+      .def_readonly("sequences_released", &Stats::sequences_released)
+      .def_readonly("sequences_restored", &Stats::sequences_restored)
       .def_readonly("latency_counts", &Stats::latency_counts)
       .def_readonly("latency_sum_ms", &Stats::latency_sum_ms)
       .def_readonly("pending_requests", &Stats::pending_requests)
@@ -295,7 +299,8 @@ void bind_results(py::module_& m) {
       .def_readonly("backlog_full", &Stats::backlog_full);
   add_repr(stats, {"inference_count", "execution_count", "last_inference_ms", "success", "fail", "queue",
                    "compute_input", "compute_infer", "compute_output", "batches", "fail_rejected", "fail_backend",
-                   "fail_canceled", "sequences_started", "sequences_ended", "sequences_expired", "latency_counts",
+                   "fail_canceled", "sequences_started", "sequences_ended", "sequences_expired", "sequences_released",
+                   "sequences_restored", "latency_counts",
                    "latency_sum_ms", "pending_requests", "sequence_slots", "sequences_active",
                    "sequences_backlogged", "state_bytes", "backlog_full"});
 

@@ -41,6 +41,11 @@ struct BatchView {
   }
 };
 
+// Checkpoints (bind_checkpoint.cc). checkpoint: None (not live), a Refusal, or (steps,
+// session, [(bytes, shape) per state]). restore: None, or a Refusal.
+py::object checkpoint_sequence(Scheduler& sched, py::handle corrid, bool release);
+py::object restore_sequence(Scheduler& sched, py::handle corrid, bool session, uint64_t steps, py::list states);
+
 void bind_spec(py::module_& m);   // enums, spec classes, statistics, Refusal, ExpiredSequence
 void bind_batch(py::module_& m);  // Batch, serialize_bytes, deserialize_bytes
 

@@ -286,6 +286,21 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("corrid"), "Why a session that is not live would be refused, or None.")
       .def(
+          "checkpoint_sequence",
+          [](PyScheduler& s, py::object corrid, bool release) { return checkpoint_sequence(s.sched(), corrid, release); },
+          py::arg("corrid"), py::kw_only(), py::arg("release"),
+          "Copy the live sequence's implicit state out: (steps, session, [(bytes, shape) per state]); None\n"
+          "when it is not live; a Refusal while it is busy (UNAVAILABLE, busy) or for a model without\n"
+          "implicit state (UNSUPPORTED). release: it then leaves its slot without an END step (it moved).")
+      .def(
+          "restore_sequence",
+          [](PyScheduler& s, py::object corrid, bool session, uint64_t steps, py::list states) {
+            return restore_sequence(s.sched(), corrid, session, steps, states);
+          },
+          py::arg("corrid"), py::kw_only(), py::arg("session"), py::arg("steps"), py::arg("states"),
+          "Claim a free slot for the sequence, holding `states` ([(data, shape)] in spec order) and `steps`;\n"
+          "its next non-START request continues from there. None, or the Refusal.")
+      .def(
           "close",
           [](py::object self, bool force, std::optional<double> timeout_s) {
             std::vector<int> hung = self.cast<PyScheduler&>().close(force, timeout_s.value_or(-1));

@@ -132,6 +132,7 @@ void Scheduler::run_formed_batch(Instance& inst, std::unique_lock<std::mutex>& l
                                  bool more_work, bool in_line) {
   inst.executing = true;
   inst.inline_batch = in_line;
+  inst.recorded = false;  // under the lock: a checkpoint reads it (checkpoint.cc)
   inst.t_form = now_ns();
   Instance* idle = more_work ? idle_instance_locked() : nullptr;  // more work in a shared queue
   const int64_t bound = inline_.max_batch_ns;  // 0: nobody asks what batches cost
@@ -159,7 +160,6 @@ void Scheduler::execute(Instance& inst) {
   }
   inst.t_gathered = now_ns();
   inst.t_executed = 0;
-  inst.recorded = false;
   bool ok = hooks_.run(inst);
   if (sequences_) inst.state.finish(b.rows);  // same_buffer states: in-place writes, padding rows
   if (ok && !inst.t_executed) inst.t_executed = now_ns();

@@ -51,6 +51,9 @@ struct Stats {
   // Sequences: STARTs accepted (implied ones included), ENDs accepted and sequences ended
   // otherwise (the sequence API, cancellation, their scope closing), idle expiries.
   uint64_t sequences_started = 0, sequences_ended = 0, sequences_expired = 0;
+  // Checkpoints: sequences released from their slot to move elsewhere (neither ended nor
+  // expired), and sequences restored into a slot from a checkpoint.
+  uint64_t sequences_released = 0, sequences_restored = 0;
   // Successful requests by latency (arrival to the end of their batch), per bucket of
   // spec.latency_buckets_ms (the last one: +Inf), and their sum in ms.
   std::vector<uint64_t> latency_counts;
@@ -82,7 +85,7 @@ struct Instance {
   int64_t t_form = 0, t_gathered = 0, t_executed = 0;
   bool executing = false;
   bool exited = false;    // its executor thread has finished (close() waits for this, bounded)
-  bool recorded = false;  // stats of the current batch already recorded
+  bool recorded = false;  // stats of the current batch already recorded (its state written); lock held
   bool cancels = false;   // a request this instance may hold outside its slot queues was cancelled
   // Inline execution (executor.cc): the current batch runs on the event loop's thread; its
   // executor waits for that batch to finish; submit queued work for it without waking it, and
@@ -133,7 +136,14 @@ struct SubmitResult {
   Code code = kUnknown;
   std::string message;
   bool backlog_full = false;  // admission control: worth retrying later
+  // Checkpoints: the sequence has a request queued or running (retry after its step); a
+  // non-START request names a sequence that was checkpointed and released from here.
+  bool busy = false, released = false;
 };
+
+// Receives a checkpoint's state k (called under the scheduler lock; it must not call back into
+// the scheduler).
+using StateSink = std::function<void(size_t k, const std::vector<int64_t>& shape, const uint8_t* data, size_t nbytes)>;
 
 class Scheduler {
  public:
@@ -183,6 +193,17 @@ class Scheduler {
   bool find_sequence(const CorrId& id, SequenceInfo& out);
   bool end_sequence(const CorrId& id, SequenceInfo& out);
   std::string session_gone(const CorrId& id);
+  // Checkpoints (checkpoint.cc; sequence strategies only). checkpoint: copies the live
+  // sequence `id`'s implicit state to `sink` (state by state) and fills `info`; with `release`
+  // the sequence then leaves its slot without an END step or a tombstone (it moved). Accepted
+  // with *found false when `id` is not live; refused UNAVAILABLE+busy while it has a request
+  // queued or running (or waits in the backlog), UNSUPPORTED for a model without implicit
+  // state or sequences. restore: claims a free slot for `id` holding `states` and `steps`, so
+  // its next non-START request continues from there; refused ALREADY_EXISTS when `id` is live,
+  // UNAVAILABLE when no slot is free, INVALID_ARG when the states do not fit the spec.
+  SubmitResult checkpoint_sequence(const CorrId& id, bool release, const StateSink& sink, SequenceInfo& info,
+                                   bool& found);
+  SubmitResult restore_sequence(const CorrId& id, bool session, uint64_t steps, const std::vector<StateValue>& states);
 
   // Used by the Python batch view while the runner executes (executor thread, GIL held).
   void set_output_state(Instance& inst, size_t state_index, const uint8_t* data, size_t nbytes,
@@ -256,6 +277,11 @@ class Scheduler {
   virtual bool find_sequence_locked(const CorrId&, SequenceInfo&) { return false; }
   virtual bool end_sequence_locked(const CorrId&, SequenceInfo&, Fails&) { return false; }
   virtual std::string session_gone_locked(const CorrId&) { return {}; }
+  // Checkpoints (see the public methods); the default: not a sequence model.
+  virtual SubmitResult checkpoint_locked(const CorrId& id, bool release, const StateSink& sink, SequenceInfo& info,
+                                         bool& found, std::vector<Instance*>& wake);
+  virtual SubmitResult restore_locked(const CorrId& id, bool session, uint64_t steps,
+                                      const std::vector<StateValue>& states);
 
   // --- shared by the strategies (lock held unless noted)
   static SubmitResult refuse(Code code, std::string message) { return {false, code, std::move(message)}; }

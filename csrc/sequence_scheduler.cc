@@ -7,6 +7,7 @@ SequenceScheduler::SequenceScheduler(ModelSpec spec, Hooks hooks, bool gather_st
       table_(spec_.instance_count, spec_.slots_per_instance, spec_.idle_ns, spec_.max_backlog_sequences, counts_) {
   rep_state_shapes_.resize(spec_.states.size());
   table_.tombstones().configure(spec_.tombstone_ns, static_cast<size_t>(std::max<int64_t>(0, spec_.max_tombstones)));
+  released_ids_.configure(kReleasedTtlNs, kMaxReleased);
 }
 
 SubmitResult SequenceScheduler::enqueue_locked(Request* r, int, Instance*& wake, std::string& warning) {
@@ -17,7 +18,10 @@ SubmitResult SequenceScheduler::enqueue_locked(Request* r, int, Instance*& wake,
   auto it = table_.find(r->id);
   if (r->start && !accepting_) return refuse(kUnavailable, kStopping);
   const bool known = table_.found(it);
-  if (r->session && !r->start && !known) {
+  // Checkpointed and released from here: it lives on elsewhere, so never an implied START.
+  const bool moved = !known && !r->start && !released_ids_.empty() && released_ids_.find(r->id, r->arrival_ns);
+  if (r->start && !known && !released_ids_.empty()) released_ids_.erase(r->id);  // a new sequence here
+  if (r->session && !r->start && !known && !moved) {
     // A session's first request starts it, unless the session ended or expired: its next
     // request must not carry on from fresh state as if nothing was lost.
     if (const Tombstone* t = table_.tombstones().find(r->id, r->arrival_ns))
@@ -26,8 +30,11 @@ SubmitResult SequenceScheduler::enqueue_locked(Request* r, int, Instance*& wake,
     r->start = true;
   }
   if (!r->start && !known) {
-    return refuse(kInvalidArg, "inference request for sequence " + r->id.repr() + " to model '" + spec_.name +
-                                   "' must specify the START flag on the first request of the sequence");
+    SubmitResult res = refuse(kInvalidArg, "inference request for sequence " + r->id.repr() + " to model '" +
+                                               spec_.name +
+                                               "' must specify the START flag on the first request of the sequence");
+    res.released = moved;
+    return res;
   }
   if (known && r->start) {
     warning = "sequence " + r->id.repr() + " for model '" + spec_.name +
@@ -148,6 +155,7 @@ int SequenceScheduler::slot_of_locked(const CorrId& id) {
 }
 
 void SequenceScheduler::batch_done_locked(Instance& inst) {
+  inst.state.apply_staged();  // restores that waited for this batch (checkpoint.cc)
   // A START has been answered: its sequence's idle clock starts now.
   int64_t now = 0;
   for (const Row& row : inst.batch.rows) {
@@ -317,7 +325,9 @@ bool SequenceScheduler::end_sequence_locked(const CorrId& id, SequenceInfo& out,
 }
 
 std::string SequenceScheduler::session_gone_locked(const CorrId& id) {
-  const Tombstone* t = table_.tombstones().find(id, now_ns());
+  const int64_t now = now_ns();
+  if (released_ids_.find(id, now)) return "it was checkpointed and released from this server (it moved)";
+  const Tombstone* t = table_.tombstones().find(id, now);
   return t ? session_gone_message(id, *t) : std::string();
 }
 

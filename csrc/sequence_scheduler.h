@@ -11,6 +11,10 @@ namespace seqserve {
 
 class SequenceScheduler : public Scheduler {
  protected:
+  // How long and how many released sequences are remembered (released_ids_).
+  static constexpr int64_t kReleasedTtlNs = 3600LL * 1000000000LL;
+  static constexpr size_t kMaxReleased = 65536;
+
   SequenceScheduler(ModelSpec spec, Hooks hooks, bool gather_state);
 
   // A request (or an expiry marker) was queued in a slot of `inst` (lock held).
@@ -35,6 +39,13 @@ class SequenceScheduler : public Scheduler {
   bool find_sequence_locked(const CorrId& id, SequenceInfo& out) override;
   bool end_sequence_locked(const CorrId& id, SequenceInfo& out, Fails& fails) override;
   std::string session_gone_locked(const CorrId& id) override;
+  // Checkpoints (checkpoint.cc).
+  SubmitResult checkpoint_locked(const CorrId& id, bool release, const StateSink& sink, SequenceInfo& info,
+                                 bool& found, std::vector<Instance*>& wake) override;
+  SubmitResult restore_locked(const CorrId& id, bool session, uint64_t steps,
+                              const std::vector<StateValue>& states) override;
+  // Whether the sequence in global slot `g` has a request queued or in a batch being formed or run.
+  bool slot_busy_locked(int g);
 
   // Ends the sequence `id` that holds slot `s` of `inst` before its END: its id is forgotten
   // (a session's remembered for `reason`), its queued requests are answered CANCELLED with
@@ -53,6 +64,10 @@ class SequenceScheduler : public Scheduler {
 
   SequenceTable table_;
   Shapes rep_state_shapes_;  // batch forming's scratch (lock held)
+  // Sequences checkpointed and released from here (they moved, they did not end): a later
+  // non-START request for one is refused with the START error (released set), a session's
+  // too (no implied START on fresh state), until it is restored or started again. Bounded.
+  Tombstones released_ids_;
 
  private:
   void reaper_loop();

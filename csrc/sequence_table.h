@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <functional>
 #include <list>
 #include <mutex>
 #include <queue>
@@ -104,6 +105,12 @@ class SequenceTable {
   // Ended and expired sessions (see tombstones.h).
   Tombstones& tombstones() { return tomb_; }
   const Seqs& seqs() const { return seqs_; }
+
+  // Restore (checkpoint.cc): the lowest free slot that `usable(instance, index)` accepts
+  // becomes sequence `id`'s, its START handed to the model elsewhere `steps` steps ago, its
+  // idle clock running from `now`. Returns the global slot, or -1 when no free slot is usable.
+  int claim_restored(const CorrId& id, bool session, uint64_t steps, int64_t now,
+                     const std::function<bool(int, int)>& usable);
 
   // Close: hands every backlogged request to `take` and forgets every sequence.
   template <class Take>

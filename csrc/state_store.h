@@ -22,6 +22,8 @@
 // slot_bytes().
 #pragma once
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "common.h"
@@ -31,6 +33,14 @@
 namespace seqserve {
 
 using Shapes = std::vector<std::vector<int64_t>>;
+
+// One implicit state's value for one sequence, in spec order: a view of bytes (BYTES states:
+// serialized) and the shape without the batch dim.
+struct StateValue {
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;
+  size_t nbytes = 0;
+};
 
 class StateStore {
  public:
@@ -74,6 +84,19 @@ class StateStore {
   // next scatter() or finish(): the two stores of a state trade places.
   uint8_t* fixed_row(size_t k, int slot) const { return store_[k].data() + slot * row_bytes_[k]; }
 
+  // Checkpoints (checkpoint.cc), under the scheduler lock, for a slot no running batch of this
+  // instance reads or writes as a real row. check: why `values` do not fit the specs ("" when
+  // they do). read: the slot's state (a staged value when one waits) to `sink`. write: the
+  // slot holds `values` now (the instance is not executing); stage: it will, once the batch
+  // this instance runs now is done (apply_staged(), from batch_done_locked): the batch may read
+  // the slot as a padding row, or write it as the END row of the slot's previous sequence.
+  std::string check(const std::vector<StateValue>& values) const;
+  void read(int slot, const std::function<void(size_t, const std::vector<int64_t>&, const uint8_t*, size_t)>& sink) const;
+  void write(int slot, const std::vector<StateValue>& values);
+  void stage(int slot, const std::vector<StateValue>& values);
+  void apply_staged();
+  void discard_staged(int slot);
+
  private:
   struct SlotState {
     bool ready = false;  // has had a state created at least once
@@ -107,6 +130,12 @@ class StateStore {
   std::vector<uint8_t> set_;       // per state: scatter() ran in this batch
   Shapes shapes_;                  // per state, the batch shape presented
   std::vector<size_t> nbytes_;
+  struct Staged {
+    int slot = -1;
+    Shapes shapes;
+    std::vector<std::string> data;
+  };
+  std::vector<Staged> staged_;  // restores waiting for the running batch to finish
 };
 
 }  // namespace seqserve

@@ -59,6 +59,8 @@ SEQUENCE = {
     "seqserve_sequence_started_total": "counter",
     "seqserve_sequence_ended_total": "counter",
     "seqserve_sequence_expired_total": "counter",
+    "seqserve_sequence_released_total": "counter",
+    "seqserve_sequence_restored_total": "counter",
     "seqserve_sequence_state_bytes": "gauge",
     "seqserve_sequence_backlog_full_total": "counter",
 }

@@ -31,6 +31,9 @@ from seqserve.engine import (
     ModelControlMode,
     Server,
     SessionPolicy,
+    default_replica_id,
+    open_store,
+    redact_url,
 )
 
 log = logging.getLogger("seqserve")
@@ -84,6 +87,10 @@ class ServeOptions:
     max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES  # per model; 0: no bound
     stream_scoped_sequences: bool = False  # sequences started on a gRPC stream end with it
     stream_stats: StreamStats | None = None  # the gRPC streams' counters (one made when None)
+    state_store: str | None = None  # redis://host:port/db or dir:///path (docs/state-store.md)
+    replica_id: str | None = None  # None: hostname-pid-random
+    spill_idle_s: float = 0.0  # idle sequences move to the store after this long (0: never)
+    handover_timeout_s: float = 2.0
 
     @property
     def http_host(self) -> str:
@@ -92,6 +99,7 @@ class ServeOptions:
     @property
     def grpc_host(self) -> str:
         return self.grpc_address or self.host
+
     http_limits: HttpLimits = field(default_factory=HttpLimits)
     grpc_limits: GrpcLimits = field(default_factory=GrpcLimits)
 
@@ -140,6 +148,13 @@ async def serve(opts: ServeOptions) -> int:
         )
         await server.shutdown(timeout_s=0)
         return 1
+    if opts.state_store:
+        try:
+            await _enable_state_store(server, opts)
+        except Exception as e:
+            log.error("cannot use the state store %s: %s", redact_url(opts.state_store), e)
+            await server.shutdown(timeout_s=0)
+            return 1
 
     shutdown = Shutdown(server)
     loop = asyncio.get_running_loop()
@@ -218,6 +233,13 @@ async def serve(opts: ServeOptions) -> int:
         exit_now(1)
     log.info("stopped")
     return 0
+
+
+async def _enable_state_store(server: Server, opts: ServeOptions) -> None:
+    assert opts.state_store
+    store = open_store(opts.state_store, opts.replica_id or default_replica_id())
+    await server.enable_state_store(store, spill_idle_s=opts.spill_idle_s, handover_timeout_s=opts.handover_timeout_s)
+    log.info("state store %s: this replica is '%s'", redact_url(opts.state_store), store.replica_id)
 
 
 class Shutdown:

@@ -11,6 +11,7 @@ from seqserve import __version__
 from seqserve.api import limits as lim
 from seqserve.api import security
 from seqserve.api.app import ServeOptions, resolve_http_server, run
+from seqserve.api.cli_state import add_state_store_args
 from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig
 from seqserve.engine import (
     DEFAULT_INLINE_MAX_BATCH_US,
@@ -409,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"--http-restricted-api. Protocols: {groups}",
     )
     _limits_group(s)
+    add_state_store_args(s)
     return p
 
 
@@ -539,7 +541,14 @@ def main(argv: list[str] | None = None) -> int:
         inline_max_batch_us=args.inline_max_batch_us,
         max_backlog_sequences=args.max_backlog_sequences,
         stream_scoped_sequences=args.stream_scoped_sequences,
+        state_store=args.state_store,
+        replica_id=args.replica_id,
+        spill_idle_s=args.spill_idle_secs,
+        handover_timeout_s=args.handover_timeout_secs,
     )
+    if args.spill_idle_secs and not args.state_store:
+        print("seqserve: --spill-idle-secs needs --state-store (spilled sequences go there)", file=sys.stderr)
+        return 2
     try:
         return run(opts)
     except KeyboardInterrupt:

@@ -113,6 +113,18 @@ _SEQUENCE = (
         "Sequences expired after max_sequence_idle_microseconds without a request",
         "sequences_expired",
     ),
+    (
+        "seqserve_sequence_released_total",
+        "counter",
+        "Sequences checkpointed and released from their slot to move to another server (not ended)",
+        "sequences_released",
+    ),
+    (
+        "seqserve_sequence_restored_total",
+        "counter",
+        "Sequences restored into a slot from a checkpoint",
+        "sequences_restored",
+    ),
     ("seqserve_sequence_state_bytes", "gauge", "Bytes of implicit state held by the sequences in slots", "state_bytes"),
     (
         "seqserve_sequence_backlog_full_total",

@@ -8,6 +8,13 @@ What the front-ends (``seqserve.api``) use comes from here and from ``seqserve.e
 from __future__ import annotations
 
 from seqserve.engine.batch import ExecuteBatch, RaggedInput
+from seqserve.engine.checkpoint import (
+    CheckpointError,
+    CheckpointUnsupportedError,
+    SequenceBusyError,
+    SequenceCheckpoint,
+    SequenceReleasedError,
+)
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
 from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US
@@ -34,6 +41,7 @@ from seqserve.engine.sessions import (
     SessionPolicy,
     parse_sequence_id,
 )
+from seqserve.engine.statestore import StateStore, default_replica_id, open_store, redact_url
 
 __all__ = [
     "DEFAULT_INLINE_MAX_BATCH_US",
@@ -44,6 +52,8 @@ __all__ = [
     "SERVER_EXITING",
     "SERVER_NOT_READY",
     "SERVER_STOPPING",
+    "CheckpointError",
+    "CheckpointUnsupportedError",
     "Code",
     "DecoupledModelError",
     "EndedSequence",
@@ -57,13 +67,20 @@ __all__ = [
     "OrderedRelease",
     "RaggedInput",
     "ResponseCallback",
+    "SequenceBusyError",
+    "SequenceCheckpoint",
     "SequenceId",
     "SequenceInfo",
     "SequenceList",
+    "SequenceReleasedError",
     "SequenceScope",
     "Server",
     "SessionGoneError",
     "SessionPolicy",
+    "StateStore",
+    "default_replica_id",
+    "open_store",
     "parse_sequence_id",
+    "redact_url",
     "startup_models",
 ]

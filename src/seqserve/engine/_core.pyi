@@ -239,7 +239,16 @@ class Refusal(metaclass=_Pybind11Type):
     def message(self) -> str: ...
     @property
     def backlog_full(self) -> bool:
-        """Admission control refused a START: the backlog held its bound (worth retrying later)."""
+        """Admission control refused a START, or no slot was free for a restore: the backlog
+        held its bound (worth retrying later)."""
+    @property
+    def busy(self) -> bool:
+        """checkpoint_sequence: the sequence has a request queued or running, or waits in the
+        backlog (retry after its step)."""
+    @property
+    def released(self) -> bool:
+        """A non-START request for a sequence checkpointed and released from here (the message
+        is Triton's START error): it moved."""
 
 class ExpiredSequence(metaclass=_Pybind11Type):
     """A sequence the idle reaper expired (stateful_model_policy DESCRIBE)."""
@@ -322,6 +331,12 @@ class Stats(metaclass=_Pybind11Type):
     @property
     def sequences_expired(self) -> int:
         """Sequences the idle reaper expired."""
+    @property
+    def sequences_released(self) -> int:
+        """Sequences checkpointed and released from their slot (they moved: neither ended nor expired)."""
+    @property
+    def sequences_restored(self) -> int:
+        """Sequences restored into a slot from a checkpoint."""
     @property
     def latency_counts(self) -> list[int]:
         """Successful requests per latency bucket (spec.latency_buckets_ms, then +Inf); the
@@ -511,6 +526,22 @@ class Scheduler(metaclass=_Pybind11Type):
         """End the live sequence `corrid` as idle expiry does; None when it is not live. Returns it as it was."""
     def session_gone(self, corrid: int | str) -> str | None:
         """Why a session that is not live would be refused, or None."""
+    def checkpoint_sequence(
+        self, corrid: int | str, *, release: bool
+    ) -> tuple[int, bool, list[tuple[bytes, list[int]]]] | Refusal | None:
+        """Copy the live sequence's implicit state out: (steps, session, [(bytes, shape) per state]); None
+        when it is not live; a Refusal while it is busy (UNAVAILABLE, busy) or for a model without
+        implicit state (UNSUPPORTED). release: it then leaves its slot without an END step (it moved)."""
+    def restore_sequence(
+        self,
+        corrid: int | str,
+        *,
+        session: bool,
+        steps: int,
+        states: list[tuple[Any, list[int]]],
+    ) -> Refusal | None:
+        """Claim a free slot for the sequence, holding `states` ([(data, shape)] in spec order) and `steps`;
+        its next non-START request continues from there. None, or the Refusal."""
     def close(self, force: bool = False, *, timeout_s: float | None = None) -> list[int]:
         """Stop the executors once queues drain (force: now); unanswered requests fail UNAVAILABLE.
         Waits up to timeout_s (None: without limit) for the executor threads; returns the indices

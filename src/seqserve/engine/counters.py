@@ -35,5 +35,7 @@ class ModelCounters:
     sequences_started: int = 0
     sequences_ended: int = 0
     sequences_expired: int = 0
+    sequences_released: int = 0  # checkpointed and released from their slot: moved, neither ended nor expired
+    sequences_restored: int = 0  # restored into a slot from a checkpoint
     backlog_full: int = 0  # STARTs refused because the backlog held max_backlog_sequences sequences
     state_bytes: int = 0  # implicit state held by the sequences in slots

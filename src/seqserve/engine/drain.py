@@ -8,6 +8,8 @@ import contextlib
 import time
 from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from seqserve.engine.handoff import Handoff
 from seqserve.engine.server_state import (
     MIN_CLOSE_WAIT_S,
     ModelState,
@@ -31,6 +33,7 @@ class Drain:
         _shutdown_deadline: float | None
         exit_timeout_s: float
         hung_instances: list[tuple[str, str]]
+        _handoff: Handoff | None
 
     async def _retire(
         self, state: ModelState, timeout_s: float | None = None, *, deadline: float | None = None
@@ -74,6 +77,8 @@ class Drain:
         for s in self._models.values():  # at once, even while a load holds the lock
             for m in s.versions.values():
                 m.stop_accepting()
+        if self._handoff is not None:  # sequences with implicit state move to the shared store
+            self._handoff.begin_drain(self._shutdown_deadline)
 
     def open_work(self) -> tuple[int, int, list[str]]:
         """(sequences, requests, per-model details) still open: sequences holding a slot (or
@@ -114,6 +119,8 @@ class Drain:
             finally:
                 if locked:
                     self._control_lock.release()
+            if self._handoff is not None:  # the handoffs' writes reach the store, then it closes
+                await self._handoff.finish(deadline)
         finally:
             progress.cancel()
         await asyncio.to_thread(self._uploads.remove_all)

@@ -8,7 +8,8 @@ await server.shutdown()
 ``Server`` is assembled from parts a reader can hold in their head: this module (construction,
 start, load of one model, health, metadata, statistics, the request path, the sequence API),
 ``repository_control`` (model control, load/unload/poll), ``drain`` (shutdown) and
-``keyword_api`` (the keyword helpers); what they share is in ``server_state``.
+``keyword_api`` (the keyword helpers), ``server_checkpoints`` (checkpoint and restore of live
+sequences); what they share is in ``server_state``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from seqserve import __version__
 from seqserve._proto import model_config_pb2 as mc
@@ -44,6 +45,7 @@ from seqserve.engine.repository import discover_models, select_versions
 from seqserve.engine.repository_control import RepositoryControl
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
+from seqserve.engine.server_checkpoints import CheckpointAPI
 from seqserve.engine.server_state import (
     MODEL_DUPLICATE_REASON,
     SERVER_STOPPING,
@@ -56,8 +58,12 @@ from seqserve.engine.server_state import (
 from seqserve.engine.sessions import EndedSequence, SequenceInfo, SequenceList, SessionPolicy
 from seqserve.engine.uploads import UploadDirs
 
+if TYPE_CHECKING:
+    from seqserve.engine.handoff import Handoff
+    from seqserve.engine.statestore import StateStore
 
-class Server(RepositoryControl, Drain, KeywordAPI):
+
+class Server(RepositoryControl, Drain, KeywordAPI, CheckpointAPI):
     """Serves a model repository in this process. All methods run on one asyncio loop."""
 
     def __init__(
@@ -137,6 +143,7 @@ class Server(RepositoryControl, Drain, KeywordAPI):
         self._shutdown_deadline: float | None = None  # time.monotonic() when the drain ends
         #: (model, instance) of executors left running in execute when their model was closed
         self.hung_instances: list[tuple[str, str]] = []
+        self._handoff: Handoff | None = None  # the shared state store's coordinator, when enabled
 
     # ------------------------------------------------------------------------ lifecycle
 
@@ -269,8 +276,10 @@ class Server(RepositoryControl, Drain, KeywordAPI):
         begun, a model that is not (or no longer) loaded is UNAVAILABLE (SERVER_STOPPING)."""
         state = self._models.get(name)
         if state is None or not state.versions:
-            if self._exiting:
-                raise InferenceError(Code.UNAVAILABLE, SERVER_STOPPING)
+            if self._exiting:  # with a state store, its sequences went on elsewhere: worth a retry there
+                raise InferenceError(
+                    Code.UNAVAILABLE, SERVER_STOPPING, retry_after_s=None if self._handoff is None else 1.0
+                )
             raise InferenceError(Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
         if version in ("", None, -1, "-1"):
             return state.versions[max(state.versions)]
@@ -374,6 +383,8 @@ class Server(RepositoryControl, Drain, KeywordAPI):
         a generated id (see ``auto_sequence_ids``; the request is updated with it). Decoupled
         models refuse it (DecoupledModelError): use ``enqueue_streaming``."""
         m, response_parameters = self._route(request)
+        if self._handoff is not None and m.is_sequence:
+            return self._handoff.enqueue(m, request, response_parameters)
         return m.submit(request, response_parameters=response_parameters)
 
     def enqueue_streaming(self, request: InferRequest, on_response: ResponseCallback) -> Callable[[], None]:
@@ -384,6 +395,8 @@ class Server(RepositoryControl, Drain, KeywordAPI):
         InferenceError at once for requests the scheduler refuses (no callback then).
         Returns ``cancel()``, to call when the client is gone (models see ``is_cancelled()``)."""
         m, response_parameters = self._route(request)
+        if self._handoff is not None and m.is_sequence:
+            return self._handoff.enqueue_streaming(m, request, response_parameters, on_response)
         return m.submit_streaming(request, on_response, response_parameters=response_parameters)
 
     def _route(self, request: InferRequest) -> tuple[LoadedModel, dict[str, Any] | None]:
@@ -396,6 +409,23 @@ class Server(RepositoryControl, Drain, KeywordAPI):
             request.session = True  # its end or expiry is remembered, as a named session's
             return m, {"sequence_id": request.sequence_id}
         return m, None
+
+    async def enable_state_store(
+        self, store: StateStore, *, spill_idle_s: float = 0.0, handover_timeout_s: float = 2.0
+    ) -> Handoff:
+        """Share sequences with other replicas through ``store`` (docs/state-store.md): this
+        replica records the sequences it runs, hands them off at shutdown (and, with
+        ``spill_idle_s``, when idle that long), hands one over when another replica asks, and
+        takes over a step's sequence from the store when it does not hold it. Call once, after
+        ``start``."""
+        from seqserve.engine.handoff import Handoff
+
+        if self._handoff is not None:
+            raise RuntimeError("a state store is already enabled")
+        handoff = Handoff(self, store, spill_idle_s=spill_idle_s, handover_timeout_s=handover_timeout_s)
+        await handoff.start()
+        self._handoff = handoff
+        return handoff
 
     def session_sequence_id(self, model: str, version: str | int, session: str) -> SequenceId:
         """The sequence id a session id names: a string id, except for models whose CORRID

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import _core
 from seqserve.engine.backends import BackendInstance, InstanceContext, ModelContext, find_backend
 from seqserve.engine.batch import ExecuteBatch, RaggedInput, StateViews
+from seqserve.engine.checkpoint import SequenceReleasedError
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
 from seqserve.engine.isolation import IsolatedBackend, execution_settings
 from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US
@@ -218,21 +218,6 @@ class LoadedModel(ModelReports, SequenceViews):
         if not self._instances:
             raise InferenceError(Code.INVALID_ARG, f"model '{self.name}' has no (non-passive) instances")
 
-    def _describe_expired(self, x: _core.ExpiredSequence) -> None:
-        """stateful_model_policy DESCRIBE: one structured line per expired sequence."""
-        info = {
-            "model": self.name,
-            "version": self.version,
-            "sequence_id": x.sequence_id,
-            "age_s": x.age_s,
-            "idle_s": x.idle_s,
-            "steps": x.steps,
-            "state_bytes": x.state_bytes,
-            "instance": x.instance,
-            "slot": x.slot,
-        }
-        log.info("sequence expired %s", orjson.dumps(info).decode())
-
     # ------------------------------------------------------------------ sequence API
 
     @property
@@ -373,6 +358,8 @@ class LoadedModel(ModelReports, SequenceViews):
             self._validator.failures += 1
             if token.code == _core.Code.NOT_FOUND:  # a session that ended or expired
                 raise SessionGoneError(token.message)
+            if token.released:  # checkpointed and released from here: it moved (a coordinator looks it up)
+                raise SequenceReleasedError(token.message)
             if token.code == _core.Code.UNAVAILABLE:
                 self._rejected += 1
             # Sequence-batcher errors carry no request id in Triton; the others do.

@@ -112,6 +112,8 @@ class ModelReports:
             sequences_started=s.sequences_started,
             sequences_ended=s.sequences_ended,
             sequences_expired=s.sequences_expired,
+            sequences_released=s.sequences_released,
+            sequences_restored=s.sequences_restored,
             backlog_full=s.backlog_full,
             state_bytes=s.state_bytes,
         )

@@ -1,18 +1,22 @@
-"""The sequence API of one model version: list, show and end its sequences."""
+"""The sequence API of one model version: list, show and end its sequences (and, through
+``SequenceCheckpoints``, checkpoint and restore them)."""
 
 from __future__ import annotations
 
 import logging
 
+import orjson
+
 from seqserve.engine import _core
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.model.checkpoints import SequenceCheckpoints
 from seqserve.engine.request import SequenceId
 from seqserve.engine.sessions import EndedSequence, SequenceInfo, SequenceList
 
 log = logging.getLogger("seqserve.model")
 
 
-class SequenceViews:
+class SequenceViews(SequenceCheckpoints):
     """Part of ``LoadedModel``."""
 
     def sequences(self, limit: int) -> SequenceList:
@@ -48,6 +52,21 @@ class SequenceViews:
             final_step=self._spec.scheduler.timeout_complete and not info.backlogged,
             cancelled_requests=info.queued if info.backlogged else 0,
         )
+
+    def _describe_expired(self, x: _core.ExpiredSequence) -> None:
+        """stateful_model_policy DESCRIBE: one structured line per expired sequence."""
+        info = {
+            "model": self.name,
+            "version": self.version,
+            "sequence_id": x.sequence_id,
+            "age_s": x.age_s,
+            "idle_s": x.idle_s,
+            "steps": x.steps,
+            "state_bytes": x.state_bytes,
+            "instance": x.instance,
+            "slot": x.slot,
+        }
+        log.info("sequence expired %s", orjson.dumps(info).decode())
 
     def _sequence_info(self, x: _core.SequenceInfo) -> SequenceInfo:
         held = not x.backlogged

@@ -1,0 +1,395 @@
+"""A replica's side of the shared state store (docs/state-store.md): it records which sequences
+this replica runs, hands them off (on drain, on an owner's handover request, when idle), and
+brings sequences it does not hold back from the store when their next step arrives here.
+
+``Handoff`` is attached to a ``Server`` (``Server.enable_state_store``). The request path pays
+for it only where it must: a step of a sequence live here goes to the core untouched (one slot
+lookup for steps without START); STARTs and ENDs queue a store write that a background task
+sends in batches, never awaited by the request. Only a step for a sequence this replica does
+not hold (``HandoffArrivals``) waits for the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.handoff_arrival import HandoffArrivals
+from seqserve.engine.statestore import SequenceKey, StateStore, Status, StoreError
+
+if TYPE_CHECKING:
+    from seqserve.engine.checkpoint import SequenceCheckpoint
+    from seqserve.engine.model import LoadedModel
+    from seqserve.engine.server import Server
+
+log = logging.getLogger("seqserve.handoff")
+
+#: how long entries outlive the model's idle timeout (live ones are refreshed while they run)
+DEFAULT_MARGIN_S = 30.0
+#: the longest pause between two tries to checkpoint a sequence whose step is running
+_BUSY_RETRY_S = 0.01
+#: sequences checkpointed per round of the spill task, so that one round never holds the loop long
+_SPILL_BATCH = 256
+
+
+class Handoff(HandoffArrivals):
+    """See the module's docstring. Event-loop only."""
+
+    def __init__(
+        self,
+        server: Server,
+        store: StateStore,
+        *,
+        spill_idle_s: float = 0.0,
+        handover_timeout_s: float = 2.0,
+        margin_s: float = DEFAULT_MARGIN_S,
+    ) -> None:
+        if spill_idle_s < 0 or handover_timeout_s <= 0 or margin_s <= 0:
+            raise ValueError("spill_idle_s must be >= 0, handover_timeout_s and margin_s > 0")
+        self.server = server
+        self.store = store
+        self.replica_id = store.replica_id
+        self.spill_idle_s = spill_idle_s
+        self.handover_timeout_s = handover_timeout_s
+        self.margin_s = margin_s
+        self.draining = False
+        #: tokens of the sequences this replica holds in the store
+        self._owned: dict[SequenceKey, int] = {}
+        #: writes waiting for the flusher: registrations (key -> session) and ends
+        self._to_register: dict[SequenceKey, bool] = {}
+        self._to_end: dict[SequenceKey, bool] = {}
+        self._registering: set[SequenceKey] = set()  # registrations on their way to the store
+        self._wake = asyncio.Event()
+        self._flushed = asyncio.Event()  # set after each flush: waiters for a token re-check
+        #: sequences whose state is on its way into the store (the release write in flight)
+        self._releasing: dict[SequenceKey, asyncio.Future[None]] = {}
+        #: sequences a step may not reach the core for now: leaving (handover) or arriving
+        self._busy: dict[SequenceKey, asyncio.Lock] = {}
+        self._leaving: set[SequenceKey] = set()
+        self._arrivals: set[asyncio.Future[Any]] = set()  # steps waiting for the store
+        self._tasks: list[asyncio.Task[None]] = []
+        self._drain_task: asyncio.Task[None] | None = None
+        self._stateful: dict[str, tuple[LoadedModel, bool]] = {}
+
+    # --------------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        await self.store.open(self._on_handover)
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._flusher(), name="seqserve-handoff-flush"),
+            loop.create_task(self._beat(), name="seqserve-handoff-heartbeat"),
+        ]
+        if self.spill_idle_s > 0:
+            self._tasks.append(loop.create_task(self._spill_loop(), name="seqserve-handoff-spill"))
+        log.info(
+            "state store: replica '%s'%s", self.replica_id,
+            f", idle sequences spill after {self.spill_idle_s:g} s" if self.spill_idle_s else "",
+        )  # fmt: skip
+
+    def begin_drain(self, deadline: float) -> None:
+        """The shutdown began (synchronous, from the signal handler): from now on every step of a
+        model with implicit state is refused with UNAVAILABLE + retry-after, and each live
+        sequence moves to the store after its running step."""
+        if self.draining:
+            return
+        self.draining = True
+        self._drain_task = asyncio.get_running_loop().create_task(
+            self._handoff_all(deadline), name="seqserve-handoff-drain"
+        )
+
+    async def finish(self, deadline: float) -> None:
+        """The end of the shutdown: the drain's handoffs and the queued writes reach the store
+        (bounded by ``deadline``), then the store closes."""
+        if self._drain_task is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._drain_task), max(deadline - time.monotonic(), 0.1))
+        self._wake.set()
+        pending = list(self._releasing.values())
+        if pending:
+            await asyncio.wait(pending, timeout=max(deadline - time.monotonic(), 0.1))
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._flush(), max(deadline - time.monotonic(), 0.5))
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        try:
+            await self.store.close()
+        except Exception as e:  # the process is exiting anyway
+            log.warning("state store: close: %s", e)
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def is_stateful(self, m: LoadedModel) -> bool:
+        """Whether the server holds the model's state (implicit state): only those can move."""
+        found = self._stateful.get(m.name)
+        if found is None or found[0] is not m:  # one entry per name: a reload replaces it
+            found = self._stateful[m.name] = (m, bool(m.config.sequence_batching.state))
+        return found[1]
+
+    def _stateful_models(self) -> list[LoadedModel]:
+        return [m for s in self.server._models.values() for m in s.versions.values() if self.is_stateful(m)]
+
+    def ttl_s(self, m: LoadedModel) -> float:
+        """How long an entry lives unrefreshed: the model's idle timeout and the margin."""
+        idle_us = m.config.sequence_batching.max_sequence_idle_microseconds or 1_000_000
+        return idle_us / 1e6 + self.margin_s
+
+    def tombstone_s(self, session: bool) -> float:
+        """How long the store remembers an ended (or expired) sequence: sessions as the engine
+        does (--session-tombstone-secs), plain sequences not at all."""
+        return self.server.sessions.tombstone_s if session else 0.0
+
+    def _model(self, key: SequenceKey) -> LoadedModel | None:
+        try:
+            return self.server.model(key.model, key.version)
+        except InferenceError:
+            return None
+
+    def started(self, key: SequenceKey, session: bool) -> None:
+        """A sequence started here (a START, or a session's implied one): record it, later."""
+        self._to_end.pop(key, None)
+        self._to_register[key] = session
+        self._wake.set()
+
+    def ended(self, key: SequenceKey, session: bool) -> None:
+        self._to_end[key] = session
+        self._wake.set()
+
+    async def _flusher(self) -> None:
+        backoff = 0.0
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self._flush()
+                backoff = 0.0
+            except StoreError as e:
+                backoff = min(max(backoff * 2, 0.25), 5.0)
+                log.warning("state store: %s (trying again in %g s)", e, backoff)
+                await asyncio.sleep(backoff)
+                self._wake.set()
+
+    async def _flush(self) -> None:
+        """Send the queued registrations, then the ends, each batch in one round trip."""
+        reg, self._to_register = self._to_register, {}
+        self._registering = set(reg)
+        try:
+            if reg:
+                ttls = {k: self._entry_ttl(k) for k in reg}
+                # one call per TTL: entries of one model share it
+                by_ttl: dict[float, list[tuple[SequenceKey, bool]]] = {}
+                for k, session in reg.items():
+                    by_ttl.setdefault(ttls[k], []).append((k, session))
+                for ttl, items in list(by_ttl.items()):
+                    try:
+                        tokens = await self.store.register(items, ttl)
+                    except StoreError:
+                        for k, session in (kv for group in by_ttl.values() for kv in group):
+                            self._to_register.setdefault(k, session)  # next time, unless ended meanwhile
+                        raise
+                    del by_ttl[ttl]
+                    for (k, _), t in zip(items, tokens, strict=True):
+                        self._owned[k] = t
+            ended = {k: s for k, s in self._to_end.items() if k in self._owned}
+            for k in [k for k in self._to_end if k not in self._owned and k not in self._to_register]:
+                del self._to_end[k]  # never registered (its START failed to reach the store)
+            if ended:
+                for k in ended:
+                    del self._to_end[k]
+                sessions = [(k, self._owned.pop(k)) for k, s in ended.items() if s]
+                others = [(k, self._owned.pop(k)) for k, s in ended.items() if not s]
+                if sessions:
+                    await self.store.end(sessions, self.tombstone_s(True))
+                if others:
+                    await self.store.end(others, 0)
+        finally:
+            self._registering = set()
+            self._flushed.set()
+            self._flushed = asyncio.Event()
+
+    def _entry_ttl(self, key: SequenceKey) -> float:
+        m = self._model(key)
+        return self.ttl_s(m) if m is not None else self.margin_s
+
+    async def token(self, key: SequenceKey) -> int | None:
+        """This replica's token for ``key``, once its registration is through."""
+        for _ in range(3):
+            if key in self._owned:
+                return self._owned[key]
+            if key not in self._to_register and key not in self._registering:
+                return None
+            self._wake.set()
+            waiter = self._flushed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter.wait(), 2.0)
+        return self._owned.get(key)
+
+    async def _beat(self) -> None:
+        """The heartbeat; every few beats, push back the expiry of the entries of sequences
+        still live here and end those the engine ended by itself (idle expiry)."""
+        interval = min(max(self.store.heartbeat_ttl_s / 3, 0.05), 1.0)
+        refresh_every = max(1, int(self.margin_s / 3 / interval))
+        n = 0
+        while True:
+            try:
+                await self.store.heartbeat()
+                n += 1
+                if n % refresh_every == 0:
+                    await self._refresh()
+            except StoreError as e:
+                log.warning("state store: %s", e)
+            await asyncio.sleep(interval)
+
+    async def _refresh(self) -> None:
+        by_ttl: dict[float, list[tuple[SequenceKey, int]]] = {}
+        for k, t in list(self._owned.items()):
+            m = self._model(k)
+            if m is not None and m.sequence_slot(k.sequence_id) is not None:  # a slot, or the backlog
+                by_ttl.setdefault(self._entry_ttl(k), []).append((k, t))
+            elif k not in self._releasing and k not in self._busy and k not in self._to_end:
+                self._to_end[k] = True  # expired here: a tombstone, as the engine keeps one
+        for ttl, items in by_ttl.items():
+            await self.store.refresh(items, ttl)
+        self._wake.set()
+
+    # --------------------------------------------------------------- moving out
+
+    async def _checkpoint(self, m: LoadedModel, key: SequenceKey, deadline: float) -> SequenceCheckpoint | None:
+        """Checkpoint and release the sequence between two of its steps (retrying while one is
+        queued or running), up to ``deadline``; None when it is not live here or the deadline
+        passed."""
+        from seqserve.engine.checkpoint import SequenceBusyError
+
+        pause = 0.001
+        while True:
+            try:
+                return self.server.checkpoint_sequence(m.name, m.version, key.sequence_id, release=True)
+            except SequenceBusyError:
+                if time.monotonic() + pause > deadline:
+                    return None
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _BUSY_RETRY_S)
+
+    def release_later(self, m: LoadedModel, key: SequenceKey, ckpt: SequenceCheckpoint) -> asyncio.Future[None]:
+        """Write a checkpointed (released) sequence to the store, in the background; steps that
+        arrive for it meanwhile wait for the write."""
+        fut = asyncio.ensure_future(self._write_release(m, key, ckpt))
+        self._releasing[key] = fut
+        fut.add_done_callback(lambda _: self._releasing.pop(key, None))
+        return fut
+
+    async def _write_release(self, m: LoadedModel, key: SequenceKey, ckpt: SequenceCheckpoint) -> None:
+        data = ckpt.to_bytes()
+        ttl = self.ttl_s(m)
+        for attempt in range(3):
+            try:
+                token = await self.token(key)
+                if token is None:  # its START never reached the store: take it now
+                    [token] = await self.store.register([(key, ckpt.session)], ttl)
+                self._owned.pop(key, None)
+                if await self.store.release(key, token, data, ttl, self.tombstone_s(ckpt.session)):
+                    return
+                entry = await self.store.get(key)
+                # registered twice by this process (a race of two writers): the entry is ours
+                ours = entry is not None and entry.owner == self.replica_id and entry.status is Status.LIVE
+                tomb = self.tombstone_s(ckpt.session)
+                if ours and entry is not None and await self.store.release(key, entry.token, data, ttl, tomb):
+                    return
+                log.error("state store: sequence %s was taken by another replica meanwhile; dropped", key.encode())
+                return
+            except StoreError as e:
+                log.warning("state store: releasing %s (try %d): %s", key.encode(), attempt + 1, e)
+                await asyncio.sleep(0.1 * (attempt + 1))
+        # The store is out of reach: keep the sequence here rather than lose it (not while
+        # draining: the process is going away, and with it the state).
+        if not self.draining:
+            try:
+                self.server.restore_sequence(ckpt)
+                self.started(key, ckpt.session)
+                log.warning("state store unreachable: sequence %s stays on this replica", key.encode())
+                return
+            except InferenceError as e:
+                log.error("sequence %s is lost: the store is unreachable and it cannot come back: %s", key.encode(), e)
+        else:
+            log.error("sequence %s is lost: the state store is unreachable during the drain", key.encode())
+
+    async def _on_handover(self, key: SequenceKey, requester: str) -> None:
+        """Another replica got a step of a sequence this one runs: let it go between two steps."""
+        if self.draining or key in self._leaving or key in self._releasing:
+            return  # on its way already
+        m = self._model(key)
+        if m is None or not self.is_stateful(m) or m.sequence_slot(key.sequence_id) is None:
+            return
+        self._leaving.add(key)
+        try:
+            ckpt = await self._checkpoint(m, key, time.monotonic() + self.handover_timeout_s)
+            if ckpt is not None:
+                log.info("handing sequence %s over to replica '%s'", key.encode(), requester)
+                await self.release_later(m, key, ckpt)
+        finally:
+            self._leaving.discard(key)
+
+    async def _handoff_all(self, deadline: float) -> None:
+        """The drain: every live sequence of a model with implicit state goes to the store after
+        its running step; those of models that keep their own state finish here."""
+        moved = 0
+        while time.monotonic() < deadline:
+            for name, version, sid, _idle in self.server.live_sequences():
+                key = SequenceKey(name, version, sid)
+                m = self._model(key)
+                if m is None or not self.is_stateful(m) or key in self._releasing:
+                    continue
+                ckpt = await self._checkpoint(m, key, time.monotonic())  # one try: others meanwhile
+                if ckpt is not None:
+                    self.release_later(m, key, ckpt)
+                    moved += 1
+            # sequences still running a step, or waiting in the backlog for a slot the handoffs free
+            if not any(m.inflight_sequences for m in self._stateful_models()):
+                break
+            await asyncio.sleep(0.005)
+        if self._releasing:
+            await asyncio.wait(list(self._releasing.values()), timeout=max(deadline - time.monotonic(), 0.1))
+        log.info("state store: %d sequence%s handed off", moved, "" if moved == 1 else "s")
+
+    async def _spill_loop(self) -> None:
+        """Idle sequences go to the store and free their slot; their next step brings them back."""
+        every = min(max(self.spill_idle_s / 4, 0.05), 5.0)
+        while True:
+            await asyncio.sleep(every)
+            if self.draining:
+                return
+            spilled = 0
+            for name, version, sid, idle in self.server.live_sequences():
+                if idle < self.spill_idle_s or spilled >= _SPILL_BATCH:
+                    continue
+                key = SequenceKey(name, version, sid)
+                m = self._model(key)
+                if (
+                    m is None
+                    or not self.is_stateful(m)
+                    or key in self._releasing
+                    or key in self._busy
+                    or key in self._leaving
+                ):
+                    continue
+                ckpt = await self._checkpoint(m, key, time.monotonic())
+                if ckpt is not None:
+                    self.release_later(m, key, ckpt)
+                    spilled += 1
+            if spilled:
+                log.debug("spilled %d idle sequence(s) to the state store", spilled)
+
+    def refuse_leaving(self, m: LoadedModel, sequence_id: object) -> InferenceError:
+        why = "this replica is shutting down" if self.draining else "it is moving to another replica"
+        return InferenceError(
+            Code.UNAVAILABLE,
+            f"sequence {sequence_id} of model '{m.name}' is leaving this replica ({why}); retry",
+            retry_after_s=1.0,
+        )

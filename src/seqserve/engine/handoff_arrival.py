@@ -1,0 +1,344 @@
+"""The request side of the state store: a step for a sequence this replica does not hold
+consults the store before it reaches the core (see ``seqserve.engine.handoff``).
+
+- released in the store: claim it (the fencing token makes the claim exclusive), restore its
+  checkpoint into a free slot, then submit the step;
+- live under another replica that is alive: ask that owner to hand it over (it checkpoints and
+  releases it between two steps) and claim it as soon as it is released; if that takes longer
+  than ``handover_timeout_s``: UNAVAILABLE with a retry-after (HTTP 503 + Retry-After);
+- live under a replica whose heartbeat expired: its state died with it; the step is refused
+  (a session's with 410 Gone), never started afresh;
+- ended (a tombstone): a session's step gets 410 Gone, as on the replica that ended it;
+- unknown to the store: today's behaviour (Triton's START error, or a session's implied START).
+
+Steps of one sequence that arrive while one of them waits for the store queue behind it, so they
+reach the core in their arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.request import InferRequest, SequenceId
+from seqserve.engine.responses import InferResult, ResponseCallback
+from seqserve.engine.sessions import SessionGoneError
+from seqserve.engine.statestore import Claim, SequenceKey, StateStore, Status, StoreError
+
+if TYPE_CHECKING:
+    from seqserve.engine.checkpoint import SequenceCheckpoint
+    from seqserve.engine.model import LoadedModel
+    from seqserve.engine.server import Server
+
+T = TypeVar("T")
+
+#: how often a step waiting for a handover looks at the store (at most; it starts faster)
+_HANDOVER_POLL_S = 0.05
+#: what a refused step is told to wait before it tries again (HTTP Retry-After)
+RETRY_AFTER_S = 1.0
+
+
+class _Gate:
+    """The steps of one sequence waiting for the store, in arrival order."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
+class HandoffArrivals:
+    """Part of ``Handoff``."""
+
+    if TYPE_CHECKING:
+        server: Server
+        store: StateStore
+        replica_id: str
+        draining: bool
+        handover_timeout_s: float
+        _owned: dict[SequenceKey, int]
+        _to_register: dict[SequenceKey, bool]
+        _busy: dict[SequenceKey, Any]
+        _leaving: set[SequenceKey]
+        _arrivals: set[asyncio.Future[Any]]
+        _releasing: dict[SequenceKey, asyncio.Future[None]]
+
+        def is_stateful(self, m: LoadedModel) -> bool: ...
+        def ttl_s(self, m: LoadedModel) -> float: ...
+        def tombstone_s(self, session: bool) -> float: ...
+        def started(self, key: SequenceKey, session: bool) -> None: ...
+        def ended(self, key: SequenceKey, session: bool) -> None: ...
+        def refuse_leaving(self, m: LoadedModel, sequence_id: object) -> InferenceError: ...
+
+    # -------------------------------------------------------------- entry points
+
+    def enqueue(
+        self, m: LoadedModel, request: InferRequest, response_parameters: dict[str, Any] | None
+    ) -> asyncio.Future[InferResult]:
+        """``Server.enqueue`` for sequence models while a state store is attached."""
+
+        if not self._needs_store(m, request):
+            fut = m.submit(request, response_parameters=response_parameters)
+            self._after(m, request)
+            return fut
+        withdrawn = False
+
+        def submit() -> asyncio.Future[InferResult]:
+            if withdrawn:
+                raise _Withdrawn
+            return m.submit(request, response_parameters=response_parameters)
+
+        async def arrive() -> InferResult:
+            # A client that leaves does not interrupt the store work (a claim half done would
+            # strand the state): the lookup finishes, restores the sequence, and does not submit
+            # the step (a request cancelled in the core would take its whole sequence with it).
+            nonlocal withdrawn
+            lookup = asyncio.ensure_future(self._arrive(m, request, submit))
+            self._arrivals.add(lookup)
+            lookup.add_done_callback(self._arrivals.discard)
+            try:
+                fut = await asyncio.shield(lookup)
+            except asyncio.CancelledError:
+                withdrawn = True
+                lookup.add_done_callback(_retrieve)
+                raise
+            return await fut
+
+        return asyncio.ensure_future(arrive())
+
+    def enqueue_streaming(
+        self,
+        m: LoadedModel,
+        request: InferRequest,
+        response_parameters: dict[str, Any] | None,
+        on_response: ResponseCallback,
+    ) -> Callable[[], None]:
+        """``Server.enqueue_streaming`` for sequence models while a state store is attached:
+        a refusal found in the store comes through ``on_response`` (final)."""
+
+        if not self._needs_store(m, request):
+            cancel_now = m.submit_streaming(request, on_response, response_parameters=response_parameters)
+            self._after(m, request)
+            return cancel_now
+        inner: list[Callable[[], None]] = []
+        cancelled = False
+
+        def submit() -> Callable[[], None]:
+            if cancelled:  # withdrawn while the store was consulted: never reaches the core
+                raise _Withdrawn
+            return m.submit_streaming(request, on_response, response_parameters=response_parameters)
+
+        async def arrive() -> None:
+            try:
+                found = await self._arrive(m, request, submit)
+            except _Withdrawn:
+                on_response(InferenceError(Code.CANCELLED, "the request was cancelled"), True)
+                return
+            except InferenceError as e:
+                on_response(e, True)
+                return
+            except Exception as e:  # a bug must not leave the request unanswered
+                on_response(InferenceError(Code.INTERNAL, f"state store: {type(e).__name__}: {e}"), True)
+                return
+            if cancelled:
+                found()
+            else:
+                inner.append(found)
+
+        task = asyncio.ensure_future(arrive())
+        self._arrivals.add(task)  # a strong reference while it runs
+        task.add_done_callback(self._arrivals.discard)
+
+        def cancel() -> None:
+            # As for unary requests, the store work goes on; the step is not submitted.
+            nonlocal cancelled
+            cancelled = True
+            if inner:
+                inner[0]()
+
+        return cancel
+
+    # -------------------------------------------------------------------- fast path
+
+    def _needs_store(self, m: LoadedModel, request: InferRequest) -> bool:
+        """False for the common case (go straight to the core); True when the store must be
+        consulted first; raises for a step this replica must refuse (its sequence is leaving)."""
+        if not self.is_stateful(m):
+            return False  # models that keep their own state: their sequences never move
+        if request.sequence_start or not request.sequence_id:
+            return False  # a START begins the id afresh, here; no id: the core's error
+        if self.draining:
+            raise self.refuse_leaving(m, request.sequence_id)
+        if self._busy or self._leaving or self._releasing:
+            key = SequenceKey(m.name, m.version, request.sequence_id)
+            if key in self._leaving:
+                raise self.refuse_leaving(m, request.sequence_id)
+            if key in self._busy or key in self._releasing:
+                return True
+        return m.sequence_slot(request.sequence_id) is None
+
+    def _after(self, m: LoadedModel, request: InferRequest) -> None:
+        """A step reached the core: record STARTs and ENDs in the store (in the background)."""
+        if not (request.sequence_start or request.sequence_end) or not self.is_stateful(m):
+            return
+        key = SequenceKey(m.name, m.version, request.sequence_id)
+        if request.sequence_end:
+            if not request.sequence_start:
+                self.ended(key, request.session)
+        else:
+            self.started(key, request.session)
+
+    # -------------------------------------------------------------------- slow path
+
+    async def _arrive(self, m: LoadedModel, request: InferRequest, submit: Callable[[], T]) -> T:
+        key = SequenceKey(m.name, m.version, request.sequence_id)
+        gate = self._busy.get(key)
+        if gate is None:
+            gate = self._busy[key] = _Gate()
+        gate.users += 1
+        try:
+            async with gate.lock:
+                return await self._arrive_locked(m, key, request, submit)
+        finally:
+            gate.users -= 1
+            if not gate.users:
+                del self._busy[key]
+
+    async def _arrive_locked(
+        self, m: LoadedModel, key: SequenceKey, request: InferRequest, submit: Callable[[], T]
+    ) -> T:
+        sid = request.sequence_id
+        if self.draining:
+            raise self.refuse_leaving(m, sid)
+        if m.sequence_slot(sid) is not None:  # it came (back) while this step waited its turn
+            return self._submit(m, request, submit)
+        releasing = self._releasing.get(key)
+        if releasing is not None:  # this replica's own release is on its way to the store
+            await asyncio.shield(releasing)
+        ttl = self.ttl_s(m)
+        deadline = time.monotonic() + self.handover_timeout_s
+        asked = ""
+        pause = 0.002
+        while True:
+            try:
+                claim = await self.store.claim(key, ttl)
+                if claim.won:
+                    return await self._restore(m, key, request, claim, submit)
+                entry = claim.entry
+                if entry is None or entry.status.tombstone:
+                    if entry is not None and request.session:
+                        how = "was ended" if entry.status is Status.ENDED else "expired while idle in the state store"
+                        raise SessionGoneError(f"session '{sid}' {how}; start a new session with a new id")
+                    return self._unknown(m, key, request, submit)
+                if entry.owner == self.replica_id:
+                    if key in self._owned or key in self._to_register:
+                        # This process's, yet not live here: the engine ended it (idle expiry,
+                        # the sequence API); the core answers as it would without a store.
+                        self.ended(key, entry.session)
+                        return self._unknown(m, key, request, submit)
+                    # An earlier process under this replica id (a restart that kept its name,
+                    # a StatefulSet pod's): its state died with that process.
+                    [self._owned[key]] = await self.store.register([(key, entry.session)], ttl)
+                    self.ended(key, entry.session)
+                    raise _lost(
+                        m, sid, request.session, f"replica '{self.replica_id}' restarted without handing it off"
+                    )
+                if entry.owner != asked:  # live under another replica: ask it to let go
+                    await self.store.request_handover(entry.owner, key)
+                    asked = entry.owner
+            except StoreError as e:
+                raise InferenceError(
+                    Code.UNAVAILABLE, f"sequence {sid} of model '{m.name}': {e}", retry_after_s=RETRY_AFTER_S
+                ) from None
+            if time.monotonic() + pause > deadline:
+                raise InferenceError(
+                    Code.UNAVAILABLE,
+                    f"sequence {sid} of model '{m.name}' is held by replica '{asked}', which did not hand it over "
+                    f"within {self.handover_timeout_s:g} s; retry",
+                    retry_after_s=RETRY_AFTER_S,
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _HANDOVER_POLL_S)
+
+    def _submit(self, m: LoadedModel, request: InferRequest, submit: Callable[[], T]) -> T:
+        out = submit()
+        self._after(m, request)
+        return out
+
+    def _unknown(self, m: LoadedModel, key: SequenceKey, request: InferRequest, submit: Callable[[], T]) -> T:
+        """Not in the store: the core decides (Triton's START error, or a session's implied
+        START, which is then recorded)."""
+        out = submit()
+        if request.session and not request.sequence_end:
+            self.started(key, True)
+        return out
+
+    async def _restore(
+        self, m: LoadedModel, key: SequenceKey, request: InferRequest, claim: Claim, submit: Callable[[], T]
+    ) -> T:
+        from seqserve.engine.checkpoint import CheckpointError, SequenceCheckpoint
+
+        sid = request.sequence_id
+        self._owned[key] = claim.token
+        if claim.data is None:  # a dead replica's live sequence: no checkpoint, its state is gone
+            session = request.session
+            self.ended(key, session)
+            raise _lost(m, sid, session, f"replica '{claim.previous_owner}' stopped without handing it off")
+        try:
+            ckpt: SequenceCheckpoint = SequenceCheckpoint.from_bytes(claim.data)
+            if (ckpt.model, ckpt.version, ckpt.sequence_id) != (m.name, m.version, sid):
+                raise CheckpointError("the checkpoint is another sequence's")
+        except CheckpointError as e:
+            self.ended(key, request.session)
+            raise _lost(m, sid, request.session, f"its checkpoint is unusable ({e})") from None
+        try:
+            await self._restore_when_free(ckpt)
+        except InferenceError as e:
+            # No free slot here in time (or another refusal): put it back for whoever can take it.
+            self._owned.pop(key, None)
+            try:
+                await self.store.release(key, claim.token, claim.data, self.ttl_s(m), self.tombstone_s(ckpt.session))
+            except StoreError as put_back:
+                raise _lost(m, sid, request.session, f"it could not be put back: {put_back}") from None
+            raise InferenceError(
+                Code.UNAVAILABLE,
+                f"sequence {sid} of model '{m.name}' cannot continue on this replica now: {e}",
+                retry_after_s=e.retry_after_s or RETRY_AFTER_S,
+            ) from None
+        return self._submit(m, request, submit)
+
+    async def _restore_when_free(self, ckpt: SequenceCheckpoint) -> None:
+        """Restore into a free slot; while none is free (UNAVAILABLE), wait for one up to the
+        handover timeout: finished sequences and the idle spill free slots."""
+        deadline = time.monotonic() + self.handover_timeout_s
+        pause = 0.005
+        while True:
+            try:
+                self.server.restore_sequence(ckpt)
+                return
+            except InferenceError as e:
+                if e.code is not Code.UNAVAILABLE or time.monotonic() + pause > deadline or self.draining:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _HANDOVER_POLL_S)
+
+
+class _Withdrawn(Exception):
+    """The step's client left while the store was consulted: it is not submitted."""
+
+
+def _retrieve(lookup: asyncio.Future[Any]) -> None:
+    if not lookup.cancelled():
+        lookup.exception()  # nobody awaits it any more: no "exception was never retrieved"
+
+
+def _lost(m: LoadedModel, sid: SequenceId, session: bool, why: str) -> InferenceError:
+    if session:
+        return SessionGoneError(f"session '{sid}' was lost: {why}; start a new session with a new id")
+    return InferenceError(
+        Code.INVALID_ARG, f"sequence {sid} of model '{m.name}' was lost: {why}; start it again with the START flag"
+    )
