@@ -291,18 +291,20 @@ class Delivery:
                     )
             if rec.closed:
                 raise InferenceError(Code.INTERNAL, "Unable to send response. Response sender has been closed.")
-            try:  # posted under the lock so that a request's responses keep their order
-                self._loop.call_soon_threadsafe(self._on_response, rec, reply, final)
-            except RuntimeError:  # the event loop is gone: the server has stopped
-                rec.closed = True
-                self._open.discard(rec)
-                raise InferenceError(Code.UNAVAILABLE, "Unable to send response. The server has stopped.") from None
+            # Bookkeeping before the post: once the loop has the final response, its client may
+            # look at open_responses (and a batch run inline posts from the loop itself).
             if outcome is not None:
                 rec.sent += 1
             if final:
                 rec.closed = True
             if final or self._answered(rec):  # nothing left to wait for at shutdown
                 self._open.discard(rec)
+            try:  # posted under the lock so that a request's responses keep their order
+                self._loop.call_soon_threadsafe(self._on_response, rec, reply, final)
+            except RuntimeError:  # the event loop is gone: the server has stopped
+                rec.closed = True
+                self._open.discard(rec)
+                raise InferenceError(Code.UNAVAILABLE, "Unable to send response. The server has stopped.") from None
 
     def close_open(self) -> None:
         """At unload: fail every request still waiting for its final response."""
