@@ -117,7 +117,7 @@ async def test_restored_slots_keep_their_state_across_swaps(repo, serve, strateg
     for sid in (1, 2, 3):
         assert move(a, b, sid).states["S"].tolist() == [sums[sid]] * N
     own = 7
-    for k in range(3):  # slot 0 alone, three times: each batch's next state lands in the other store
+    for _ in range(3):  # slot 0 alone, three times: each batch's next state lands in the other store
         own += 1
         assert await step(b, 100, 1) == [own] * N
     for sid in (3, 1, 2):
