@@ -98,7 +98,7 @@ void StateStore::read(int slot,
 
 const uint8_t* StateStore::fixed_value(size_t k, int slot, const std::vector<Row>* running,
                                        std::string& tmp) const {
-  const uint8_t* row = store_[k].data() + slot * row_bytes_[k];
+  const uint8_t* row = current_[k].load(std::memory_order_acquire) + slot * row_bytes_[k];
   if (!running || !same_buffer_[k]) return row;
   // A same_buffer batch may write its padding rows in place until finish() puts them back, and
   // an idle sequence's slot can be one of them (Direct): gather() saved it in pad_ first. The

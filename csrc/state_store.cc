@@ -27,6 +27,7 @@ void StateStore::init(const std::vector<StateSpec>& specs, int slots, bool gathe
   gathered_.resize(n);
   same_buffer_.assign(n, 0);
   base_.assign(n, -1);
+  current_.reset(new std::atomic<const uint8_t*>[n]);
   pending_.assign(n, 0);
   handed_.assign(n, 0);
   set_.assign(n, 0);
@@ -39,6 +40,7 @@ void StateStore::init(const std::vector<StateSpec>& specs, int slots, bool gathe
     same_buffer_[k] = st.same_buffer;
     row_bytes_[k] = st.initial.size();
     store_[k].reserve(std::max(1, slots) * row_bytes_[k]);
+    current_[k].store(store_[k].data(), std::memory_order_relaxed);
   }
 }
 
@@ -237,6 +239,7 @@ void StateStore::commit_alt(size_t k, const std::vector<Row>& rows) {
       if (slots_[s].ready && !in_batch_[s]) std::memcpy(alt_[k].data() + s * rb, store_[k].data() + s * rb, rb);
     for (const Row& row : rows) in_batch_[row.slot] = 0;
     swap(store_[k], alt_[k]);
+    current_[k].store(store_[k].data(), std::memory_order_release);  // checkpoints find it there
   } else {
     copy_rows(k, rows, alt, rb);
   }

@@ -24,6 +24,7 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -133,6 +134,9 @@ class StateStore {
   std::vector<uint8_t> pending_;   // per state: gathered on first data() (rows_ of this batch)
   const std::vector<Row>* rows_ = nullptr;
   bool open_ = false;              // between gather() and finish() (executor thread only)
+  // Per fixed state: store_[k].data(), for a checkpoint that reads an idle slot while the
+  // executor may swap the stores (both hold that slot's value; only the pointer moves).
+  std::unique_ptr<std::atomic<const uint8_t*>[]> current_;
   std::atomic<uint32_t> gen_{0};   // odd while the model may write padding rows (fixed_value())
   std::vector<uint8_t> handed_;    // per state: next_buffer() was called in this batch
   std::vector<uint8_t> set_;       // per state: scatter() ran in this batch
