@@ -2,7 +2,7 @@
 "Implicit state buffers"): sequences move between two Servers for models that hand their next
 state back in ``batch.next_state`` (the two stores trade places), that write it in place
 (``use_same_buffer_for_input_output``), under Direct and Oldest (in-order views, lazily gathered
-rows), checked against exact running sums.
+rows), and with a variable-shape state, checked against exact running sums.
 
 What these pin down: a restored slot counts as a slot that holds a state (a later swap carries
 it over); a checkpoint taken while another sequence's batch runs reads the slot's value, not
@@ -25,7 +25,7 @@ N = 3  # elements per state row
 HOLD = 1000  # a real row with this input holds its batch until the test opens GATE
 
 
-def config(strategy: str, *, same: bool, mbs: int = 8) -> str:
+def config(strategy: str, *, same: bool, mbs: int = 8, dims: str = f"[ {N} ]", init_dims: str = f"[ {N} ]") -> str:
     block = "direct { }" if strategy == "direct" else "oldest { max_candidate_sequences: 8 }"
     return f"""
 name: "m"
@@ -37,8 +37,8 @@ sequence_batching {{
   max_sequence_idle_microseconds: 60000000
   {block}
   state [ {{
-    input_name: "S" output_name: "S_OUT" data_type: TYPE_INT64 dims: [ {N} ]
-    initial_state {{ name: "zero" data_type: TYPE_INT64 dims: [ {N} ] zero_data: true }}
+    input_name: "S" output_name: "S_OUT" data_type: TYPE_INT64 dims: {dims}
+    initial_state {{ name: "zero" data_type: TYPE_INT64 dims: {init_dims} zero_data: true }}
     use_same_buffer_for_input_output: {str(same).lower()}
   }} ]
 }}
@@ -192,3 +192,47 @@ async def test_sequences_move_back_and_forth_under_load(repo, serve, strategy, m
     for s in servers:
         m = s.model("m")
         await wait_until(lambda m=m: m.scheduler_state()["free_slots"] == 8, "every slot free again")
+
+
+# A variable-shape state: every input so far (grown by one per step); Y is their sum.
+VAR_MODEL = """
+import time
+import numpy as np
+
+
+class Model:
+    def execute(self, batch):
+        new = np.concatenate([batch.states["S"], batch.inputs["X"]], axis=1)
+        time.sleep(0.0005)
+        return {"Y": np.repeat(new.sum(axis=1, keepdims=True), 3, axis=1), "S_OUT": new}
+"""
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+async def test_variable_shape_sequences_move_under_load(repo, serve, strategy):
+    """As above for a variable-shape state (kept per slot, gathered per batch, batched by
+    shape): the checkpoint holds every input so far, in order."""
+    write_model(repo, "m", config(strategy, same=False, dims="[ -1 ]", init_dims="[ 1 ]"), VAR_MODEL)
+    servers = [await serve(), await serve()]
+    rng = random.Random(strategy)
+    moves = 0
+
+    async def sequence(sid: int) -> None:
+        nonlocal moves
+        where = sid % 2
+        seen = [0]  # the initial state
+        for k in range(16):
+            x = rng.randint(-50, 50)
+            seen.append(x)
+            got = await step(servers[where], sid, x, start=k == 0, end=k == 15)
+            assert got == [sum(seen)] * N, f"sequence {sid} step {k} on server {where}"
+            if k < 15 and rng.random() < 0.4:
+                ckpt = move(servers[where], servers[1 - where], sid)
+                assert ckpt.states["S"].tolist() == seen, f"checkpoint of {sid} after step {k}"
+                where = 1 - where
+                moves += 1
+            if rng.random() < 0.3:
+                await asyncio.sleep(rng.random() * 0.002)
+
+    await asyncio.gather(*(sequence(sid) for sid in range(1, 9)))
+    assert moves > 10
