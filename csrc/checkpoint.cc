@@ -8,6 +8,7 @@
 // writes a free slot at once when the instance is idle, else stages the value until the
 // running batch is done (the batch may read the slot as a padding row, or write it as the END
 // row of the slot's previous sequence), which is before any batch of the restored sequence.
+#include <algorithm>
 #include <stdexcept>
 
 #include "sequence_scheduler.h"
@@ -71,7 +72,8 @@ std::string StateStore::check(const std::vector<StateValue>& values) const {
 }
 
 void StateStore::read(int slot,
-                      const std::function<void(size_t, const std::vector<int64_t>&, const uint8_t*, size_t)>& sink) const {
+                      const std::function<void(size_t, const std::vector<int64_t>&, const uint8_t*, size_t)>& sink,
+                      const std::vector<Row>* running) const {
   const std::vector<StateSpec>& specs = *specs_;
   for (const Staged& sg : staged_) {
     if (sg.slot != slot) continue;
@@ -88,10 +90,37 @@ void StateStore::read(int slot,
     } else if (is_var_state(st)) {
       sink(k, sl.shape[k], sl.data[k].data(), sl.bytes[k]);
     } else {
-      const size_t rb = st.initial.size();
-      sink(k, st.dims, store_[k].data() + slot * rb, rb);
+      std::string tmp;
+      sink(k, st.dims, fixed_value(k, slot, running, tmp), st.initial.size());
     }
   }
+}
+
+const uint8_t* StateStore::fixed_value(size_t k, int slot, const std::vector<Row>* running,
+                                       std::string& tmp) const {
+  const uint8_t* row = current_[k].load(std::memory_order_acquire) + slot * row_bytes_[k];
+  if (!running || !same_buffer_[k]) return row;
+  // A same_buffer batch may write its padding rows in place until finish() puts them back, and
+  // an idle sequence's slot can be one of them (Direct): gather() saved it in pad_ first. The
+  // batch runs without the scheduler lock, so whether the model may be writing is told by gen_
+  // (odd from the save to the restore): a copy of the store row is kept only if no model call
+  // began or ended while it was made, else the saved row is read (pad_ is this batch's until
+  // the next batch is formed, under the lock this caller holds).
+  size_t j = 0;
+  bool padding = false;
+  for (const Row& r : *running) {
+    if (r.req) continue;
+    if (r.slot == slot) { padding = true; break; }
+    ++j;
+  }
+  if (!padding) return row;
+  const uint32_t g1 = gen_.load(std::memory_order_acquire);
+  if (!(g1 & 1)) {
+    tmp.assign(reinterpret_cast<const char*>(row), row_bytes_[k]);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (gen_.load(std::memory_order_relaxed) == g1) return reinterpret_cast<const uint8_t*>(tmp.data());
+  }
+  return pad_[k].data() + j * row_bytes_[k];
 }
 
 void StateStore::write(int slot, const std::vector<StateValue>& values) {
@@ -104,6 +133,10 @@ void StateStore::write(int slot, const std::vector<StateValue>& values) {
     } else {
       std::memcpy(store_[k].data() + slot * v.nbytes, v.data, v.nbytes);
     }
+  }
+  if (!sl.ready) {  // a slot that holds a state: a later swap of the stores carries it over
+    ++ready_count_;
+    ready_end_ = std::max(ready_end_, static_cast<size_t>(slot) + 1);
   }
   sl.ready = true;  // the next non-START step reads this, not the initial state
 }
@@ -248,7 +281,8 @@ SubmitResult SequenceScheduler::checkpoint_locked(const CorrId& id, bool release
   Slot& sl = table_.slot(g);
   Instance& inst = *instances_[sl.instance];
   info_locked(id, it->second, now, info);
-  inst.state.read(sl.index, sink);
+  // The batch the instance runs may hold this slot as a padding row (read() keeps clear of it).
+  inst.state.read(sl.index, sink, inst.executing && !inst.recorded ? &inst.batch.rows : nullptr);
   if (!release) return {};
   // It moved: no END step, no tombstone, not counted as ended; remembered as released so that
   // a request for it here is not taken for a new sequence.

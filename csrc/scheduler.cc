@@ -172,6 +172,9 @@ void Scheduler::set_output_state(Instance& inst, size_t k, const uint8_t* data, 
 }
 
 void Scheduler::record_batch(Instance& inst, bool ok) {
+  // The state is final before the batch is recorded: its replies go out next, and a client
+  // that has one may checkpoint its sequence at once (checkpoint.cc reads the store then).
+  if (sequences_) inst.state.finish(inst.batch.rows);
   std::lock_guard<std::mutex> lk(mu_);
   record_batch_locked(inst, ok);
 }

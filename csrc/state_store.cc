@@ -27,6 +27,7 @@ void StateStore::init(const std::vector<StateSpec>& specs, int slots, bool gathe
   gathered_.resize(n);
   same_buffer_.assign(n, 0);
   base_.assign(n, -1);
+  current_.reset(new std::atomic<const uint8_t*>[n]);
   pending_.assign(n, 0);
   handed_.assign(n, 0);
   set_.assign(n, 0);
@@ -39,6 +40,7 @@ void StateStore::init(const std::vector<StateSpec>& specs, int slots, bool gathe
     same_buffer_[k] = st.same_buffer;
     row_bytes_[k] = st.initial.size();
     store_[k].reserve(std::max(1, slots) * row_bytes_[k]);
+    current_[k].store(store_[k].data(), std::memory_order_relaxed);
   }
 }
 
@@ -98,6 +100,7 @@ void StateStore::reset(const std::vector<Row>& rows) {
 void StateStore::gather(const std::vector<Row>& rows, int64_t B, bool batched) {
   const std::vector<StateSpec>& specs = *specs_;
   rows_ = &rows;
+  open_ = true;
   // Where the batch's fixed-shape states are a view of the store: Direct (row i is slot i), or
   // Oldest when its rows hold consecutive slots in order.
   int64_t base = 0;
@@ -159,6 +162,7 @@ void StateStore::gather(const std::vector<Row>& rows, int64_t B, bool batched) {
     }
     nbytes_[k] = total;
   }
+  gen_.fetch_add(1, std::memory_order_release);  // odd: padding rows saved, the model may write them
 }
 
 void StateStore::scatter(size_t k, const std::vector<Row>& rows, int64_t B, bool batched, const uint8_t* data,
@@ -235,6 +239,7 @@ void StateStore::commit_alt(size_t k, const std::vector<Row>& rows) {
       if (slots_[s].ready && !in_batch_[s]) std::memcpy(alt_[k].data() + s * rb, store_[k].data() + s * rb, rb);
     for (const Row& row : rows) in_batch_[row.slot] = 0;
     swap(store_[k], alt_[k]);
+    current_[k].store(store_[k].data(), std::memory_order_release);  // checkpoints find it there
   } else {
     copy_rows(k, rows, alt, rb);
   }
@@ -267,6 +272,10 @@ uint8_t* StateStore::next_buffer(size_t k) {
 }
 
 void StateStore::finish(const std::vector<Row>& rows) {
+  // Runs when the batch is recorded (before its replies go out: a client that has its reply
+  // may checkpoint the sequence at once) and again after the model call; the first one counts.
+  if (!open_) return;
+  open_ = false;
   for (size_t k = 0; k < same_buffer_.size(); ++k) {
     if (!same_buffer_[k]) continue;
     const size_t rb = row_bytes_[k];
@@ -281,6 +290,7 @@ void StateStore::finish(const std::vector<Row>& rows) {
     for (const Row& row : rows)
       if (!row.req) std::memcpy(store_[k].data() + row.slot * rb, pad_[k].data() + rb * j++, rb);
   }
+  gen_.fetch_add(1, std::memory_order_release);  // even: the store is the state again
 }
 
 uint64_t StateStore::slot_bytes(int slot) const {

@@ -22,7 +22,9 @@
 // slot_bytes().
 #pragma once
 
+#include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -64,7 +66,8 @@ class StateStore {
   void scatter(size_t k, const std::vector<Row>& rows, int64_t B, bool batched, const uint8_t* data,
                size_t nbytes, const int64_t* shape, int ndim);
   // After the model call, whether it succeeded or not: keeps same_buffer states' in-place
-  // writes to gathered rows and undoes any write to padding rows.
+  // writes to gathered rows and undoes any write to padding rows. Once per gather(): later
+  // calls do nothing (the batch is finished when it is recorded, and again after the call).
   void finish(const std::vector<Row>& rows);
   // Bytes of state one slot holds now (any thread).
   uint64_t slot_bytes(int slot) const;
@@ -91,7 +94,9 @@ class StateStore {
   // this instance runs now is done (apply_staged(), from batch_done_locked): the batch may read
   // the slot as a padding row, or write it as the END row of the slot's previous sequence.
   std::string check(const std::vector<StateValue>& values) const;
-  void read(int slot, const std::function<void(size_t, const std::vector<int64_t>&, const uint8_t*, size_t)>& sink) const;
+  // `running`: the rows of the batch this instance runs and has not recorded yet, or nullptr.
+  void read(int slot, const std::function<void(size_t, const std::vector<int64_t>&, const uint8_t*, size_t)>& sink,
+            const std::vector<Row>* running) const;
   void write(int slot, const std::vector<StateValue>& values);
   void stage(int slot, const std::vector<StateValue>& values);
   void apply_staged();
@@ -104,6 +109,8 @@ class StateStore {
     std::vector<Buffer> data;
     std::vector<size_t> bytes;  // written with relaxed atomics: slot_bytes() reads them
   };
+  // Slot `slot`'s value of fixed-shape state k for a checkpoint (read()); `tmp` may hold it.
+  const uint8_t* fixed_value(size_t k, int slot, const std::vector<Row>* running, std::string& tmp) const;
   void set_slot(SlotState& sl, size_t k, const std::vector<int64_t>& shape, const uint8_t* data, size_t n);
   void commit_alt(size_t k, const std::vector<Row>& rows);
   void copy_rows(size_t k, const std::vector<Row>& rows, const uint8_t* data, size_t rb);
@@ -126,6 +133,11 @@ class StateStore {
   std::vector<int64_t> base_;
   std::vector<uint8_t> pending_;   // per state: gathered on first data() (rows_ of this batch)
   const std::vector<Row>* rows_ = nullptr;
+  bool open_ = false;              // between gather() and finish() (executor thread only)
+  // Per fixed state: store_[k].data(), for a checkpoint that reads an idle slot while the
+  // executor may swap the stores (both hold that slot's value; only the pointer moves).
+  std::unique_ptr<std::atomic<const uint8_t*>[]> current_;
+  std::atomic<uint32_t> gen_{0};   // odd while the model may write padding rows (fixed_value())
   std::vector<uint8_t> handed_;    // per state: next_buffer() was called in this batch
   std::vector<uint8_t> set_;       // per state: scatter() ran in this batch
   Shapes shapes_;                  // per state, the batch shape presented
