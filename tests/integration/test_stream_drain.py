@@ -83,6 +83,45 @@ def test_plain_shutdown_ends_streams_with_unavailable(launch: Launch) -> None:
     assert srv.wait(15) == 0, srv.log()
 
 
+def test_triton_grpc_error_unavailable_ends_the_stream_after_the_steps_before_it(launch: Launch) -> None:
+    """With `triton_grpc_error: true` an UNAVAILABLE refusal (not run) gets no reply: the stream
+    answers the steps submitted before it, then ends with UNAVAILABLE and the refusal's message."""
+    srv = launch(None, exit_timeout_s=20.0)
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    got: queue.Queue[tuple[Any, InferenceServerException | None]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)), headers={"triton_grpc_error": "true"})
+    try:
+        sid = new_int_id()
+        client.async_stream_infer("accumulator", [grpc_input(1)], request_id="0", sequence_id=sid, sequence_start=True)
+        result, error = got.get(timeout=10)
+        assert error is None and _value(result) == 1
+        srv.terminate()
+        _not_ready(srv)
+        # back to back: a step of the running sequence, a new sequence (refused: UNAVAILABLE, not
+        # run), and the running sequence's END, which is read after the refusal: not run either
+        client.async_stream_infer("accumulator", [grpc_input(2)], request_id="1", sequence_id=sid)
+        client.async_stream_infer("accumulator", [grpc_input(5)], request_id="new", sequence_id=new_int_id(),
+                                  sequence_start=True)  # fmt: skip
+        client.async_stream_infer("accumulator", [grpc_input(4)], request_id="2", sequence_id=sid, sequence_end=True)
+        replies = [got.get(timeout=10), got.get(timeout=10)]
+        assert replies[0][1] is None and _value(replies[0][0]) == 3, replies
+        error = replies[1][1]
+        assert replies[1][0] is None and error is not None
+        assert error.status() == UNAVAILABLE and "Server is stopping" in (error.message() or ""), error
+        assert got.empty()
+    finally:
+        client.stop_stream()
+        client.close()
+    # the END got no reply and did not run: sent again (unary here: new streams are refused)
+    unary = grpcclient.InferenceServerClient(srv.grpc_url)
+    try:
+        result = unary.infer("accumulator", [grpc_input(4)], sequence_id=sid, sequence_end=True)
+        assert _value(result) == 7
+    finally:
+        unary.close()
+    assert srv.wait(15) == 0, srv.log()
+
+
 class _PacedStream:
     """One sequence's steps (INPUT = 1, 2, 3, ...) sent on one stream by a thread, a few ms
     apart, so that steps are in flight whenever the server drains; replies collected in order."""

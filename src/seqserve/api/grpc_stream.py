@@ -105,13 +105,15 @@ class StreamSession:
     started on the stream end, then the requests still open are cancelled: those not yet run
     leave the queues, running ones see ``is_cancelled()``.
 
-    ``drain`` (the server's drain, see ``StreamDrain``) stops reading at once: a request read
-    after it is not submitted and gets no reply. The requests submitted before it are answered
-    as usual, except that an UNAVAILABLE error (the step was refused or never ran: it was not
-    applied) is not written; then ``replies`` ends and the servicer ends the stream with
-    UNAVAILABLE. So when a stream ends that way, every request that got a reply was run (and a
-    sequence's checkpoint in the store includes it), and every one that got none was not run:
-    the client sends exactly those again, in order, on a new stream.
+    ``drain`` (the server's drain, see ``StreamDrain``; or, with ``triton_grpc_error``, the
+    first UNAVAILABLE error) stops reading at once: a request read after it is not submitted
+    and gets no reply. The requests submitted before it are answered as usual, except that an
+    UNAVAILABLE error (the step was refused or never ran: it was not applied) is not written;
+    then ``replies`` ends and the servicer ends the stream with UNAVAILABLE. So when a stream
+    ends that way, every request that got a result was run (a sequence's checkpoint in the
+    store includes it), one that got an error reply failed as it would at any time, and one
+    that got no reply was not run: the client sends exactly those again, in order, on a new
+    stream.
 
     In request order, a reply that holds back later ones that are ready for longer than
     ``stats.stall_threshold_s`` is a stall: counted in ``stats`` and logged (rate-limited).
@@ -243,7 +245,7 @@ class StreamSession:
             err = e if isinstance(e, InferenceError) else internal_error("gRPC ModelStreamInfer", e)
             if not req.ordered and not self._completion_order:  # an unknown model: Triton orders its reply too
                 self._hold_place(req)
-            self._put(req, err if self._grpc_errors else req.error(err), True)
+            self._put(req, self._error_reply(req, err, None), True)
 
     async def replies(self) -> AsyncIterator[Reply]:
         """What to write, until the request stream has ended and every request is answered."""
@@ -279,12 +281,8 @@ class StreamSession:
         if final:
             self._open.discard(req)
         reply: Reply | None
-        if isinstance(response, InferenceError) and response.code is Code.UNAVAILABLE and self._drain_reason:
-            # The stream is draining: a step refused or never run (not applied) gets no reply,
-            # which tells the client to send it again on its new stream (see the class's doc).
-            reply = None
-        elif isinstance(response, InferenceError):
-            reply = response if self._grpc_errors else req.error(response, final)
+        if isinstance(response, InferenceError):
+            reply = self._error_reply(req, response, final)
         elif response is not None:
             reply = grpc_wire.stream_response(response, final)
         elif req.empty_final:  # a final flag alone, written only when the client asked for it
@@ -292,6 +290,18 @@ class StreamSession:
         else:  # a bare final flag: nothing to write
             reply = None
         self._put(req, reply, final)
+
+    def _error_reply(self, req: _StreamRequest, err: InferenceError, final: bool | None) -> Reply | None:
+        """What to write for a request that failed. UNAVAILABLE means the request was not run
+        (refused, or never reached an instance): on a draining stream it gets no reply, which
+        tells the client to send it again on its new stream (see the class's doc); with
+        ``triton_grpc_error`` it drains the stream, so that the stream ends with its status
+        only once the requests submitted before it are answered, and the client can tell
+        exactly which to send again (those without a reply)."""
+        if err.code is Code.UNAVAILABLE and (self._drain_reason is not None or self._grpc_errors):
+            self.drain(err.message)  # no-op when draining already
+            return None
+        return err if self._grpc_errors else req.error(err, final)
 
     def _hold_place(self, req: _StreamRequest) -> None:
         req.ordered = True
