@@ -58,6 +58,7 @@ GRPC_SERVICE_CONFIG = {
 #: the replica took was answered first: the step without a reply did not run.
 STREAM_ENDED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
+
 #: stream headers: the session routes the stream; triton_grpc_error makes every refusal end the
 #: stream with its status, so that UNAVAILABLE (a draining replica, a sequence that belongs
 #: elsewhere) is the one signal to reopen it, never a message's text

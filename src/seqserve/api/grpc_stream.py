@@ -284,6 +284,7 @@ class StreamSession:
         if isinstance(response, InferenceError):
             reply = self._error_reply(req, response, final)
         elif response is not None:
+            req.responded = True
             reply = grpc_wire.stream_response(response, final)
         elif req.empty_final:  # a final flag alone, written only when the client asked for it
             reply = grpc_wire.stream_reply(req.id, req.model, req.version, True)
@@ -297,8 +298,9 @@ class StreamSession:
         tells the client to send it again on its new stream (see the class's doc); with
         ``triton_grpc_error`` it drains the stream, so that the stream ends with its status
         only once the requests submitted before it are answered, and the client can tell
-        exactly which to send again (those without a reply)."""
-        if err.code is Code.UNAVAILABLE and (self._drain_reason is not None or self._grpc_errors):
+        exactly which to send again (those without a reply). Not for a (decoupled) request that
+        has sent responses already: it ran, and its error is written as usual."""
+        if err.code is Code.UNAVAILABLE and not req.responded and (self._drain_reason is not None or self._grpc_errors):
             self.drain(err.message)  # no-op when draining already
             return None
         return err if self._grpc_errors else req.error(err, final)
@@ -369,6 +371,7 @@ class _StreamRequest:
         "model",
         "ordered",
         "outcome",
+        "responded",
         "sequence_id",
         "stall_counted",
         "start",
@@ -382,6 +385,7 @@ class _StreamRequest:
         self.empty_final = False
         self.ordered = False  # its reply waits for those of the requests before it
         self.outcome: _Item | None = None  # ordered: its reply, once known
+        self.responded = False  # a response (not an error) has come for it
         self.cancel: Callable[[], None] = _nothing
         self.sequence_id: SequenceId = 0  # for the stall line
         self.start = False
