@@ -57,6 +57,15 @@ GRPC_SERVICE_CONFIG = {
 #: half-closed into a reset (haproxy/haproxy#1219; Debian 12's 2.6 does). Either way every step
 #: the replica took was answered first: the step without a reply did not run.
 STREAM_ENDED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+#: grpc.aio clients (this one) have one more way to see it: a step written just as the stream
+#: ended fails, and the client reports INTERNAL "Internal error from Core" instead of the
+#: server's status (grpc/grpc#36066). That step was never read by the replica: it did not run.
+AIO_WRITE_AFTER_END = (grpc.StatusCode.INTERNAL, "Internal error from Core")
+
+
+def stream_ended(e: grpc.aio.AioRpcError) -> bool:
+    """The replica ended the stream (see STREAM_ENDED): the step without a reply did not run."""
+    return e.code() in STREAM_ENDED or (e.code(), e.details()) == AIO_WRITE_AFTER_END
 
 
 #: stream headers: the session routes the stream; triton_grpc_error makes every refusal end the
@@ -252,7 +261,7 @@ class _Stream:
             try:
                 result, error = await self.responses.__anext__()
             except grpc.aio.AioRpcError as e:
-                if e.code() not in STREAM_ENDED:
+                if not stream_ended(e):
                     raise InferenceServerException(msg=e.details(), status=str(e.code())) from None
                 why = f"stream ended: {e.code()} {e.details()}"
             except StopAsyncIteration:
