@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -52,16 +51,28 @@ GRPC_SERVICE_CONFIG = {
     ]
 }
 
+#: how a stream that its replica ended (draining, or a step it did not run) reaches the client:
+#: UNAVAILABLE, as the replica ends it; or CANCELLED ("Received RST_STREAM with error code 8")
+#: through HAProxy versions that turn the replica's end of a stream the client has not
+#: half-closed into a reset (haproxy/haproxy#1219; Debian 12's 2.6 does). Either way every step
+#: the replica took was answered first: the step without a reply did not run.
+STREAM_ENDED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+#: grpc.aio clients (this one) have one more way to see it: a step written just as the stream
+#: ended fails, and the client reports INTERNAL "Internal error from Core" instead of the
+#: server's status (grpc/grpc#36066). That step was never read by the replica: it did not run.
+AIO_WRITE_AFTER_END = (grpc.StatusCode.INTERNAL, "Internal error from Core")
 
-# In-stream errors (ModelStreamInferResponse.error_message) carry no status code, only a message.
-# These are the replies of a replica for a step it did not run because the step belongs
-# elsewhere: it is draining, or the sequence is moving (state store); the client reopens its
-# stream through the balancer and sends the step again.
-STREAM_NOT_RUN = re.compile(r"^Server is stopping|is leaving this replica|; retry( later)?$")
+
+def stream_ended(e: grpc.aio.AioRpcError) -> bool:
+    """The replica ended the stream (see STREAM_ENDED): the step without a reply did not run."""
+    return e.code() in STREAM_ENDED or (e.code(), e.details()) == AIO_WRITE_AFTER_END
 
 
-def stream_step_not_run(message: str) -> bool:
-    return bool(STREAM_NOT_RUN.search(message))
+#: stream headers: the session routes the stream; triton_grpc_error makes every refusal end the
+#: stream with its status, so that UNAVAILABLE (a draining replica, a sequence that belongs
+#: elsewhere) is the one signal to reopen it, never a message's text
+def stream_headers(sid: str) -> dict[str, str]:
+    return {"inference-session-id": sid, "triton_grpc_error": "true"}
 
 
 def grpc_channel_args() -> list[tuple[str, object]]:
@@ -222,10 +233,10 @@ class SessionLoad:
 
 class _Stream:
     """One session's ModelStreamInfer through the balancer (routed by its `inference-session-id`
-    metadata), one step at a time, reopened when its replica did not run a step: the stream
-    ended (UNAVAILABLE, or CANCELLED when the replica exited), or a reply said so
-    (stream_step_not_run). The step is then sent
-    again on a new stream, which the balancer opens on a ready replica."""
+    metadata), one step at a time, reopened when the stream ends with UNAVAILABLE: its replica
+    drained (after answering every step it took) or did not run the step. The step, which got
+    no reply, did not run: it is sent again on a new stream, which the balancer opens on a
+    ready replica."""
 
     def __init__(self, client: grpcaio.InferenceServerClient, sid: str, model: str, max_reopens: int = 20) -> None:
         self.client, self.sid, self.model, self.max_reopens = client, sid, model, max_reopens
@@ -240,7 +251,7 @@ class _Stream:
             while (item := await queue.get()) is not None:
                 yield item
 
-        self.responses = self.client.stream_infer(requests(), headers={"inference-session-id": self.sid})
+        self.responses = self.client.stream_infer(requests(), headers=stream_headers(self.sid))
 
     async def step(self, inputs: list[Any], **kwargs: Any) -> Any:
         while True:
@@ -250,19 +261,15 @@ class _Stream:
             try:
                 result, error = await self.responses.__anext__()
             except grpc.aio.AioRpcError as e:
-                # A replica that exits resets the streams still open on it (CANCELLED through
-                # HAProxy); it ran no step of theirs that it did not answer.
-                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                if not stream_ended(e):
                     raise InferenceServerException(msg=e.details(), status=str(e.code())) from None
                 why = f"stream ended: {e.code()} {e.details()}"
             except StopAsyncIteration:
-                why = "stream ended without a reply"
+                raise InferenceServerException(msg="the stream ended (OK) without a reply") from None
             else:
                 if error is None:
                     return result
-                if not stream_step_not_run(error.message() or ""):
-                    raise error
-                why = error.message()
+                raise error  # with triton_grpc_error, an in-stream error is the step's own
             if self.reopens == self.max_reopens:
                 raise InferenceServerException(msg=f"gave up after {self.reopens} reopened streams: {why}")
             self.close()

@@ -11,10 +11,14 @@ What the balancer needs from a client: the session id on every request, as the
 step of a session reaches the replica that holds its state. What a client does on a drain:
 - HTTP: nothing; HAProxy retries a 503 on another replica, which restores the sequence.
 - gRPC calls: retry UNAVAILABLE; gRPC's retry policy on the channel does it (below).
-- gRPC streams: a stream lives on one replica. When that replica drains, the stream's steps
-  are refused without running (in-stream error replies, which carry only a message), and when
-  it exits it resets the stream (CANCELLED). Reopen the stream (through HAProxy, which picks a ready
-  replica) and send the step again: the sequence continues from the state store.
+- gRPC streams: a stream lives on one replica. When that replica drains, it answers the steps
+  it took, then ends the stream with status UNAVAILABLE (tritonclient's stream callback gets an
+  error whose status() is "StatusCode.UNAVAILABLE"; through HAProxy 2.6 it may read
+  CANCELLED, see stream_ended_by_replica). Reopen the stream (through HAProxy, which
+  picks a ready replica) and send again the steps that got no reply: they did not run, and the
+  sequence continues from the state store. With the `triton_grpc_error: true` header, a step
+  refused for another reason that is not its own fault (its sequence is moving, no free slot)
+  ends the stream the same way, so UNAVAILABLE is the one signal to act on.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import queue
-import re
 import time
 import uuid
 from typing import Any
@@ -52,17 +55,14 @@ RETRY_UNAVAILABLE = json.dumps(
 )
 
 
-# In-stream error replies have no status code, only a message: these say that the replica did
-# not run the step because it belongs elsewhere (the replica is draining, or the sequence is
-# moving to another replica), so the step can be sent again on a new stream.
-NOT_RUN_HERE = re.compile(r"^Server is stopping|is leaving this replica|; retry( later)?$")
-
-
-def not_run_here(error: InferenceServerException) -> bool:
-    # The stream itself ended: UNAVAILABLE, or CANCELLED when its replica exited (it resets the
-    # streams still open on it, after answering every step it took).
-    status = str(error.status())
-    return "UNAVAILABLE" in status or "CANCELLED" in status or bool(NOT_RUN_HERE.search(error.message() or ""))
+def stream_ended_by_replica(error: InferenceServerException) -> bool:
+    """The replica ended the stream: its replica is draining (or, with triton_grpc_error,
+    refused a step it did not run), after answering every step it took, so the steps without
+    a reply did not run. It ends it with UNAVAILABLE; HAProxy versions with
+    haproxy/haproxy#1219 (Debian 12's 2.6) may turn that end of a stream the client has not
+    half-closed into a reset, which tritonclient reports as CANCELLED "Received RST_STREAM with
+    error code 8". This client never cancels its own streams mid-step, so either means the same."""
+    return error.status() in ("StatusCode.UNAVAILABLE", "StatusCode.CANCELLED")
 
 
 def http_session(url: str, session: str, values: list[float]) -> list[float]:
@@ -98,15 +98,20 @@ def grpc_session(url: str, session: str, values: list[float]) -> list[float]:
 
 
 def stream_session(url: str, session: str, values: list[float], max_reopens: int = 10) -> list[float]:
-    """One step at a time over a stream, reopened when its replica drains. Stream metadata
+    """One step at a time over a stream, reopened when its replica ends it (UNAVAILABLE). Stream metadata
     belongs to the whole stream, so it routes the stream; the requests name their sequence with
-    sequence_id (START on the first step, END on the last), as Triton clients do."""
+    sequence_id (START on the first step, END on the last), as Triton clients do. A client that
+    keeps several steps in flight resends, in order, every step that got no reply."""
     client = grpcclient.InferenceServerClient(url)
     replies: queue.Queue[tuple[Any, Any]] = queue.Queue()
 
     def open_stream() -> None:
+        # The callback gets each reply, and once, when the stream ends with a status, that
+        # status as the error (result None): InferenceServerException, status() e.g.
+        # "StatusCode.UNAVAILABLE", message() the server's details.
         client.start_stream(callback=lambda result, error: replies.put((result, error)),
-                            headers={"inference-session-id": session})  # fmt: skip
+                            headers={"inference-session-id": session,
+                                     "triton_grpc_error": "true"})  # fmt: skip
 
     open_stream()
     sums: list[float] = []
@@ -119,8 +124,9 @@ def stream_session(url: str, session: str, values: list[float], max_reopens: int
                                   sequence_start=i == 0, sequence_end=i == len(values) - 1)  # fmt: skip
         result, error = replies.get(timeout=60)
         if error is not None:
-            if not not_run_here(error) or reopens == max_reopens:
+            if not stream_ended_by_replica(error) or reopens == max_reopens:
                 raise error  # a real error
+            # the step got no reply: it did not run; its replica drained (or it belongs elsewhere)
             reopens += 1
             client.stop_stream()
             time.sleep(min(0.05 * 2**reopens, 1.0))  # HAProxy takes about a second to drop a draining replica

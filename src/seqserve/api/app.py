@@ -18,7 +18,7 @@ from typing import Any
 
 from seqserve import __version__
 from seqserve.api import http_servers, security
-from seqserve.api.grpc_stream import StreamStats
+from seqserve.api.grpc_stream import StreamDrain, StreamStats
 from seqserve.api.http import HttpFrontend, close_when_exiting
 from seqserve.api.limits import DEFAULT_MAX_BODY_BYTES, GrpcLimits, HttpLimits, shutdown_executor
 from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig, MetricsServer, start_metrics
@@ -156,7 +156,10 @@ async def serve(opts: ServeOptions) -> int:
             await server.shutdown(timeout_s=0)
             return 1
 
-    shutdown = Shutdown(server)
+    # the gRPC streams end with UNAVAILABLE on the drain: at once with a state store (their
+    # sequences continue on another replica), after the engine's drain without one
+    streams = StreamDrain()
+    shutdown = Shutdown(server, on_drain=lambda: streams.begin(handoff=bool(opts.state_store)))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
@@ -169,7 +172,7 @@ async def serve(opts: ServeOptions) -> int:
     stop_http = http_done.set
     try:
         if opts.grpc_port is not None:
-            grpc_server = await _start_grpc(server, opts)
+            grpc_server = await _start_grpc(server, opts, streams)
             log.info("gRPC listening on %s:%d%s", opts.grpc_host, opts.grpc_port, _tls_note(opts.grpc_tls_client_ca))
             if opts.grpc_restricted:
                 log.info("gRPC restricted protocols: %s", opts.grpc_restricted.describe())
@@ -221,6 +224,9 @@ async def serve(opts: ServeOptions) -> int:
     log.info("stopping the front-ends")
     stop_http()
     if grpc_server is not None:
+        streams.end()  # each writes its last replies, then ends with UNAVAILABLE (not a reset)
+        if not await streams.wait_closed(GRPC_STOP_GRACE_S):
+            log.warning("%d gRPC stream(s) still open after %g s; closing them", len(streams), GRPC_STOP_GRACE_S)
         await grpc_server.stop(grace=GRPC_STOP_GRACE_S)
     for t in tasks:
         await t
@@ -247,8 +253,10 @@ class Shutdown:
     new sequences refused) and arms a backstop that ends the process if the shutdown outlasts
     the exit timeout by EXIT_BACKSTOP_S; a second one exits at once with 128 + its number."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server, on_drain: Callable[[], None] | None = None) -> None:
+        """on_drain: called once the drain has begun (the gRPC streams' part of it)."""
         self.server = server
+        self.on_drain = on_drain
         self.requested = asyncio.Event()
         self.first: signal.Signals | None = None
 
@@ -264,6 +272,8 @@ class Shutdown:
             exit_now(128 + sig)
         self.first = sig
         self.server.begin_shutdown()
+        if self.on_drain is not None:
+            self.on_drain()
         timeout = self.server.exit_timeout_s
         log.info(
             "received %s: shutting down; draining %s and %s (up to %g s; %s again exits at once)",
@@ -327,7 +337,7 @@ def _reason(e: OSError) -> str:
     return (e.strerror or str(e)).lower()
 
 
-async def _start_grpc(server: Server, opts: ServeOptions) -> Any:
+async def _start_grpc(server: Server, opts: ServeOptions, streams: StreamDrain | None = None) -> Any:
     from seqserve.api.grpc import start_grpc
 
     if opts.stream_stats is None:
@@ -346,6 +356,7 @@ async def _start_grpc(server: Server, opts: ServeOptions) -> Any:
             limits=opts.grpc_limits,
             stream_scoped=opts.stream_scoped_sequences,
             stream_stats=opts.stream_stats,
+            streams=streams,
         )
     except (RuntimeError, OSError):
         raise StartupError(f"cannot listen for gRPC on {host}:{port} (port {port})") from None

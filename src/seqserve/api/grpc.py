@@ -17,7 +17,13 @@ from seqserve._proto import health_pb2, health_pb2_grpc
 from seqserve.api import grpc_codec, grpc_wire, security
 from seqserve.api.errors import internal_error
 from seqserve.api.grpc_codec import Undecodable
-from seqserve.api.grpc_stream import REPLY_ORDER_HEADER, STREAM_SCOPED_HEADER, StreamSession, StreamStats
+from seqserve.api.grpc_stream import (
+    REPLY_ORDER_HEADER,
+    STREAM_SCOPED_HEADER,
+    StreamDrain,
+    StreamSession,
+    StreamStats,
+)
 from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, clip, enqueue_single
 from seqserve.api.limits import GrpcLimits, offload
 from seqserve.engine import Code, InferenceError, SequenceScope, Server
@@ -52,12 +58,21 @@ _STREAM_CLOSED = "the gRPC stream that started it was closed"
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, server: Server, *, stream_scoped: bool = False, stream_stats: StreamStats | None = None) -> None:
+    def __init__(
+        self,
+        server: Server,
+        *,
+        stream_scoped: bool = False,
+        stream_stats: StreamStats | None = None,
+        streams: StreamDrain | None = None,
+    ) -> None:
         """stream_scoped: sequences started on a ModelStreamInfer stream end when it closes,
-        unless the stream says otherwise (``seqserve-stream-scoped`` header)."""
+        unless the stream says otherwise (``seqserve-stream-scoped`` header). ``streams``: the
+        open streams, which the shutdown ends with UNAVAILABLE (see ``StreamDrain``)."""
         self.server = server
         self.stream_scoped = stream_scoped
         self.stream_stats = stream_stats if stream_stats is not None else StreamStats()
+        self.streams = streams if streams is not None else StreamDrain()
 
     async def _fail(self, context: grpc.aio.ServicerContext, e: InferenceError) -> None:
         # The message travels in a trailer: clients drop trailers over 16 KiB, so a message that
@@ -190,7 +205,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """See StreamSession. Headers: ``triton_grpc_error: true``, the first error ends the
         stream with its gRPC status; ``seqserve-reply-order: completion``, replies as they
         complete; ``seqserve-stream-scoped: true|false``, whether the sequences started on the
-        stream end when it closes (default: the server's ``--stream-scoped-sequences``)."""
+        stream end when it closes (default: the server's ``--stream-scoped-sequences``).
+
+        While the server drains, a new stream gets UNAVAILABLE at once, and an open one ends
+        with UNAVAILABLE once every request it submitted is answered (``StreamDrain``)."""
+        if self.streams.refusal is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self.streams.refusal)
         grpc_errors = False
         completion_order = False
         scoped = self.stream_scoped
@@ -222,16 +242,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             scope=SequenceScope(_STREAM_CLOSED) if scoped else None,
             stats=stats,
         )
-        reader = asyncio.create_task(session.read(request_iterator))
+        self.streams.add(session)
         try:
+            session.start(request_iterator)
             async for reply in session.replies():
                 if isinstance(reply, InferenceError):  # triton_grpc_error: the stream ends here
                     await self._fail(context, reply)
                 else:
                     yield reply
+            if session.drain_reason is not None:  # every request it submitted is answered
+                await context.abort(grpc.StatusCode.UNAVAILABLE, session.drain_reason)
         finally:
-            reader.cancel()
             session.close()
+            self.streams.discard(session)
 
 
 def _unimplemented(what: str) -> Any:
@@ -338,12 +361,13 @@ async def start_grpc(
     limits: GrpcLimits | None = None,
     stream_scoped: bool = False,
     stream_stats: StreamStats | None = None,
+    streams: StreamDrain | None = None,
 ) -> grpc.aio.Server:
     """Serve on host:port; TLS with cert and key (mutual TLS with client_ca), the rpcs of
     restricted groups guarded (security.restrict_grpc), within ``limits``."""
     options = [*(limits or GrpcLimits()).options(), ("grpc.so_reuseport", 0)]
     g = grpc.aio.server(options=options)
-    inference = InferenceServicer(server, stream_scoped=stream_scoped, stream_stats=stream_stats)
+    inference = InferenceServicer(server, stream_scoped=stream_scoped, stream_stats=stream_stats, streams=streams)
     health = HealthServicer(server)
     inference_service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]

@@ -15,6 +15,7 @@ from seqserve.api import grpc_codec, grpc_wire
 from seqserve.api.errors import internal_error
 from seqserve.api.limits import offload
 from seqserve.engine import (
+    Code,
     InferenceError,
     InferRequest,
     InferResult,
@@ -41,6 +42,13 @@ STREAM_SCOPED_HEADER = "seqserve-stream-scoped"
 DEFAULT_STALL_THRESHOLD_S = 1.0
 #: at most one stall line per this many seconds per server (the others are counted)
 STALL_LOG_INTERVAL_S = 10.0
+
+#: why a stream ends with UNAVAILABLE when the drain begins on a replica with a state store: its
+#: sequences are on their way to the store, and a new stream (through the balancer) continues them
+DRAIN_HANDOFF_MESSAGE = "server is draining: reopen the stream; its sequences continue on another replica"
+#: why a stream ends with UNAVAILABLE in a plain shutdown (no state store), once the engine has
+#: drained: every request the stream took was answered
+SHUTDOWN_MESSAGE = "server is shutting down: the stream is closed; requests that got no reply were not run"
 
 #: what the session writes: a serialized ModelStreamInferResponse (``grpc_wire``), or
 #: (``triton_grpc_error``) the error that ends the stream
@@ -97,16 +105,28 @@ class StreamSession:
     started on the stream end, then the requests still open are cancelled: those not yet run
     leave the queues, running ones see ``is_cancelled()``.
 
+    ``drain`` (the server's drain, see ``StreamDrain``; or, with ``triton_grpc_error``, the
+    first UNAVAILABLE error) stops reading at once: a request read after it is not submitted
+    and gets no reply. The requests submitted before it are answered as usual, except that an
+    UNAVAILABLE error (the step was refused or never ran: it was not applied) is not written;
+    then ``replies`` ends and the servicer ends the stream with UNAVAILABLE. So when a stream
+    ends that way, every request that got a result was run (a sequence's checkpoint in the
+    store includes it), one that got an error reply failed as it would at any time, and one
+    that got no reply was not run: the client sends exactly those again, in order, on a new
+    stream.
+
     In request order, a reply that holds back later ones that are ready for longer than
     ``stats.stall_threshold_s`` is a stall: counted in ``stats`` and logged (rate-limited).
     """
 
     __slots__ = (
         "_completion_order",
+        "_drain_reason",
         "_grpc_errors",
         "_in_order",
         "_open",
         "_queue",
+        "_reader",
         "_scope",
         "_server",
         "_stall_head",
@@ -136,6 +156,30 @@ class StreamSession:
         self._unfinished = 0  # requests read whose last reply has not been taken from the queue
         self._stall_timer: asyncio.TimerHandle | None = None
         self._stall_head: _StreamRequest | None = None  # the head reply the stall timer watches
+        self._reader: asyncio.Task[None] | None = None
+        self._drain_reason: str | None = None  # set by drain(): the stream ends with UNAVAILABLE
+
+    def start(self, requests: AsyncIterator[bytes | pb.ModelInferRequest | grpc_codec.Undecodable]) -> None:
+        """Read ``requests`` in a task of its own (see ``read``)."""
+        self._reader = asyncio.create_task(self.read(requests))
+
+    @property
+    def drain_reason(self) -> str | None:
+        """Why the stream must end with UNAVAILABLE (``drain`` was called), or None."""
+        return self._drain_reason
+
+    def drain(self, reason: str) -> None:
+        """The server drains: submit nothing more (a request read from now on gets no reply and
+        must be sent again elsewhere), answer the requests submitted, then end (``replies``
+        stops and the servicer ends the stream with UNAVAILABLE and ``reason``). Idempotent."""
+        if self._drain_reason is not None:
+            return
+        self._drain_reason = reason
+        if self._reader is not None:
+            # The reader waits in an await (next request, or an off-loop decode) and submits
+            # synchronously, so cancelling it now submits nothing more.
+            self._reader.cancel()
+        self._queue.put_nowait(None)  # the reader's own end marker may never come (cancelled unstarted)
 
     async def read(self, requests: AsyncIterator[bytes | pb.ModelInferRequest | grpc_codec.Undecodable]) -> None:
         """Submit each request as it arrives: serialized (the rpc is registered without a
@@ -144,6 +188,8 @@ class StreamSession:
         parse = _parse_request
         try:
             async for item in requests:
+                if self._drain_reason is not None:  # read after the drain began: not run
+                    break
                 msg = parse(item) if isinstance(item, bytes) else item
                 decoded: tuple[InferRequest, grpc_codec.GrpcReplyOptions] | Exception | None = None
                 if not isinstance(msg, grpc_codec.Undecodable):
@@ -156,6 +202,8 @@ class StreamSession:
                             decoded = e
                     except Exception as e:  # refused: submit() orders its error reply
                         decoded = e
+                if self._drain_reason is not None:  # the drain began during an off-loop decode
+                    break
                 self.submit(msg, decoded)
         except Exception as e:  # the call broke (the client went away): nothing more to read
             log.debug("stream request reader ended: %s: %s", type(e).__name__, e)
@@ -197,7 +245,7 @@ class StreamSession:
             err = e if isinstance(e, InferenceError) else internal_error("gRPC ModelStreamInfer", e)
             if not req.ordered and not self._completion_order:  # an unknown model: Triton orders its reply too
                 self._hold_place(req)
-            self._put(req, err if self._grpc_errors else req.error(err), True)
+            self._put(req, self._error_reply(req, err, None), True)
 
     async def replies(self) -> AsyncIterator[Reply]:
         """What to write, until the request stream has ended and every request is answered."""
@@ -215,6 +263,8 @@ class StreamSession:
 
     def close(self) -> None:
         """The stream has ended: end its scoped sequences, cancel the requests still open."""
+        if self._reader is not None:
+            self._reader.cancel()
         if self._stall_timer is not None:
             self._stall_timer.cancel()
             self._stall_timer = None
@@ -232,14 +282,28 @@ class StreamSession:
             self._open.discard(req)
         reply: Reply | None
         if isinstance(response, InferenceError):
-            reply = response if self._grpc_errors else req.error(response, final)
+            reply = self._error_reply(req, response, final)
         elif response is not None:
+            req.responded = True
             reply = grpc_wire.stream_response(response, final)
         elif req.empty_final:  # a final flag alone, written only when the client asked for it
             reply = grpc_wire.stream_reply(req.id, req.model, req.version, True)
         else:  # a bare final flag: nothing to write
             reply = None
         self._put(req, reply, final)
+
+    def _error_reply(self, req: _StreamRequest, err: InferenceError, final: bool | None) -> Reply | None:
+        """What to write for a request that failed. UNAVAILABLE means the request was not run
+        (refused, or never reached an instance): on a draining stream it gets no reply, which
+        tells the client to send it again on its new stream (see the class's doc); with
+        ``triton_grpc_error`` it drains the stream, so that the stream ends with its status
+        only once the requests submitted before it are answered, and the client can tell
+        exactly which to send again (those without a reply). Not for a (decoupled) request that
+        has sent responses already: it ran, and its error is written as usual."""
+        if err.code is Code.UNAVAILABLE and not req.responded and (self._drain_reason is not None or self._grpc_errors):
+            self.drain(err.message)  # no-op when draining already
+            return None
+        return err if self._grpc_errors else req.error(err, final)
 
     def _hold_place(self, req: _StreamRequest) -> None:
         req.ordered = True
@@ -307,6 +371,7 @@ class _StreamRequest:
         "model",
         "ordered",
         "outcome",
+        "responded",
         "sequence_id",
         "stall_counted",
         "start",
@@ -320,6 +385,7 @@ class _StreamRequest:
         self.empty_final = False
         self.ordered = False  # its reply waits for those of the requests before it
         self.outcome: _Item | None = None  # ordered: its reply, once known
+        self.responded = False  # a response (not an error) has come for it
         self.cancel: Callable[[], None] = _nothing
         self.sequence_id: SequenceId = 0  # for the stall line
         self.start = False
@@ -331,3 +397,63 @@ class _StreamRequest:
 
 def _nothing() -> None:
     pass
+
+
+class StreamDrain:
+    """The open ModelStreamInfer streams of one gRPC front-end, for the shutdown (event loop
+    only). ``begin`` (the first SIGTERM/SIGINT): new streams get UNAVAILABLE at once; with a
+    state store (``handoff``) the open streams drain now (``StreamSession.drain``), since their
+    sequences move to the store and continue on another replica; without one they go on
+    while the engine drains (their running sequences may still end here, as in Triton) and
+    ``end`` drains them once it is done. Either way a stream ends with UNAVAILABLE after every
+    request it submitted was answered, never with a reset."""
+
+    __slots__ = ("_closed", "_reason", "_sessions")
+
+    def __init__(self) -> None:
+        self._sessions: set[StreamSession] = set()
+        self._reason: str | None = None  # set: new streams are refused with it
+        self._closed = asyncio.Event()
+        self._closed.set()
+
+    @property
+    def refusal(self) -> str | None:
+        """Why a new stream is refused (UNAVAILABLE), or None while streams are served."""
+        return self._reason
+
+    def add(self, session: StreamSession) -> None:
+        self._sessions.add(session)
+        self._closed.clear()
+        if self._reason is not None and self._reason == DRAIN_HANDOFF_MESSAGE:
+            session.drain(self._reason)  # opened just as the drain began
+
+    def discard(self, session: StreamSession) -> None:
+        self._sessions.discard(session)
+        if not self._sessions:
+            self._closed.set()
+
+    def begin(self, *, handoff: bool) -> None:
+        if self._reason is not None:
+            return
+        self._reason = DRAIN_HANDOFF_MESSAGE if handoff else SHUTDOWN_MESSAGE
+        if handoff:
+            for session in self._sessions:
+                session.drain(self._reason)
+
+    def end(self) -> None:
+        """The engine has drained: every open stream ends once its requests are answered."""
+        reason = self._reason or SHUTDOWN_MESSAGE
+        self._reason = reason
+        for session in self._sessions:
+            session.drain(reason)
+
+    async def wait_closed(self, timeout_s: float) -> bool:
+        """Wait (up to ``timeout_s``) for every stream to have ended; True when they have."""
+        try:
+            await asyncio.wait_for(self._closed.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return len(self._sessions)
