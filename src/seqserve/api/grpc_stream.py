@@ -178,7 +178,7 @@ class StreamSession:
             pass
         except Exception as e:  # the call broke (the client went away): nothing more to read
             log.debug("stream request reader ended: %s: %s", type(e).__name__, e)
-        finally:
+        finally:  # however reading ends, the replies end once the requests read are answered
             self._end_reading()
 
     def submit(
