@@ -8,7 +8,7 @@ import asyncio
 import gzip
 import json
 import zlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -258,6 +258,38 @@ async def test_stream_replies_in_request_order_except_decoupled() -> None:
     ]
     session.close()  # the decoupled request is still open
     assert server.cancelled == ["2"]
+
+
+async def test_stream_read_ends_the_replies_once_every_request_is_answered() -> None:
+    """Requests read from an iterator (serialized, as grpc.aio hands them) or by calling a read
+    function until its end marker: the replies end only after the input has ended and every
+    request read has its last reply, and a bare final flag writes nothing."""
+
+    async def requests() -> AsyncIterator[bytes]:
+        for rid in ("1", "2"):
+            yield pb.ModelInferRequest(model_name="m", id=rid).SerializeToString()
+
+    eof = object()
+    pending = [pb.ModelInferRequest(model_name="m", id="3").SerializeToString(), eof]
+
+    async def read() -> object:
+        return pending.pop(0)
+
+    for start in (lambda s: s.read(requests()), lambda s: s.read_calls(read, eof)):
+        server = _FakeServer()
+        session = StreamSession(server, grpc_errors=False)  # type: ignore[arg-type]
+        await start(session)
+        batches = session.next_replies()
+        waiting = asyncio.ensure_future(batches)
+        await asyncio.sleep(0)
+        assert not waiting.done()  # the input ended, but requests are unanswered
+        ids = sorted(server.submitted)
+        for rid in ids[:-1]:
+            server.submitted[rid](_result(rid), True)
+        server.submitted[ids[-1]](None, True)  # a final flag alone: no reply to write
+        got = await asyncio.wait_for(waiting, 1)
+        assert [pb.ModelStreamInferResponse.FromString(r).infer_response.id for r in got or ()] == ids[:-1]
+        assert await asyncio.wait_for(session.next_replies(), 1) is None
 
 
 async def test_stream_grpc_errors_yields_the_error() -> None:

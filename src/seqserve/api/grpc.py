@@ -244,12 +244,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         )
         self.streams.add(session)
         try:
-            session.start(request_iterator)
-            async for reply in session.replies():
-                if isinstance(reply, InferenceError):  # triton_grpc_error: the stream ends here
-                    await self._fail(context, reply)
-                else:
-                    yield reply
+            # The requests are read with context.read (what request_iterator wraps in an async
+            # generator) and the replies taken in batches: two async-generator hops less per message.
+            session.start_calls(context.read, grpc.aio.EOF)
+            while (batch := await session.next_replies()) is not None:
+                for reply in batch:
+                    if type(reply) is bytes:
+                        yield reply
+                    else:  # triton_grpc_error: the stream ends here
+                        await self._fail(context, reply)  # type: ignore[arg-type]
             if session.drain_reason is not None:  # every request it submitted is answered
                 await context.abort(grpc.StatusCode.UNAVAILABLE, session.drain_reason)
         finally:

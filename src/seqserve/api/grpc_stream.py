@@ -4,10 +4,10 @@ written back, as Triton writes them (or, on request, as they complete)."""
 from __future__ import annotations
 
 import asyncio
-import functools
+import collections
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from seqserve._proto import grpc_service_pb2 as pb
@@ -124,15 +124,18 @@ class StreamSession:
         "_drain_reason",
         "_grpc_errors",
         "_in_order",
+        "_loop",
         "_open",
-        "_queue",
         "_reader",
+        "_reading",
+        "_ready",
         "_scope",
         "_server",
         "_stall_head",
         "_stall_timer",
         "_stats",
         "_unfinished",
+        "_waiter",
     )
 
     def __init__(
@@ -149,8 +152,13 @@ class StreamSession:
         self._completion_order = completion_order
         self._scope = scope
         self._stats = stats if stats is not None else StreamStats()
-        # replies ready to write; None marks the end of the request stream
-        self._queue: asyncio.Queue[_Item | None] = asyncio.Queue()
+        # Replies ready to write, in writing order, and the writer's wake-up when it waits for
+        # one. A deque and one future instead of an asyncio.Queue: the queue's get() costs a
+        # coroutine, a loop look-up and a getters deque per reply, on the stream's hottest path.
+        self._ready: collections.deque[_Item] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._reading = True  # the request stream has not ended
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._in_order: OrderedRelease[_StreamRequest] = OrderedRelease(self._release)
         self._open: set[_StreamRequest] = set()  # submitted, final response not yet come
         self._unfinished = 0  # requests read whose last reply has not been taken from the queue
@@ -162,6 +170,10 @@ class StreamSession:
     def start(self, requests: AsyncIterator[bytes | pb.ModelInferRequest | grpc_codec.Undecodable]) -> None:
         """Read ``requests`` in a task of its own (see ``read``)."""
         self._reader = asyncio.create_task(self.read(requests))
+
+    def start_calls(self, read: Callable[[], Awaitable[bytes | object]], eof: object) -> None:
+        """Read the requests by calling ``read`` in a task of its own (see ``read_calls``)."""
+        self._reader = asyncio.create_task(self.read_calls(read, eof))
 
     @property
     def drain_reason(self) -> str | None:
@@ -179,22 +191,29 @@ class StreamSession:
             # The reader waits in an await (next request, or an off-loop decode) and submits
             # synchronously, so cancelling it now submits nothing more.
             self._reader.cancel()
-        self._queue.put_nowait(None)  # the reader's own end marker may never come (cancelled unstarted)
+        self._end_reading()  # the reader's own end may never come (cancelled before it started)
 
     async def read(self, requests: AsyncIterator[bytes | pb.ModelInferRequest | grpc_codec.Undecodable]) -> None:
         """Submit each request as it arrives: serialized (the rpc is registered without a
         deserializer) or already a message. A request whose decoding grows with its size is
         decoded off the event loop, and the next one waits for it: order is kept."""
+        await self.read_calls(requests.__aiter__().__anext__, _NO_EOF)
+
+    async def read_calls(self, read: Callable[[], Awaitable[bytes | object]], eof: object) -> None:
+        """``read`` with the requests taken by calling ``read`` (grpc.aio's ``context.read``)
+        until it returns ``eof`` (or raises StopAsyncIteration): one async generator less per
+        message than iterating the call's request iterator, which wraps the same ``read``."""
         parse = _parse_request
         try:
-            async for item in requests:
-                if self._drain_reason is not None:  # read after the drain began: not run
+            while True:
+                item = await read()
+                if item is eof or self._drain_reason is not None:  # read after the drain began: not run
                     break
-                msg = parse(item) if isinstance(item, bytes) else item
+                msg = parse(item) if type(item) is bytes else item
                 decoded: tuple[InferRequest, grpc_codec.GrpcReplyOptions] | Exception | None = None
                 if not isinstance(msg, grpc_codec.Undecodable):
                     try:
-                        decoded = grpc_codec.decode_request(msg, inline=True)
+                        decoded = grpc_codec.decode_request(msg, inline=True)  # type: ignore[arg-type]
                     except grpc_codec.DecodeOffLoop:
                         try:
                             decoded = await offload(grpc_codec.decode_request, msg)
@@ -204,11 +223,13 @@ class StreamSession:
                         decoded = e
                 if self._drain_reason is not None:  # the drain began during an off-loop decode
                     break
-                self.submit(msg, decoded)
+                self.submit(msg, decoded)  # type: ignore[arg-type]
+        except StopAsyncIteration:  # an iterator's end
+            pass
         except Exception as e:  # the call broke (the client went away): nothing more to read
             log.debug("stream request reader ended: %s: %s", type(e).__name__, e)
         finally:  # however reading ends, the replies end once the requests read are answered
-            self._queue.put_nowait(None)
+            self._end_reading()
 
     def submit(
         self,
@@ -239,7 +260,8 @@ class StreamSession:
             req.sequence_id = request.sequence_id
             req.start = request.sequence_start
             request.scope = self._scope
-            req.cancel = self._server.enqueue_streaming(request, functools.partial(self._respond, req))
+            req.session = self
+            req.cancel = self._server.enqueue_streaming(request, req.respond)
             self._open.add(req)
         except Exception as e:  # refused: one error reply, and the stream goes on
             err = e if isinstance(e, InferenceError) else internal_error("gRPC ModelStreamInfer", e)
@@ -249,17 +271,55 @@ class StreamSession:
 
     async def replies(self) -> AsyncIterator[Reply]:
         """What to write, until the request stream has ended and every request is answered."""
-        reading = True
-        while reading or self._unfinished:
-            item = await self._queue.get()
-            if item is None:
-                reading = False
-                continue
-            reply, last = item
-            if last:
-                self._unfinished -= 1
-            if reply is not None:
+        while True:
+            batch = await self.next_replies()
+            if batch is None:
+                return
+            for reply in batch:
                 yield reply
+
+    async def next_replies(self) -> list[Reply] | None:
+        """The replies ready to write now, in order (waiting for one if none is); None once the
+        request stream has ended and every request is answered. The servicer writes them from
+        its own loop: no async generator between it and the session."""
+        ready = self._ready
+        while True:
+            if ready:
+                out: list[Reply] = []
+                while ready:
+                    reply, last = ready.popleft()
+                    if last:
+                        self._unfinished -= 1
+                    if reply is not None:
+                        out.append(reply)
+                if out:
+                    return out
+                continue
+            if not self._reading and not self._unfinished:
+                return None
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+    def _end_reading(self) -> None:
+        self._reading = False
+        self._wake()
+
+    def _push(self, item: _Item) -> None:
+        self._ready.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def close(self) -> None:
         """The stream has ended: end its scoped sequences, cancel the requests still open."""
@@ -316,11 +376,11 @@ class StreamSession:
             if req.ordered and self._stall_timer is None:  # held back by the head reply
                 self._watch_stall()
         else:
-            self._queue.put_nowait((reply, last))
+            self._push((reply, last))
 
     def _release(self, req: _StreamRequest) -> None:
         req.ordered = False  # no longer waiting for its place
-        self._queue.put_nowait(req.outcome)
+        self._push(req.outcome)  # type: ignore[arg-type]  # set before release
 
     # ------------------------------------------------------------------ stalls
 
@@ -373,6 +433,7 @@ class _StreamRequest:
         "outcome",
         "responded",
         "sequence_id",
+        "session",
         "stall_counted",
         "start",
         "version",
@@ -390,9 +451,18 @@ class _StreamRequest:
         self.sequence_id: SequenceId = 0  # for the stall line
         self.start = False
         self.stall_counted = False
+        self.session: StreamSession | None = None
+
+    def respond(self, response: InferResult | InferenceError | None, final: bool) -> None:
+        """The engine's callback: a bound method instead of a partial made per request."""
+        self.session._respond(self, response, final)  # type: ignore[union-attr]  # set before submit
 
     def error(self, err: InferenceError, final: bool | None = None) -> bytes:
         return grpc_wire.stream_reply(self.id, self.model, self.version, final, err.message)
+
+
+#: an end marker no request equals (``read`` ends on StopAsyncIteration instead)
+_NO_EOF = object()
 
 
 def _nothing() -> None:
