@@ -220,6 +220,7 @@ async def serve(opts: ServeOptions) -> int:
 
     await shutdown.requested.wait()
     await server.shutdown()
+    await server.linger_while_requested()  # with a state store: until the balancer stops sending
     # The front-ends stop only now: every request the engine took has its answer.
     log.info("stopping the front-ends")
     stop_http()

@@ -18,6 +18,12 @@ from seqserve.engine.server_state import (
 )
 from seqserve.engine.uploads import UploadDirs
 
+#: after a drain with a state store, how long no request must have come before the front-ends
+#: stop (a balancer's health checks see the replica not ready within about a second), and the
+#: longest wait for that (still bounded by the exit timeout)
+LINGER_QUIET_S = 0.5
+LINGER_CAP_S = 5.0
+
 
 class Drain:
     """Part of ``Server``; see ``seqserve.engine.server``."""
@@ -32,6 +38,7 @@ class Drain:
         _poll_task: asyncio.Task[None] | None
         _shutdown_deadline: float | None
         exit_timeout_s: float
+        last_refusal_at: float
         hung_instances: list[tuple[str, str]]
         _handoff: Handoff | None
 
@@ -124,6 +131,26 @@ class Drain:
         finally:
             progress.cancel()
         await asyncio.to_thread(self._uploads.remove_all)
+
+    async def linger_while_requested(self, quiet_s: float = LINGER_QUIET_S, cap_s: float = LINGER_CAP_S) -> None:
+        """With a state store, after ``shutdown``: keep the front-ends up, answering UNAVAILABLE
+        (whose clients and balancer retry on another replica), while requests still come. A
+        balancer sees this replica not ready only at its next health checks, and a request it
+        sends to a connection that closes meanwhile fails as CANCELLED (gRPC through HAProxy),
+        which no client retries. Returns once no request was refused for ``quiet_s``, or after
+        ``cap_s``, or at the exit deadline. Without a store, returns at once."""
+        if self._handoff is None:
+            return
+        start = time.monotonic()
+        end = start + cap_s
+        if self._shutdown_deadline is not None:
+            end = min(end, self._shutdown_deadline)
+        while (now := time.monotonic()) < end:
+            quiet_since = max(start, self.last_refusal_at)
+            if now - quiet_since >= quiet_s:
+                return
+            await asyncio.sleep(min(quiet_s - (now - quiet_since), end - now) + 0.01)
+        log.info("requests still arrived %.1f s after the drain; stopping the front-ends anyway", cap_s)
 
     async def _acquire_control_lock(self, deadline: float) -> bool:
         """The control lock, unless a load or unload still holds it at the deadline (a model's

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -135,6 +136,7 @@ class Server(RepositoryControl, Drain, KeywordAPI, CheckpointAPI):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._live = False
         self._exiting = False
+        self.last_refusal_at = 0.0  # time.monotonic() of the latest request refused while exiting
         # Loads, unloads and polls change the set of models one at a time (Triton's poll_mu_).
         self._control_lock = asyncio.Lock()
         self._uploads = UploadDirs()
@@ -277,6 +279,7 @@ class Server(RepositoryControl, Drain, KeywordAPI, CheckpointAPI):
         state = self._models.get(name)
         if state is None or not state.versions:
             if self._exiting:  # with a state store, its sequences went on elsewhere: worth a retry there
+                self.last_refusal_at = time.monotonic()  # see linger_while_requested
                 raise InferenceError(
                     Code.UNAVAILABLE, SERVER_STOPPING, retry_after_s=None if self._handoff is None else 1.0
                 )
