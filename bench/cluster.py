@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.target import free_ports
+
 ROOT = Path(__file__).resolve().parents[1]
 HAPROXY_CFG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
 DEMO_REPO = ROOT / "src" / "seqserve" / "examples" / "models"
@@ -36,20 +38,6 @@ class ClusterError(RuntimeError):
 def missing_tools() -> list[str]:
     """The system programs the cluster needs that are not on PATH."""
     return [tool for tool in ("redis-server", "haproxy") if shutil.which(tool) is None]
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free loopback TCP ports (port-0 sockets held open together, then closed)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _tail(path: Path, n: int = 4000) -> str:

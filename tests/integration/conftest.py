@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.target import free_ports
 from tests.helpers import write_model
 from tests.integration._util import FLAVOURS, Client
 
@@ -29,20 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO_REPO = ROOT / "src" / "seqserve" / "examples" / "models"
 STARTUP_TIMEOUT_S = 30.0
 EXIT_TIMEOUT_S = 20.0
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports (port-0 sockets held open together, then closed)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass
