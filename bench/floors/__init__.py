@@ -18,6 +18,10 @@ FLOORS: dict[str, tuple[str, tuple[str, ...]]] = {
     "grpc-stream": ("grpc_stream.py", ("grpc-stream", "grpc-unary")),
     "http-hypercorn": ("http_hypercorn.py", ("http-binary", "http-json")),
     "http-granian": ("http_granian.py", ("http-binary", "http-json")),
+    # the ways to serve gRPC unary, compared in bench/README.md ("gRPC unary: the floors of each way")
+    "grpc-sync": ("grpc_sync.py", ("grpc-unary",)),
+    "grpc-sync-handoff": ("grpc_sync_handoff.py", ("grpc-unary",)),
+    "grpc-h2": ("grpc_h2.py", ("grpc-unary",)),
 }
 
 

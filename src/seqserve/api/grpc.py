@@ -43,11 +43,6 @@ GRPC_STATUS = {
 #: rpcs that take and return bytes: grpcio calls no (de)serializer, the servicer parses the
 #: request itself and encodes the reply with ``grpc_wire``
 RAW_RPCS = frozenset({"ModelInfer", "ModelStreamInfer"})
-#: rpcs registered with grpcio's "registered method" path as well as the generic handler. grpc.aio
-#: keeps one pending request-call future per registered method and runs ``asyncio.wait`` over all
-#: of them for every incoming call, so registering the 20-odd rpcs of the service costs every
-#: call about 9 us; the rare ones are found by the generic handler instead.
-HOT_RPCS = frozenset({"ModelInfer", "ModelStreamInfer"})
 
 _parse_infer_request: Callable[[bytes], pb.ModelInferRequest | Undecodable] = grpc_codec.safe_deserializer(
     pb.ModelInferRequest
@@ -313,8 +308,12 @@ def add_service(g: grpc.aio.Server, servicer: Any, service: Any) -> None:
     """Register ``servicer``'s methods for ``service`` (a ServiceDescriptor), as the generated
     ``add_*_to_server`` does, but with deserializers that hand undecodable bytes on as an
     ``Undecodable`` (see ``guard_rpcs``, ``ModelInfer`` and ``StreamSession``), ``RAW_RPCS``
-    without (de)serializers, and only ``HOT_RPCS`` as registered methods. The methods are read
-    from the instance, so wrappers set on it before this call stay in place."""
+    without (de)serializers, and as a generic handler only, none as a "registered method":
+    grpc.aio keeps a pending request-call future per registered method and runs ``asyncio.wait``
+    over them and the generic one for every incoming call, which cost each call about 20 us of
+    the event loop's time even with only ModelInfer and ModelStreamInfer registered (bench/README.md,
+    "Where a unary call's time goes"). The methods are read from the instance, so wrappers set on
+    it before this call stay in place."""
     handlers = {}
     for method in service.methods:
         behaviour = getattr(servicer, method.name)
@@ -334,9 +333,6 @@ def add_service(g: grpc.aio.Server, servicer: Any, service: Any) -> None:
                 behaviour, request_deserializer=deserialize, response_serializer=serialize
             )
     g.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
-    hot = {name: h for name, h in handlers.items() if name in HOT_RPCS}
-    if hot:
-        g.add_registered_method_handlers(service.full_name, hot)
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):
