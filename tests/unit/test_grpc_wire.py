@@ -118,7 +118,7 @@ def test_every_rpc_is_served_by_the_generic_handler_and_the_hot_ones_take_bytes(
     registry = _Registry()
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     add_service(registry, InferenceServicer(None), service)  # type: ignore[arg-type]
-    assert RAW_RPCS == {"ModelInfer", "ModelStreamInfer"}
+    assert {"ModelInfer", "ModelStreamInfer"} == RAW_RPCS
     for method in service.methods:
         details = type("D", (), {"method": f"/{service.full_name}/{method.name}", "invocation_metadata": ()})()
         handler = registry.generic.service(details)
