@@ -10,10 +10,10 @@
 //
 // A slow model must not block the loop, so a model goes inline only once it has shown to be
 // cheap: promote_after batches in a row (on its executor) each costing at most max_batch_ns
-// (gather + runner + reply split). Any batch over the bound ends inline mode at once and hands
-// the queued work back to the executors; so a model that turns slow costs the loop one batch.
-// Each demotion doubles the cheap run needed for the next promotion (up to 16x), so a model
-// that is sometimes slow runs at most one slow batch in 128 on the loop. A batch is judged by
+// (gather + runner + reply split). Slow batches in inline mode end it (kSlowInWindow of the
+// last 32, or one over kAtOnceFactor times the bound) and hand the queued work back to the
+// executors; so a model that turns slow costs the loop a few batches. Each demotion doubles
+// the cheap run needed for the next promotion (up to 16x). A batch is judged by
 // its wall time, unless its thread never blocked: then the OS preempted it (a stall the loop
 // suffers wherever the batch runs), and its thread CPU time counts instead.
 //
@@ -33,6 +33,14 @@ constexpr int64_t kInlineFallbackNs = 10'000'000;  // an executor takes queued w
 constexpr int64_t kInlinePassNs = 1'000'000;       // one inline pass runs batches for this long at most
 constexpr int kMaxPenalty = 4;                     // promotion needs at most promote_after << 4 batches
 constexpr uint64_t kPenaltyDecay = 1024;           // cheap inline batches that forgive one demotion
+// In inline mode, a model goes back to its threads when kSlowInWindow of its last 32 batches
+// were over the bound, or at once when one is over kAtOnceFactor times the bound. A cheap
+// model's batch runs over now and then on a loaded machine (the GIL handed to another thread
+// mid-batch, a garbage-collection pass): demoting on each such batch kept the demo model on its
+// threads for 87% of its batches under a 16-sequence gRPC stream load (bench/README.md,
+// "Inline execution: slow batches in a window").
+constexpr int kSlowInWindow = 4;
+constexpr int64_t kAtOnceFactor = 8;
 }  // namespace
 
 ThreadUsage ThreadUsage::now() {
@@ -144,6 +152,7 @@ void Scheduler::note_batch_cost_locked(bool in_line, int64_t cost_ns) {
     return;
   }
   // Inline mode (this batch may still have run on an executor: a delayed batch, a fallback).
+  slow_window_ = (slow_window_ << 1) | (cheap ? 0u : 1u);
   if (cheap) {
     if (++cheap_streak_ >= static_cast<int>(kPenaltyDecay) && inline_penalty_ > 0) {
       --inline_penalty_;
@@ -151,10 +160,13 @@ void Scheduler::note_batch_cost_locked(bool in_line, int64_t cost_ns) {
     }
     return;
   }
-  // Too slow for the loop: back to the executors at once, with what is queued.
+  ++inline_.slow_batches;
+  if (cost_ns <= kAtOnceFactor * inline_.max_batch_ns && __builtin_popcount(slow_window_) < kSlowInWindow) return;
+  // Too slow for the loop: back to the executors, with what is queued.
   inline_mode_.store(false, std::memory_order_relaxed);
   ++inline_.demotions;
   cheap_streak_ = 0;
+  slow_window_ = 0;
   inline_penalty_ = std::min(kMaxPenalty, inline_penalty_ + 1);
   for (auto& i : instances_) {
     i->inline_due_ns = 0;

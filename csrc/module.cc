@@ -196,6 +196,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("thread_batches", &InlineStats::thread_batches)
       .def_readonly("promotions", &InlineStats::promotions)
       .def_readonly("demotions", &InlineStats::demotions)
+      .def_readonly("slow_batches", &InlineStats::slow_batches)
       .def_property_readonly("last_batch_us", [](const InlineStats& s) { return s.last_batch_ns / 1000.0; });
 
   py::class_<PyScheduler>(m, "Scheduler", "Scheduler and executor threads of one model.")

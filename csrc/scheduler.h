@@ -111,6 +111,7 @@ struct InlineStats {
   int promote_after = 0;     // cheap executor batches in a row before inline mode
   bool active = false;       // inline mode now
   uint64_t inline_batches = 0, thread_batches = 0, promotions = 0, demotions = 0;
+  uint64_t slow_batches = 0;  // batches over the bound in inline mode (not all demote: executor.cc)
   int64_t last_batch_ns = 0;  // the cost of the latest batch (gather, runner, replies)
 };
 
@@ -341,6 +342,7 @@ class Scheduler {
   InlineStats inline_;                  // policy and counters (lock held)
   std::atomic<bool> inline_mode_{false};  // read without the lock by run_ready_inline's first check
   int cheap_streak_ = 0;                // cheap batches in a row
+  uint32_t slow_window_ = 0;            // in inline mode, bit k: the batch k batches ago was over the bound
   int inline_penalty_ = 0;              // demotions lately: promotion needs promote_after << penalty
 
   const bool sequences_;

@@ -170,22 +170,59 @@ async def test_a_slow_model_is_never_promoted(repo: Path, serve: Any) -> None:
     assert threading.get_ident() not in model_module("t").THREADS
 
 
-async def test_a_model_that_turns_slow_is_demoted_after_one_batch(repo: Path, serve: Any) -> None:
+async def test_a_model_that_turns_slow_is_demoted_after_four_slow_batches(repo: Path, serve: Any) -> None:
     write_model(repo, "t", plain_config("t", us=20_000), THREAD_MODEL)
     server = await serve()
     await promote(server, "t")
     mod = model_module("t")
-    mod.DELAY = 0.04  # 40 ms, over the 20 ms bound
+    mod.DELAY = 0.04  # 40 ms, over the 20 ms bound (not 8 times over)
     mod.THREADS.clear()
     before = server.model("t").inline_stats
-    for i in range(5):
+    for i in range(7):
         r = await server.infer("t", {"INPUT": x(i)})
         assert float(r.outputs["OUTPUT"][0, 0]) == i
     st = server.model("t").inline_stats
-    assert (st.active, st.demotions) == (False, 1)
-    assert st.inline_batches == before.inline_batches + 1  # the loop paid for one slow batch only
-    assert mod.THREADS[0] == threading.get_ident()
-    assert threading.get_ident() not in mod.THREADS[1:]
+    assert (st.active, st.demotions) == (False, before.demotions + 1)
+    assert st.inline_batches == before.inline_batches + 4  # the loop paid for 4 slow batches
+    assert st.slow_batches == before.slow_batches + 4
+    assert mod.THREADS[:4] == [threading.get_ident()] * 4
+    assert threading.get_ident() not in mod.THREADS[4:]
+
+
+async def test_a_batch_far_over_the_bound_demotes_at_once(repo: Path, serve: Any) -> None:
+    write_model(repo, "t", plain_config("t", us=10_000), THREAD_MODEL)
+    server = await serve()
+    await promote(server, "t")
+    mod = model_module("t")
+    mod.DELAY = 0.1  # 100 ms: over 8 times the 10 ms bound
+    before = server.model("t").inline_stats
+    for i in range(3):
+        r = await server.infer("t", {"INPUT": x(i)})
+        assert float(r.outputs["OUTPUT"][0, 0]) == i
+    st = server.model("t").inline_stats
+    assert (st.active, st.demotions) == (False, before.demotions + 1)
+    assert st.inline_batches == before.inline_batches + 1
+
+
+async def test_an_occasional_slow_batch_does_not_demote(repo: Path, serve: Any) -> None:
+    """A cheap model whose batch runs over now and then (another thread took the GIL mid-batch,
+    a GC pass) stays inline: 3 slow batches among 30 are under the 4-in-32 window."""
+    write_model(repo, "t", plain_config("t", us=20_000), THREAD_MODEL)
+    server = await serve()
+    await promote(server, "t")
+    mod = model_module("t")
+    before = server.model("t").inline_stats
+    for i in range(30):
+        mod.DELAY = 0.03 if i % 10 == 5 else 0.0  # 30 ms, over the 20 ms bound, 3 times
+        r = await server.infer("t", {"INPUT": x(i)})
+        assert float(r.outputs["OUTPUT"][0, 0]) == i
+    st = server.model("t").inline_stats
+    if st.demotions != before.demotions:  # a stall of this shared machine added slow batches
+        assert st.slow_batches - before.slow_batches >= 4, _show(st)
+        return
+    assert st.active
+    assert st.slow_batches == before.slow_batches + 3
+    assert st.inline_batches == before.inline_batches + 30
 
 
 async def test_dynamic_batching_keeps_results_and_priority_levels(repo: Path, serve: Any) -> None:

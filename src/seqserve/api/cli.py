@@ -373,8 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_INLINE_MAX_BATCH_US,
         metavar="US",
         help="in-process Python models whose batches cost at most this many microseconds run them on the event "
-        "loop's thread instead of an executor thread, saving two thread hand-offs per batch; a slower batch moves "
-        "the model back to its threads at once. A model's parameter 'inline_max_batch_us' overrides it. "
+        "loop's thread instead of an executor thread, saving two thread hand-offs per batch; 4 slower batches among "
+        "its last 32 (or one 8 times slower) move the model back to its threads. A model's parameter "
+        "'inline_max_batch_us' overrides it. "
         f"0: never (default: {DEFAULT_INLINE_MAX_BATCH_US})",
     )
     s.add_argument("--tls-cert", help="PEM certificate for both front-ends")

@@ -458,6 +458,9 @@ class InlineStats(metaclass=_Pybind11Type):
     @property
     def demotions(self) -> int: ...
     @property
+    def slow_batches(self) -> int:
+        """Batches over the bound in inline mode; a few in a window (or one far over) demote."""
+    @property
     def last_batch_us(self) -> float:
         """What the latest batch cost (gather, runner, reply split)."""
 
