@@ -64,6 +64,12 @@ SEQUENCE = {
     "seqserve_sequence_state_bytes": "gauge",
     "seqserve_sequence_backlog_full_total": "counter",
 }
+INLINE = {
+    "seqserve_inline_active": "gauge",
+    "seqserve_inline_batches_total": "counter",
+    "seqserve_inline_slow_batches_total": "counter",
+    "seqserve_inline_demotions_total": "counter",
+}
 ACC = {"model": "accumulator", "version": "1"}
 
 
@@ -138,6 +144,10 @@ def test_two_steps_of_accumulator(launch: Callable[..., ServerProcess]) -> None:
     assert value(fams, "seqserve_sequence_state_bytes", **ACC) == 4  # one FP32 sum
     assert not [s for s in fams["seqserve_sequence_slots"].samples if s.labels["model"] == "add_sub"]
     assert "nv_inference_first_response_histogram_ms" not in fams  # off by default, as in Triton
+    # inline execution, for the models that may run on the event loop (not ONNX's lstm)
+    assert value(fams, "seqserve_inline_active", **ACC) in (0, 1)
+    assert value(fams, "seqserve_inline_batches", "seqserve_inline_batches_total", **ACC) >= 0
+    assert not [s for s in fams["seqserve_inline_active"].samples if s.labels["model"] == "lstm"]
 
     # END: the slot is free, the sequence counted as ended; read again at once (no caching)
     assert accumulate(srv, [(3.0, False, True)], sid) == [6.0]
@@ -160,7 +170,7 @@ def test_types_and_help_texts_are_tritons(server: ServerProcess) -> None:
         assert fams[name].type == typ, name
         assert fams[name].documentation == doc, name
         assert f"# TYPE {name} {typ}\n" in text
-    for name, typ in SEQUENCE.items():
+    for name, typ in {**SEQUENCE, **INLINE}.items():
         assert f"# TYPE {name} {typ}\n" in text
     for name in ("nv_cpu_utilization", "nv_cpu_memory_total_bytes", "nv_cpu_memory_used_bytes"):
         assert fams[name].type == "gauge"

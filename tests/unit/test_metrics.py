@@ -93,6 +93,18 @@ def test_collector_families() -> None:
     slots = fams["seqserve_sequence_slots"].samples
     assert [(s.labels["model"], s.value) for s in slots] == [("s", 8)]
     assert fams["seqserve_sequence_started"].samples[0].name == "seqserve_sequence_started_total"
+    # no model here may run inline (bound 0): no inline families
+    assert not [f for f in fams if f.startswith("seqserve_inline")]
+    inline = _counters(model="i", inline_max_batch_us=200.0, inline_active=True, inline_batches=9,
+                       inline_slow_batches=2, inline_demotions=1)  # fmt: skip
+    fams = {f.name: f for f in text_string_to_metric_families(exposition(SeqserveCollector(_Server(inline))).decode())}  # type: ignore[arg-type]
+    got = {f: [(s.labels["model"], s.value) for s in fams[f].samples] for f in fams if f.startswith("seqserve_inline")}
+    assert got == {
+        "seqserve_inline_active": [("i", 1)],
+        "seqserve_inline_batches": [("i", 9)],
+        "seqserve_inline_slow_batches": [("i", 2)],
+        "seqserve_inline_demotions": [("i", 1)],
+    }
     # counter_latencies=false drops the duration counters; histograms are off by default
     text = exposition(SeqserveCollector(server, MetricsConfig(counter_latencies=False))).decode()  # type: ignore[arg-type]
     assert "nv_inference_queue_duration_us" not in text and "histogram" not in text

@@ -134,6 +134,17 @@ _SEQUENCE = (
     ),
 )
 
+# Inline execution, per model version that may run its batches on the event loop (a bound > 0).
+_INLINE = (
+    ("seqserve_inline_active", "gauge", "1 while the model's batches run on the event loop's thread", "inline_active"),
+    ("seqserve_inline_batches_total", "counter", "Batches the event loop ran (the rest ran on executor threads)",
+     "inline_batches"),
+    ("seqserve_inline_slow_batches_total", "counter", "Batches over the inline bound while the model ran inline",
+     "inline_slow_batches"),
+    ("seqserve_inline_demotions_total", "counter", "Times the model went back to its executor threads",
+     "inline_demotions"),
+)  # fmt: skip
+
 
 @dataclass(frozen=True, slots=True)
 class MetricsConfig:
@@ -207,6 +218,7 @@ class SeqserveCollector(Collector):
         pending = family(PENDING[0], "gauge", PENDING[1])
         first = family(FIRST_RESPONSE[0], "histogram", FIRST_RESPONSE[1]) if self.config.histogram_latencies else None
         sequence = [(family(n, t, d), attr) for n, t, d, attr in _SEQUENCE]
+        inline = [(family(n, t, d), attr) for n, t, d, attr in _INLINE]
         for c in counters:
             labels = model_labels(c)
             success.add_sample(success.name, labels, c.success)
@@ -225,6 +237,9 @@ class SeqserveCollector(Collector):
             if c.is_sequence:
                 for m, attr in sequence:
                     m.add_sample(m.name, labels, getattr(c, attr))
+            if c.inline_max_batch_us > 0:
+                for m, attr in inline:
+                    m.add_sample(m.name, labels, int(getattr(c, attr)))
         for (name, doc), value in zip(CPU, self._cpu.read(), strict=True):
             if value is not None:
                 family(name, "gauge", doc).add_sample(name, {}, value)

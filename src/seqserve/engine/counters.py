@@ -39,3 +39,9 @@ class ModelCounters:
     sequences_restored: int = 0  # restored into a slot from a checkpoint
     backlog_full: int = 0  # STARTs refused because the backlog held max_backlog_sequences sequences
     state_bytes: int = 0  # implicit state held by the sequences in slots
+    #: inline execution (docs/architecture.md): its bound (0: the model never runs on the event loop)
+    inline_max_batch_us: float = 0.0
+    inline_active: bool = False  # its batches run on the event loop now
+    inline_batches: int = 0  # batches the event loop ran
+    inline_slow_batches: int = 0  # batches over the bound while inline
+    inline_demotions: int = 0  # times it went back to its executor threads

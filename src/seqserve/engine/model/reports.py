@@ -74,6 +74,7 @@ class ModelReports:
     def counters(self) -> ModelCounters:
         """Everything a metrics exporter reports for this version, read now (one core call)."""
         s = self._core.stats()
+        inline = self._core.inline_stats()
         refused = self._validator.failures
         alone = self._delivery.request_failures
         rejected = s.fail_rejected + self._rejected
@@ -116,6 +117,11 @@ class ModelReports:
             sequences_restored=s.sequences_restored,
             backlog_full=s.backlog_full,
             state_bytes=s.state_bytes,
+            inline_max_batch_us=inline.max_batch_us,
+            inline_active=inline.active,
+            inline_batches=inline.inline_batches,
+            inline_slow_batches=inline.slow_batches,
+            inline_demotions=inline.demotions,
         )
 
     @property
