@@ -34,6 +34,17 @@ def parse_args(prog: str, argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def result_of(coro: Any) -> Any:
+    """The value of a coroutine that never suspends (the floor servicer's rpcs), without a loop:
+    for the floors whose handlers are not coroutines."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("the floor's rpc suspended")
+
+
 def run_on_uvloop(coro: Any) -> None:
     try:
         import uvloop

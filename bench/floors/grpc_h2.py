@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import struct
 import sys
-from collections.abc import Coroutine
 from typing import Any
 
 if __package__ in (None, ""):
@@ -48,12 +47,7 @@ def _answer(method: str, body: bytes) -> bytes | None:
     if method not in _SERVED:
         return None
     request = getattr(pb, method + "Request").FromString(body)
-    coro: Coroutine[Any, Any, Any] = getattr(_FLOOR, method)(request, None)
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return bytes(done.value.SerializeToString())
-    raise RuntimeError("the floor's rpc suspended")
+    return bytes(common.result_of(getattr(_FLOOR, method)(request, None)).SerializeToString())
 
 
 class GrpcH2Protocol(asyncio.Protocol):

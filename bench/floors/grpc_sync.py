@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import sys
 import threading
-from collections.abc import Coroutine
 from concurrent import futures
 from typing import Any
 
@@ -27,20 +26,12 @@ if __package__ in (None, ""):
 
 import grpc
 
+from bench.floors.common import result_of
 from bench.floors.grpc_stream import FloorServicer, reply
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
 
 WORKERS = 16
-
-
-def _result(coro: Coroutine[Any, Any, Any]) -> Any:
-    """The value of a coroutine that never suspends (FloorServicer's)."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    raise RuntimeError("the floor's rpc suspended")
 
 
 class SyncFloorServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -49,26 +40,34 @@ class SyncFloorServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._loop = loop  # --handoff: replies are made there
 
     def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
-        return _result(self._floor.ServerLive(request, context))
+        return result_of(self._floor.ServerLive(request, context))
 
     def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
-        return _result(self._floor.ServerReady(request, context))
+        return result_of(self._floor.ServerReady(request, context))
 
     def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
-        return _result(self._floor.ModelReady(request, context))
+        return result_of(self._floor.ModelReady(request, context))
 
     def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
-        return _result(self._floor.ServerMetadata(request, context))
+        return result_of(self._floor.ServerMetadata(request, context))
 
     def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
-        return _result(self._floor.ModelMetadata(request, context))
+        return result_of(self._floor.ModelMetadata(request, context))
 
     def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         if self._loop is None:
             return reply(request)
         done: futures.Future[pb.ModelInferResponse] = futures.Future()
-        self._loop.call_soon_threadsafe(lambda: done.set_result(reply(request)))
+        self._loop.call_soon_threadsafe(_reply_into, done, request)
         return done.result()
+
+
+def _reply_into(done: futures.Future[pb.ModelInferResponse], request: pb.ModelInferRequest) -> None:
+    """On the loop's thread: the reply, or what went wrong, for the waiting handler thread."""
+    try:
+        done.set_result(reply(request))
+    except Exception as e:
+        done.set_exception(e)
 
 
 def _loop_thread() -> asyncio.AbstractEventLoop:

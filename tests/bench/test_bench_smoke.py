@@ -143,6 +143,19 @@ def test_http_floors(tmp_path: Path, floor: str) -> None:
     assert {r["target"] for r in runs} == {f"floor:{floor}"}
 
 
+def test_grpc_unary_floors(tmp_path: Path) -> None:
+    """The floors of bench/README.md's "gRPC unary: the floors of each way to serve it" answer
+    the bench's gRPC unary runs (readiness, metadata, echoes) without an error."""
+    out = tmp_path / "floors.json"
+    run(
+        "bench", "--spawn-floor", "grpc-sync,grpc-sync-handoff,grpc-h2", "--concurrency", "2",
+        "--transports", "grpc-unary", "--no-verify", "--json", str(out), *SHORT,
+    )  # fmt: skip
+    runs = load_runs(out)
+    assert {r["target"] for r in runs} == {"floor:grpc-sync", "floor:grpc-sync-handoff", "floor:grpc-h2"}
+    assert all(r["steps"] > 0 and r["errors"] == 0 for r in runs)
+
+
 def test_plot_needs_matplotlib_message(tmp_path: Path) -> None:
     # matplotlib is installed here: the bench runs with its import made to fail.
     no_mpl = (
