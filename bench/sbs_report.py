@@ -150,9 +150,9 @@ def format_text(summary: dict[str, Any], args: argparse.Namespace, infos: dict[s
     short = [labels[n] for n, i in infos.items() if (i.get("slots") or 0) < max(args.concurrency)]
     lines = [
         f"side by side: {args.rounds} alternating rounds; per run {args.warmup:g}s warm-up + {args.duration:g}s "
-        f"measured; {','.join(map(str, args.concurrency))} concurrent sequences of {args.seq_len} steps, closed "
-        f"loop, one gRPC stream per sequence; client tritonclient aio on {loop}; every reply checked against the "
-        f"running sum. {slots_line(infos)}",
+        f"measured; {','.join(map(str, args.concurrency))} concurrent sequences of {args.seq_len} steps, "
+        f"{_load_words(args)}, one gRPC stream per sequence; client tritonclient aio on {loop}; every reply "
+        f"checked against the running sum. {slots_line(infos)}",
         "Server CPU per step = CPU of the server's whole process tree (Triton: with its Python backend stubs) over "
         "the measured window / measured steps. Figures: median of the rounds (min-max); ratio = "
         f"{labels[sides[0]]} / {labels[sides[-1]]} per round, its median (min-max).",
@@ -181,6 +181,13 @@ def format_text(summary: dict[str, Any], args: argparse.Namespace, infos: dict[s
     return "\n".join(lines)
 
 
+def _load_words(args: argparse.Namespace) -> str:
+    mode = getattr(args, "mode", "closed")
+    if mode == "paced":
+        return f"paced (each sequence sends one step every {args.period_ms:g} ms, whatever the server does)"
+    return "closed loop"
+
+
 def write_json(
     path: Path,
     args: argparse.Namespace,
@@ -202,6 +209,8 @@ def write_json(
         "transports": args.transports,
         "concurrency": args.concurrency,
         "seq_len": args.seq_len,
+        "mode": getattr(args, "mode", "closed"),
+        "period_ms": args.period_ms if getattr(args, "mode", "closed") == "paced" else None,
         "warmup_s": args.warmup,
         "duration_s": args.duration,
         "grpc_streams": 0,

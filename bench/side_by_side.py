@@ -40,7 +40,7 @@ from typing import Any
 
 from bench import report, sbs_report
 from bench.cpu import ProcessTreeCpu
-from bench.loadgen import RunConfig, SequenceIds, id_base, run_coro, run_load
+from bench.loadgen import MODES, RunConfig, SequenceIds, id_base, run_coro, run_load
 from bench.model_stats import StatsReader, StatsSnapshot, window
 from bench.options import int_list, transport_list
 from bench.target import SpawnedServer, Target, fetch_metadata, wait_ready
@@ -78,7 +78,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=["grpc-stream", "http-binary", "grpc-unary"],
         help="comma-separated (default: grpc-stream,http-binary,grpc-unary)",
     )
-    p.add_argument("--concurrency", type=int_list, default=[16], help="concurrent sequences (default: 16)")
+    p.add_argument(
+        "--concurrency",
+        type=int_list,
+        default=[16],
+        help="concurrent sequences (paced: streams) (default: 16)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="closed",
+        help="closed loop (default: each sequence sends its next step when the reply came), or paced: each "
+        "stream sends one step every --period-ms whatever the server does, so both servers get the same load "
+        "and the latency tail is the server's, not the client's",
+    )
+    p.add_argument(
+        "--period-ms",
+        type=float,
+        default=10.0,
+        help="paced: each stream sends one step every this many ms (default: 10)",
+    )
     p.add_argument("--seq-len", type=int, default=20, help="steps per sequence (default: 20)")
     p.add_argument("--duration", type=float, default=8.0, help="measured seconds per run (default: 8)")
     p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each run (default: 2)")
@@ -211,7 +230,8 @@ async def _one_run(
         streams=0,  # one stream per sequence: a shared one stalls on Triton when sequences outnumber its slots
     )  # fmt: skip
     cfg = RunConfig(
-        transport=transport, concurrency=load, seq_len=args.seq_len, warmup_s=args.warmup,
+        transport=transport, concurrency=load, mode=args.mode, period_s=args.period_ms / 1000.0,
+        seq_len=args.seq_len, warmup_s=args.warmup,
         duration_s=args.duration, request_timeout_s=args.request_timeout, seed=args.seed + rnd, label=side.name,
     )  # fmt: skip
     edges = _Edges(side, others)
@@ -308,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.rounds < 1 or args.seq_len < 1 or args.duration <= 0:
         raise SystemExit("--rounds and --seq-len must be >= 1, --duration > 0")
+    if args.period_ms <= 0:
+        raise SystemExit("--period-ms must be > 0")
     if not args.no_triton:  # before anything starts: a missing anchor fails at once
         problem = anchor_problem(args.triton_script or default_script())
         if problem:

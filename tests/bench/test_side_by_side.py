@@ -127,6 +127,20 @@ def test_side_by_side_seqserve_alone(tmp_path: Path) -> None:
     assert not alive(doc["meta"]["servers"]["seqserve"]["pid"])
 
 
+def test_side_by_side_paced(tmp_path: Path) -> None:
+    """--mode paced: every sequence sends a step every --period-ms, whatever the server does."""
+    out = tmp_path / "paced.json"
+    proc = ok(bench("bench.side_by_side", "--no-triton", "--rounds", "1", "--transports", "grpc-stream",
+                    "--mode", "paced", "--period-ms", "10", "--json", str(out), "--quiet", *SHORT))  # fmt: skip
+    doc = json.loads(out.read_text())
+    (r,) = doc["runs"]
+    assert (r["mode"], r["period_ms"]) == ("paced", 10.0) and r["verified"]
+    # 2 streams (SHORT's --concurrency) x 100 steps/s over the measured 0.6 s: the schedule, not the server
+    assert 90 <= r["steps"] <= 150, r["steps"]
+    assert (doc["meta"]["mode"], doc["meta"]["period_ms"]) == ("paced", 10.0)
+    assert "paced (each sequence sends one step every 10 ms" in proc.stdout
+
+
 def test_missing_anchor_fails_clearly(tmp_path: Path) -> None:
     proc = bench("bench.side_by_side", "--triton-script", str(tmp_path / "nope.sh"), *SHORT)
     assert proc.returncode == 2 and "no Triton anchor at" in proc.stderr
