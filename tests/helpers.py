@@ -140,6 +140,39 @@ output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
 # ------------------------------------------------------------------------ repositories
 
 
+def state_config(
+    strategy: str,
+    *,
+    same: bool,
+    mbs: int,
+    dims: str,
+    init_dims: str,
+    output_dims: str,
+    candidates: int,
+    name: str = "m",
+) -> str:
+    """A sequence model X (INT64 [1]) -> Y with one INT64 implicit state S -> S_OUT of ``dims``
+    (zero-initialised with ``init_dims``), Direct or Oldest (``candidates``), and
+    ``use_same_buffer_for_input_output`` set to ``same``."""
+    block = "direct { }" if strategy == "direct" else f"oldest {{ max_candidate_sequences: {candidates} }}"
+    return f"""
+name: "{name}"
+backend: "python"
+max_batch_size: {mbs}
+input [ {{ name: "X" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_INT64 dims: {output_dims} }} ]
+sequence_batching {{
+  max_sequence_idle_microseconds: 60000000
+  {block}
+  state [ {{
+    input_name: "S" output_name: "S_OUT" data_type: TYPE_INT64 dims: {dims}
+    initial_state {{ name: "zero" data_type: TYPE_INT64 dims: {init_dims} zero_data: true }}
+    use_same_buffer_for_input_output: {str(same).lower()}
+  }} ]
+}}
+"""
+
+
 def write_model(
     repo: Path, name: str, config: str, model_py: str = RECORDING_MODEL, version: int = 1
 ) -> Path:

@@ -94,8 +94,16 @@ class Model:
 
 
 def config(
-    *, strategy: str = "direct", mbs: int = 4, state: str = ACC, corrid: str = U64_CORRID, extra: str = ""
+    *,
+    strategy: str = "direct",
+    mbs: int = 4,
+    state: str = ACC,
+    corrid: str = U64_CORRID,
+    seq: str = "",
+    extra: str = "",
 ) -> str:
+    """Model "m": IN_X -> OUT_X (INT32), a sequence batcher with int controls, ``corrid``,
+    ``state`` and more ``seq`` fields; ``extra`` at the top level."""
     return f"""
 name: "m"
 backend: "python"
@@ -107,6 +115,7 @@ sequence_batching {{
   {strategy} {{ }}
   control_input [ {INT_CONTROLS}, {corrid} ]
   {state}
+  {seq}
 }}
 """
 

@@ -19,30 +19,16 @@ import numpy as np
 import pytest
 
 from seqserve.engine import SequenceBusyError, SequenceCheckpoint
-from tests.helpers import model_module, wait_until, write_model
+from tests.helpers import model_module, state_config, wait_until, write_model
 
 N = 3  # elements per state row
 HOLD = 1000  # a real row with this input holds its batch until the test opens GATE
 
 
 def config(strategy: str, *, same: bool, mbs: int = 8, dims: str = f"[ {N} ]", init_dims: str = f"[ {N} ]") -> str:
-    block = "direct { }" if strategy == "direct" else "oldest { max_candidate_sequences: 8 }"
-    return f"""
-name: "m"
-backend: "python"
-max_batch_size: {mbs}
-input [ {{ name: "X" data_type: TYPE_INT64 dims: [ 1 ] }} ]
-output [ {{ name: "Y" data_type: TYPE_INT64 dims: [ {N} ] }} ]
-sequence_batching {{
-  max_sequence_idle_microseconds: 60000000
-  {block}
-  state [ {{
-    input_name: "S" output_name: "S_OUT" data_type: TYPE_INT64 dims: {dims}
-    initial_state {{ name: "zero" data_type: TYPE_INT64 dims: {init_dims} zero_data: true }}
-    use_same_buffer_for_input_output: {str(same).lower()}
-  }} ]
-}}
-"""
+    return state_config(
+        strategy, same=same, mbs=mbs, dims=dims, init_dims=init_dims, output_dims=f"[ {N} ]", candidates=8
+    )
 
 
 # Adds X to the state. Every mode also scribbles over its padding rows (-1), which must never

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code, SequenceBusyError, SequenceCheckpoint
-from tests.engine.test_checkpoint import ACC, HIST, INT_CONTROLS, U64_CORRID, call, counters
+from tests.engine.test_checkpoint import HIST, call, config, counters
 from tests.helpers import expect_error, model_module, wait_reaped, wait_until, write_model
 
 GATED = """
@@ -40,23 +40,6 @@ class Model:
             return {"OUT_X": new[:, :1].copy(), "ACC_OUT": new}
         new = np.concatenate([batch.states["HIST"], x[:, None]], axis=1)
         return {"OUT_X": new.sum(axis=1, keepdims=True).astype(np.int32), "HIST_OUT": new}
-"""
-
-
-def config(*, strategy: str = "direct", mbs: int = 4, state: str = ACC, seq: str = "", extra: str = "") -> str:
-    return f"""
-name: "m"
-backend: "python"
-max_batch_size: {mbs}
-input [ {{ name: "IN_X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-output [ {{ name: "OUT_X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-{extra}
-sequence_batching {{
-  {strategy} {{ }}
-  control_input [ {INT_CONTROLS}, {U64_CORRID} ]
-  {state}
-  {seq}
-}}
 """
 
 

@@ -17,30 +17,16 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code, InferenceError
-from tests.helpers import write_model
+from tests.helpers import state_config, write_model
 
 N = 5  # elements per state row
 
 
 def config(strategy: str, *, same: bool = False, dims: str = f"[ {N} ]", mbs: int = 4, name: str = "m") -> str:
-    block = "direct { }" if strategy == "direct" else "oldest { max_candidate_sequences: 4 }"
     init_dims = f"[ {N} ]" if dims == f"[ {N} ]" else "[ 2 ]"
-    return f"""
-name: "{name}"
-backend: "python"
-max_batch_size: {mbs}
-input [ {{ name: "X" data_type: TYPE_INT64 dims: [ 1 ] }} ]
-output [ {{ name: "Y" data_type: TYPE_INT64 dims: [ -1 ] }} ]
-sequence_batching {{
-  max_sequence_idle_microseconds: 60000000
-  {block}
-  state [ {{
-    input_name: "S" output_name: "S_OUT" data_type: TYPE_INT64 dims: {dims}
-    initial_state {{ name: "zero" data_type: TYPE_INT64 dims: {init_dims} zero_data: true }}
-    use_same_buffer_for_input_output: {str(same).lower()}
-  }} ]
-}}
-"""
+    return state_config(
+        strategy, same=same, mbs=mbs, dims=dims, init_dims=init_dims, output_dims="[ -1 ]", candidates=4, name=name
+    )
 
 
 # Adds X to every element of the state, writing every row (padding rows included), and
