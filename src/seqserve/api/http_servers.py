@@ -51,7 +51,7 @@ def _install_chunk_limit(limit: int) -> None:
     if base is None:
         return
     if getattr(base, "seqserve_limit", None) is not None:
-        base.seqserve_limit = max(base.seqserve_limit, limit)
+        base.seqserve_limit = max(base.seqserve_limit, limit)  # type: ignore[attr-defined]
         return
 
     class BoundedChunkedReader(base):  # type: ignore[misc, valid-type]
@@ -63,7 +63,7 @@ def _install_chunk_limit(limit: int) -> None:
                 raise h11.RemoteProtocolError("chunk larger than the body limit", error_status_hint=413)
             return event
 
-    table["chunked"] = BoundedChunkedReader
+    table["chunked"] = BoundedChunkedReader  # type: ignore[index]
 
 
 class _ConnectionSlots:
@@ -116,7 +116,7 @@ def _install_connection_cap() -> None:
                 self._seqserve_slots.used -= 1
                 self._seqserve_slots = None
 
-    hrun.TCPServer = CappedTCPServer
+    hrun.TCPServer = CappedTCPServer  # type: ignore[misc]
 
 
 async def _refuse_connection(writer: asyncio.StreamWriter, limit: int) -> None:
@@ -154,5 +154,5 @@ def _install_json_errors() -> None:
         await self._send_h11_event(h11.Data(data=body))
         await self._send_h11_event(h11.EndOfMessage())
 
-    H11Protocol._send_error_response = _send_error_response
-    H11Protocol.seqserve_json_errors = True
+    H11Protocol._send_error_response = _send_error_response  # type: ignore[method-assign]
+    H11Protocol.seqserve_json_errors = True  # type: ignore[attr-defined]

@@ -19,6 +19,8 @@ log = logging.getLogger("seqserve.model")
 class SequenceViews(SequenceCheckpoints):
     """Part of ``LoadedModel``."""
 
+    instance_names: list[str]  # LoadedModel's: instance index -> its name
+
     def sequences(self, limit: int) -> SequenceList:
         """The live sequences (holding a slot or backlogged): how many, and up to ``limit`` of
         them, the oldest first."""
