@@ -44,9 +44,6 @@ GRPC_STATUS = {
 #: request itself and encodes the reply with ``grpc_wire``
 RAW_RPCS = frozenset({"ModelInfer", "ModelStreamInfer"})
 
-_parse_infer_request: Callable[[bytes], pb.ModelInferRequest | Undecodable] = grpc_codec.safe_deserializer(
-    pb.ModelInferRequest
-)
 
 #: what the requests still queued in a stream-scoped sequence are told when its stream closes
 _STREAM_CLOSED = "the gRPC stream that started it was closed"
@@ -168,7 +165,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         bytes (or, called directly, as a message) and the reply goes back as bytes, encoded by
         ``grpc_wire`` without building a response message."""
         try:
-            msg = _parse_infer_request(request) if isinstance(request, bytes) else request
+            msg = grpc_codec.parse_infer_request(request) if isinstance(request, bytes) else request
             if isinstance(msg, Undecodable):
                 raise msg.error()
             try:

@@ -106,6 +106,10 @@ def safe_deserializer(message_class: Any) -> Callable[[bytes], Any]:
     return deserialize
 
 
+#: a ModelInferRequest from its serialized bytes (the hot rpcs get bytes: ``grpc.RAW_RPCS``)
+parse_infer_request: Callable[[bytes], pb.ModelInferRequest | Undecodable] = safe_deserializer(pb.ModelInferRequest)
+
+
 class DecodeOffLoop(Exception):
     """Raised by ``decode_request(msg, inline=True)`` for a message whose decoding grows with
     its size past ``OFFLOAD_BYTES``: over that much BYTES data (one object per element) or typed

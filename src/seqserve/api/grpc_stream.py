@@ -27,10 +27,6 @@ from seqserve.engine import (
 
 log = logging.getLogger("seqserve.grpc")
 
-_parse_request: Callable[[bytes], pb.ModelInferRequest | grpc_codec.Undecodable] = grpc_codec.safe_deserializer(
-    pb.ModelInferRequest
-)
-
 #: stream header (gRPC metadata): "completion" writes each reply as soon as it is known instead of
 #: in request order; replies carry their request's id, which tritonclient matches them by
 REPLY_ORDER_HEADER = "seqserve-reply-order"
@@ -167,10 +163,6 @@ class StreamSession:
         self._reader: asyncio.Task[None] | None = None
         self._drain_reason: str | None = None  # set by drain(): the stream ends with UNAVAILABLE
 
-    def start(self, requests: AsyncIterator[bytes | pb.ModelInferRequest | grpc_codec.Undecodable]) -> None:
-        """Read ``requests`` in a task of its own (see ``read``)."""
-        self._reader = asyncio.create_task(self.read(requests))
-
     def start_calls(self, read: Callable[[], Awaitable[bytes | object]], eof: object) -> None:
         """Read the requests by calling ``read`` in a task of its own (see ``read_calls``)."""
         self._reader = asyncio.create_task(self.read_calls(read, eof))
@@ -203,7 +195,7 @@ class StreamSession:
         """``read`` with the requests taken by calling ``read`` (grpc.aio's ``context.read``)
         until it returns ``eof`` (or raises StopAsyncIteration): one async generator less per
         message than iterating the call's request iterator, which wraps the same ``read``."""
-        parse = _parse_request
+        parse = grpc_codec.parse_infer_request
         try:
             while True:
                 item = await read()
@@ -312,9 +304,7 @@ class StreamSession:
 
     def _push(self, item: _Item) -> None:
         self._ready.append(item)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wake()
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -494,7 +484,7 @@ class StreamDrain:
     def add(self, session: StreamSession) -> None:
         self._sessions.add(session)
         self._closed.clear()
-        if self._reason is not None and self._reason == DRAIN_HANDOFF_MESSAGE:
+        if self._reason == DRAIN_HANDOFF_MESSAGE:
             session.drain(self._reason)  # opened just as the drain began
 
     def discard(self, session: StreamSession) -> None:

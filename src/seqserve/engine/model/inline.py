@@ -5,7 +5,7 @@ instead of waking the instance's executor thread and handing the GIL over (and t
 back) for every batch. The loop reaches the core through one callback per loop iteration and
 model, scheduled after a submit, so requests submitted in the same iteration batch together.
 The core decides whether the model runs inline at all: only once its batches have proved
-cheap, and never again after one that was not (until they prove cheap again).
+cheap, and not after a few that were not (until they prove cheap again: csrc/executor.cc).
 """
 
 from __future__ import annotations
@@ -53,6 +53,3 @@ class InlineExecution:
         _, more = self._core.run_ready_inline()
         if more:  # it gave the loop back for its other work: the rest after that
             self.schedule()
-
-    def stats(self) -> _core.InlineStats:
-        return self._core.inline_stats()

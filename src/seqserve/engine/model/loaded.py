@@ -4,7 +4,7 @@ request through them.
 ``submit`` (event loop): validate against the config, hand the buffers to the core, return a
 future (or take a callback, for streaming). The core calls ``_run`` with the GIL held, once per
 batch: on the instance's executor thread, or, for a cheap in-process Python model, inline on
-the event loop (``_run_inline``, a callback scheduled after submit; see docs/architecture.md,
+the event loop (``InlineExecution``, a callback scheduled after submit; see docs/architecture.md,
 "Inline execution"). Replies go back to the loop through ``Delivery``. A request
 whose client goes away (its future cancelled, or the cancel() of a streaming submit called)
 leaves the core's queues before it runs.
