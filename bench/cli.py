@@ -213,12 +213,7 @@ def _auto_floors(transports: list[str]) -> list[str]:
     if any(t.startswith("grpc") for t in transports):
         out.append("grpc-stream")
     if any(t.startswith("http") for t in transports):
-        try:
-            import granian  # noqa: F401
-
-            out.append("http-granian")
-        except ImportError:
-            out.append("http-hypercorn")
+        out.append("http-builtin")  # seqserve's default HTTP server
     return out
 
 

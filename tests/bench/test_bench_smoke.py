@@ -124,7 +124,7 @@ def test_data_file(tmp_path: Path) -> None:
     assert r["verified"]
 
 
-@pytest.mark.parametrize("floor", ["http-hypercorn", "http-granian"])
+@pytest.mark.parametrize("floor", ["http-builtin", "http-hypercorn", "http-granian", "http-httptools"])
 def test_http_floors(tmp_path: Path, floor: str) -> None:
     out = tmp_path / "floor.json"
     run(

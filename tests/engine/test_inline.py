@@ -258,8 +258,10 @@ async def test_stateless_model_keeps_fifo_order(repo: Path, serve: Any) -> None:
     server = await serve()
     threads = model_module("n").THREADS
 
+    got: list[float] = []
+
     async def work() -> None:
-        got: list[float] = []
+        got.clear()
         threads.clear()
 
         async def one(i: int) -> None:
@@ -267,10 +269,17 @@ async def test_stateless_model_keeps_fifo_order(repo: Path, serve: Any) -> None:
             got.append(float(r.outputs["OUTPUT"][0, 0]))
 
         await asyncio.gather(*(one(i) for i in range(40)))
-        assert got == [float(i) for i in range(40)]  # one request per batch, in submit order
 
-    await while_inline(server, "n", work)
-    assert threads.count(threading.get_ident()) == 40, "all 40 on the loop (passes resumed after their budget)"
+    # A stall of this shared machine can hand a batch to an executor thread (see while_inline);
+    # the model has two instances, so that batch may then finish out of order: such a round
+    # runs again.
+    for _ in range(3):
+        await while_inline(server, "n", work)
+        if threads.count(threading.get_ident()) == 40:  # all 40 on the loop (passes resumed after their budget)
+            break
+    else:
+        raise AssertionError(f"no round ran all 40 on the loop: {len(threads)} batches, on {set(threads)}")
+    assert got == [float(i) for i in range(40)]  # one request per batch, in submit order
 
 
 async def test_preserve_ordering_holds_inline(repo: Path, serve: Any) -> None:

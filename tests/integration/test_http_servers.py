@@ -1,4 +1,4 @@
-"""The HTTP API behaves the same on both servers seqserve can run it on."""
+"""The HTTP API behaves the same on every server seqserve can run it on."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import tritonclient.http as httpclient
 from tests.integration._util import acc_input, binary_body, http_request, new_int_id, raw_output
 from tests.integration.conftest import ServerProcess
 
-pytestmark = pytest.mark.parametrize("http_server", ["hypercorn", "granian"])
+pytestmark = pytest.mark.parametrize("http_server", ["builtin", "hypercorn", "granian"])
 
 
 def _start(launch: Callable[..., ServerProcess], http_server: str) -> ServerProcess:

@@ -34,7 +34,7 @@ from tests.integration.conftest import (
     write_model,
 )
 
-HTTP_SERVERS = ["hypercorn", "granian"]
+HTTP_SERVERS = ["builtin", "hypercorn", "granian"]
 SEQ = {"sequence_start": True, "sequence_end": True}
 ACC = "/v2/models/accumulator/infer"
 
@@ -185,7 +185,7 @@ def _connection_server(launch: Callable[..., ServerProcess], http_server: str, *
 @pytest.mark.parametrize("http_server", HTTP_SERVERS)
 def test_connection_cap(launch: Callable[..., ServerProcess], http_server: str) -> None:
     """Two connections at most: granian leaves a third waiting to be accepted until one
-    closes, hypercorn answers it 503 with a JSON error."""
+    closes, the builtin server and hypercorn answer it 503 with a JSON error."""
     srv = _connection_server(launch, http_server, "--http-max-connections", "2")
     held = [socket.create_connection(("127.0.0.1", srv.http_port)) for _ in range(2)]
     try:
@@ -194,7 +194,7 @@ def test_connection_cap(launch: Callable[..., ServerProcess], http_server: str) 
         body = _doc()
         third.sendall(_head(**{"Content-Length": str(len(body)), "Connection": "close"}) + body)
         raw, _ = _read_all(third, 2)
-        if http_server == "hypercorn":
+        if http_server in ("builtin", "hypercorn"):
             status, error = _status_and_error(raw)
             assert status == 503 and "too many connections" in error
         else:

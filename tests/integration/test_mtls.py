@@ -75,7 +75,7 @@ def _get(url: str, ctx: ssl.SSLContext) -> int:
         return int(r.status)
 
 
-@pytest.mark.parametrize("http_server", ["hypercorn", "granian"])
+@pytest.mark.parametrize("http_server", ["builtin", "hypercorn", "granian"])
 def test_mutual_tls_on_both_front_ends(launch: Callable[..., ServerProcess], pki: Pki, http_server: str) -> None:
     if http_server == "granian":
         pytest.importorskip("granian")

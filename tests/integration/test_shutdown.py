@@ -377,7 +377,7 @@ def _poll_health(srv: ServerProcess, stop: threading.Event) -> list[tuple[bool, 
     return seen
 
 
-@pytest.mark.parametrize("http_server", ["granian", "hypercorn"])
+@pytest.mark.parametrize("http_server", ["builtin", "granian", "hypercorn"])
 def test_in_flight_requests_get_their_answers(drain_repo: Path, tmp_path: Path, http_server: str) -> None:
     """Clients on keep-alive connections run sequences through a slow model, and SIGTERM comes
     while requests are in flight: every request gets an HTTP answer (the steps and ENDs of the

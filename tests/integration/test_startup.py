@@ -77,7 +77,7 @@ def _assert_one_line_failure(proc: subprocess.CompletedProcess[str], *fragments:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("http_server", ["hypercorn", "granian"])
+@pytest.mark.parametrize("http_server", ["builtin", "hypercorn", "granian"])
 def test_busy_http_port_ends_startup(busy_port: int, http_server: str) -> None:
     (grpc_port,) = free_ports(1)
     proc = run_serve("--http-port", str(busy_port), "--grpc-port", str(grpc_port), "--http-server", http_server)

@@ -30,7 +30,7 @@ def cert(tmp_path: Path) -> tuple[Path, Path]:
     return crt, key
 
 
-@pytest.mark.parametrize("http_server", ["hypercorn", "granian"])
+@pytest.mark.parametrize("http_server", ["builtin", "hypercorn", "granian"])
 def test_tls_on_both_front_ends(
     launch: Callable[..., ServerProcess], cert: tuple[Path, Path], http_server: str, tmp_path: Path
 ) -> None:

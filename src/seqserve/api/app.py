@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -67,7 +68,7 @@ class ServeOptions:
     grpc_tls_client_ca: str | None = None
     http_restricted: security.Restrictions = field(default_factory=security.Restrictions)
     grpc_restricted: security.Restrictions = field(default_factory=security.Restrictions)
-    http_server: str = "auto"  # "hypercorn", "granian", or "auto": granian when installed
+    http_server: str = "auto"  # "builtin", "hypercorn", "granian", or "auto" (resolve_http_server)
     model_control: ModelControlMode = ModelControlMode.NONE
     startup_models: list[str] | None = None  # None: every model of the repository
     repository_poll_secs: float = DEFAULT_REPOSITORY_POLL_SECS
@@ -109,8 +110,15 @@ class ServeOptions:
 
 
 def resolve_http_server(choice: str) -> str:
+    """``auto``: seqserve's own server (httptools is a dependency), else granian, else hypercorn."""
     if choice != "auto":
         return choice
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        return "builtin"
     try:
         import granian.server.embed  # noqa: F401
     except ImportError:
@@ -189,7 +197,9 @@ async def serve(opts: ServeOptions) -> int:
             )
             app = close_when_exiting(app, server)
             kind = resolve_http_server(opts.http_server)
-            if kind == "granian":
+            if kind == "builtin":
+                stop_http = await _start_builtin(app, opts, tasks)
+            elif kind == "granian":
                 stop_http = await _start_granian(app, opts, tasks)
             else:
                 _start_hypercorn(app, opts, tasks, http_done)
@@ -386,6 +396,26 @@ def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None
     if tls is not None:
         security.hypercorn_tls(cfg, tls)
     tasks.append(asyncio.create_task(hypercorn_serve(app, cfg, shutdown_trigger=done.wait)))  # type: ignore[arg-type]
+
+
+async def _start_builtin(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:
+    """seqserve's own HTTP/1.1 server (api/http1.py) on this loop."""
+    from seqserve.api.http1 import Http1Server, tls_context
+
+    tls = _http_tls(opts)
+    try:
+        ctx = None if tls is None else tls_context(tls.cert, tls.key, tls.client_ca)
+    except (OSError, ssl.SSLError) as e:
+        raise StartupError(f"cannot use the HTTP TLS certificate or key: {e}") from None
+    server = Http1Server(app, opts.http_limits, ssl_context=ctx)
+    sock = _listen("HTTP", opts.http_host, opts.http_port or 0)
+    try:
+        await server.start(sock)
+    except OSError as e:
+        sock.close()
+        raise StartupError(f"cannot serve HTTP on {opts.http_host}:{opts.http_port}: {_reason(e)}") from None
+    tasks.append(asyncio.create_task(server.serve()))
+    return server.stop
 
 
 async def _start_granian(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:

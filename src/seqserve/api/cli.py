@@ -307,10 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--http-server",
-        choices=["auto", "hypercorn", "granian"],
+        choices=["auto", "builtin", "hypercorn", "granian"],
         default="auto",
-        help="HTTP server for the ASGI app: 'auto' (default) picks granian, installed with seqserve wherever it "
-        "has wheels, else hypercorn; 'hypercorn' selects hypercorn",
+        help="HTTP server for the ASGI app: 'auto' (default) picks 'builtin', seqserve's own HTTP/1.1 server on "
+        "the event loop (httptools); 'granian' and 'hypercorn' select those servers",
     )
     s.add_argument(
         "--allow-metrics",

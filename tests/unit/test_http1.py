@@ -1,0 +1,360 @@
+"""seqserve's own HTTP/1.1 server (api/http1.py) with small ASGI apps and raw sockets: framing
+both ways, keep-alive, pipelining, Expect: 100-continue, HEAD, HTTP/1.0, and every refusal and
+limit (head size, header count, malformed requests, connection cap, idle and header timeouts,
+pipelined requests, shutdown). The seqserve app on it: tests/integration (the default server)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from seqserve.api.http1 import MAX_HEADERS, MAX_PIPELINED, Http1Server
+from seqserve.api.limits import HttpLimits
+
+
+async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Replies with what it saw: method, path, query, body; ``/slow`` waits first, ``/parts``
+    replies in two parts without a length, ``/raise`` fails, ``/silent`` returns no reply."""
+    body = b""
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            seen.append(("disconnect", scope["path"]))
+            return
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            break
+    path = scope["path"]
+    if path == "/slow":
+        await asyncio.sleep(0.2)
+    if path == "/raise":
+        raise RuntimeError("boom")
+    if path == "/silent":
+        return
+    doc = json.dumps({"method": scope["method"], "path": path, "query": scope["query_string"].decode(),
+                      "body": body.decode("latin-1")}).encode()  # fmt: skip
+    if path == "/parts":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"x-kind", b"parts")]})
+        await send({"type": "http.response.body", "body": doc[:5], "more_body": True})
+        await send({"type": "http.response.body", "body": doc[5:]})
+        return
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(doc)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": doc})
+
+
+seen: list[tuple[str, str]] = []
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any = echo, **limits: Any) -> AsyncIterator[tuple[Http1Server, int]]:
+    server = Http1Server(app, HttpLimits(**{"header_timeout_s": 5.0, **limits}))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    await server.start(sock)
+    task = asyncio.create_task(server.serve())
+    try:
+        yield server, port
+    finally:
+        server.stop()
+        await asyncio.wait_for(task, 10)
+
+
+async def read_reply(r: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """One reply: status, headers (lower-case names), body (de-chunked)."""
+    head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+    if "content-length" in headers:
+        body = await r.readexactly(int(headers["content-length"]))
+    elif headers.get("transfer-encoding") == "chunked":
+        body = b""
+        while True:
+            size = int((await r.readuntil(b"\r\n")).strip(), 16)
+            chunk = await r.readexactly(size + 2)
+            if size == 0:
+                break
+            body += chunk[:-2]
+    else:
+        body = b""
+    return status, headers, body
+
+
+def request(method: str, path: str, body: bytes = b"", *extra: str, version: str = "1.1") -> bytes:
+    lines = [f"{method} {path} HTTP/{version}", "Host: x", *extra]
+    if body or method == "POST":
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+async def closed(r: asyncio.StreamReader, timeout: float = 5) -> bool:
+    try:
+        return await asyncio.wait_for(r.read(), timeout) == b""
+    except (ConnectionError, asyncio.TimeoutError):
+        return False
+
+
+async def test_keep_alive_and_framing() -> None:
+    async with serving() as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(request("POST", "/a%20b?x=1", b"hello"))
+        status, headers, body = await read_reply(r)
+        assert status == 200 and headers["content-type"] == "application/json"
+        assert json.loads(body) == {"method": "POST", "path": "/a b", "query": "x=1", "body": "hello"}
+        # a chunked request body, then a reply in two parts without a length: chunked back
+        w.write(
+            b"POST /parts HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+        )
+        status, headers, body = await read_reply(r)
+        assert status == 200 and headers["transfer-encoding"] == "chunked" and headers["x-kind"] == "parts"
+        assert json.loads(body)["body"] == "abcde"
+        # HEAD: the head of the reply, with its length, and no body
+        w.write(request("HEAD", "/h"))
+        head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200") and b"content-length:" in head
+        w.write(request("GET", "/after-head"))
+        status, _, body = await read_reply(r)
+        assert status == 200 and json.loads(body)["path"] == "/after-head"
+        w.close()
+
+
+async def test_http_1_0_closes_unless_kept_alive() -> None:
+    async with serving() as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(request("GET", "/k", b"", "Connection: keep-alive", version="1.0"))
+        status, headers, _ = await read_reply(r)
+        assert status == 200 and headers["connection"] == "keep-alive"
+        w.write(request("GET", "/c", version="1.0"))
+        status, headers, _ = await read_reply(r)
+        assert status == 200 and headers["connection"] == "close"
+        assert await closed(r)
+
+
+async def test_pipelined_requests_are_answered_in_order() -> None:
+    async with serving() as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(request("POST", "/slow", b"1") + request("POST", "/fast", b"2") + request("GET", "/x"))
+        paths = [json.loads((await read_reply(r))[2])["path"] for _ in range(3)]
+        assert paths == ["/slow", "/fast", "/x"]
+        w.close()
+
+
+async def test_too_many_pipelined_requests_get_503_then_close() -> None:
+    async with serving() as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(request("POST", "/slow", b"0") + b"".join(request("GET", f"/{i}") for i in range(MAX_PIPELINED + 5)))
+        statuses = [(await read_reply(r))[0] for _ in range(MAX_PIPELINED + 2)]
+        assert statuses == [200] * (MAX_PIPELINED + 1) + [503]
+        assert await closed(r)
+
+
+async def test_expect_100_continue() -> None:
+    async with serving() as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"POST /e HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+        assert await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        w.write(b"body")
+        status, _, body = await read_reply(r)
+        assert status == 200 and json.loads(body)["body"] == "body"
+        w.close()
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "error"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (80 << 10) + b"\r\n\r\n", 431, "request head too large"),
+        (b"GET /" + b"a" * (80 << 10) + b" HTTP/1.1\r\n\r\n", 414, "request target too long"),
+        (request("GET", "/", b"", *(f"X-{i}: v" for i in range(MAX_HEADERS + 1))), 431, "too many request headers"),
+        (b"GET / HTTP/1.1\r\nBad Header\r\n\r\n", 400, "malformed HTTP request"),
+        (b"\x16\x03\x01 not http\r\n\r\n", 400, "malformed HTTP request"),
+        (b"POST / HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "malformed"),
+    ],
+)
+async def test_refusals_are_json_and_close(raw: bytes, status: int, error: str) -> None:
+    async with serving() as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        for i in range(0, len(raw), 16 << 10):  # a large head arrives in several reads
+            w.write(raw[i : i + (16 << 10)])
+            await w.drain()
+            await asyncio.sleep(0.01)
+        got, headers, body = await read_reply(r)
+        assert got == status and error in json.loads(body)["error"]
+        assert headers["content-type"] == "application/json" and headers["connection"] == "close"
+        assert await closed(r)
+
+
+async def test_a_refusal_waits_for_the_reply_before_it() -> None:
+    async with serving() as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(request("POST", "/slow", b"x") + b"GET / HTTP/1.1\r\nBad Header\r\n\r\n")
+        assert (await read_reply(r))[0] == 200
+        assert (await read_reply(r))[0] == 400
+        assert await closed(r)
+
+
+async def test_malformed_chunks_end_the_body_as_a_disconnect() -> None:
+    seen.clear()
+    async with serving() as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"POST /chunks HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
+        # the app saw its body end early; it sent no reply, so the server answers 500 and closes
+        status, _, _ = await read_reply(r)
+        assert status == 500 and seen == [("disconnect", "/chunks")]
+        assert await closed(r)
+
+
+async def test_app_errors_get_500() -> None:
+    async with serving() as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(request("GET", "/raise"))
+        status, _, body = await read_reply(r)
+        assert status == 500 and json.loads(body)["error"]
+        w.write(request("GET", "/silent"))
+        status, _, body = await read_reply(r)
+        assert status == 500 and "no reply" in json.loads(body)["error"]
+        w.write(request("GET", "/fine"))  # the connection still serves
+        assert (await read_reply(r))[0] == 200
+        w.close()
+
+
+async def test_connection_cap_answers_503() -> None:
+    async with serving(max_connections=2) as (server, port):
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        status, _, body = await read_reply(r)
+        assert status == 503 and "too many connections" in json.loads(body)["error"]
+        assert await closed(r)
+        held[0][1].close()
+        await asyncio.sleep(0.1)
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(request("GET", "/back"))
+        assert (await read_reply(r))[0] == 200
+        assert len(server.connections) == 2
+
+
+async def test_idle_and_slow_header_connections_close() -> None:
+    async with serving(header_timeout_s=0.3, keepalive_s=5) as (_, port):
+        r1, _w1 = await asyncio.open_connection("127.0.0.1", port)  # sends nothing
+        r2, w2 = await asyncio.open_connection("127.0.0.1", port)
+        w2.write(b"GET / HTTP/1.1\r\nHost: x\r\n")  # never finishes its head
+        r3, w3 = await asyncio.open_connection("127.0.0.1", port)
+        w3.write(request("GET", "/once"))
+        assert (await read_reply(r3))[0] == 200  # then idle
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        assert await closed(r1, 3) and await closed(r2, 3) and await closed(r3, 3)
+        assert loop.time() - t0 < 1.5
+
+
+async def test_keepalive_off_closes_after_each_reply() -> None:
+    async with serving(keepalive_s=0) as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(request("GET", "/one"))
+        status, headers, _ = await read_reply(r)
+        assert status == 200 and headers["connection"] == "close"
+        assert await closed(r)
+
+
+async def test_upgrade_is_not_taken() -> None:
+    async with serving() as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(request("GET", "/u", b"", "Connection: Upgrade", "Upgrade: h2c") + b"PRI * HTTP/2.0\r\n\r\n")
+        status, headers, body = await read_reply(r)
+        assert status == 200 and json.loads(body)["path"] == "/u" and headers["connection"] == "close"
+        assert await closed(r)
+
+
+async def test_large_body_with_flow_control() -> None:
+    big = bytes(range(256)) * (12 << 10)  # 3 MiB, past the read-pause mark
+
+    async def length(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        n = 0
+        while True:
+            msg = await receive()
+            n += len(msg.get("body", b""))
+            await asyncio.sleep(0)  # a slow reader
+            if not msg.get("more_body"):
+                break
+        body = str(n).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    async with serving(length) as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(request("POST", "/big", big))
+        status, _, body = await read_reply(r)
+        assert status == 200 and int(body) == len(big)
+        w.close()
+
+
+async def test_stop_answers_in_flight_requests_then_closes() -> None:
+    server = Http1Server(echo, HttpLimits())
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    port = sock.getsockname()[1]
+    await server.start(sock)
+    task = asyncio.create_task(server.serve())
+    r_idle, _ = await asyncio.open_connection("127.0.0.1", port)
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(request("POST", "/slow", b"x"))
+    await asyncio.sleep(0.05)
+    server.stop()
+    status, headers, _ = await read_reply(r)
+    assert status == 200 and headers["connection"] == "close"
+    assert await closed(r) and await closed(r_idle)
+    await asyncio.wait_for(task, 5)
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", port)
+
+
+async def test_client_disconnect_reaches_the_app() -> None:
+    seen.clear()
+    async with serving() as (_, port):
+        _r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"POST /gone HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\npart")
+        await w.drain()
+        await asyncio.sleep(0.1)
+        w.close()
+        for _ in range(50):
+            if seen:
+                break
+            await asyncio.sleep(0.02)
+        assert seen == [("disconnect", "/gone")]
+
+
+async def test_a_reply_before_the_body_is_read_survives_the_close() -> None:
+    """The app answers without reading a large body: the server ends its side and drops what
+    still comes, so the client reads the reply (a plain close would reset the connection)."""
+
+    async def refuse(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body = b'{"error": "too large"}'
+        await send({"type": "http.response.start", "status": 413, "headers": [(b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+    async with serving(refuse) as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(request("POST", "/big", b"x" * (8 << 20)))  # more than the socket buffers hold
+        status, headers, body = await read_reply(r)
+        assert status == 413 and headers["connection"] == "close" and json.loads(body)["error"]
+        w.close()
+
+
+async def test_half_closed_client_gets_its_reply() -> None:
+    async with serving() as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(request("POST", "/slow", b"done"))
+        w.write_eof()  # sent everything: the request is whole
+        status, headers, body = await read_reply(r)
+        assert status == 200 and json.loads(body)["body"] == "done" and headers["connection"] == "close"
+        assert await closed(r)
