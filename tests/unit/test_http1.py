@@ -177,6 +177,21 @@ async def test_expect_100_continue() -> None:
         (b"GET / HTTP/1.1\r\nBad Header\r\n\r\n", 400, "malformed HTTP request"),
         (b"\x16\x03\x01 not http\r\n\r\n", 400, "malformed HTTP request"),
         (b"POST / HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "malformed"),
+        # an endless trailer: httptools would hold it whole before any callback
+        (
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\nX-T: "
+            + b"a" * (80 << 10),
+            431,
+            "framing or trailers too large",
+        ),
+        (b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505, "HTTP version 2.0 not supported"),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501, "Transfer-Encoding"),
+        (b"CONNECT x:443 HTTP/1.1\r\nHost: x\r\n\r\n", 405, "CONNECT"),
+        (
+            b"POST / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            400,
+            "Upgrade",
+        ),
     ],
 )
 async def test_refusals_are_json_and_close(raw: bytes, status: int, error: str) -> None:
@@ -206,9 +221,9 @@ async def test_malformed_chunks_end_the_body_as_a_disconnect() -> None:
     async with serving() as (_, port):
         r, w = await asyncio.open_connection("127.0.0.1", port)
         w.write(b"POST /chunks HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
-        # the app saw its body end early; it sent no reply, so the server answers 500 and closes
-        status, _, _ = await read_reply(r)
-        assert status == 500 and seen == [("disconnect", "/chunks")]
+        # the app saw its body end early and sent no reply: the server answers for it and closes
+        status, _, body = await read_reply(r)
+        assert status == 400 and "malformed" in json.loads(body)["error"] and seen == [("disconnect", "/chunks")]
         assert await closed(r)
 
 
@@ -358,3 +373,61 @@ async def test_half_closed_client_gets_its_reply() -> None:
         status, headers, body = await read_reply(r)
         assert status == 200 and json.loads(body)["body"] == "done" and headers["connection"] == "close"
         assert await closed(r)
+
+
+async def test_upgrade_with_a_body_gets_its_body() -> None:
+    async with serving() as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"POST /u HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n")
+        w.write(b"HTTP2-Settings: x\r\nContent-Length: 5\r\n\r\nhel")
+        await w.drain()
+        await asyncio.sleep(0.05)
+        w.write(b"lo")
+        status, headers, body = await read_reply(r)
+        assert status == 200 and json.loads(body)["body"] == "hello" and headers["connection"] == "close"
+        assert await closed(r)
+
+
+async def test_pipelined_head_split_after_a_large_body() -> None:
+    """The read that ends a large body and begins the next head counts only the head's bytes."""
+    async with serving() as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(request("POST", "/a", b"x" * (200 << 10)) + b"GET /b HTTP/1.1\r\n")
+        await w.drain()
+        await asyncio.sleep(0.1)
+        w.write(b"Host: x\r\n\r\n")
+        paths = [json.loads((await read_reply(r))[2])["path"] for _ in range(2)]
+        assert paths == ["/a", "/b"]
+        w.close()
+
+
+async def test_http_1_0_streamed_reply_ends_with_the_close() -> None:
+    async with serving() as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(request("GET", "/parts", b"", "Connection: keep-alive", version="1.0"))
+        head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
+        assert b"transfer-encoding" not in head.lower() and b"connection: close" in head.lower()
+        body = await asyncio.wait_for(r.read(), 5)  # up to the close
+        assert json.loads(body)["path"] == "/parts"
+
+
+async def test_a_client_that_does_not_read_its_reply_is_cut_off() -> None:
+    """The write buffer full for the body timeout: the connection closes (no held slot)."""
+    big = b"x" * (16 << 20)
+
+    async def large(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": big})
+
+    async with serving(large, body_timeout_s=0.4) as (server, port):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(request("GET", "/large"))  # and never reads
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if not server.connections:
+                break
+        assert not server.connections
+        sock.close()

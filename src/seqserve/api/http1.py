@@ -142,10 +142,14 @@ class Http1Server:
         self._sweeper = asyncio.get_running_loop().call_later(tick, self._sweep)
 
     def _sweep(self) -> None:
-        """Close the connections that waited for a request (or its headers) past ``idle_s``."""
-        expired = asyncio.get_running_loop().time() - self.idle_s
+        """Close the connections that waited for a request (or its headers) past ``idle_s``, and
+        those whose client has not read their reply for ``body_timeout_s`` (the write buffer
+        full all that time)."""
+        now = asyncio.get_running_loop().time()
+        expired, stalled = now - self.idle_s, now - self.limits.body_timeout_s
         for conn in list(self.connections):
-            if conn.idle_since is not None and conn.idle_since < expired:
+            idle, paused = conn.idle_since, conn.write_paused_since
+            if (idle is not None and idle < expired) or (paused is not None and paused < stalled):
                 conn.abort()
         self._sweep_later()
 
@@ -166,6 +170,7 @@ class _Exchange:
         "finished",
         "head_only",
         "keep_alive",
+        "raw_left",
         "refused",
         "reply",
         "scope",
@@ -182,6 +187,7 @@ class _Exchange:
         self.delivered = False  # the app has received the whole body
         self.waiter: asyncio.Future[None] | None = None  # receive() waiting for body or disconnect
         self.keep_alive = True
+        self.raw_left = 0  # body bytes that follow an Upgrade request's head, read past the parser
         self.expect_continue = False
         self.head_only = False
         self.reply: tuple[int, list[tuple[bytes, bytes]]] | None = None  # http.response.start
@@ -215,7 +221,8 @@ class _Exchange:
                 return _EMPTY_BODY
             if self.expect_continue and not self.started and not self.complete:
                 self.expect_continue = False
-                conn.transport.write(_CONTINUE)
+                if not conn.transport.is_closing():
+                    conn.transport.write(_CONTINUE)
             # more body, or (once it is all received) the disconnect or the reply's end
             self.waiter = conn.loop.create_future()
             await self.waiter
@@ -245,7 +252,7 @@ class _Exchange:
             if not more:
                 self.finished = True
                 self.wake()
-            if data and not self.head_only:
+            if data and not self.head_only and not conn.transport.is_closing():
                 conn.transport.write(data)
         if conn.writable is not None:
             await conn.writable
@@ -257,6 +264,7 @@ class _Connection(asyncio.Protocol):
         "closing",
         "current",
         "head_bytes",
+        "head_fresh",
         "headers",
         "idle_since",
         "in_head",
@@ -264,14 +272,17 @@ class _Connection(asyncio.Protocol):
         "local",
         "loop",
         "parser",
+        "read_body_bytes",
         "reading",
         "running",
         "scheme",
         "server",
+        "tail_bytes",
         "transport",
         "url",
         "waiting",
         "writable",
+        "write_paused_since",
     )
 
     def __init__(self, server: Http1Server) -> None:
@@ -280,8 +291,11 @@ class _Connection(asyncio.Protocol):
         self.transport: Any = None
         self.parser = httptools.HttpRequestParser(self)
         self.idle_since: float | None = self.loop.time()  # waiting for a request or its head since
-        self.head_bytes = 0
+        self.head_bytes = 0  # of a head still incomplete
+        self.head_fresh = False  # the head began in the read being parsed
+        self.read_body_bytes = 0  # body bytes in the read being parsed
         self.in_head = False  # between a request's first byte and the end of its head
+        self.tail_bytes = 0  # read during a body without body bytes in them: framing, trailers
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.current: _Exchange | None = None  # its body is being parsed
@@ -290,6 +304,7 @@ class _Connection(asyncio.Protocol):
         self.closing = False  # close once the running and waiting requests are answered
         self.reading = True
         self.writable: asyncio.Future[None] | None = None  # while the write buffer is full
+        self.write_paused_since: float | None = None
         self.client: tuple[str, int] | None = None
         self.local: tuple[str, int] | None = None
         self.scheme = "http"
@@ -327,11 +342,13 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writable = self.loop.create_future()
+        self.write_paused_since = self.loop.time()
 
     def resume_writing(self) -> None:
         if self.writable is not None and not self.writable.done():
             self.writable.set_result(None)
         self.writable = None
+        self.write_paused_since = None
 
     def eof_received(self) -> bool:
         """The client ended its side: close, once the requests it sent whole are answered (a
@@ -344,21 +361,55 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.lingering is not None:
             return  # dropped: the last reply is written
-        if self.closing and self.current is None:
+        current = self.current
+        if current is not None and current.raw_left:
+            self._raw_body(current, data)
+            return
+        if self.closing and current is None:
             return  # after a refusal or an upgrade: nothing more is read
+        self.read_body_bytes = 0
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self.closing = True  # the request is answered over HTTP/1.1; nothing after it is read
+        except httptools.HttpParserUpgrade as e:
+            # llhttp stops at an upgrade's head: it is answered over HTTP/1.1, its body (when it
+            # has a length) read here, and nothing after it
+            self.closing = True
+            current = self.current
+            if current is not None and current.raw_left:
+                self._raw_body(current, data[e.args[0] :])
+                return
         except httptools.HttpParserError as e:
             cause = e.__context__
             self._refuse(cause if isinstance(cause, _Refused) else _Refused(400, _parse_error(e)))
             return
-        if self.in_head:  # a head still incomplete: httptools holds what it has of it
-            self.head_bytes += len(data)
-            if self.head_bytes > self.server.max_head_bytes:
+        # What httptools holds without a callback is bounded here: an incomplete head (in the read
+        # it began in, what was not another request's body), and chunk framing or trailers
+        # (reads during a body without body bytes in them).
+        limit = self.server.max_head_bytes
+        if self.in_head:
+            self.head_bytes += len(data) - self.read_body_bytes if self.head_fresh else len(data)
+            self.head_fresh = False
+            if self.head_bytes > limit:
                 self._refuse(_Refused(431, "request head too large"))
                 return
+        elif self.current is not None and not self.read_body_bytes:
+            self.tail_bytes += len(data)
+            if self.tail_bytes > limit:
+                self._refuse(_Refused(431, "request body framing or trailers too large"))
+                return
+        if self.running is None:
+            self._next()
+
+    def _raw_body(self, ex: _Exchange, data: bytes) -> None:
+        """Body bytes of an Upgrade request (which llhttp leaves unparsed), up to its length."""
+        take = data[: ex.raw_left]
+        ex.raw_left -= len(take)
+        if take:
+            self.on_body(take)
+        if not ex.raw_left:
+            self.current = None
+            ex.complete = True
+            ex.wake()
         if self.running is None:
             self._next()
 
@@ -366,8 +417,11 @@ class _Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         if self.closing:
+            if self.server.stopping:
+                raise _Refused(503, "the server is shutting down")
             raise _Refused(400, "no more requests on this connection")
         self.in_head = True
+        self.head_fresh = True
         self.head_bytes = 0
         self.url = b""
         self.headers = []
@@ -388,6 +442,20 @@ class _Connection(asyncio.Protocol):
         parser = self.parser
         method = parser.get_method().decode("ascii")
         version = parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            raise _Refused(505, f"HTTP version {version[:8]} not supported: this server speaks HTTP/1.1")
+        if method == "CONNECT":
+            raise _Refused(405, "CONNECT is not supported")
+        raw_left = 0
+        for k, v in self.headers:
+            if k == b"transfer-encoding" and v.strip().lower() != b"chunked":
+                raise _Refused(501, "a Transfer-Encoding other than chunked is not supported")
+        if parser.should_upgrade():  # not taken; llhttp leaves the body to this server
+            for k, v in self.headers:
+                if k == b"transfer-encoding":
+                    raise _Refused(400, "a chunked body on an Upgrade request is not supported")
+                if k == b"content-length" and v.isdigit():
+                    raw_left = int(v)
         try:
             url = httptools.parse_url(self.url)
         except httptools.HttpParserInvalidURLError:
@@ -411,10 +479,13 @@ class _Connection(asyncio.Protocol):
             "client": self.client,
             "server": self.local,
         }
-        ex.keep_alive = self.server.keep_alive and parser.should_keep_alive()
+        self.headers = []  # trailers, if any, are not the request's headers
+        self.tail_bytes = 0
+        ex.keep_alive = self.server.keep_alive and parser.should_keep_alive() and not parser.should_upgrade()
+        ex.raw_left = raw_left
         ex.head_only = method == "HEAD"
         if version == "1.1":
-            for k, v in self.headers:
+            for k, v in ex.scope["headers"]:
                 if k == b"expect" and v.lower() == b"100-continue":
                     ex.expect_continue = True
         self.current = ex
@@ -432,6 +503,8 @@ class _Connection(asyncio.Protocol):
         ex = self.current
         if ex is None:
             return
+        self.tail_bytes = 0
+        self.read_body_bytes += len(body)
         ex.body.append(body)
         ex.buffered += len(body)
         if ex.buffered > _BODY_HIGH_WATER:
@@ -440,6 +513,8 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         ex = self.current
+        if ex is not None and ex.raw_left:
+            return  # an Upgrade request: its body follows, past the parser
         self.current = None
         if ex is not None:
             ex.complete = True
@@ -454,17 +529,30 @@ class _Connection(asyncio.Protocol):
             if not ex.started and not ex.disconnected:
                 log.error("HTTP %s %s failed: %r", ex.scope["method"], ex.scope["path"][:100], e)
                 self.write_reply(ex, 500, [], orjson.dumps({"error": "internal error"}), end=True)
+        except BaseException:  # cancelled (the loop is closing): no reply will come
+            self.running = None
+            self.abort()
+            raise
         if not ex.finished and not ex.disconnected:
             if ex.started:  # a reply cut short: the client must not take it for a whole one
                 self.abort()
                 return
-            self.write_reply(ex, 500, [], orjson.dumps({"error": "the server sent no reply"}), end=True)
+            status, error = (
+                (500, "the server sent no reply") if ex.refused is None else (ex.refused.status, ex.refused.message)
+            )
+            self.write_reply(ex, status, _JSON_HEADERS, orjson.dumps({"error": error}), end=True)
         self._done(ex)
 
     def write_reply(
         self, ex: _Exchange, status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, end: bool
     ) -> None:
         """The reply's head, with the first (or only) part of its body, in one write."""
+        ex.started = True
+        if end:
+            ex.finished = True
+            ex.wake()
+        if self.transport is None or self.transport.is_closing():
+            return  # aborted: the client is gone
         head = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
         length = None
         for k, v in headers:
@@ -483,6 +571,8 @@ class _Connection(asyncio.Protocol):
             length = b"%d" % len(body)
         if length is not None:
             head.append(b"content-length: %s\r\n" % length)
+        elif ex.scope["http_version"] == "1.0":
+            ex.keep_alive = False  # no chunked framing in HTTP/1.0: the close ends the body
         else:
             ex.chunked = True
             head.append(b"transfer-encoding: chunked\r\n")
@@ -501,10 +591,6 @@ class _Connection(asyncio.Protocol):
         head.append(b"\r\n")
         if not ex.head_only:
             head.append(body)
-        ex.started = True
-        if end:
-            ex.finished = True
-            ex.wake()
         self.transport.write(b"".join(head))
 
     def _done(self, ex: _Exchange) -> None:
@@ -552,6 +638,7 @@ class _Connection(asyncio.Protocol):
         self._pause()
         if self.current is not None:  # a broken body: the app reads the end of it and answers
             self.current.broken = True
+            self.current.refused = refusal  # the answer if the app gives none
             self.current.wake()
             self.current = None
             return
