@@ -365,14 +365,27 @@ async def test_a_reply_before_the_body_is_read_survives_the_close() -> None:
         w.close()
 
 
-async def test_half_closed_client_gets_its_reply() -> None:
-    async with serving() as (_, port):
+async def test_a_half_closed_client_is_gone() -> None:
+    """EOF is a disconnect: the app waiting on a request sees it (and seqserve cancels the
+    request), as a client that closed its socket would want."""
+    seen.clear()
+
+    async def waits(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()  # the body
+        msg = await asyncio.wait_for(receive(), 5)  # then nothing until the client leaves
+        seen.append((msg["type"], scope["path"]))
+
+    async with serving(waits) as (_, port):
         r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(request("POST", "/slow", b"done"))
-        w.write_eof()  # sent everything: the request is whole
-        status, headers, body = await read_reply(r)
-        assert status == 200 and json.loads(body)["body"] == "done" and headers["connection"] == "close"
+        w.write(request("POST", "/wait", b"x"))
+        await asyncio.sleep(0.05)
+        w.write_eof()
         assert await closed(r)
+        for _ in range(50):
+            if seen:
+                break
+            await asyncio.sleep(0.02)
+        assert seen == [("http.disconnect", "/wait")]
 
 
 async def test_upgrade_with_a_body_gets_its_body() -> None:

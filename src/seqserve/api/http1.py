@@ -351,11 +351,9 @@ class _Connection(asyncio.Protocol):
         self.write_paused_since = None
 
     def eof_received(self) -> bool:
-        """The client ended its side: close, once the requests it sent whole are answered (a
-        body cut short ends as a disconnect)."""
-        if self.lingering is None and self.current is None and (self.running is not None or self.waiting):
-            self.closing = True
-            return True  # keep the transport open for the replies
+        """The client ended its side: taken as gone (as most HTTP servers do), so the requests it
+        left cancel (the disconnect watch of api/http.py); a client cannot half-close and still
+        read its reply."""
         return False
 
     def data_received(self, data: bytes) -> None:
