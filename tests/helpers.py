@@ -61,7 +61,7 @@ class Model:
 # (ACC_STATE below), or a named state such as "S" (input and output of one name). The new S is
 # the output state; padding rows get a poison value, which a scheduler that kept a padding row's
 # state would show. RECORD keeps every batch, as RECORDING_MODEL does.
-ACCUM_MODEL = '''
+ACCUM_MODEL = """
 import numpy as np
 RECORD = []
 
@@ -85,7 +85,7 @@ class Model:
         ready = batch.ready.reshape((-1,) + (1,) * (new.ndim - 1))
         out_name = "ACC_OUT" if name == "ACC" else name
         return {"OUT_X": new, out_name: np.where(ready, new, -1000).astype(acc.dtype)}
-'''
+"""
 
 # The implicit state ACCUM_MODEL uses by default (a sequence_batching `state` entry).
 ACC_STATE = """
@@ -173,9 +173,7 @@ sequence_batching {{
 """
 
 
-def write_model(
-    repo: Path, name: str, config: str, model_py: str = RECORDING_MODEL, version: int = 1
-) -> Path:
+def write_model(repo: Path, name: str, config: str, model_py: str = RECORDING_MODEL, version: int = 1) -> Path:
     """Write <repo>/<name>/config.pbtxt and <repo>/<name>/<version>/model.py."""
     d = repo / name
     (d / str(version)).mkdir(parents=True, exist_ok=True)

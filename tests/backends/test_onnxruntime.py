@@ -358,8 +358,7 @@ async def test_decoupled_is_refused(repo, serve):
     fx.add_sub_model(
         repo,
         "dec",
-        config='name: "dec" backend: "onnxruntime" max_batch_size: 2\n'
-        "model_transaction_policy { decoupled: true }\n",
+        config='name: "dec" backend: "onnxruntime" max_batch_size: 2\nmodel_transaction_policy { decoupled: true }\n',
     )
     s = await serve()
     with pytest.raises(InferenceError) as ei:

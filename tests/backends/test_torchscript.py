@@ -34,6 +34,7 @@ def script_to(module: nn.Module, path: Path) -> None:
         warnings.filterwarnings("ignore", message=_SCRIPT_DEPRECATED, category=DeprecationWarning)
         torch.jit.script(module).save(str(path))
 
+
 # ------------------------------------------------------------------------------ models
 
 

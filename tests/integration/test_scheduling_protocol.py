@@ -185,6 +185,7 @@ async def test_exceeds_maximum_queue_size_status(proto: Proto, with_id: bool) ->
 
 # ---------------------------------------------------------------- brief configs (gRPC stream)
 
+
 @pytest.fixture(scope="module")
 def brief_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("brief-repo")

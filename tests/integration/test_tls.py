@@ -39,9 +39,7 @@ def test_tls_on_both_front_ends(
     ctx = ssl.create_default_context(cafile=str(crt))
     with urllib.request.urlopen(f"https://localhost:{srv.http_port}/v2/health/ready", context=ctx, timeout=5) as r:
         assert r.status == 200
-    client = grpcclient.InferenceServerClient(
-        f"localhost:{srv.grpc_port}", ssl=True, root_certificates=str(crt)
-    )
+    client = grpcclient.InferenceServerClient(f"localhost:{srv.grpc_port}", ssl=True, root_certificates=str(crt))
     assert client.is_server_live()
     assert client.is_model_ready("accumulator")
     # tritonclient over HTTPS, as docs/security.md shows it

@@ -98,9 +98,7 @@ def _compare_message(theirs, ours, scope: str, problems: list[str], extensions: 
         if t_nested.name not in o_nested:
             problems.append(f"{scope}.{t_nested.name}: nested message missing")
         else:
-            _compare_message(
-                t_nested, o_nested[t_nested.name], f"{scope}.{t_nested.name}", problems, extensions
-            )
+            _compare_message(t_nested, o_nested[t_nested.name], f"{scope}.{t_nested.name}", problems, extensions)
     if not extensions:
         extra = {m.name for m in ours.nested_type} - {m.name for m in theirs.nested_type}
         problems.extend(f"{scope}.{name}: extra nested message" for name in sorted(extra))
@@ -127,9 +125,7 @@ def _compare_file(theirs_module, ours_module, extensions: bool) -> list[str]:
         if t_msg.name not in o_messages:
             problems.append(f"message {t_msg.name}: missing")
         else:
-            _compare_message(
-                t_msg, o_messages[t_msg.name], f"{theirs.package}.{t_msg.name}", problems, extensions
-            )
+            _compare_message(t_msg, o_messages[t_msg.name], f"{theirs.package}.{t_msg.name}", problems, extensions)
     o_enums = {e.name: e for e in ours.enum_type}
     for t_enum in theirs.enum_type:
         if t_enum.name not in o_enums:
@@ -393,9 +389,7 @@ class _Servicer(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def _respond(self, request):
         self.requests.append(request)
-        resp = grpc_service_pb2.ModelInferResponse(
-            model_name=request.model_name, model_version="1", id=request.id
-        )
+        resp = grpc_service_pb2.ModelInferResponse(model_name=request.model_name, model_version="1", id=request.id)
         for tensor, raw in zip(request.inputs, request.raw_input_contents, strict=True):
             resp.outputs.add(name="OUT_" + tensor.name, datatype=tensor.datatype, shape=tensor.shape)
             resp.raw_output_contents.append(raw)

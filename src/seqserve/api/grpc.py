@@ -191,9 +191,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         await self._fail(context, err)
         raise AssertionError("unreachable: abort raises")
 
-    async def ModelStreamInfer(
-        self, request_iterator: AsyncIterator[bytes], context: Any
-    ) -> AsyncIterator[bytes]:
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
         """See StreamSession. Headers: ``triton_grpc_error: true``, the first error ends the
         stream with its gRPC status; ``seqserve-reply-order: completion``, replies as they
         complete; ``seqserve-stream-scoped: true|false``, whether the sequences started on the
