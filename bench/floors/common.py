@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 INPUT_NAME = "INPUT"
@@ -43,6 +45,13 @@ def result_of(coro: Any) -> Any:
         return done.value
     coro.close()
     raise RuntimeError("the floor's rpc suspended")
+
+
+async def serve_protocol(factory: Callable[[], asyncio.Protocol], host: str, port: int) -> None:
+    """Serve an asyncio protocol (the floors without a server framework) until the process ends."""
+    server = await asyncio.get_running_loop().create_server(factory, host, port)
+    async with server:
+        await server.serve_forever()
 
 
 def run_on_uvloop(coro: Any) -> None:

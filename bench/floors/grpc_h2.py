@@ -101,16 +101,9 @@ class GrpcH2Protocol(asyncio.Protocol):
         self.conn.send_headers(stream_id, _OK, end_stream=True)
 
 
-async def serve(host: str, port: int) -> None:
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(GrpcH2Protocol, host, port)
-    async with server:
-        await server.serve_forever()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = common.parse_args("grpc_h2.py", argv)
-    common.run_on_uvloop(serve(args.host, args.port))
+    common.run_on_uvloop(common.serve_protocol(GrpcH2Protocol, args.host, args.port))
     return 0
 
 

@@ -74,15 +74,9 @@ class EchoProtocol(asyncio.Protocol):
         )
 
 
-async def serve(host: str, port: int) -> None:
-    server = await asyncio.get_running_loop().create_server(EchoProtocol, host, port)
-    async with server:
-        await server.serve_forever()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = common.parse_args("http_httptools.py", argv)
-    common.run_on_uvloop(serve(args.host, args.port))
+    common.run_on_uvloop(common.serve_protocol(EchoProtocol, args.host, args.port))
     return 0
 
 

@@ -52,15 +52,19 @@ async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
 seen: list[tuple[str, str]] = []
 
 
-@contextlib.asynccontextmanager
-async def serving(app: Any = echo, **limits: Any) -> AsyncIterator[tuple[Http1Server, int]]:
+async def start(app: Any = echo, **limits: Any) -> tuple[Http1Server, int, asyncio.Task[None]]:
+    """A server on a free port, serving until stop(): (server, port, the task that serves)."""
     server = Http1Server(app, HttpLimits(**{"header_timeout_s": 5.0, **limits}))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
-    port = sock.getsockname()[1]
     await server.start(sock)
-    task = asyncio.create_task(server.serve())
+    return server, sock.getsockname()[1], asyncio.create_task(server.serve())
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any = echo, **limits: Any) -> AsyncIterator[tuple[Http1Server, int]]:
+    server, port, task = await start(app, **limits)
     try:
         yield server, port
     finally:
@@ -313,13 +317,7 @@ async def test_large_body_with_flow_control() -> None:
 
 
 async def test_stop_answers_in_flight_requests_then_closes() -> None:
-    server = Http1Server(echo, HttpLimits())
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    port = sock.getsockname()[1]
-    await server.start(sock)
-    task = asyncio.create_task(server.serve())
+    server, port, task = await start(header_timeout_s=10.0)
     r_idle, _ = await asyncio.open_connection("127.0.0.1", port)
     r, w = await asyncio.open_connection("127.0.0.1", port)
     w.write(request("POST", "/slow", b"x"))

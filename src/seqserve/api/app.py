@@ -110,20 +110,8 @@ class ServeOptions:
 
 
 def resolve_http_server(choice: str) -> str:
-    """``auto``: seqserve's own server (httptools is a dependency), else granian, else hypercorn."""
-    if choice != "auto":
-        return choice
-    try:
-        import httptools  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        return "builtin"
-    try:
-        import granian.server.embed  # noqa: F401
-    except ImportError:
-        return "hypercorn"
-    return "granian"
+    """``auto`` is seqserve's own server (its parser, httptools, is a dependency)."""
+    return "builtin" if choice == "auto" else choice
 
 
 async def serve(opts: ServeOptions) -> int:
@@ -400,11 +388,11 @@ def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None
 
 async def _start_builtin(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:
     """seqserve's own HTTP/1.1 server (api/http1.py) on this loop."""
-    from seqserve.api.http1 import Http1Server, tls_context
+    from seqserve.api.http1 import Http1Server
 
     tls = _http_tls(opts)
-    try:
-        ctx = None if tls is None else tls_context(tls.cert, tls.key, tls.client_ca)
+    try:  # the files were checked at startup (security.check_tls); they may have changed since
+        ctx = None if tls is None else security.builtin_tls(tls)
     except (OSError, ssl.SSLError) as e:
         raise StartupError(f"cannot use the HTTP TLS certificate or key: {e}") from None
     server = Http1Server(app, opts.http_limits, ssl_context=ctx)

@@ -30,7 +30,7 @@ import collections
 import contextlib
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote
@@ -190,7 +190,7 @@ class _Exchange:
         self.raw_left = 0  # body bytes that follow an Upgrade request's head, read past the parser
         self.expect_continue = False
         self.head_only = False
-        self.reply: tuple[int, list[tuple[bytes, bytes]]] | None = None  # http.response.start
+        self.reply: tuple[int, Iterable[tuple[bytes, bytes]]] | None = None  # http.response.start
         self.started = False  # the reply's head was written
         self.chunked = False
         self.finished = False  # the reply was written whole
@@ -233,7 +233,7 @@ class _Exchange:
         kind = message["type"]
         conn = self.conn
         if kind == "http.response.start":
-            self.reply = (message["status"], list(message.get("headers", ())))
+            self.reply = (message["status"], message.get("headers", ()))
             return
         if kind != "http.response.body":
             return
@@ -444,16 +444,20 @@ class _Connection(asyncio.Protocol):
             raise _Refused(505, f"HTTP version {version[:8]} not supported: this server speaks HTTP/1.1")
         if method == "CONNECT":
             raise _Refused(405, "CONNECT is not supported")
-        raw_left = 0
-        for k, v in self.headers:
-            if k == b"transfer-encoding" and v.strip().lower() != b"chunked":
-                raise _Refused(501, "a Transfer-Encoding other than chunked is not supported")
-        if parser.should_upgrade():  # not taken; llhttp leaves the body to this server
-            for k, v in self.headers:
-                if k == b"transfer-encoding":
-                    raise _Refused(400, "a chunked body on an Upgrade request is not supported")
-                if k == b"content-length" and v.isdigit():
-                    raw_left = int(v)
+        chunked = expect_continue = False
+        length = b""
+        for k, v in self.headers:  # one pass: llhttp has checked their syntax
+            if k == b"transfer-encoding":
+                if v.strip().lower() != b"chunked":
+                    raise _Refused(501, "a Transfer-Encoding other than chunked is not supported")
+                chunked = True
+            elif k == b"content-length":
+                length = v
+            elif k == b"expect" and v.lower() == b"100-continue":
+                expect_continue = version == "1.1"
+        upgrade = parser.should_upgrade()
+        if upgrade and chunked:  # not taken; llhttp leaves the body to this server
+            raise _Refused(400, "a chunked body on an Upgrade request is not supported")
         try:
             url = httptools.parse_url(self.url)
         except httptools.HttpParserInvalidURLError:
@@ -479,13 +483,10 @@ class _Connection(asyncio.Protocol):
         }
         self.headers = []  # trailers, if any, are not the request's headers
         self.tail_bytes = 0
-        ex.keep_alive = self.server.keep_alive and parser.should_keep_alive() and not parser.should_upgrade()
-        ex.raw_left = raw_left
+        ex.keep_alive = self.server.keep_alive and parser.should_keep_alive() and not upgrade
+        ex.raw_left = int(length) if upgrade and length.isdigit() else 0
         ex.head_only = method == "HEAD"
-        if version == "1.1":
-            for k, v in ex.scope["headers"]:
-                if k == b"expect" and v.lower() == b"100-continue":
-                    ex.expect_continue = True
+        ex.expect_continue = expect_continue
         self.current = ex
         if self.running is None and not self.waiting:
             self.running = ex
@@ -542,7 +543,7 @@ class _Connection(asyncio.Protocol):
         self._done(ex)
 
     def write_reply(
-        self, ex: _Exchange, status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, end: bool
+        self, ex: _Exchange, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes, *, end: bool
     ) -> None:
         """The reply's head, with the first (or only) part of its body, in one write."""
         ex.started = True
@@ -708,16 +709,3 @@ def _address(addr: Any) -> tuple[str, int] | None:
     if isinstance(addr, tuple) and len(addr) >= 2:
         return str(addr[0]), int(addr[1])
     return None
-
-
-def tls_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
-    """A server TLS context: the certificate and key, and client certificates required when
-    ``client_ca`` is given (mutual TLS)."""
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert, key)
-    ctx.set_alpn_protocols(["http/1.1"])
-    if client_ca is not None:
-        ctx.load_verify_locations(client_ca)
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx

@@ -469,6 +469,19 @@ def hypercorn_tls(cfg: Any, tls: TlsFiles) -> None:
         cfg.verify_mode = ssl.CERT_REQUIRED
 
 
+def builtin_tls(tls: TlsFiles) -> ssl.SSLContext:
+    """The TLS context of the builtin HTTP server (api/http1.py): TLS 1.2 and 1.3, HTTP/1.1 by
+    ALPN, client certificates required when there is a client CA (mutual TLS)."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(tls.cert, tls.key)
+    ctx.set_alpn_protocols(["http/1.1"])
+    if tls.client_ca is not None:
+        ctx.load_verify_locations(tls.client_ca)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
 def granian_client_verify_supported() -> bool:
     """Whether the installed granian's embedded server can require client certificates
     (its ``ssl_ca`` and ``ssl_client_verify`` arguments)."""
