@@ -69,6 +69,7 @@ class ServeOptions:
     http_restricted: security.Restrictions = field(default_factory=security.Restrictions)
     grpc_restricted: security.Restrictions = field(default_factory=security.Restrictions)
     http_server: str = "auto"  # "builtin", "hypercorn", "granian", or "auto" (resolve_http_server)
+    grpc_server: str = "auto"  # "builtin", "grpcio", or "auto" (builtin)
     model_control: ModelControlMode = ModelControlMode.NONE
     startup_models: list[str] | None = None  # None: every model of the repository
     repository_poll_secs: float = DEFAULT_REPOSITORY_POLL_SECS
@@ -342,7 +343,12 @@ async def _start_grpc(server: Server, opts: ServeOptions, streams: StreamDrain |
     if opts.stream_stats is None:
         opts.stream_stats = StreamStats()
     host, port = opts.grpc_host, opts.grpc_port or 0
-    _listen("gRPC", host, port).close()  # gRPC's own failure says neither why nor in one line
+    kind = "grpcio" if opts.grpc_server == "grpcio" else "builtin"
+    # gRPC's own failure says neither why nor in one line
+    sock: socket.socket | None = _listen("gRPC", host, port)
+    if kind == "grpcio":
+        sock.close()  # type: ignore[union-attr]
+        sock = None
     try:
         return await start_grpc(
             server,
@@ -356,6 +362,8 @@ async def _start_grpc(server: Server, opts: ServeOptions, streams: StreamDrain |
             stream_scoped=opts.stream_scoped_sequences,
             stream_stats=opts.stream_stats,
             streams=streams,
+            kind=kind,
+            sock=sock,
         )
     except (RuntimeError, OSError):
         raise StartupError(f"cannot listen for gRPC on {host}:{port} (port {port})") from None

@@ -313,6 +313,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the event loop (httptools); 'granian' and 'hypercorn' select those servers",
     )
     s.add_argument(
+        "--grpc-server",
+        choices=["auto", "builtin", "grpcio"],
+        default="auto",
+        help="gRPC server: 'auto' (default) picks 'builtin', seqserve's own HTTP/2 gRPC server on the event "
+        "loop; 'grpcio' selects grpc.aio",
+    )
+    s.add_argument(
         "--allow-metrics",
         type=_bool,
         default=True,
@@ -513,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         http_restricted=http_restricted,
         grpc_restricted=grpc_restricted,
         http_server=args.http_server,
+        grpc_server=args.grpc_server,
         model_control=mode,
         startup_models=models,
         repository_poll_secs=(

@@ -5,17 +5,19 @@ servicer, a thin adapter from the rpcs to ``engine.Server``. Messages are conver
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
-from google.protobuf import json_format, message_factory
+from google.protobuf import json_format
 
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
 from seqserve._proto import health_pb2, health_pb2_grpc
 from seqserve.api import grpc_codec, grpc_wire, security
 from seqserve.api.errors import internal_error
+from seqserve.api.grpc_builtin import BuiltinGrpcServer, Method, methods_of
 from seqserve.api.grpc_codec import Undecodable
 from seqserve.api.grpc_stream import (
     REPLY_ORDER_HEADER,
@@ -300,8 +302,9 @@ def guard_rpcs(servicer: Any, service: Any) -> None:
 
 
 def add_service(g: grpc.aio.Server, servicer: Any, service: Any) -> None:
-    """Register ``servicer``'s methods for ``service`` (a ServiceDescriptor), as the generated
-    ``add_*_to_server`` does, but with deserializers that hand undecodable bytes on as an
+    """Register ``servicer``'s methods for ``service`` (a ServiceDescriptor) on grpc.aio, as the
+    generated ``add_*_to_server`` does, but with the builtin server's method table
+    (``grpc_builtin.methods_of``): deserializers that hand undecodable bytes on as an
     ``Undecodable`` (see ``guard_rpcs``, ``ModelInfer`` and ``StreamSession``), ``RAW_RPCS``
     without (de)serializers, and as a generic handler only, none as a "registered method":
     grpc.aio keeps a pending request-call future per registered method and runs ``asyncio.wait``
@@ -309,24 +312,14 @@ def add_service(g: grpc.aio.Server, servicer: Any, service: Any) -> None:
     server CPU per unary call than registering ModelInfer and ModelStreamInfer (bench/README.md,
     "Where a unary call's time goes"). The methods are read from the instance, so wrappers set on
     it before this call stay in place."""
+    methods: dict[bytes, Method] = {}
+    methods_of(servicer, service, methods, RAW_RPCS)
     handlers = {}
-    for method in service.methods:
-        behaviour = getattr(servicer, method.name)
-        if method.name in RAW_RPCS:
-            deserialize = serialize = None
-        else:
-            deserialize = grpc_codec.safe_deserializer(message_factory.GetMessageClass(method.input_type))
-            serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
-        if method.client_streaming and method.server_streaming:
-            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                behaviour, request_deserializer=deserialize, response_serializer=serialize
-            )
-        elif method.client_streaming or method.server_streaming:
-            raise TypeError(f"{service.full_name}/{method.name}: only unary and bidirectional rpcs are served")
-        else:
-            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                behaviour, request_deserializer=deserialize, response_serializer=serialize
-            )
+    for path, m in methods.items():
+        kind = grpc.stream_stream_rpc_method_handler if m.streaming else grpc.unary_unary_rpc_method_handler
+        handlers[path.decode().rsplit("/", 1)[1]] = kind(
+            m.behaviour, request_deserializer=m.deserialize, response_serializer=m.serialize
+        )
     g.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
 
 
@@ -356,11 +349,14 @@ async def start_grpc(
     stream_scoped: bool = False,
     stream_stats: StreamStats | None = None,
     streams: StreamDrain | None = None,
-) -> grpc.aio.Server:
-    """Serve on host:port; TLS with cert and key (mutual TLS with client_ca), the rpcs of
-    restricted groups guarded (security.restrict_grpc), within ``limits``."""
-    options = [*(limits or GrpcLimits()).options(), ("grpc.so_reuseport", 0)]
-    g = grpc.aio.server(options=options)
+    kind: str = "builtin",
+    sock: socket.socket | None = None,
+) -> grpc.aio.Server | BuiltinGrpcServer:
+    """Serve on host:port (``sock``, bound and listening, for the builtin server); TLS with
+    cert and key (mutual TLS with client_ca), the rpcs of restricted groups guarded
+    (security.restrict_grpc), within ``limits``. ``kind``: "builtin" (grpc_builtin) or "grpcio"
+    (grpc.aio). Both have ``stop(grace)``."""
+    limits = limits or GrpcLimits()
     inference = InferenceServicer(server, stream_scoped=stream_scoped, stream_stats=stream_stats, streams=streams)
     health = HealthServicer(server)
     inference_service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
@@ -370,12 +366,25 @@ async def start_grpc(
     if restrictions:
         security.restrict_grpc(inference, inference_service, restrictions)
         security.restrict_grpc(health, health_service, restrictions)
+    tls = security.TlsFiles(cert, key or "", client_ca) if cert else None
+    if kind == "builtin":
+        methods: dict[bytes, Method] = {}
+        methods_of(inference, inference_service, methods, RAW_RPCS)
+        methods_of(health, health_service, methods, ())
+        builtin = BuiltinGrpcServer(
+            methods, limits, ssl_context=None if tls is None else security.builtin_tls(tls, alpn="h2")
+        )
+        if sock is None:
+            sock = socket.create_server((host, port), backlog=1024)
+        await builtin.start(sock)
+        return builtin
+    options = [*limits.options(), ("grpc.so_reuseport", 0)]
+    g = grpc.aio.server(options=options)
     add_service(g, inference, inference_service)
     add_service(g, health, health_service)
     address = f"{host}:{port}"
-    if cert:
-        creds = security.grpc_credentials(security.TlsFiles(cert, key or "", client_ca))
-        bound = g.add_secure_port(address, creds)
+    if tls is not None:
+        bound = g.add_secure_port(address, security.grpc_credentials(tls))
     else:
         bound = g.add_insecure_port(address)
     if bound == 0:

@@ -469,13 +469,14 @@ def hypercorn_tls(cfg: Any, tls: TlsFiles) -> None:
         cfg.verify_mode = ssl.CERT_REQUIRED
 
 
-def builtin_tls(tls: TlsFiles) -> ssl.SSLContext:
-    """The TLS context of the builtin HTTP server (api/http1.py): TLS 1.2 and 1.3, HTTP/1.1 by
-    ALPN, client certificates required when there is a client CA (mutual TLS)."""
+def builtin_tls(tls: TlsFiles, alpn: str = "http/1.1") -> ssl.SSLContext:
+    """The TLS context of the builtin servers (api/http1.py, api/grpc_builtin.py): TLS 1.2 and
+    1.3, ``alpn`` (HTTP/1.1, or h2 for gRPC), client certificates required when there is a
+    client CA (mutual TLS)."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(tls.cert, tls.key)
-    ctx.set_alpn_protocols(["http/1.1"])
+    ctx.set_alpn_protocols([alpn])
     if tls.client_ca is not None:
         ctx.load_verify_locations(tls.client_ca)
         ctx.verify_mode = ssl.CERT_REQUIRED
