@@ -207,11 +207,11 @@ def _primary_target(args: argparse.Namespace) -> Target | None:
 
 
 def _auto_floors(transports: list[str]) -> list[str]:
-    """The floor for each planned transport: gRPC's, and for HTTP what seqserve serves HTTP with
-    (granian when it is installed, else hypercorn)."""
+    """The floor for each planned transport: on the servers seqserve serves gRPC and HTTP with by
+    default (its builtin ones)."""
     out = []
     if any(t.startswith("grpc") for t in transports):
-        out.append("grpc-stream")
+        out.append("grpc-builtin")  # seqserve's default gRPC server
     if any(t.startswith("http") for t in transports):
         out.append("http-builtin")  # seqserve's default HTTP server
     return out

@@ -15,7 +15,8 @@ from pathlib import Path
 
 # name -> (script, transports it can stand in for)
 FLOORS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "grpc-stream": ("grpc_stream.py", ("grpc-stream", "grpc-unary")),
+    "grpc-builtin": ("grpc_builtin.py", ("grpc-stream", "grpc-unary")),  # seqserve's default gRPC server
+    "grpc-stream": ("grpc_stream.py", ("grpc-stream", "grpc-unary")),  # grpc.aio
     "http-builtin": ("http_builtin.py", ("http-binary", "http-json")),
     "http-hypercorn": ("http_hypercorn.py", ("http-binary", "http-json")),
     "http-granian": ("http_granian.py", ("http-binary", "http-json")),

@@ -91,11 +91,11 @@ def test_processes_floor_and_ceiling(tmp_path: Path) -> None:
     out = tmp_path / "multi.json"
     proc = run(
         "bench", "--spawn", "--processes", "2", "--concurrency", "2", "--transports", "grpc-stream",
-        "--spawn-floor", "grpc-stream", "--ceiling", "--json", str(out), *SHORT,
+        "--spawn-floor", "grpc-builtin", "--ceiling", "--json", str(out), *SHORT,
     )  # fmt: skip
     runs = load_runs(out)
     targets = {r["target"] for r in runs}
-    assert targets == {"seqserve", "floor:grpc-stream", "ceiling:grpc-stream"}
+    assert targets == {"seqserve", "floor:grpc-builtin", "ceiling:grpc-builtin"}
     main = next(r for r in runs if r["target"] == "seqserve")
     assert main["verified"] and main["processes"] == 2 and main["concurrency"] == 2
     doc = json.loads(out.read_text())

@@ -26,6 +26,13 @@ if TYPE_CHECKING:
 
 FLAVOURS = ["http", "http_aio", "grpc", "grpc_aio"]
 
+
+def grpc_server_for(http_server: str) -> str:
+    """The gRPC server a test parametrized over HTTP servers runs with: grpc.aio beside hypercorn,
+    the builtin one (the default) otherwise, so both gRPC servers meet the TLS and limits tests."""
+    return "grpcio" if http_server == "hypercorn" else "builtin"
+
+
 # engine status -> (HTTP status, gRPC status), as protocol.md 4.1 / 4.2 map them
 CODES = {
     "INVALID_ARG": ("400", "StatusCode.INVALID_ARGUMENT"),

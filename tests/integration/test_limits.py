@@ -22,7 +22,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.integration._util import acc_input, http_request, new_int_id
+from tests.integration._util import acc_input, grpc_server_for, http_request, new_int_id
 from tests.integration.conftest import (
     DEMO_REPO,
     IDENTITY_DTYPES,
@@ -80,6 +80,7 @@ def limited(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     srv = start_server(
         repo,
         "--http-server", request.param,
+        "--grpc-server", grpc_server_for(request.param),
         "--http-max-body-bytes", "4096",
         "--http-body-timeout-secs", "1",
         "--http-header-timeout-secs", "1.5",
@@ -88,7 +89,7 @@ def limited(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         "--grpc-max-connection-idle-secs", "1",
         log_dir=root,
     )  # fmt: skip
-    assert f"HTTP ({request.param})" in srv.log()
+    assert f"HTTP ({request.param})" in srv.log() and f"gRPC ({grpc_server_for(request.param)})" in srv.log()
     yield srv
     rc = srv.stop()
     assert rc == 0, f"server exited with {rc}\n{srv.log()}"

@@ -19,6 +19,7 @@ import tritonclient.http as httpclient
 from geventhttpclient.response import HTTPConnectionClosed
 from tritonclient.utils import InferenceServerException
 
+from tests.integration._util import grpc_server_for
 from tests.integration.conftest import ROOT, ServerProcess
 
 
@@ -90,8 +91,9 @@ def test_mutual_tls_on_both_front_ends(launch: Callable[..., ServerProcess], pki
     (crt, key), ca = pki.server, pki.ca[0]
     srv = launch(
         None, "--tls-cert", str(crt), "--tls-key", str(key), "--tls-client-ca", str(ca), "--http-server", http_server,
-        probe=probe,
+        "--grpc-server", grpc_server_for(http_server), probe=probe,
     )  # fmt: skip
+    assert f"gRPC ({grpc_server_for(http_server)}) listening" in srv.log()
     assert f"HTTP ({http_server}) listening on https://" in srv.log()
     assert "mutual TLS: client certificates from" in srv.log()
     url = f"https://localhost:{srv.http_port}{ready}"

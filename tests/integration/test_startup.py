@@ -215,7 +215,7 @@ def test_http_and_grpc_addresses(launch: Callable[..., ServerProcess]) -> None:
             stub.ServerReady(pb.ServerReadyRequest(), timeout=5)
         assert ei.value.code() == grpc.StatusCode.UNAVAILABLE
     log = srv.log()
-    assert f"gRPC listening on 127.0.0.2:{srv.grpc_port}" in log
+    assert f"gRPC (builtin) listening on 127.0.0.2:{srv.grpc_port}" in log
     assert f"listening on http://127.0.0.1:{srv.http_port}" in log
     assert " DEBUG " in log  # --log-verbose 1
 

@@ -14,6 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from tests.integration._util import grpc_server_for
 from tests.integration.conftest import ServerProcess
 
 
@@ -35,7 +36,10 @@ def test_tls_on_both_front_ends(
     launch: Callable[..., ServerProcess], cert: tuple[Path, Path], http_server: str, tmp_path: Path
 ) -> None:
     crt, key = cert
-    srv = launch(None, "--tls-cert", str(crt), "--tls-key", str(key), "--http-server", http_server, tls=True)
+    srv = launch(
+        None, "--tls-cert", str(crt), "--tls-key", str(key), "--http-server", http_server,
+        "--grpc-server", grpc_server_for(http_server), tls=True,
+    )  # fmt: skip
     ctx = ssl.create_default_context(cafile=str(crt))
     with urllib.request.urlopen(f"https://localhost:{srv.http_port}/v2/health/ready", context=ctx, timeout=5) as r:
         assert r.status == 200

@@ -20,7 +20,7 @@ import h2.events
 import h2.settings
 import pytest
 
-from seqserve.api import grpc_builtin, http2
+from seqserve.api import http2
 from seqserve.api.grpc_builtin import BuiltinGrpcServer, Method
 from seqserve.api.limits import GrpcLimits
 
@@ -35,6 +35,9 @@ class Handlers:
     async def echo(self, request: bytes, context: Any) -> bytes:
         self.metadata = context.invocation_metadata()
         return request
+
+    async def meta(self, request: bytes, context: Any) -> bytes:
+        return str(dict(context.invocation_metadata()).get("x-k")).encode()
 
     async def big(self, request: bytes, context: Any) -> bytes:
         return b"x" * int(request)
@@ -61,7 +64,7 @@ class Handlers:
 
 def methods(h: Handlers) -> dict[bytes, Method]:
     out = {}
-    for name in ("echo", "big", "slow", "fail", "crash"):
+    for name in ("echo", "meta", "big", "slow", "fail", "crash"):
         out[f"{SVC}{name}".encode()] = Method(getattr(h, name), False, None, None)
     out[f"{SVC}stream".encode()] = Method(h.stream, True, None, None)
     return out
@@ -364,7 +367,8 @@ async def test_connection_errors(served: Any) -> None:
     assert _goaway_code(await _raw(port, http2.PREFACE + _SETTINGS + huge)) == http2.FRAME_SIZE_ERROR
     first_not_settings = http2.frame(http2.PING, 0, 0, b"\0" * 8)
     assert _goaway_code(await _raw(port, http2.PREFACE + first_not_settings)) == http2.PROTOCOL_ERROR
-    endless = http2.frame(http2.HEADERS, 0, 1, b"\x00" * 1000) + http2.frame(http2.CONTINUATION, 0, 1, b"\0" * 16000) * 5
+    continuation = http2.frame(http2.CONTINUATION, 0, 1, b"\0" * 16000)
+    endless = http2.frame(http2.HEADERS, 0, 1, b"\x00" * 1000) + continuation * 5
     assert _goaway_code(await _raw(port, http2.PREFACE + _SETTINGS + endless)) == http2.ENHANCE_YOUR_CALM
     even = http2.frame(http2.HEADERS, http2.END_HEADERS, 2, b"\x83")
     assert _goaway_code(await _raw(port, http2.PREFACE + _SETTINGS + even)) == http2.PROTOCOL_ERROR
@@ -390,7 +394,7 @@ async def test_a_flood_of_frames_does_not_hold_the_loop(served: Any) -> None:
     """50,000 PINGs in one write: the server answers them in turns of FRAMES_PER_TURN, and a
     call on another connection is answered meanwhile."""
     _, _, port = served
-    r, w = await asyncio.open_connection("127.0.0.1", port)
+    _, w = await asyncio.open_connection("127.0.0.1", port)
     w.write(http2.PREFACE + _SETTINGS + http2.frame(http2.PING, 0, 0, b"\0" * 8) * 50000)
     other = await Client.open(port)
     _, data, _ = await asyncio.wait_for(other.call("echo", msg(b"served")), 5)
@@ -451,10 +455,71 @@ async def _short(request: bytes, context: Any) -> bytes:
     return request
 
 
-async def test_connection_cap(served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_connection_cap() -> None:
+    server = BuiltinGrpcServer(methods(Handlers()), GrpcLimits(max_connections=1))
+    sock = socket.create_server(("127.0.0.1", 0))
+    await server.start(sock)
+    port = sock.getsockname()[1]
+    try:
+        first = await Client.open(port)
+        await first.call("echo", msg(b"x"))
+        assert _goaway_code(await _raw(port, http2.PREFACE + _SETTINGS)) == http2.ENHANCE_YOUR_CALM
+        _, data, _ = await first.call("echo", msg(b"y"))  # the first one is served on
+        assert unframe(data) == [b"y"]
+        first.close()
+    finally:
+        await server.stop(None)
+
+
+async def test_repeated_header_blocks_follow_the_hpack_table(served: Any) -> None:
+    """Header blocks the client repeats are decoded once (``Http2Connection._decode``); a block
+    whose meaning changed with the table (insertions, evictions) must not be taken from before."""
+    _, h, port = served
+    c = await Client.open(port)
+    for i in range(40):
+        value = ("y" * 900 + str(i % 7)) if i % 3 else f"v{i % 2}"  # large values evict the others
+        await c.call("echo", msg(b""), extra=[("x-k", value), ("x-same", "s")])
+        md = dict(h.metadata)
+        assert md["x-k"] == value and md["x-same"] == "s", i
+    c.close()
+
+
+def _data_by_stream(data: bytes) -> dict[int, bytes]:
+    out: dict[int, bytes] = {}
+    pos = 0
+    while pos + 9 <= len(data):
+        length = int.from_bytes(data[pos : pos + 3], "big")
+        sid = int.from_bytes(data[pos + 5 : pos + 9], "big")
+        if data[pos + 3] == http2.DATA:
+            out[sid] = out.get(sid, b"") + data[pos + 9 : pos + 9 + length]
+        pos += 9 + length
+    return out
+
+
+async def test_a_repeated_block_whose_index_moved_is_decoded_again(served: Any) -> None:
+    """The same header block bytes mean another header once the table has changed: "index 62"
+    is (x-k, a), then (x-k, b) after an insertion. Hand-made blocks, as no encoder would."""
     _, _, port = served
-    monkeypatch.setattr(grpc_builtin, "MAX_CONNECTIONS", 1)
-    first = await Client.open(port)
-    await first.call("echo", msg(b"x"))
-    assert _goaway_code(await _raw(port, http2.PREFACE + _SETTINGS)) == http2.ENHANCE_YOUR_CALM
-    first.close()
+    base = (
+        b"\x83\x86"  # :method POST, :scheme http (static)
+        + b"\x04" + bytes([len(SVC) + 4]) + (SVC + "meta").encode()  # :path, literal, not indexed
+        + b"\x0f\x10" + bytes([16]) + b"application/grpc"
+    )  # fmt: skip
+    insert_a = base + b"\x40\x03x-k\x01a"  # literal with incremental indexing: index 62
+    insert_b = base + b"\x40\x03x-k\x01b"  # now (x-k, b) is 62 and (x-k, a) 63
+    indexed = base + b"\xbe"  # index 62
+    blocks = [insert_a, indexed, indexed, insert_b, indexed, indexed]
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(http2.PREFACE + _SETTINGS)
+    got = b""
+    for i, block in enumerate(blocks):  # one call at a time (the fixture allows 4 at once)
+        sid = 2 * i + 1
+        w.write(http2.frame(http2.HEADERS, http2.END_HEADERS, sid, block))
+        w.write(http2.frame(http2.DATA, http2.END_STREAM, sid, msg(b"")))
+        while sid not in _data_by_stream(got):
+            chunk = await asyncio.wait_for(r.read(65536), 5)
+            assert chunk
+            got += chunk
+    w.close()
+    replies = _data_by_stream(got)
+    assert [unframe(replies[2 * i + 1]) for i in range(len(blocks))] == [[b"a"], [b"a"], [b"a"], [b"b"], [b"b"], [b"b"]]

@@ -170,7 +170,11 @@ async def serve(opts: ServeOptions) -> int:
     try:
         if opts.grpc_port is not None:
             grpc_server = await _start_grpc(server, opts, streams)
-            log.info("gRPC listening on %s:%d%s", opts.grpc_host, opts.grpc_port, _tls_note(opts.grpc_tls_client_ca))
+            log.info(
+                "gRPC (%s) listening on %s:%d%s",
+                "grpcio" if opts.grpc_server == "grpcio" else "builtin",
+                opts.grpc_host, opts.grpc_port, _tls_note(opts.grpc_tls_client_ca),
+            )  # fmt: skip
             if opts.grpc_restricted:
                 log.info("gRPC restricted protocols: %s", opts.grpc_restricted.describe())
         if opts.http_port is not None:

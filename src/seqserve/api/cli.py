@@ -162,6 +162,14 @@ def _limits_group(s: argparse.ArgumentParser) -> None:
         f"(default: {lim.DEFAULT_GRPC_MAX_CONCURRENT_STREAMS})",
     )
     g.add_argument(
+        "--grpc-max-connections",
+        type=_limit_int,
+        default=lim.DEFAULT_MAX_CONNECTIONS,
+        metavar="N",
+        help="most gRPC connections served at once by the builtin gRPC server; one beyond gets a GOAWAY and "
+        f"is closed (grpcio: not limited) (default: {lim.DEFAULT_MAX_CONNECTIONS})",
+    )
+    g.add_argument(
         "--grpc-max-connection-idle-secs",
         type=_poll_secs,
         default=lim.DEFAULT_GRPC_MAX_CONNECTION_IDLE_S,
@@ -542,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
             max_receive_message_bytes=args.grpc_max_receive_message_bytes or args.http_max_body_bytes,
             max_send_message_bytes=args.grpc_max_send_message_bytes or args.http_max_body_bytes,
             max_concurrent_streams=args.grpc_max_concurrent_streams,
+            max_connections=args.grpc_max_connections,
             max_connection_idle_s=args.grpc_max_connection_idle_secs,
             keepalive_s=args.grpc_keepalive_secs,
             keepalive_timeout_s=args.grpc_keepalive_timeout_secs,

@@ -38,8 +38,6 @@ from seqserve.api.limits import GrpcLimits, offload
 
 log = logging.getLogger("seqserve.grpc")
 
-#: connections served at once; one beyond gets a GOAWAY and is closed
-MAX_CONNECTIONS = 1024
 #: metadata (decoded header list, as HTTP/2 counts it) per call: grpc core's default hard limit
 MAX_HEADER_LIST_BYTES = 16 << 10
 #: a connection must send its preface and SETTINGS within this
@@ -396,7 +394,7 @@ class _GrpcConnection(Http2Connection):
             host, port = address[0], address[1]
             self.peer = f"ipv6:[{host}]:{port}" if ":" in str(host) else f"ipv4:{host}:{port}"
         server = self.server
-        if len(server.connections) >= MAX_CONNECTIONS or server.stopping:
+        if len(server.connections) >= server.limits.max_connections or server.stopping:
             self.close(http2.ENHANCE_YOUR_CALM if not server.stopping else http2.NO_ERROR, "too many connections")
             return
         server.connections.add(self)

@@ -185,8 +185,7 @@ class Http2Connection(asyncio.Protocol):
         self.recv_window = CONNECTION_WINDOW
         self.recv_unacked = 0
         self.decoder = hpack.Decoder(max_header_list_size=_HPACK_LIST_CAP)
-        self._blocks: dict[bytes, tuple[int, list[tuple[bytes, bytes]]]] = {}
-        self._table_generation = 0
+        self._blocks: dict[bytes, list[tuple[bytes, bytes]]] = {}
         self.closed = False
         self.goaway_sent = False
         self.peer_goaway = False
@@ -200,7 +199,7 @@ class Http2Connection(asyncio.Protocol):
         self._reset_window_start = 0.0
         self._blocked: dict[int, Stream] = {}  # streams with DATA waiting for window
         self.write_paused = False
-        self.loop = asyncio.get_event_loop()
+        self.loop = asyncio.get_running_loop()
         self.last_active = self.loop.time()
 
     # ------------------------------------------------------------------ the layer above
@@ -562,22 +561,21 @@ class Http2Connection(asyncio.Protocol):
         A client sends the same block call after call once its headers are in the dynamic table
         (only indexed fields and literals the table does not keep): such a block decodes to the
         same list while the table is unchanged, so the list is kept (per connection, at most
-        ``_BLOCK_CACHE`` of them) and the table's generation tells when it is stale. Decoding
-        costs 10-20 µs in ``hpack``'s Python; a hit, a dict lookup."""
+        ``_BLOCK_CACHE`` of them) until the table changes. Decoding costs 10-20 µs in
+        ``hpack``'s Python; a hit, a dict lookup."""
         hit = self._blocks.get(block)
-        if hit is not None and hit[0] == self._table_generation:
-            return hit[1]
+        if hit is not None:
+            return hit
         table = self.decoder.header_table
         entries = table.dynamic_entries  # hpack's: a new tuple at the front on each insertion
         size, first, maxsize = len(entries), entries[0] if entries else None, table.maxsize
         headers: list[tuple[bytes, bytes]] = self.decoder.decode(block, raw=True)  # type: ignore[assignment]
         if len(entries) != size or (entries[0] if entries else None) is not first or table.maxsize != maxsize:
-            self._table_generation += 1  # the table changed: every list kept is stale
-            self._blocks.clear()
+            self._blocks.clear()  # the table changed: every list kept may be stale
         elif len(block) <= 1024:
             if len(self._blocks) >= _BLOCK_CACHE:
                 self._blocks.clear()
-            self._blocks[block] = (self._table_generation, headers)
+            self._blocks[block] = headers
         return headers
 
     # -------------------------------------------------------------------------- sending

@@ -212,6 +212,7 @@ class GrpcLimits:
     max_receive_message_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_send_message_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_concurrent_streams: int = DEFAULT_GRPC_MAX_CONCURRENT_STREAMS
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # the builtin server's; grpc core has none
     max_connection_idle_s: float = DEFAULT_GRPC_MAX_CONNECTION_IDLE_S  # 0: never closed for idleness
     keepalive_s: float = DEFAULT_GRPC_KEEPALIVE_S
     keepalive_timeout_s: float = DEFAULT_GRPC_KEEPALIVE_TIMEOUT_S

@@ -1,0 +1,49 @@
+"""gRPC floor on seqserve's builtin server: ``python bench/floors/grpc_builtin.py PORT [--host H]``.
+
+The servicer is :class:`bench.floors.grpc_stream.FloorServicer` (decode, echo, encode), served
+the way seqserve serves gRPC by default: ``seqserve.api.grpc_builtin.BuiltinGrpcServer`` (HTTP/2
+on the event loop) on uvloop, with its default limits, so the floor's CPU per step compares with
+seqserve's and with grpc.aio's floor (``grpc-stream``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+
+if __package__ in (None, ""):
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.floors import common
+
+
+async def serve(host: str, port: int) -> None:
+    from bench.floors.grpc_stream import FloorServicer
+    from seqserve._proto import grpc_service_pb2 as pb
+    from seqserve.api.grpc_builtin import BuiltinGrpcServer, Method, methods_of
+    from seqserve.api.limits import GrpcLimits
+
+    methods: dict[bytes, Method] = {}
+    methods_of(FloorServicer(), pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], methods, ())
+    server = BuiltinGrpcServer(methods, GrpcLimits())
+    await server.start(socket.create_server((host, port), backlog=1024))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(0.5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = common.parse_args("grpc_builtin.py", argv)
+    common.run_on_uvloop(serve(args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
