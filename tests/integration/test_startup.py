@@ -84,7 +84,7 @@ def test_busy_http_port_ends_startup(busy_port: int, http_server: str) -> None:
     _assert_one_line_failure(
         proc, f"cannot listen for HTTP on 127.0.0.1:{busy_port} (port {busy_port})", "address already in use"
     )
-    assert "gRPC listening" in proc.stderr  # gRPC started first, and was stopped
+    assert "gRPC (builtin) listening" in proc.stderr  # gRPC started first, and was stopped
 
 
 @pytest.mark.timeout(120)

@@ -346,6 +346,9 @@ class _Call(Stream):
         """End the call with a status (trailers, or a trailers-only reply)."""
         if not self.local_open:
             return
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
         task = self.task
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()

@@ -68,6 +68,10 @@ _BLOCK_CACHE = 64
 #: frames handled per loop turn before the rest waits for the next turn
 FRAMES_PER_TURN = 256
 
+#: the cache reads hpack's table (``header_table.dynamic_entries``, ``maxsize``: hpack 4.x);
+#: without them every block is decoded
+_CACHE_BLOCKS = all(hasattr(hpack.Decoder().header_table, a) for a in ("dynamic_entries", "maxsize"))
+
 _FRAME_HEADER = struct.Struct(">HBBBL")  # length (24 bits as 16 + 8), type, flags, stream id
 _U32 = struct.Struct(">L")
 _SETTING = struct.Struct(">HL")
@@ -566,6 +570,8 @@ class Http2Connection(asyncio.Protocol):
         hit = self._blocks.get(block)
         if hit is not None:
             return hit
+        if not _CACHE_BLOCKS:
+            return self.decoder.decode(block, raw=True)  # type: ignore[return-value]
         table = self.decoder.header_table
         entries = table.dynamic_entries  # hpack's: a new tuple at the front on each insertion
         size, first, maxsize = len(entries), entries[0] if entries else None, table.maxsize
