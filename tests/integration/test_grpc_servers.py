@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -79,7 +78,6 @@ def test_tensors_larger_than_the_windows(served: ServerProcess) -> None:
 async def test_unary_calls_and_streams_share_a_connection(served: ServerProcess) -> None:
     """Sequences on a stream and unary calls at once on one aio client (one HTTP/2 connection)."""
     client = grpcaio.InferenceServerClient(served.grpc_url)
-    replies: asyncio.Queue[grpcaio.InferResult] = asyncio.Queue()
     seqs = [new_int_id() for _ in range(4)]
 
     def step(seq: int, value: float, start: bool, end: bool) -> dict[str, object]:
@@ -110,9 +108,7 @@ async def test_unary_calls_and_streams_share_a_connection(served: ServerProcess)
         return out
 
     try:
-        streamed, *sums = await asyncio.wait_for(
-            asyncio.gather(stream(), *(unary(new_int_id()) for _ in range(4))), 30
-        )
+        streamed, *sums = await asyncio.wait_for(asyncio.gather(stream(), *(unary(new_int_id()) for _ in range(4))), 30)
     finally:
         await client.close()
     assert sums == [10.0] * 4
