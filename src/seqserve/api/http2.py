@@ -194,6 +194,7 @@ class Http2Connection(asyncio.Protocol):
         self.goaway_sent = False
         self.peer_goaway = False
         self._buf = bytearray()
+        self._out: list[bytes] = []  # written this turn of the loop (``write``)
         self._preface = False
         self.settings_seen = False
         self._continuation: tuple[int, int, bytearray] | None = None  # stream id, flags, block
@@ -267,14 +268,28 @@ class Http2Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def write(self, data: bytes) -> None:
-        if not self.closed:
-            self.transport.write(data)
+        """Queue ``data`` for the socket: what is written during one turn of the loop goes out in
+        one ``transport.write`` (one system call) at its end, so a batch's replies on a stream,
+        or the replies of unary calls answered together, cost one send, not one each."""
+        if self.closed:
+            return
+        out = self._out
+        out.append(data)
+        if len(out) == 1:
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        out = self._out
+        if out and not self.closed:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        out.clear()
 
     def close(self, code: int = NO_ERROR, message: str = "") -> None:
         """GOAWAY with ``code``, then close once what is written is sent."""
         if self.closed:
             return
         self.send_goaway(code, message)
+        self.flush()
         self.closed = True
         self.transport.close()
 
@@ -286,7 +301,7 @@ class Http2Connection(asyncio.Protocol):
         if not self.closed:
             self.goaway_sent = True
             debug = message.encode()[:256]
-            self.transport.write(frame(GOAWAY, 0, 0, _GOAWAY.pack(self.last_stream_id, code) + debug))
+            self.write(frame(GOAWAY, 0, 0, _GOAWAY.pack(self.last_stream_id, code) + debug))
 
     # -------------------------------------------------------------------------- reading
 
