@@ -20,7 +20,7 @@ import h2.events
 import h2.settings
 import pytest
 
-from seqserve.api import http2
+from seqserve.api import grpc_builtin, http2
 from seqserve.api.grpc_builtin import BuiltinGrpcServer, Method
 from seqserve.api.limits import GrpcLimits
 
@@ -391,8 +391,8 @@ async def test_rapid_reset_is_sent_away(served: Any, monkeypatch: pytest.MonkeyP
 
 
 async def test_a_flood_of_frames_does_not_hold_the_loop(served: Any) -> None:
-    """50,000 PINGs in one write: the server answers them in turns of FRAMES_PER_TURN, and a
-    call on another connection is answered meanwhile."""
+    """50,000 tiny frames in one write: the server takes them in turns of FRAMES_PER_TURN, and
+    a call on another connection is answered meanwhile."""
     _, _, port = served
     _, w = await asyncio.open_connection("127.0.0.1", port)
     w.write(http2.PREFACE + _SETTINGS + http2.frame(http2.PING, 0, 0, b"\0" * 8) * 50000)
@@ -401,6 +401,118 @@ async def test_a_flood_of_frames_does_not_hold_the_loop(served: Any) -> None:
     assert unframe(data) == [b"served"]
     w.close()
     other.close()
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        http2.frame(http2.SETTINGS, 0, 0) * 3000,
+        http2.frame(http2.PRIORITY, 0, 1, b"\0\0\0\0\x10") * 3000,
+        http2.frame(http2.SETTINGS, 0, 0, struct.pack(">HL", 4, 65535) * 33),
+        http2.frame(http2.HEADERS, http2.END_HEADERS, 1, b"\x00\x01a\x00" * 6000),  # one 24 KiB block
+        http2.frame(http2.HEADERS, http2.END_HEADERS, 1, b"\x82" * 200),  # 200 fields in 200 bytes
+    ],
+    ids=["settings", "priority", "settings-entries", "large-block", "many-fields"],
+)
+async def test_floods_are_sent_away(served: Any, frames: bytes) -> None:
+    _, _, port = served
+    assert _goaway_code(await _raw(port, http2.PREFACE + _SETTINGS + frames)) == http2.ENHANCE_YOUR_CALM
+
+
+def _call_frames(sid: int, method: str, body: bytes, *, end: bool = True) -> bytes:
+    block = (
+        b"\x83\x86"  # :method POST, :scheme http
+        + b"\x04" + bytes([len(SVC + method)]) + (SVC + method).encode()
+        + b"\x0f\x10" + bytes([16]) + b"application/grpc"
+    )  # fmt: skip
+    out = http2.frame(http2.HEADERS, http2.END_HEADERS, sid, block)
+    if body or end:
+        out += http2.frame(http2.DATA, http2.END_STREAM if end else 0, sid, body)
+    return out
+
+
+async def test_resets_the_client_provokes_count_as_resets(served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DATA after END_STREAM makes the server reset the stream (STREAM_CLOSED) and cancel its
+    handler: as costly as a reset by the client, and counted with them."""
+    _, _, port = served
+    monkeypatch.setattr(http2, "MAX_RESETS_PER_S", 5)
+    out = http2.PREFACE + _SETTINGS
+    for i in range(30):
+        sid = 2 * i + 1
+        out += _call_frames(sid, "slow", msg(b"")) + http2.frame(http2.DATA, 0, sid, b"x")
+    assert _goaway_code(await _raw(port, out)) == http2.ENHANCE_YOUR_CALM
+
+
+async def test_late_frames_on_a_stream_the_server_reset_are_ignored(served: Any) -> None:
+    """A message over the limit is answered at once and the stream reset; the client's frames
+    already on their way (its trailers here) must not end the connection."""
+    _, _, port = served
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(http2.PREFACE + _SETTINGS + _call_frames(1, "echo", struct.pack(">BI", 0, 10 << 20), end=False))
+    got = b""
+    while b"grpc-status" not in got:
+        got += await asyncio.wait_for(r.read(65536), 5)
+    w.write(http2.frame(http2.HEADERS, http2.END_HEADERS | http2.END_STREAM, 1, b"\x00\x01a\x01b"))
+    w.write(_call_frames(3, "echo", msg(b"after")))
+    while 3 not in _data_by_stream(got):
+        chunk = await asyncio.wait_for(r.read(65536), 5)
+        assert chunk, got
+        got += chunk
+    assert unframe(_data_by_stream(got)[3]) == [b"after"] and _goaway_code(got) is None
+    w.close()
+
+
+async def test_a_request_that_stops_arriving_ends(served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, port = served
+    monkeypatch.setattr(grpc_builtin, "STALL_S", 0.3)
+    c = await Client.open(port)
+    sid = c.conn.get_next_available_stream_id()
+    c.conn.send_headers(
+        sid,
+        [(":method", "POST"), (":scheme", "http"), (":path", SVC + "echo"), (":authority", "x"),
+         ("content-type", "application/grpc")],
+    )  # fmt: skip
+    c.conn.send_data(sid, struct.pack(">BI", 0, 100) + b"x" * 10)  # 10 of 100 bytes, then nothing
+    c.flush()
+    await c.pump(lambda evs: _ended(evs, sid))
+    trailers = reply_of(c.events, sid)[2]
+    assert trailers["grpc-status"] == "4" and "did not arrive" in trailers["grpc-message"]
+    c.close()
+
+
+async def test_many_small_messages_on_a_stream(served: Any) -> None:
+    """2,000 messages in one write: parsed a few at a time as the handler reads, all answered."""
+    _, _, port = served
+    c = await Client.open(port)
+    sid = c.conn.get_next_available_stream_id()
+    c.conn.send_headers(
+        sid,
+        [(":method", "POST"), (":scheme", "http"), (":path", SVC + "stream"), (":authority", "x"),
+         ("content-type", "application/grpc")],
+    )  # fmt: skip
+    c.conn.send_data(sid, b"".join(msg(str(i % 10).encode()) for i in range(2000)), end_stream=True)
+    c.flush()
+    await c.pump(lambda evs: _ended(evs, sid), timeout=20)
+    _, data, trailers = reply_of(c.events, sid)
+    assert trailers["grpc-status"] == "0" and unframe(data) == [str(i % 10).encode() for i in range(2000)]
+    c.close()
+
+
+async def test_large_compressed_messages_inflate_off_the_loop() -> None:
+    server = BuiltinGrpcServer(methods(Handlers()), GrpcLimits(max_receive_message_bytes=4 << 20))
+    sock = socket.create_server(("127.0.0.1", 0))
+    await server.start(sock)
+    try:
+        c = await Client.open(sock.getsockname()[1])
+        body = bytes(range(256)) * 4096  # 1 MiB: past what is inflated on the loop
+        _, data, trailers = await c.call("echo", msg(gzip.compress(body), 1), extra=[("grpc-encoding", "gzip")])
+        assert trailers["grpc-status"] == "0" and unframe(data) == [body]
+        truncated = gzip.compress(body)[:-100]
+        _, _, trailers = await c.call("echo", msg(truncated, 1), extra=[("grpc-encoding", "gzip")])
+        assert trailers["grpc-status"] == "13" and "truncated" in urllib.parse.unquote(trailers["grpc-message"])
+        c.close()
+    finally:
+        await server.stop(None)
 
 
 async def test_idle_connection_gets_goaway(monkeypatch: pytest.MonkeyPatch) -> None:

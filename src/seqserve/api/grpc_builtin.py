@@ -23,6 +23,7 @@ import asyncio
 import base64
 import binascii
 import collections
+import contextlib
 import logging
 import ssl
 import zlib
@@ -44,9 +45,16 @@ MAX_HEADER_LIST_BYTES = 16 << 10
 PREFACE_TIMEOUT_S = 10.0
 #: a connection whose client reads nothing of what it is sent for this long is closed
 WRITE_STALL_S = 120.0
-#: compressed messages larger than this are decompressed off the event loop
-_INLINE_DECOMPRESS_BYTES = 64 << 10
+#: a compressed message is inflated on the event loop up to this much output, then off it
+_INLINE_INFLATE_BYTES = 256 << 10
+#: messages of a stream parsed ahead of its handler's reads (the rest waits unparsed)
+_READ_AHEAD = 64
+#: a unary call whose request stops arriving for this long, or a reply the client's window
+#: holds back this long, ends (DEADLINE_EXCEEDED / RST_STREAM CANCEL)
+STALL_S = 10.0
 
+#: a status message's encoded length (grpc core's clients drop metadata over 8 KiB)
+_MAX_MESSAGE_BYTES = 6 << 10
 _EOF = grpc.aio.EOF
 _OK = grpc.StatusCode.OK.value[0]
 _REPLY_HEADERS = http2.STATUS_200 + literal(b"content-type", b"application/grpc")
@@ -87,6 +95,9 @@ def status_trailers(code: int, message: str, *, trailers_only: bool) -> bytes:
         raw = message.encode("utf-8", "replace")
         encoded = bytearray()
         for b in raw:
+            if len(encoded) > _MAX_MESSAGE_BYTES:  # grpc core's clients drop metadata over 8 KiB
+                encoded += b"..."
+                break
             if 0x20 <= b <= 0x7E and b != 0x25:
                 encoded.append(b)
             else:
@@ -120,6 +131,7 @@ class _Call(Stream):
         "deadline",
         "encoding",
         "headers_sent",
+        "held",
         "messages",
         "metadata",
         "method",
@@ -127,7 +139,6 @@ class _Call(Stream):
         "reader",
         "request",
         "task",
-        "withheld",
     )
 
     def __init__(self, conn: _GrpcConnection, stream_id: int, method: Method, metadata: tuple[Any, ...]) -> None:
@@ -139,7 +150,7 @@ class _Call(Stream):
         self.request: bytes | None = None  # a unary call's message
         self.compressed = False
         self.messages: collections.deque[tuple[bool, bytes]] | None = None  # a stream's, unread
-        self.withheld = 0  # window held back while messages wait unread
+        self.held = 0  # a stream's bytes received whose window is not given back yet
         self.reader: asyncio.Future[None] | None = None
         self.task: asyncio.Task[None] | None = None
         self.deadline: asyncio.TimerHandle | None = None
@@ -166,9 +177,10 @@ class _Call(Stream):
             self.reader = self.conn.loop.create_future()
             await self.reader
         compressed, message = messages.popleft()
-        if not messages and self.withheld:
-            withheld, self.withheld = self.withheld, 0
-            self.consumed(withheld)
+        if not messages:
+            if self.pending:
+                self._parse()
+            self._release()
         if compressed:
             message = await self._decompress(message)
         deserialize = self.method.deserialize
@@ -185,21 +197,36 @@ class _Call(Stream):
 
     def on_data(self, data: bytes) -> None:
         conn: _GrpcConnection = self.conn  # type: ignore[assignment]
-        if self.messages:  # the reader is behind: hold the window back until it catches up
-            self.withheld += len(data)
-        else:
-            self.consumed(len(data))
-        pending = self.pending
-        if pending is None:
+        if self.method.streaming:
+            # The window comes back as the handler reads (``_release``), and at most _READ_AHEAD
+            # messages are parsed ahead of it: a flood of tiny messages waits unparsed, and its
+            # client on its window.
+            self.held += len(data)
+            if self.pending is None:
+                self.pending = bytearray()
+            self.pending += data
+            self._parse()
+            self._release()
+            return
+        self.consumed(len(data))  # a unary call's one message: bounded by the message limit
+        if self.pending is None:
             if len(data) >= 5 and data[0] <= 1 and int.from_bytes(data[1:5], "big") == len(data) - 5:
                 if len(data) - 5 > conn.max_receive:
                     self._too_large(len(data) - 5)
                 else:
                     self._message(data[0] == 1, data[5:])  # one message in one frame: no copying
                 return
-            pending = self.pending = bytearray()
-        pending += data
-        while len(pending) >= 5:
+            self.pending = bytearray()
+        self.pending += data
+        self._parse()
+
+    def _parse(self) -> None:
+        """Take the complete messages out of ``pending`` (a stream's: up to _READ_AHEAD unread)."""
+        conn: _GrpcConnection = self.conn  # type: ignore[assignment]
+        pending = self.pending
+        assert pending is not None
+        messages = self.messages
+        while len(pending) >= 5 and (messages is None or len(messages) < _READ_AHEAD):
             size = int.from_bytes(pending[1:5], "big")
             if size > conn.max_receive:
                 self._too_large(size)
@@ -215,6 +242,13 @@ class _Call(Stream):
             self._message(flag == 1, message)
             if not self.local_open:
                 return
+
+    def _release(self) -> None:
+        """A stream's window back once its handler has read every parsed message: what is held
+        then is read, or an incomplete message, which must arrive whole anyway."""
+        if not self.messages and self.held:
+            held, self.held = self.held, 0
+            self.consumed(held)
 
     def _too_large(self, size: int) -> None:
         conn: _GrpcConnection = self.conn  # type: ignore[assignment]
@@ -282,7 +316,9 @@ class _Call(Stream):
         except _Aborted as e:
             self.finish(e.code, e.details)
         except asyncio.CancelledError:
-            pass  # reset by the client, past its deadline, or the server closing
+            # reset by the client, past its deadline, the server closing (the call has ended:
+            # finish does nothing), or cancelled from elsewhere: the client must hear of it
+            self.finish(grpc.StatusCode.CANCELLED, "the call was cancelled")
         except Exception as e:
             log.exception("gRPC %s failed", method.behaviour)
             self.finish(grpc.StatusCode.UNKNOWN, f"Unexpected error in RPC handler: {type(e).__name__}")
@@ -292,8 +328,8 @@ class _Call(Stream):
 
     async def _stream(self) -> None:
         method = self.method
+        replies = method.behaviour(self, self)
         try:
-            replies = method.behaviour(self, self)
             async for reply in replies:
                 if not self._send_message(reply, last=False):
                     await self._drained()
@@ -303,13 +339,15 @@ class _Call(Stream):
         except _Aborted as e:
             self.finish(e.code, e.details)
         except asyncio.CancelledError:
-            pass
+            self.finish(grpc.StatusCode.CANCELLED, "the call was cancelled")
         except Exception as e:
             log.exception("gRPC %s failed", method.behaviour)
             self.finish(grpc.StatusCode.UNKNOWN, f"Unexpected error in RPC handler: {type(e).__name__}")
         finally:
             if self.deadline is not None:
                 self.deadline.cancel()
+            with contextlib.suppress(BaseException):  # the handler's own cleanup, now, not at GC
+                await replies.aclose()
 
     def _send_message(self, reply: Any, *, last: bool) -> bool:
         """Send one reply message; ``last``: with the OK trailers. Returns whether it went out
@@ -337,10 +375,16 @@ class _Call(Stream):
             await self.drained
 
     async def _decompress(self, message: bytes) -> bytes:
+        """Inflate within the message limit: on the loop for the first _INLINE_INFLATE_BYTES of
+        output, the rest off it (zlib releases the GIL), whatever the compressed size."""
         conn: _GrpcConnection = self.conn  # type: ignore[assignment]
-        if len(message) > _INLINE_DECOMPRESS_BYTES:
-            return await offload(_inflate, message, self.encoding, conn.max_receive, background=True)
-        return _inflate(message, self.encoding, conn.max_receive)
+        limit = conn.max_receive
+        d = zlib.decompressobj(self.encoding)
+        head = _inflate_some(d, message, min(limit, _INLINE_INFLATE_BYTES) + 1)
+        if d.eof or len(head) > limit:
+            return _inflated(d, head, limit)
+        rest = await offload(_inflate_some, d, d.unconsumed_tail, limit + 1 - len(head), background=True)
+        return _inflated(d, head + rest, limit)
 
     def finish(self, code: grpc.StatusCode, details: str) -> None:
         """End the call with a status (trailers, or a trailers-only reply)."""
@@ -361,16 +405,20 @@ class _Call(Stream):
         self.finish(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
 
-def _inflate(message: bytes, wbits: int, limit: int) -> bytes:
-    d = zlib.decompressobj(wbits)
+def _inflate_some(d: Any, data: bytes, max_length: int) -> bytes:
     try:
-        out = d.decompress(message, limit + 1)
+        return d.decompress(data, max_length)  # type: ignore[no-any-return]
     except zlib.error as e:
         raise _Aborted(grpc.StatusCode.INTERNAL, f"the message did not decompress: {e}") from None
+
+
+def _inflated(d: Any, out: bytes, limit: int) -> bytes:
     if len(out) > limit:
         raise _Aborted(
             grpc.StatusCode.RESOURCE_EXHAUSTED, f"Received message larger than max (over {limit} decompressed)"
         )
+    if not d.eof:
+        raise _Aborted(grpc.StatusCode.INTERNAL, "the message did not decompress: it is truncated")
     return out
 
 
@@ -417,6 +465,19 @@ class _GrpcConnection(Http2Connection):
     def idle_changed(self) -> None:
         self.idle_since = self.loop.time()
 
+    def end_stalled(self, now: float) -> None:
+        """End the unary calls whose request stopped arriving STALL_S ago (DEADLINE_EXCEEDED),
+        and the calls whose reply the client's window has held back as long (RST_STREAM)."""
+        stalled = now - STALL_S
+        for s in list(self.streams.values()):
+            call: _Call = s  # type: ignore[assignment]
+            if call.progress > stalled:
+                continue
+            if call.outbox is not None:
+                self.reset(call, http2.CANCEL)
+            elif call.remote_open and not call.method.streaming:
+                call.finish(grpc.StatusCode.DEADLINE_EXCEEDED, f"the request did not arrive within {STALL_S:g} s")
+
     def expired(self, now: float, keepalive_timeout_s: float) -> bool:
         """No preface in time, a client that reads nothing, or a keepalive ping unanswered."""
         paused, ping = self.write_paused_since, self.ping_sent
@@ -451,7 +512,7 @@ class _GrpcConnection(Http2Connection):
                 key = name.decode("latin-1")
                 metadata.append((key, _metadata_value(key, value)))
         if not content_type.startswith(b"application/grpc"):
-            block = b"\x00" + literal(b":status", b"415")[1:]  # literal :status, not indexed
+            block = literal(b":status", b"415")
             self.write(http2.frame_header(http2.HEADERS, http2.END_HEADERS | http2.END_STREAM, stream_id, len(block)))
             self.write(block)
             if not end_stream:
@@ -459,6 +520,7 @@ class _GrpcConnection(Http2Connection):
             return None
         method = self.methods.get(path)
         call = _Call(self, stream_id, method or _UNKNOWN, tuple(metadata))
+        call.remote_open = not end_stream  # a refusal then needs no RST_STREAM
         self.idle_since = None
         if method is None:
             method_name = path[:200].decode("latin-1")
@@ -543,6 +605,12 @@ class BuiltinGrpcServer:
             for s in list(conn.streams.values()):
                 conn.reset(s, http2.CANCEL)
             conn.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 1.0
+        while self.connections and loop.time() < deadline:  # what is left to write goes out
+            await asyncio.sleep(0.02)
+        for conn in list(self.connections):  # a client that reads nothing
+            conn.abort()
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self._listener is not None:
@@ -562,7 +630,9 @@ class BuiltinGrpcServer:
                 continue
             if conn.expired(now, limits.keepalive_timeout_s):
                 conn.abort()
-            elif (
+                continue
+            conn.end_stalled(now)
+            if (
                 limits.max_connection_idle_s > 0
                 and conn.idle_since is not None
                 and not conn.streams

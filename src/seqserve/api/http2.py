@@ -55,16 +55,33 @@ MAX_FRAME_SIZE = 1 << 20
 #: each stream's receive window (advertised); the connection's is raised to CONNECTION_WINDOW
 STREAM_WINDOW = 1 << 20
 CONNECTION_WINDOW = 16 << 20
-#: a compressed header block (HEADERS and its CONTINUATIONs) larger than this ends the connection
-MAX_HEADER_BLOCK = 64 << 10
+#: a compressed header block (HEADERS and its CONTINUATIONs) larger than this, or with more
+#: than MAX_HEADER_FIELDS fields, ends the connection: hpack copies the rest of the block for
+#: every literal it decodes, so its cost grows with fields x bytes (16 ms for 16 KiB of empty
+#: literals); the two bounds keep one block under a millisecond
+MAX_HEADER_BLOCK = 20 << 10
+MAX_HEADER_FIELDS = 128
 #: hpack's own bound on a decoded header list, against decompression bombs; the stream's limit
 #: (``max_header_list_bytes``) is checked after decoding, so that the HPACK state stays in step
-_HPACK_LIST_CAP = 1 << 20
+_HPACK_LIST_CAP = 64 << 10
+#: frames that carry nothing a gRPC client needs to send often (SETTINGS, PRIORITY, empty DATA)
+#: a client may send per second, averaged over CONTROL_WINDOW_S, before it gets a GOAWAY
+#: (ENHANCE_YOUR_CALM); a SETTINGS frame that changes the initial window counts once more per
+#: 64 open streams (it is applied to each). PING and WINDOW_UPDATE are not counted: grpc core
+#: sends them as often as data flows (flow control, bandwidth probes), and each costs a few µs;
+#: a flood of them is bounded like any traffic (FRAMES_PER_TURN, reading paused while the
+#: client does not read the PING answers)
+MAX_CONTROL_FRAMES_PER_S = 1000
+CONTROL_WINDOW_S = 2.0
+#: entries in one SETTINGS frame (RFC 9113 defines 6; nghttp2 allows 32)
+MAX_SETTINGS_ENTRIES = 32
 #: streams a client may reset per second (averaged over RESET_WINDOW_S) before it is sent away
 MAX_RESETS_PER_S = 200
 RESET_WINDOW_S = 2.0
 #: decoded header blocks kept per connection (see ``Http2Connection._decode``)
 _BLOCK_CACHE = 64
+#: after a GOAWAY and close, the longest the socket waits for the client to read what is left
+CLOSE_TIMEOUT_S = 5.0
 #: frames handled per loop turn before the rest waits for the next turn
 FRAMES_PER_TURN = 256
 
@@ -131,6 +148,7 @@ class Stream:
         "id",
         "local_open",
         "outbox",
+        "progress",
         "recv_unacked",
         "recv_window",
         "remote_open",
@@ -145,8 +163,10 @@ class Stream:
         self.recv_unacked = 0  # bytes received and consumed whose window is not yet given back
         self.remote_open = True  # the client may still send
         self.local_open = True  # we may still send
-        self.outbox: list[tuple[bytes, int]] | None = None  # (DATA payload or header block, kind) waiting for window
+        # (DATA payload or header block, kind) waiting for window
+        self.outbox: list[tuple[bytes | memoryview, int]] | None = None
         self.drained: asyncio.Future[None] | None = None
+        self.progress = conn.loop.time()  # when its request or its reply last moved
 
     def on_data(self, data: bytes) -> None:
         raise NotImplementedError
@@ -200,8 +220,12 @@ class Http2Connection(asyncio.Protocol):
         self._continuation: tuple[int, int, bytearray] | None = None  # stream id, flags, block
         self._read_paused_by: set[str] = set()
         self._turn_handle: asyncio.Handle | None = None
+        self._abort_handle: asyncio.TimerHandle | None = None
         self._resets = 0
         self._reset_window_start = 0.0
+        self._controls = 0
+        self._control_start = 0.0
+        self._reset_by_us: dict[int, None] = {}  # recent stream ids we reset (their late frames are ignored)
         self._blocked: dict[int, Stream] = {}  # streams with DATA waiting for window
         self.write_paused = False
         self.loop = asyncio.get_running_loop()
@@ -237,8 +261,11 @@ class Http2Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._out.clear()
         if self._turn_handle is not None:
             self._turn_handle.cancel()
+        if self._abort_handle is not None:
+            self._abort_handle.cancel()
         streams, self.streams = self.streams, {}
         self._blocked.clear()
         for s in streams.values():
@@ -292,6 +319,9 @@ class Http2Connection(asyncio.Protocol):
         self.flush()
         self.closed = True
         self.transport.close()
+        # a client that reads nothing would keep the socket (and its streams) while the
+        # transport waits to flush: it gets CLOSE_TIMEOUT_S
+        self._abort_handle = self.loop.call_later(CLOSE_TIMEOUT_S, self.abort)
 
     def abort(self) -> None:
         if self.transport is not None:
@@ -355,6 +385,9 @@ class Http2Connection(asyncio.Protocol):
         except hpack.exceptions.HPACKError as e:
             log.debug("gRPC connection HPACK error: %s", e)
             self.close(COMPRESSION_ERROR, "header block not decodable")
+        except Exception:  # a bug: this connection ends, the server goes on
+            log.exception("gRPC connection failed")
+            self.close(INTERNAL_ERROR, "internal error")
 
     def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
         if self._continuation is not None and kind != CONTINUATION:
@@ -387,6 +420,7 @@ class Http2Connection(asyncio.Protocol):
                 raise ConnectionError_(PROTOCOL_ERROR, "PRIORITY on stream 0")
             if len(payload) != 5:
                 raise ConnectionError_(FRAME_SIZE_ERROR, "PRIORITY of other than 5 bytes")
+            self._control()
         elif kind == GOAWAY:
             if sid:
                 raise ConnectionError_(PROTOCOL_ERROR, "GOAWAY on a stream")
@@ -409,18 +443,17 @@ class Http2Connection(asyncio.Protocol):
             return
         if len(payload) % 6:
             raise ConnectionError_(FRAME_SIZE_ERROR, "SETTINGS of a length not a multiple of 6")
+        self._control()
+        if len(payload) > 6 * MAX_SETTINGS_ENTRIES:
+            raise ConnectionError_(ENHANCE_YOUR_CALM, f"SETTINGS of more than {MAX_SETTINGS_ENTRIES} entries")
         self.settings_seen = True
+        window = None
         for i in range(0, len(payload), 6):
             key, value = _SETTING.unpack_from(payload, i)
             if key == S_INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     raise ConnectionError_(FLOW_CONTROL_ERROR, "initial window size over 2^31-1")
-                delta = value - self.peer_initial_window
-                self.peer_initial_window = value
-                for s in self.streams.values():
-                    s.send_window += delta
-                    if s.send_window > MAX_WINDOW:
-                        raise ConnectionError_(FLOW_CONTROL_ERROR, "stream window over 2^31-1")
+                window = value  # the last one counts; applied once below
             elif key == S_MAX_FRAME_SIZE:
                 if not DEFAULT_FRAME_SIZE <= value <= 2**24 - 1:
                     raise ConnectionError_(PROTOCOL_ERROR, "max frame size out of range")
@@ -428,8 +461,18 @@ class Http2Connection(asyncio.Protocol):
             elif key == S_ENABLE_PUSH and value > 1:
                 raise ConnectionError_(PROTOCOL_ERROR, "enable push other than 0 or 1")
             # the header table size is moot (the encoder does not index); others are advisory
+        if window is not None and window != self.peer_initial_window:
+            self._control(1 + len(self.streams) // 64)
+            delta = window - self.peer_initial_window
+            self.peer_initial_window = window
+            for s in self.streams.values():
+                s.send_window += delta
+                if s.send_window > MAX_WINDOW:
+                    raise ConnectionError_(FLOW_CONTROL_ERROR, "stream window over 2^31-1")
+            for s in list(self.streams.values()):
+                if s.outbox is not None and s.send_window > 0 and self.send_window > 0:
+                    self._flush(s)
         self.write(frame(SETTINGS, ACK, 0))
-        self._flush_blocked()
 
     def _window_update(self, sid: int, payload: bytes) -> None:
         if len(payload) != 4:
@@ -468,17 +511,31 @@ class Http2Connection(asyncio.Protocol):
         s = self.streams.pop(sid, None)
         if s is None:
             return
-        now = self.loop.time()
-        if now - self._reset_window_start > RESET_WINDOW_S:
-            self._reset_window_start, self._resets = now, 0
-        self._resets += 1
         s.remote_open = s.local_open = False
         self._blocked.pop(sid, None)
         s.on_reset()
         _wake(s)
-        if self._resets > MAX_RESETS_PER_S * RESET_WINDOW_S:
+        if self._count_reset():
             raise ConnectionError_(ENHANCE_YOUR_CALM, "too many streams reset")
         self._after_close()
+
+    def _count_reset(self) -> bool:
+        """Count a stream reset (by the client, or by us for what the client did); True past the
+        limit. Each frees a stream slot while its handler's work may go on (rapid reset)."""
+        now = self.loop.time()
+        if now - self._reset_window_start > RESET_WINDOW_S:
+            self._reset_window_start, self._resets = now, 0
+        self._resets += 1
+        return self._resets > MAX_RESETS_PER_S * RESET_WINDOW_S
+
+    def _control(self, n: int = 1) -> None:
+        """Count ``n`` control frames against MAX_CONTROL_FRAMES_PER_S."""
+        now = self.loop.time()
+        if now - self._control_start > CONTROL_WINDOW_S:
+            self._control_start, self._controls = now, 0
+        self._controls += n
+        if self._controls > MAX_CONTROL_FRAMES_PER_S * CONTROL_WINDOW_S:
+            raise ConnectionError_(ENHANCE_YOUR_CALM, "too many control frames")
 
     def _data(self, flags: int, sid: int, payload: bytes) -> None:
         if not sid:
@@ -503,6 +560,7 @@ class Http2Connection(asyncio.Protocol):
             if s is not None:
                 self.reset(s, STREAM_CLOSED)
             return  # a stream reset or answered since: dropped
+        s.progress = self.loop.time()
         s.recv_window -= size
         if s.recv_window < 0:
             self.reset(s, FLOW_CONTROL_ERROR)
@@ -511,6 +569,8 @@ class Http2Connection(asyncio.Protocol):
             s.consumed(size - len(payload))  # padding: counted against the window, consumed now
         if payload:
             s.on_data(payload)
+        elif not flags & END_STREAM:
+            self._control()  # an empty DATA frame carries nothing
         if flags & END_STREAM and sid in self.streams:
             s.remote_open = False
             s.on_end()
@@ -526,9 +586,9 @@ class Http2Connection(asyncio.Protocol):
             if len(payload) < 5:
                 raise ConnectionError_(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
             payload = payload[5:]
+        if len(payload) > MAX_HEADER_BLOCK:
+            raise ConnectionError_(ENHANCE_YOUR_CALM, "header block too large")
         if not flags & END_HEADERS:
-            if len(payload) > MAX_HEADER_BLOCK:
-                raise ConnectionError_(ENHANCE_YOUR_CALM, "header block too large")
             self._continuation = (sid, flags, bytearray(payload))
             return
         self._header_block(sid, flags, payload)
@@ -546,6 +606,8 @@ class Http2Connection(asyncio.Protocol):
             self._header_block(sid, pending[1], bytes(block))
 
     def _header_block(self, sid: int, flags: int, block: bytes) -> None:
+        if block not in self._blocks and _field_count(block) > MAX_HEADER_FIELDS:
+            raise ConnectionError_(ENHANCE_YOUR_CALM, f"header block of more than {MAX_HEADER_FIELDS} fields")
         headers = self._decode(block)
         end_stream = bool(flags & END_STREAM)
         s = self.streams.get(sid)
@@ -561,6 +623,8 @@ class Http2Connection(asyncio.Protocol):
         if not sid & 1:
             raise ConnectionError_(PROTOCOL_ERROR, "HEADERS on an even stream id")
         if sid <= self.last_stream_id:
+            if sid in self._reset_by_us:  # frames in flight when we reset it: ignored (RFC 9113 5.1)
+                return
             raise ConnectionError_(STREAM_CLOSED, "HEADERS on a closed stream")
         self.last_stream_id = sid
         if self.goaway_sent or len(self.streams) >= self.max_concurrent_streams:
@@ -632,7 +696,7 @@ class Http2Connection(asyncio.Protocol):
         if not s.local_open:
             return True
         if s.outbox is not None:
-            s.outbox.append((data, DATA))
+            s.outbox.append((memoryview(data), DATA))
             return False
         n = len(data)
         if n <= s.send_window and n <= self.send_window and n <= self.peer_max_frame:
@@ -640,8 +704,7 @@ class Http2Connection(asyncio.Protocol):
             self.send_window -= n
             self.write(frame_header(DATA, 0, s.id, n) + data)
             return True
-        s.outbox = [(data, DATA)]
-        self._blocked[s.id] = s
+        s.outbox = [(memoryview(data), DATA)]  # sliced as it goes, without copying the rest
         self._flush(s)
         return s.outbox is None
 
@@ -683,9 +746,12 @@ class Http2Connection(asyncio.Protocol):
         self._local_end(s)
 
     def _flush(self, s: Stream) -> None:
+        """Send what the windows allow of a stream's outbox. A stream left waiting on the
+        connection's window is kept in ``_blocked`` (a connection WINDOW_UPDATE flushes those
+        only); one waiting on its own window is flushed by its own WINDOW_UPDATE."""
         outbox = s.outbox
         assert outbox is not None
-        out = []
+        out: list[bytes | memoryview] = []
         while outbox:
             item, kind = outbox[0]
             if kind == DATA:
@@ -702,16 +768,21 @@ class Http2Connection(asyncio.Protocol):
                     continue
             else:
                 end_stream = bool(kind >> 8)
-                out.append(self._header_frames(s.id, item, end_stream))
+                out.append(self._header_frames(s.id, bytes(item), end_stream))
             outbox.pop(0)
         if out:
             self.write(b"".join(out))
+            s.progress = self.loop.time()
         if not outbox:
             s.outbox = None
             self._blocked.pop(s.id, None)
             if not s.local_open:
                 self._local_end(s)
             _wake(s)
+        elif s.send_window <= 0:
+            self._blocked.pop(s.id, None)
+        else:
+            self._blocked[s.id] = s
 
     def _flush_blocked(self) -> None:
         for s in list(self._blocked.values()):
@@ -728,9 +799,16 @@ class Http2Connection(asyncio.Protocol):
         s.local_open = s.remote_open = False
         s.outbox = None
         self.write(frame(RST_STREAM, 0, s.id, _U32.pack(code)))
+        reset_by_us = self._reset_by_us
+        reset_by_us[s.id] = None
+        if len(reset_by_us) > 256:
+            del reset_by_us[next(iter(reset_by_us))]
         if was_open:
             s.on_reset()
         _wake(s)
+        if self._count_reset() and not self.closed:
+            self.close(ENHANCE_YOUR_CALM, "too many streams reset")
+            return
         self._after_close()
 
     def _local_end(self, s: Stream) -> None:
@@ -752,6 +830,59 @@ class Http2Connection(asyncio.Protocol):
                 self.close()
             else:
                 self.idle_changed()
+
+
+def _field_count(block: bytes) -> int:
+    """How many header fields an HPACK block holds, counted without decoding (RFC 7541 6): the
+    representations are walked and string literals skipped by their lengths. A malformed block
+    counts as what was walked; hpack refuses it after."""
+    i, n, fields = 0, len(block), 0
+    while i < n and fields <= MAX_HEADER_FIELDS:
+        b = block[i]
+        if b & 0x80:  # indexed field
+            i = _skip_int(block, i, 7)
+            fields += 1
+            continue
+        if b & 0xE0 == 0x20:  # dynamic table size update
+            i = _skip_int(block, i, 5)
+            continue
+        prefix = 6 if b & 0x40 else 4  # literal with incremental indexing, or without / never
+        new_name = b & ((1 << prefix) - 1) == 0
+        i = _skip_int(block, i, prefix)
+        if new_name:
+            i = _skip_string(block, i)
+        i = _skip_string(block, i)
+        fields += 1
+    return fields
+
+
+def _int_at(block: bytes, i: int, prefix: int) -> tuple[int, int]:
+    """An HPACK integer at ``i``: (value, index after it); at most 5 continuation bytes."""
+    limit = (1 << prefix) - 1
+    value = block[i] & limit
+    i += 1
+    if value < limit:
+        return value, i
+    shift = 0
+    while i < len(block) and shift <= 28:
+        b = block[i]
+        i += 1
+        value += (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            break
+    return value, i
+
+
+def _skip_int(block: bytes, i: int, prefix: int) -> int:
+    return _int_at(block, i, prefix)[1]
+
+
+def _skip_string(block: bytes, i: int) -> int:
+    if i >= len(block):
+        return i
+    length, i = _int_at(block, i, 7)
+    return i + length
 
 
 def _unpad(payload: bytes) -> bytes:
