@@ -219,6 +219,16 @@ async def test_unknown_method_and_content_type(served: Any) -> None:
     c.flush()
     await c.pump(lambda evs: _ended(evs, sid))
     assert reply_of(c.events, sid)[0][":status"] == "415"
+    sid = c.conn.get_next_available_stream_id()
+    c.conn.send_headers(
+        sid,
+        [(":method", "GET"), (":scheme", "http"), (":path", SVC + "echo"), (":authority", "x"),
+         ("content-type", "application/grpc")],
+        end_stream=True,
+    )  # fmt: skip
+    c.flush()
+    await c.pump(lambda evs: _ended(evs, sid))
+    assert reply_of(c.events, sid)[0][":status"] == "405"
     c.close()
 
 

@@ -369,7 +369,13 @@ async def _start_grpc(server: Server, opts: ServeOptions, streams: StreamDrain |
             kind=kind,
             sock=sock,
         )
+    except ssl.SSLError as e:  # the files were checked at startup (security.check_tls); changed since
+        if sock is not None:
+            sock.close()
+        raise StartupError(f"cannot use the gRPC TLS certificate or key: {e}") from None
     except (RuntimeError, OSError):
+        if sock is not None:
+            sock.close()
         raise StartupError(f"cannot listen for gRPC on {host}:{port} (port {port})") from None
 
 

@@ -492,6 +492,7 @@ class _GrpcConnection(Http2Connection):
 
     def open_stream(self, stream_id: int, headers: list[tuple[bytes, bytes]], end_stream: bool) -> Stream | None:
         path = b""
+        http_method = b""
         content_type = b""
         timeout = encoding = None
         metadata: list[tuple[str, str | bytes]] = []
@@ -501,6 +502,8 @@ class _GrpcConnection(Http2Connection):
             if name[:1] == b":":
                 if name == b":path":
                     path = value
+                elif name == b":method":
+                    http_method = value
             elif name in _NOT_METADATA:
                 if name == b"content-type":
                     content_type = value
@@ -511,8 +514,8 @@ class _GrpcConnection(Http2Connection):
             else:
                 key = name.decode("latin-1")
                 metadata.append((key, _metadata_value(key, value)))
-        if not content_type.startswith(b"application/grpc"):
-            block = literal(b":status", b"415")
+        if http_method != b"POST" or not content_type.startswith(b"application/grpc"):
+            block = literal(b":status", b"405" if http_method != b"POST" else b"415")
             self.write(http2.frame_header(http2.HEADERS, http2.END_HEADERS | http2.END_STREAM, stream_id, len(block)))
             self.write(block)
             if not end_stream:

@@ -477,6 +477,7 @@ def builtin_tls(tls: TlsFiles, alpn: str = "http/1.1") -> ssl.SSLContext:
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(tls.cert, tls.key)
     ctx.set_alpn_protocols([alpn])
+    ctx.options |= ssl.OP_NO_RENEGOTIATION  # TLS 1.2 renegotiation: CPU for the client's asking
     if tls.client_ca is not None:
         ctx.load_verify_locations(tls.client_ca)
         ctx.verify_mode = ssl.CERT_REQUIRED
