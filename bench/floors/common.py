@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,15 @@ def result_of(coro: Any) -> Any:
         return done.value
     coro.close()
     raise RuntimeError("the floor's rpc suspended")
+
+
+def stop_on_signal() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM: the floors' servers run until it is."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
 
 
 async def serve_protocol(factory: Callable[[], asyncio.Protocol], host: str, port: int) -> None:

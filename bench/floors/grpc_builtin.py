@@ -8,8 +8,6 @@ seqserve's and with grpc.aio's floor (``grpc-stream``).
 
 from __future__ import annotations
 
-import asyncio
-import signal
 import socket
 import sys
 
@@ -31,10 +29,7 @@ async def serve(host: str, port: int) -> None:
     methods_of(FloorServicer(), pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], methods, ())
     server = BuiltinGrpcServer(methods, GrpcLimits())
     await server.start(socket.create_server((host, port), backlog=1024))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = common.stop_on_signal()
     await stop.wait()
     await server.stop(0.5)
 

@@ -9,8 +9,6 @@ request's id; readiness and metadata calls answer as a server holding any model 
 
 from __future__ import annotations
 
-import asyncio
-import signal
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -87,10 +85,7 @@ async def serve(host: str, port: int) -> None:
     if server.add_insecure_port(f"{host}:{port}") == 0:
         raise SystemExit(f"floor: cannot bind {host}:{port}")
     await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = common.stop_on_signal()
     await stop.wait()
     await server.stop(0.5)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 
 if __package__ in (None, ""):
@@ -29,10 +28,7 @@ async def serve(host: str, port: int) -> None:
     logging.getLogger("_granian").setLevel(logging.WARNING)
     server = GranianServer(app, address=host, port=port, interface=Interfaces.ASGINL, log_enabled=False)
     task = asyncio.create_task(server.serve())
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = common.stop_on_signal()
     await stop.wait()
     server.stop()
     try:

@@ -3,8 +3,6 @@ The app is :mod:`bench.floors.asgi_app`; hypercorn is configured as seqserve con
 
 from __future__ import annotations
 
-import asyncio
-import signal
 import sys
 
 if __package__ in (None, ""):
@@ -27,10 +25,7 @@ async def serve(host: str, port: int) -> None:
     cfg.loglevel = "WARNING"
     cfg.keep_alive_timeout = 75
     cfg.graceful_timeout = 0.5
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = common.stop_on_signal()
     await hypercorn_serve(app, cfg, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
 

@@ -105,15 +105,7 @@ class Client:
 
     def request(self, method: str, body: bytes | None, *, extra: list[tuple[str, str]] | None = None) -> int:
         sid = self.conn.get_next_available_stream_id()
-        headers = [
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", SVC + method),
-            (":authority", "x"),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-            *(extra or []),
-        ]
+        headers = [*_headers(method), ("te", "trailers"), *(extra or [])]
         self.conn.send_headers(sid, headers, end_stream=body is None)
         if body is not None:
             self.conn.send_data(sid, body, end_stream=True)
@@ -143,6 +135,13 @@ class Client:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def _headers(method: str, *, http_method: str = "POST", content_type: str = "application/grpc") -> list[Any]:
+    return [
+        (":method", http_method), (":scheme", "http"), (":path", SVC + method), (":authority", "x"),
+        ("content-type", content_type),
+    ]  # fmt: skip
 
 
 def _ended(events: list[Any], sid: int) -> bool:
@@ -210,22 +209,12 @@ async def test_unknown_method_and_content_type(served: Any) -> None:
     _, _, trailers = await c.call("nope", msg(b""))
     assert trailers["grpc-status"] == "12" and "Method not found" in trailers["grpc-message"]
     sid = c.conn.get_next_available_stream_id()
-    c.conn.send_headers(
-        sid,
-        [(":method", "POST"), (":scheme", "http"), (":path", SVC + "echo"), (":authority", "x"),
-         ("content-type", "text/plain")],
-        end_stream=True,
-    )  # fmt: skip
+    c.conn.send_headers(sid, _headers("echo", content_type="text/plain"), end_stream=True)
     c.flush()
     await c.pump(lambda evs: _ended(evs, sid))
     assert reply_of(c.events, sid)[0][":status"] == "415"
     sid = c.conn.get_next_available_stream_id()
-    c.conn.send_headers(
-        sid,
-        [(":method", "GET"), (":scheme", "http"), (":path", SVC + "echo"), (":authority", "x"),
-         ("content-type", "application/grpc")],
-        end_stream=True,
-    )  # fmt: skip
+    c.conn.send_headers(sid, _headers("echo", http_method="GET"), end_stream=True)
     c.flush()
     await c.pump(lambda evs: _ended(evs, sid))
     assert reply_of(c.events, sid)[0][":status"] == "405"
@@ -247,11 +236,7 @@ async def test_message_over_limit_is_refused_before_it_is_read(served: Any) -> N
     _, _, port = served
     c = await Client.open(port)
     sid = c.conn.get_next_available_stream_id()
-    c.conn.send_headers(
-        sid,
-        [(":method", "POST"), (":scheme", "http"), (":path", SVC + "echo"), (":authority", "x"),
-         ("content-type", "application/grpc")],
-    )  # fmt: skip
+    c.conn.send_headers(sid, _headers("echo"))
     c.conn.send_data(sid, struct.pack(">BI", 0, 10 << 20) + b"x" * 100)  # claims 10 MiB, sends 100 B
     c.flush()
     await c.pump(lambda evs: _ended(evs, sid))
@@ -327,11 +312,7 @@ async def test_bidirectional_stream(served: Any) -> None:
     await c.pump(lambda evs: _ended(evs, sid))
     assert reply_of(c.events, sid)[2]["grpc-status"] == "0"
     sid = c.conn.get_next_available_stream_id()
-    c.conn.send_headers(
-        sid,
-        [(":method", "POST"), (":scheme", "http"), (":path", SVC + "stream"), (":authority", "x"),
-         ("content-type", "application/grpc")],
-    )  # fmt: skip
+    c.conn.send_headers(sid, _headers("stream"))
     c.conn.send_data(sid, msg(b"a") + msg(b"b"))
     c.flush()
     await c.pump(lambda evs: len(unframe(reply_of(evs, sid)[1])) == 2)
@@ -477,11 +458,7 @@ async def test_a_request_that_stops_arriving_ends(served: Any, monkeypatch: pyte
     monkeypatch.setattr(grpc_builtin, "STALL_S", 0.3)
     c = await Client.open(port)
     sid = c.conn.get_next_available_stream_id()
-    c.conn.send_headers(
-        sid,
-        [(":method", "POST"), (":scheme", "http"), (":path", SVC + "echo"), (":authority", "x"),
-         ("content-type", "application/grpc")],
-    )  # fmt: skip
+    c.conn.send_headers(sid, _headers("echo"))
     c.conn.send_data(sid, struct.pack(">BI", 0, 100) + b"x" * 10)  # 10 of 100 bytes, then nothing
     c.flush()
     await c.pump(lambda evs: _ended(evs, sid))
@@ -495,11 +472,7 @@ async def test_many_small_messages_on_a_stream(served: Any) -> None:
     _, _, port = served
     c = await Client.open(port)
     sid = c.conn.get_next_available_stream_id()
-    c.conn.send_headers(
-        sid,
-        [(":method", "POST"), (":scheme", "http"), (":path", SVC + "stream"), (":authority", "x"),
-         ("content-type", "application/grpc")],
-    )  # fmt: skip
+    c.conn.send_headers(sid, _headers("stream"))
     c.conn.send_data(sid, b"".join(msg(str(i % 10).encode()) for i in range(2000)), end_stream=True)
     c.flush()
     await c.pump(lambda evs: _ended(evs, sid), timeout=20)

@@ -313,15 +313,8 @@ class _Call(Stream):
                 request = method.deserialize(request)
             reply = await method.behaviour(request, self)
             self._send_message(reply, last=True)
-        except _Aborted as e:
-            self.finish(e.code, e.details)
-        except asyncio.CancelledError:
-            # reset by the client, past its deadline, the server closing (the call has ended:
-            # finish does nothing), or cancelled from elsewhere: the client must hear of it
-            self.finish(grpc.StatusCode.CANCELLED, "the call was cancelled")
-        except Exception as e:
-            log.exception("gRPC %s failed", method.behaviour)
-            self.finish(grpc.StatusCode.UNKNOWN, f"Unexpected error in RPC handler: {type(e).__name__}")
+        except (Exception, asyncio.CancelledError) as e:
+            self._end_by(e)
         finally:
             if self.deadline is not None:
                 self.deadline.cancel()
@@ -336,18 +329,25 @@ class _Call(Stream):
                 if not self.local_open:
                     break
             self.finish(grpc.StatusCode.OK, "")
-        except _Aborted as e:
-            self.finish(e.code, e.details)
-        except asyncio.CancelledError:
-            self.finish(grpc.StatusCode.CANCELLED, "the call was cancelled")
-        except Exception as e:
-            log.exception("gRPC %s failed", method.behaviour)
-            self.finish(grpc.StatusCode.UNKNOWN, f"Unexpected error in RPC handler: {type(e).__name__}")
+        except (Exception, asyncio.CancelledError) as e:
+            self._end_by(e)
         finally:
             if self.deadline is not None:
                 self.deadline.cancel()
             with contextlib.suppress(BaseException):  # the handler's own cleanup, now, not at GC
                 await replies.aclose()
+
+    def _end_by(self, e: BaseException) -> None:
+        """End the call for what its handler raised (inside its ``except``)."""
+        if isinstance(e, _Aborted):
+            self.finish(e.code, e.details)
+        elif isinstance(e, asyncio.CancelledError):
+            # reset by the client, past its deadline, the server closing (the call has ended:
+            # finish does nothing), or cancelled from elsewhere: the client must hear of it
+            self.finish(grpc.StatusCode.CANCELLED, "the call was cancelled")
+        else:
+            log.exception("gRPC %s failed", self.method.behaviour)
+            self.finish(grpc.StatusCode.UNKNOWN, f"Unexpected error in RPC handler: {type(e).__name__}")
 
     def _send_message(self, reply: Any, *, last: bool) -> bool:
         """Send one reply message; ``last``: with the OK trailers. Returns whether it went out
