@@ -434,6 +434,24 @@ async def test_resets_the_client_provokes_count_as_resets(served: Any, monkeypat
     assert _goaway_code(await _raw(port, out)) == http2.ENHANCE_YOUR_CALM
 
 
+async def test_early_replies_are_not_resets(served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls the server answers before their client has sent everything (a message over the
+    limit) end with RST_STREAM NO_ERROR: the calls are over, so these do not count as resets."""
+    _, _, port = served
+    monkeypatch.setattr(http2, "MAX_RESETS_PER_S", 5)
+    c = await Client.open(port)
+    for _ in range(30):
+        sid = c.conn.get_next_available_stream_id()
+        c.conn.send_headers(sid, _headers("echo"))
+        c.conn.send_data(sid, struct.pack(">BI", 0, 10 << 20))
+        c.flush()
+        await c.pump(lambda evs, sid=sid: _ended(evs, sid))
+        assert reply_of(c.events, sid)[2]["grpc-status"] == "8"
+    _, data, _ = await c.call("echo", msg(b"still here"))
+    assert unframe(data) == [b"still here"]
+    c.close()
+
+
 async def test_late_frames_on_a_stream_the_server_reset_are_ignored(served: Any) -> None:
     """A message over the limit is answered at once and the stream reset; the client's frames
     already on their way (its trailers here) must not end the connection."""

@@ -806,7 +806,9 @@ class Http2Connection(asyncio.Protocol):
         if was_open:
             s.on_reset()
         _wake(s)
-        if self._count_reset() and not self.closed:
+        # counted when the client caused it (an error code), not for our own early replies
+        # (NO_ERROR: the call is over) nor while the connection is going away
+        if code != NO_ERROR and not self.goaway_sent and self._count_reset() and not self.closed:
             self.close(ENHANCE_YOUR_CALM, "too many streams reset")
             return
         self._after_close()
