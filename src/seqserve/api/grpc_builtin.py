@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf import message_factory
 
-from seqserve.api import http2
+from seqserve.api import grpc_codec, http2
 from seqserve.api.http2 import Http2Connection, Stream, literal
 from seqserve.api.limits import GrpcLimits, offload
 
@@ -214,7 +215,7 @@ class _Call(Stream):
                 if len(data) - 5 > conn.max_receive:
                     self._too_large(len(data) - 5)
                 else:
-                    self._message(data[0] == 1, data[5:])  # one message in one frame: no copying
+                    self._message(data[0] == 1, data[5:])  # one message in one frame: one copy, no buffer
                 return
             self.pending = bytearray()
         self.pending += data
@@ -556,7 +557,6 @@ class _GrpcConnection(Http2Connection):
     def _refuse(self, call: _Call, code: grpc.StatusCode, message: str) -> None:
         self.streams[call.id] = call
         call.finish(code, message)
-        return None
 
 
 _UNKNOWN = Method(behaviour=lambda *_: None, streaming=False, deserialize=None, serialize=None)
@@ -652,10 +652,6 @@ class BuiltinGrpcServer:
 def methods_of(servicer: Any, service: Any, methods: dict[bytes, Method], raw: Iterable[str]) -> None:
     """Add ``servicer``'s rpcs of ``service`` (a ServiceDescriptor) to ``methods``; ``raw``: the
     rpcs that take and return bytes."""
-    from google.protobuf import message_factory
-
-    from seqserve.api import grpc_codec
-
     raw = set(raw)
     for m in service.methods:
         if m.name in raw:

@@ -606,8 +606,6 @@ class Http2Connection(asyncio.Protocol):
             self._header_block(sid, pending[1], bytes(block))
 
     def _header_block(self, sid: int, flags: int, block: bytes) -> None:
-        if block not in self._blocks and _field_count(block) > MAX_HEADER_FIELDS:
-            raise ConnectionError_(ENHANCE_YOUR_CALM, f"header block of more than {MAX_HEADER_FIELDS} fields")
         headers = self._decode(block)
         end_stream = bool(flags & END_STREAM)
         s = self.streams.get(sid)
@@ -649,6 +647,8 @@ class Http2Connection(asyncio.Protocol):
         hit = self._blocks.get(block)
         if hit is not None:
             return hit
+        if _field_count(block) > MAX_HEADER_FIELDS:
+            raise ConnectionError_(ENHANCE_YOUR_CALM, f"header block of more than {MAX_HEADER_FIELDS} fields")
         if not _CACHE_BLOCKS:
             return self.decoder.decode(block, raw=True)  # type: ignore[return-value]
         table = self.decoder.header_table
@@ -702,7 +702,8 @@ class Http2Connection(asyncio.Protocol):
         if n <= s.send_window and n <= self.send_window and n <= self.peer_max_frame:
             s.send_window -= n
             self.send_window -= n
-            self.write(frame_header(DATA, 0, s.id, n) + data)
+            self.write(frame_header(DATA, 0, s.id, n))
+            self.write(data)  # joined with the header once, when the turn's writes go out
             return True
         s.outbox = [(memoryview(data), DATA)]  # sliced as it goes, without copying the rest
         self._flush(s)
@@ -759,8 +760,7 @@ class Http2Connection(asyncio.Protocol):
                 if room <= 0 and item:
                     break
                 chunk_size = min(room, self.peer_max_frame, len(item))
-                chunk = item[:chunk_size]
-                out.append(frame_header(DATA, 0, s.id, chunk_size) + chunk)
+                out += (frame_header(DATA, 0, s.id, chunk_size), item[:chunk_size])
                 s.send_window -= chunk_size
                 self.send_window -= chunk_size
                 if chunk_size < len(item):
