@@ -58,7 +58,7 @@ def test_closed_loop_all_transports(tmp_path: Path) -> None:
         assert len(cdf) == 105 and cdf == sorted(cdf) and cdf[50] == pytest.approx(r["p50_ms"], rel=0.05)
     assert png.stat().st_size > 1000
     again = tmp_path / "again.png"
-    run("bench.report", str(out), "--plot", str(again))
+    run("bench.loadgen.report", str(out), "--plot", str(again))
     assert again.stat().st_size > 1000
 
 
@@ -70,7 +70,7 @@ def test_replot_needs_the_cdf(tmp_path: Path) -> None:
     old.write_text(json.dumps(doc))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.report", str(old), "--plot", str(tmp_path / "x.png")],
+        [sys.executable, "-m", "bench.loadgen.report", str(old), "--plot", str(tmp_path / "x.png")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode != 0 and "have no latency CDF" in proc.stderr
@@ -171,7 +171,7 @@ def test_plot_needs_matplotlib_message(tmp_path: Path) -> None:
 def test_engine_bench(tmp_path: Path) -> None:
     out = tmp_path / "engine.json"
     run(
-        "bench.engine_bench", "--mbs", "8", "--depth", "1", "--sequences", "8", "--steps", "20", "--reps", "1",
+        "bench.studies.engine", "--mbs", "8", "--depth", "1", "--sequences", "8", "--steps", "20", "--reps", "1",
         "--no-breakdown", "--json", str(out),
     )  # fmt: skip
     doc = json.loads(out.read_text())
@@ -181,7 +181,7 @@ def test_engine_bench(tmp_path: Path) -> None:
 def test_engine_scale(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     run(
-        "bench.engine_scale", "--sections", "split,live,reap", "--split-steps", "200", "--reps", "1",
+        "bench.studies.engine_scale", "--sections", "split,live,reap", "--split-steps", "200", "--reps", "1",
         "--counts", "300", "--reap-counts", "300", "--seconds", "0.4", "--alternations", "1", "--idle-window", "0.3",
         "--handoffs", "10", "--expiring", "50", "--json", str(out),
     )  # fmt: skip
@@ -207,7 +207,7 @@ def test_shared_stream_completion_order(tmp_path: Path) -> None:
 
 
 def test_operate_bench() -> None:
-    out = run("bench.operate_bench", "--reps", "2", "--live", "2000").stdout
+    out = run("bench.studies.operate", "--reps", "2", "--live", "2000").stdout
     assert "scrape: 5 model versions" in out
     assert "listing: 2000 live sequences" in out
     assert "2000 ended sessions remembered" in out

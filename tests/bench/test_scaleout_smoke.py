@@ -1,4 +1,4 @@
-"""Smoke test of bench/scaleout_bench.py: one replica behind HAProxy with the Redis store for a
+"""Smoke test of bench/scaleout/run.py: one replica behind HAProxy with the Redis store for a
 second, and the rolling-restart report's shape, so that CI catches a broken bench. Needs
 redis-server and haproxy (skips without them, fails under CI=true like test_scaleout.py)."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cluster import missing_tools
+from bench.scaleout.cluster import missing_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ def test_scaleout_bench_runs(tmp_path: Path) -> None:
         pytest.skip(why)
     out_file = tmp_path / "scaleout.txt"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.scaleout_bench", "--replicas", "1", "--sessions", "4", "--steps", "10",
+        [sys.executable, "-m", "bench.scaleout", "--replicas", "1", "--sessions", "4", "--steps", "10",
          "--duration", "1", "--warmup", "0.3", "--no-restart", "--out", str(out_file)],
         cwd=ROOT, capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The side-by-side bench (``python -m bench.side_by_side``, issue 14) and ``--model-stats``.
+"""The side-by-side bench (``python -m bench.vs_triton``, issue 14) and ``--model-stats``.
 
 The mode runs here briefly against seqserve alone; against the real Triton only where the
 development environment's anchor (../shared/anchors/triton) is installed, otherwise that test
@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from bench import sbs_report
-from bench.model_stats import parse, per_step, window
-from bench.side_by_side import instances_option, plan
-from bench.triton_anchor import anchor_problem, default_script
-from bench.triton_repo import RepoProblem, instance_count, read_config, repo_with_instances, with_instances
+from bench.loadgen.model_stats import parse, per_step, window
+from bench.vs_triton import sbs_report
+from bench.vs_triton.anchor import anchor_problem, default_script
+from bench.vs_triton.repo import RepoProblem, instance_count, read_config, repo_with_instances, with_instances
+from bench.vs_triton.side_by_side import instances_option, plan
 from seqserve._proto import model_config_pb2 as mc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +130,7 @@ def test_side_by_side_seqserve_alone(tmp_path: Path) -> None:
 def test_side_by_side_paced(tmp_path: Path) -> None:
     """--mode paced: every sequence sends a step every --period-ms, whatever the server does."""
     out = tmp_path / "paced.json"
-    proc = ok(bench("bench.side_by_side", "--no-triton", "--rounds", "1", "--transports", "grpc-stream",
+    proc = ok(bench("bench.vs_triton", "--no-triton", "--rounds", "1", "--transports", "grpc-stream",
                     "--mode", "paced", "--period-ms", "10", "--json", str(out), "--quiet", *SHORT))  # fmt: skip
     doc = json.loads(out.read_text())
     (r,) = doc["runs"]
@@ -142,7 +142,7 @@ def test_side_by_side_paced(tmp_path: Path) -> None:
 
 
 def test_missing_anchor_fails_clearly(tmp_path: Path) -> None:
-    proc = bench("bench.side_by_side", "--triton-script", str(tmp_path / "nope.sh"), *SHORT)
+    proc = bench("bench.vs_triton", "--triton-script", str(tmp_path / "nope.sh"), *SHORT)
     assert proc.returncode == 2 and "no Triton anchor at" in proc.stderr
 
 
@@ -247,7 +247,7 @@ def test_triton_that_does_not_start_is_stopped(tmp_path: Path) -> None:
     By default it hands the script a temporary copy of the repository in which accum_py has as many
     instances as seqserve's accumulator (2), and removes it."""
     script, env = _fake_anchor(tmp_path)
-    proc = bench("bench.side_by_side", "--triton-script", str(script), *SHORT, env=env)
+    proc = bench("bench.vs_triton", "--triton-script", str(script), *SHORT, env=env)
     assert proc.returncode == 2, proc.stderr
     assert "Triton did not start" in proc.stderr and "triton did not become ready" in proc.stderr
     assert "model failed to load" in proc.stderr  # the log's tail
@@ -262,7 +262,7 @@ def test_triton_that_does_not_start_is_stopped(tmp_path: Path) -> None:
 
 def test_triton_instances_1_keeps_the_anchor_config(tmp_path: Path) -> None:
     script, env = _fake_anchor(tmp_path)
-    proc = bench("bench.side_by_side", "--triton-script", str(script), "--triton-instances", "1", *SHORT, env=env)
+    proc = bench("bench.vs_triton", "--triton-script", str(script), "--triton-instances", "1", *SHORT, env=env)
     assert proc.returncode == 2, proc.stderr
     assert "1 instance(s) as configured in" in proc.stderr
     assert (tmp_path / "repo_arg").read_text().strip() == ""  # the script's own repository
@@ -272,7 +272,7 @@ def test_triton_instances_1_keeps_the_anchor_config(tmp_path: Path) -> None:
 @pytest.mark.skipif(anchor_problem(default_script()) is not None, reason=f"{anchor_problem(default_script())}")
 def test_side_by_side_with_triton(tmp_path: Path) -> None:
     out = tmp_path / "sbs.json"
-    proc = ok(bench("bench.side_by_side", "--rounds", "1", "--transports", "grpc-stream", "--json", str(out),
+    proc = ok(bench("bench.vs_triton", "--rounds", "1", "--transports", "grpc-stream", "--json", str(out),
                     "--quiet", *SHORT))  # fmt: skip
     doc = json.loads(out.read_text())
     assert doc["summary"]["checks_ok"]

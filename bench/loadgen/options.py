@@ -1,4 +1,4 @@
-"""``python -m bench``'s options (the argument parser); the run itself is in ``bench.cli``."""
+"""``python -m bench``'s options (the argument parser); the run itself is in ``bench.loadgen.cli``."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 from bench.floors import FLOORS
-from bench.loadgen import MODES
-from bench.transports import TRANSPORTS, resolve_transport
+from bench.loadgen.runner import MODES
+from bench.loadgen.transports import TRANSPORTS, resolve_transport
 
 
 def int_list(value: str) -> list[int]:
@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--data",
         type=Path,
         metavar="FILE.json",
-        help="per-sequence step data ({'data': [[{INPUT: [..]}, ...], ...]}, see bench/workload.py); "
+        help="per-sequence step data ({'data': [[{INPUT: [..]}, ...], ...]}, see bench/loadgen/workload.py); "
         "default: random data shaped by the model's metadata",
     )
     w.add_argument(

@@ -2,7 +2,7 @@
 
 Every transport has the same small interface (:class:`Transport`): ``open()``, ``step()`` (send
 one step of one sequence: a payload of ``(name, datatype, array)`` input tensors, see
-:mod:`bench.workload`; return the requested output as an array), ``close()``. The load generator
+:mod:`bench.loadgen.workload`; return the requested output as an array), ``close()``. The load generator
 knows nothing else about them, so a new transport (e.g. a raw-socket "ceiling" client) only has
 to implement these three methods and register itself in :data:`TRANSPORTS`.
 """

@@ -1,4 +1,4 @@
-"""Turning :class:`~bench.loadgen.RunResult` objects into numbers, tables, JSON and a plot."""
+"""Turning :class:`~bench.loadgen.runner.RunResult` objects into numbers, tables, JSON and a plot."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.loadgen import RunResult
-from bench.model_stats import per_step
+from bench.loadgen.model_stats import per_step
+from bench.loadgen.runner import RunResult
 
 NEAR = 0.8  # "near the generator's ceiling": at least this fraction of what it did against a floor
 
@@ -470,7 +470,9 @@ def replot(json_path: Path, png: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m bench.report", description="Redraw a benchmark plot from its JSON.")
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.loadgen.report", description="Redraw a benchmark plot from its JSON."
+    )
     ap.add_argument("json", type=Path, help="a file written by python -m bench --json")
     ap.add_argument("--plot", type=Path, required=True, metavar="PATH.png")
     args = ap.parse_args(argv)

@@ -14,7 +14,7 @@ with END, at once, so the server is left with no live sequences; not measured). 
 measured when it was sent and answered inside the window. CPU (server tree and client) is sampled
 at the window's edges. Every reply of every phase is checked when the workload verifies.
 
-Several generator processes (``bench.multiproc``) run the same run with a shared ``start_at``
+Several generator processes (``bench.loadgen.multiproc``) run the same run with a shared ``start_at``
 (CLOCK_MONOTONIC, the same in every process), each with a share of the lanes; their
 :class:`RunResult` objects merge.
 """
@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.cpu import ClientCpu, CpuSample, ProcessTreeCpu, SystemCpu
-from bench.transports import SeqId, Transport
-from bench.workload import Workload, check
+from bench.loadgen.cpu import ClientCpu, CpuSample, ProcessTreeCpu, SystemCpu
+from bench.loadgen.transports import SeqId, Transport
+from bench.loadgen.workload import Workload, check
 
 perf_ns = time.perf_counter_ns
 
@@ -97,7 +97,7 @@ class RunResult:
     server_threads_cpu_s: dict[str, float] | None = None  # the root process's threads (see cpu.CpuSample)
     client_cpu_s: float = 0.0
     system_cpu_s: float | None = None  # busy CPU of the whole machine over the window
-    # the model's statistics over the window (bench.model_stats.window), when read (--model-stats)
+    # the model's statistics over the window (bench.loadgen.model_stats.window), when read (--model-stats)
     model_stats: dict[str, Any] | None = None
     # anything else sampled at the window's edges by the caller (e.g. the other server's CPU)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -150,7 +150,7 @@ class SequenceIds:
     """Unique sequence ids for one generator invocation (numeric, below 2**63, or strings).
 
     ``id_base()`` leaves 2**32 ids per invocation: the parent process counts from the base, child
-    process ``i`` (``bench.multiproc``) from ``base + (i + 1) << 28``; all keep counting across runs.
+    process ``i`` (``bench.loadgen.multiproc``) from ``base + (i + 1) << 28``; all keep counting across runs.
     """
 
     def __init__(self, string_ids: bool = False, base: int | None = None) -> None:

@@ -1,6 +1,6 @@
 """What operating a server costs: a metrics scrape, a sequence listing, remembered sessions.
 
-    python -m bench.operate_bench            # about half a minute
+    python -m bench.studies.operate            # about half a minute
 
 - scrape: ``exposition(SeqserveCollector(server))`` on the demo repository (five model versions),
   all of Triton's families plus the histogram: the time the event loop spends per scrape, and
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 I32 = np.dtype(np.int32)
-DEMO = Path(__file__).resolve().parent.parent / "src" / "seqserve" / "examples" / "models"
+DEMO = Path(__file__).resolve().parents[2] / "src" / "seqserve" / "examples" / "models"
 
 
 def median_us(fn: Any, reps: int) -> float:
@@ -119,7 +119,7 @@ def memory(live: int) -> None:
     got = {}
     for session in (False, True):
         out = subprocess.run(
-            [sys.executable, "-m", "bench.operate_bench", "--memory-child", str(live), str(int(session))],
+            [sys.executable, "-m", "bench.studies.operate", "--memory-child", str(live), str(int(session))],
             capture_output=True,
             text=True,
             check=True,

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from bench.cpu import process_tree
-from bench.target import free_port
+from bench.loadgen.cpu import process_tree
+from bench.loadgen.target import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ANCHOR = Path("shared", "anchors", "triton", "start_triton.sh")
 SCRIPT_ENV = "SEQSERVE_TRITON_ANCHOR"  # overrides the default script path
 

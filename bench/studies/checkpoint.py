@@ -1,7 +1,7 @@
 """What moving a sequence costs: checkpoint and restore per sequence, by state size.
 
-    python -m bench.checkpoint_bench                 # about a minute
-    python -m bench.checkpoint_bench --sizes 4,1024 --reps 500
+    python -m bench.studies.checkpoint                 # about a minute
+    python -m bench.studies.checkpoint --sizes 4,1024 --reps 500
 
 Two servers in this process serve one Direct model (python backend, one FP32 implicit state of
 the given size, 8 slots); one sequence is started on the first, then moved back and forth:

@@ -1,7 +1,7 @@
 """In-process engine benchmark: per-step overhead of the sequence (Direct) path.
 
-    python -m bench.engine_bench                 # default run, well under a minute
-    python -m bench.engine_bench --json out.json --steps 400 --reps 5
+    python -m bench.studies.engine                 # default run, well under a minute
+    python -m bench.studies.engine --json out.json --steps 400 --reps 5
 
 Workload (every path): ``--sequences`` (64) sequences of ``--steps`` steps each, FP32 [1] input, a
 no-op model, Direct strategy, one instance, slots = max_batch_size, so with 64 sequences all but
@@ -824,7 +824,7 @@ def parse_ints(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.engine_bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.studies.engine", description=__doc__.split("\n")[0])
     p.add_argument("--mbs", type=parse_ints, default=[1, 8], help="max_batch_size values (default 1,8)")
     p.add_argument(
         "--depth",

@@ -1,7 +1,7 @@
 """Implicit-state copy cost per step, by state size, strategy and how the model hands its state back.
 
-    python -m bench.state_bench                       # 4 B .. 1 MiB, Direct and Oldest, every mode
-    python -m bench.state_bench --sizes 4,1048576 --modes fresh,next --reps 5
+    python -m bench.studies.state                       # 4 B .. 1 MiB, Direct and Oldest, every mode
+    python -m bench.studies.state --sizes 4,1048576 --modes fresh,next --reps 5
 
 Workload: ``--sequences`` (16) sequences of ``--steps`` steps, each keeping ``--depth`` (2) steps in
 flight through ``Server.infer`` on one event loop, a python-backend model with ``max_batch_size``

@@ -4,7 +4,7 @@
 reopened when their replica drains), every replica restarted in turn with
 SIGTERM during the run: all sessions complete, 0 wrong, 0 errors. Half the sessions name their
 sequence Triton's way (sequence_id, START, END; the header only routes), half by the session
-header alone (bench/sessions.py).
+header alone (bench/scaleout/session_load.py).
 
 It needs redis-server and haproxy on PATH (Debian: `apt-get install haproxy redis-server`;
 .ci/run installs them when it runs as root). Without them it skips and says why, except in CI
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.cluster import Cluster, demo_repo_with_instances, missing_tools
-from bench.sessions import SessionLoad, rolling_restart
+from bench.scaleout.cluster import Cluster, demo_repo_with_instances, missing_tools
+from bench.scaleout.session_load import SessionLoad, rolling_restart
 
 SESSIONS = 24
 STEPS = 60

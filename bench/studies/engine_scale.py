@@ -1,9 +1,9 @@
 """Engine micro-benchmarks in one process, no network: where a step's time goes, and what 100,000
 live sequences cost.
 
-    python -m bench.engine_scale                        # all sections, about a minute
-    python -m bench.engine_scale --sections split --split-steps 2000
-    python -m bench.engine_scale --sections live,reap --counts 1000,100000 --json out.json
+    python -m bench.studies.engine_scale                        # all sections, about a minute
+    python -m bench.studies.engine_scale --sections split --split-steps 2000
+    python -m bench.studies.engine_scale --sections live,reap --counts 1000,100000 --json out.json
 
 Every section drives ``seqserve.engine.Server`` in process (``await server.submit(...)`` on a
 uvloop loop) with an accumulator-like python model: FP32 ``INPUT`` [1] -> ``OUTPUT`` [1], and an
@@ -616,8 +616,8 @@ async def child_reap(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_child(kind: str, params: dict[str, Any], timeout_s: float = 600) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "bench.engine_scale", "--child", kind, json.dumps(params)]
-    root = str(Path(__file__).resolve().parents[1])
+    cmd = [sys.executable, "-m", "bench.studies.engine_scale", "--child", kind, json.dumps(params)]
+    root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     if proc.returncode != 0:
@@ -741,7 +741,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_loop_run(fn(params))))
         return 0
     doc = (__doc__ or "").split("\n")[0]
-    p = argparse.ArgumentParser(prog="python -m bench.engine_scale", description=doc)
+    p = argparse.ArgumentParser(prog="python -m bench.studies.engine_scale", description=doc)
     p.add_argument("--sections", default="split,live,reap", help="comma-separated: split, live, reap")
     p.add_argument("--split-mbs", type=int, default=8, help="split: slots = sequences (default 8)")
     p.add_argument("--split-steps", type=int, default=4000, help="split: steps per repetition (default 4000)")

@@ -1,4 +1,4 @@
-"""The side-by-side bench's summary (``bench.side_by_side``): medians over rounds with their spread,
+"""The side-by-side bench's summary (``bench.vs_triton.side_by_side``): medians over rounds with their spread,
 ratios seqserve / Triton per round, the targets of issue 14, checks, text and JSON."""
 
 from __future__ import annotations

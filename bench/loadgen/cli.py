@@ -12,16 +12,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench import report
-from bench.cpu import CpuSample, ProcessTreeCpu, SystemCpu, find_listener_pid
 from bench.floors import FLOORS
-from bench.loadgen import RunConfig, RunResult, SequenceIds, id_base, run_coro, run_load
-from bench.model_stats import StatsReader, StatsSnapshot, window
-from bench.options import build_parser
-from bench.progress import ProgressBar
-from bench.target import SpawnedFloor, SpawnedServer, Target, fetch_metadata, url_port, wait_ready
-from bench.transports import TRANSPORTS, TransportSpec
-from bench.workload import Workload, from_data_file, from_metadata
+from bench.loadgen import report
+from bench.loadgen.cpu import CpuSample, ProcessTreeCpu, SystemCpu, find_listener_pid
+from bench.loadgen.model_stats import StatsReader, StatsSnapshot, window
+from bench.loadgen.options import build_parser
+from bench.loadgen.progress import ProgressBar
+from bench.loadgen.runner import RunConfig, RunResult, SequenceIds, id_base, run_coro, run_load
+from bench.loadgen.target import SpawnedFloor, SpawnedServer, Target, fetch_metadata, url_port, wait_ready
+from bench.loadgen.transports import TRANSPORTS, TransportSpec
+from bench.loadgen.workload import Workload, from_data_file, from_metadata
 
 # what the demo accumulator's metadata says; used when a server gives none
 DEFAULT_METADATA = {
@@ -135,7 +135,7 @@ def _stats_reader(args: argparse.Namespace, target: Target) -> StatsReader | Non
 def _run_multi(
     args: argparse.Namespace, target: Target, runs: list[RunSpec], workload: Workload, pool: Any, prog: ProgressBar
 ) -> Outcome:
-    from bench.multiproc import Job, split_lanes
+    from bench.loadgen.multiproc import Job, split_lanes
 
     server_cpu = ProcessTreeCpu(target.server_pid) if target.server_pid else None
     system_cpu = SystemCpu()
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = SequenceIds(string_ids=args.string_ids, base=base)
     pool = None
     if args.processes > 1:
-        from bench.multiproc import GeneratorPool
+        from bench.loadgen.multiproc import GeneratorPool
 
         pool = GeneratorPool(args.processes, base, args.string_ids)
     outcomes: list[Outcome] = []

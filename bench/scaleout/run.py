@@ -1,11 +1,11 @@
 """Scale-out through HAProxy (issue 15): steps/s, latency and errors with 1, 2 and 3 replicas
 behind deploy/haproxy/haproxy.cfg sharing a Redis state store, and what a rolling restart costs.
 
-    python -m bench.scaleout_bench --out bench/results/scaleout.txt
+    python -m bench.scaleout --out bench/results/scaleout.txt
 
 For each replica count: redis-server, n `seqserve serve` replicas and HAProxy on loopback
-(bench/cluster.py), then `--sessions` closed-loop workers of verified `accumulator` sessions of
-`--steps` steps (bench/sessions.py: every reply checked against the running sum) for
+(bench/scaleout/cluster.py), then `--sessions` closed-loop workers of verified `accumulator` sessions of
+`--steps` steps (bench/scaleout/session_load.py: every reply checked against the running sum) for
 `--duration` s after `--warmup` s. The "direct" row is one replica without HAProxy, for the
 balancer's own cost. Then the rolling restart: the same sessions, paced (`--restart-pace` s
 between a session's steps, so the load stays below saturation and the latency cost of the
@@ -30,8 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.cluster import Cluster, demo_repo_with_instances, missing_tools
-from bench.sessions import LoadResult, SessionLoad, rolling_restart
+from bench.scaleout.cluster import Cluster, demo_repo_with_instances, missing_tools
+from bench.scaleout.session_load import LoadResult, SessionLoad, rolling_restart
 
 
 def _row(label: str, res: LoadResult, since: float, until: float) -> str:
@@ -105,7 +105,7 @@ def _slow(res: LoadResult, since: float, until: float, limit_s: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.scaleout", description=__doc__.split("\n\n")[0])
     ap.add_argument("--replicas", default="1,2,3", help="replica counts to measure (default 1,2,3)")
     ap.add_argument("--sessions", type=int, default=24, help="concurrent sessions (default 24)")
     ap.add_argument("--steps", type=int, default=60, help="steps per session (default 60)")
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines = [
-        f"# python -m bench.scaleout_bench {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip(),
+        f"# python -m bench.scaleout {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip(),
         f"# {platform.platform()}, Python {platform.python_version()}, {cpus} CPUs shared by every replica, "
         f"HAProxy, Redis and the load generator; load average {load1:.2f} at the start",
         f"# {args.protocol}, {args.sessions} sessions of {args.steps} steps (accumulator with {args.instances} "

@@ -1,4 +1,4 @@
-"""``python -m bench.stream_frontend``: the gRPC stream front-end's own CPU per message, without
+"""``python -m bench.studies.stream_frontend``: the gRPC stream front-end's own CPU per message, without
 grpc's core or the engine.
 
 Drives ``InferenceServicer.ModelStreamInfer`` as grpc.aio does (a context whose ``read`` hands

@@ -1,7 +1,7 @@
 """What the state store costs a replica (docs/state-store.md), in-process, on the demo accumulator:
 
-    python -m bench.handoff_bench redis      # starts a throwaway redis-server (needs it installed)
-    python -m bench.handoff_bench dir        # a dir:// store in a temporary folder
+    python -m bench.studies.handoff redis      # starts a throwaway redis-server (needs it installed)
+    python -m bench.studies.handoff dir        # a dir:// store in a temporary folder
 
 - steady step, without and with a store attached: one sequence live on its replica, 1000
   sequential steps per round, 5 alternating rounds (the common path the store must not slow);
@@ -30,7 +30,7 @@ from seqserve.engine import InferResult, Server, open_store
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.statestore import SequenceKey
 
-DEMO = Path(__file__).resolve().parents[1] / "src" / "seqserve" / "examples" / "models"
+DEMO = Path(__file__).resolve().parents[2] / "src" / "seqserve" / "examples" / "models"
 
 
 async def step(s: Server, sid: SequenceId, *, start: bool = False, session: bool = False) -> InferResult:
@@ -114,7 +114,7 @@ def run(kind: str) -> None:
         elif kind == "dir":
             asyncio.run(main(f"dir://{d}/store"))
         else:
-            raise SystemExit("usage: python -m bench.handoff_bench redis|dir")
+            raise SystemExit("usage: python -m bench.studies.handoff redis|dir")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """A scaled-out seqserve on loopback: redis-server, HAProxy configured from the shipped
 deploy/haproxy/haproxy.cfg, and N `seqserve serve` replicas sharing the Redis state store.
 
-Shared by tests/integration/test_scaleout.py and bench/scaleout_bench.py. Every process is
+Shared by tests/integration/test_scaleout.py and bench/scaleout/run.py. Every process is
 started on free loopback ports and stopped by `Cluster.close()` (a context manager), so nothing
 outlives the test or the bench run.
 """
@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.target import free_ports
+from bench.loadgen.target import free_ports
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HAPROXY_CFG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
 DEMO_REPO = ROOT / "src" / "seqserve" / "examples" / "models"
 STARTUP_TIMEOUT_S = 60.0  # generous: the machine this runs on may be loaded

@@ -72,7 +72,7 @@ def repo_with_instances(src: Path, model: str, count: int) -> Iterator[Path]:
         shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"), symlinks=False)
         path = config_path(dst, model)
         path.write_text(
-            f"# copied from {config_path(src, model)} by bench.side_by_side: instance_group set to "
+            f"# copied from {config_path(src, model)} by bench.vs_triton: instance_group set to "
             f"{count} CPU instance(s), every other field as there\n" + text_format.MessageToString(edited)
         )
         check = read_config(path)  # what Triton will read, read back

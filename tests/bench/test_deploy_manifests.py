@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.cluster import Replica, render_haproxy_config
+from bench.scaleout.cluster import Replica, render_haproxy_config
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"

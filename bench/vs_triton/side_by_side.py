@@ -1,21 +1,21 @@
-"""``python -m bench.side_by_side``: seqserve against the real Triton, side by side, in one run.
+"""``python -m bench.vs_triton``: seqserve against the real Triton, side by side, in one run.
 
-Starts Triton 2.51 from the environment's anchor (``bench.triton_anchor``; its ``accum_py`` is the
+Starts Triton 2.51 from the environment's anchor (``bench.vs_triton.anchor``; its ``accum_py`` is the
 same running sum as seqserve's demo ``accumulator``) and seqserve (``seqserve serve`` with the
 default install and the demo models), both on free loopback ports, and measures both with the
-same client (``bench.loadgen`` over ``bench.transports``, every reply checked against the running
+same client (``bench.loadgen.runner`` over ``bench.loadgen.transports``, every reply checked against the running
 sum), transport by transport, in alternating rounds: in round r the server that goes first
 alternates per transport and per round, so slow drifts of the shared machine's load fall on both.
 Both servers run for the whole bench; each run also records the other (idle) server's CPU.
 
 Slots: Triton's model gets as many instances as seqserve's (``--triton-instances``, default
-``match``; ``bench.triton_repo``): the anchor's ``accum_py`` has 1 instance (8 slots) and the demo
+``match``; ``bench.vs_triton.repo``): the anchor's ``accum_py`` has 1 instance (8 slots) and the demo
 ``accumulator`` 2 (16), and with fewer slots than sequences Triton's extra sequences would wait in
 its backlog. seqserve starts first so that its model's instance count can be read from its config
 endpoint; Triton then runs on a temporary copy of its repository with that count (removed at exit),
 or on the repository as it is when the count there already matches. Both slot counts are printed.
 
-Reported (``bench.sbs_report``): per transport, the medians over the rounds of server CPU per step
+Reported (``bench.vs_triton.sbs_report``): per transport, the medians over the rounds of server CPU per step
 (whole process tree, Triton's Python backend stubs included), p50/p99 latency and throughput with
 their spread (min-max), the ratio seqserve / Triton per round (its median and spread) against the
 issue's targets, and 0-wrong / 0-error checks. Exit status: 0, 1 when a reply was wrong or a
@@ -38,16 +38,17 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import report, sbs_report
-from bench.cpu import ProcessTreeCpu
-from bench.loadgen import MODES, RunConfig, SequenceIds, id_base, run_coro, run_load
-from bench.model_stats import StatsReader, StatsSnapshot, window
-from bench.options import int_list, transport_list
-from bench.target import SpawnedServer, Target, fetch_metadata, wait_ready
-from bench.transports import TRANSPORTS, TransportSpec
-from bench.triton_anchor import SpawnedTriton, TritonUnavailable, anchor_problem, default_script
-from bench.triton_repo import RepoProblem, config_path, instance_count, read_config, repo_with_instances
-from bench.workload import Workload, from_metadata
+from bench.loadgen import report
+from bench.loadgen.cpu import ProcessTreeCpu
+from bench.loadgen.model_stats import StatsReader, StatsSnapshot, window
+from bench.loadgen.options import int_list, transport_list
+from bench.loadgen.runner import MODES, RunConfig, SequenceIds, id_base, run_coro, run_load
+from bench.loadgen.target import SpawnedServer, Target, fetch_metadata, wait_ready
+from bench.loadgen.transports import TRANSPORTS, TransportSpec
+from bench.loadgen.workload import Workload, from_metadata
+from bench.vs_triton import sbs_report
+from bench.vs_triton.anchor import SpawnedTriton, TritonUnavailable, anchor_problem, default_script
+from bench.vs_triton.repo import RepoProblem, config_path, instance_count, read_config, repo_with_instances
 
 MATCH = "match"
 
@@ -67,7 +68,7 @@ def instances_option(value: str) -> int | str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m bench.side_by_side",
+        prog="python -m bench.vs_triton",
         description="seqserve against Triton 2.51 (the anchor's accum_py), the same client, alternating rounds: "
         "server CPU per step, latency, throughput and their ratios.",
     )
@@ -180,7 +181,7 @@ def _workload(side: Side, seed: int) -> Workload:
     try:
         return from_metadata(meta, input_name="INPUT", output_name="OUTPUT", verify="on", shapes={}, seed=seed)
     except ValueError as e:
-        raise SystemExit(f"bench.side_by_side: {side.name}'s model {side.target.model!r}: {e}") from None
+        raise SystemExit(f"bench.vs_triton: {side.name}'s model {side.target.model!r}: {e}") from None
 
 
 def plan(rounds: int, transports: list[str], loads: list[int], sides: list[str]) -> list[tuple[int, str, int, str]]:
@@ -306,7 +307,7 @@ def _start_triton(args: argparse.Namespace, seqserve_info: dict[str, Any], stack
     repo, count, how = _triton_repo(args, script, seqserve_info, stack)
     triton = SpawnedTriton(script, repo)
     stack.callback(triton.stop)  # registered before start: start may leave a server behind when it fails
-    print(f"bench.side_by_side: starting Triton ({script}); {args.triton_model}: {how}", file=sys.stderr, flush=True)
+    print(f"bench.vs_triton: starting Triton ({script}); {args.triton_model}: {how}", file=sys.stderr, flush=True)
     try:
         triton.start()
     except TritonUnavailable as e:
@@ -333,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_triton:  # before anything starts: a missing anchor fails at once
         problem = anchor_problem(args.triton_script or default_script())
         if problem:
-            print(f"bench.side_by_side: {problem}", file=sys.stderr)
+            print(f"bench.vs_triton: {problem}", file=sys.stderr)
             return 2
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
@@ -357,14 +358,14 @@ def main(argv: list[str] | None = None) -> int:
                 sides["Triton"] = _start_triton(args, sides["seqserve"].info, stack)
             workloads = {name: _workload(s, args.seed) for name, s in sides.items()}
             for name, s in sides.items():
-                print(f"bench.side_by_side: {name} pid {s.target.server_pid}: {s.info}", file=sys.stderr, flush=True)
-            print(f"bench.side_by_side: {sbs_report.slots_line(_infos(sides))}", file=sys.stderr, flush=True)
+                print(f"bench.vs_triton: {name} pid {s.target.server_pid}: {s.info}", file=sys.stderr, flush=True)
+            print(f"bench.vs_triton: {sbs_report.slots_line(_infos(sides))}", file=sys.stderr, flush=True)
             rows, loop = run_coro(_measure(args, sides, workloads), args.loop)
         except _StartFailed as e:
-            print(f"bench.side_by_side: {e}", file=sys.stderr)
+            print(f"bench.vs_triton: {e}", file=sys.stderr)
             return 2
         except KeyboardInterrupt as e:
-            print(f"bench.side_by_side: interrupted ({e or 'Ctrl-C'}); stopping the servers", file=sys.stderr)
+            print(f"bench.vs_triton: interrupted ({e or 'Ctrl-C'}); stopping the servers", file=sys.stderr)
             return 130
     summary = sbs_report.summarize(rows, args.transports, args.concurrency, list(sides))
     print(sbs_report.format_text(summary, args, _infos(sides), loop))

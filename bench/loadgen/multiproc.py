@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench.loadgen import RunConfig, RunResult, SequenceIds, run_coro, run_load
-from bench.workload import Workload
+from bench.loadgen.runner import RunConfig, RunResult, SequenceIds, run_coro, run_load
+from bench.loadgen.workload import Workload
 
 MAX_PROCESSES = 15  # SequenceIds gives each child 2**28 ids of the invocation's 2**32
 
@@ -33,7 +33,7 @@ class Job:
 
 
 async def _child_run(job: Job, ids: SequenceIds) -> RunResult:
-    from bench.transports import TRANSPORTS, TransportSpec
+    from bench.loadgen.transports import TRANSPORTS, TransportSpec
 
     transport = TRANSPORTS[job.cfg.transport](TransportSpec(**job.spec))
     await transport.open()
@@ -47,7 +47,7 @@ def _child_main(conn: Any, index: int, id_base: int, string_ids: bool) -> None:
     import tritonclient.grpc.aio
     import tritonclient.http.aio  # noqa: F401
 
-    import bench.transports  # noqa: F401  (import before reporting ready: runs start on a schedule)
+    import bench.loadgen.transports  # noqa: F401  (import before reporting ready: runs start on a schedule)
 
     ids = SequenceIds(string_ids, base=id_base + ((index + 1) << 28))
     conn.send(("ready", os.getpid()))

@@ -28,7 +28,7 @@ import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
 if TYPE_CHECKING:
-    from bench.cluster import Cluster
+    from bench.scaleout.cluster import Cluster
 
 STYLES = ("triton", "session")
 

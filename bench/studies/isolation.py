@@ -1,7 +1,7 @@
 """What process isolation costs per batch (docs/isolation.md).
 
-    python -m bench.isolation_bench                       # about a minute
-    python -m bench.isolation_bench --batches 2000 --reps 1 --json out.json   # quick
+    python -m bench.studies.isolation                       # about a minute
+    python -m bench.studies.isolation --batches 2000 --reps 1 --json out.json   # quick
 
 Sections:
 
@@ -56,7 +56,7 @@ from seqserve.engine.isolation import IsolatedInstance
 from seqserve.engine.isolation import batches as batch_codec
 from seqserve.engine.isolation import results as result_codec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "src" / "seqserve" / "examples" / "models"
 STATE_1MIB = 262144  # FP32 values
 

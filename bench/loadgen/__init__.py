@@ -1,0 +1,1 @@
+"""The load generator behind ``python -m bench``: transports, workloads, targets, reports."""

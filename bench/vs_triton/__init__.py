@@ -1,0 +1,1 @@
+"""seqserve against Triton, side by side (``python -m bench.vs_triton``, ``python -m bench --vs-triton``)."""
