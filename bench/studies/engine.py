@@ -43,7 +43,6 @@ import asyncio
 import gc
 import json
 import os
-import platform
 import queue
 import sys
 import tempfile
@@ -51,183 +50,19 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench.studies.engine_floor import FakeBatch, run_floor
+from bench.studies.engine_models import ECHO_MODEL_PY, log, sequence_config, write_model
+from bench.studies.engine_report import TARGET_NS, environment, explain, report
+from bench.studies.engine_workload import Rep, Summary, Workload, api_stats, core_stats_delta, progress, summarize
 from seqserve.engine import Server, _core
 
 TYPE_FP32 = 11  # model_config.proto DataType
-TARGET_NS = 2000.0
 perf = time.perf_counter_ns
-
-MODEL_CONFIG = """\
-name: "{name}"
-backend: "python"
-max_batch_size: {mbs}
-input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] }} ]
-output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] }} ]
-sequence_batching {{
-  max_sequence_idle_microseconds: 600000000
-  direct {{ }}
-}}
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-"""
-
-MODEL_PY = """\
-class Model:
-    def execute(self, batch):
-        return {"OUTPUT": batch.inputs["INPUT"]}
-"""
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------------------------- workload
-
-
-@dataclass
-class Workload:
-    mbs: int
-    depth: int
-    nseq: int
-    steps: int
-    seed: int
-    arrs: list[np.ndarray] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        rng = np.random.default_rng(self.seed)
-        base = rng.standard_normal((self.n, 1), dtype=np.float32)
-        self.arrs = [base[i : i + 1] for i in range(self.n)]  # [1, 1] C-contiguous views
-
-    @property
-    def n(self) -> int:
-        return self.nseq * self.steps
-
-    # handle h = s * steps + k + 1 (never 0: 0 marks a padding row)
-
-
-@dataclass
-class Rep:
-    t_sub: np.ndarray
-    t_done: np.ndarray
-    wall_ns: int
-    batches: list[list[int]] | None = None  # handles per batch (b)
-    stats: dict[str, Any] | None = None
-    cpu_ns: int = 0  # process CPU time (all threads) of the repetition
-
-
-@dataclass
-class Summary:
-    path: str
-    mbs: int
-    depth: int
-    step_p50: float
-    step_p99: float
-    steps_per_s: float
-    steps_per_s_reps: list[float]
-    lat_p50: float
-    lat_p99: float
-    cpu_per_step: float
-    avg_batch: float
-    windows: int
-    stats: dict[str, Any] | None = None
-
-
-def summarize(path: str, wl: Workload, reps: list[Rep], args: argparse.Namespace) -> Summary:
-    per_step: list[np.ndarray] = []
-    lats: list[np.ndarray] = []
-    rates: list[float] = []
-    k = args.window or max(1, wl.mbs)
-    sizes: list[float] = []
-    # Latency only for steps submitted while their sequence held a slot: step k >= depth was
-    # submitted after step k - depth completed. Earlier steps include the backlog wait.
-    in_slot = (np.arange(wl.n) % wl.steps) >= wl.depth
-    for r in reps:
-        order = np.argsort(r.t_done, kind="stable")
-        td = r.t_done[order]
-        lo, hi = int(wl.n * args.warmup_frac), int(wl.n * (1.0 - args.tail_frac))
-        td = td[lo:hi]
-        idx = np.arange(0, len(td) - k, k)
-        per_step.append((td[idx + k] - td[idx]) / k)
-        sel = order[lo:hi]
-        sel = sel[in_slot[sel]]
-        lats.append(r.t_done[sel] - r.t_sub[sel])
-        rates.append((len(td) - 1) / (td[-1] - td[0]) * 1e9)
-        if r.stats is not None and r.stats["executions"]:
-            sizes.append(r.stats["inference_count"] / r.stats["executions"])
-    ps = np.concatenate(per_step)
-    lat = np.concatenate(lats)
-    stats = merge_stats([r.stats for r in reps if r.stats is not None])
-    return Summary(
-        path=path,
-        mbs=wl.mbs,
-        depth=wl.depth,
-        step_p50=float(np.median(ps)),
-        step_p99=float(np.percentile(ps, 99)),
-        steps_per_s=float(np.median(rates)),
-        steps_per_s_reps=[round(x, 1) for x in rates],
-        lat_p50=float(np.median(lat)),
-        lat_p99=float(np.percentile(lat, 99)),
-        cpu_per_step=float(np.median([r.cpu_ns / wl.n for r in reps])),
-        avg_batch=float(np.mean(sizes)) if sizes else float("nan"),
-        windows=len(ps),
-        stats=stats,
-    )
-
-
-# ------------------------------------------------------------------------------- core stats
-
-
-def core_stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """Per-batch averages from two ``core_stats`` snapshots."""
-
-    def tot(s: dict[str, Any], key: str) -> tuple[int, int]:
-        c = sum(b[key]["count"] for b in s["batch_stats"])
-        ns = sum(b[key]["ns"] for b in s["batch_stats"])
-        return c, ns
-
-    out: dict[str, Any] = {
-        "executions": after["execution_count"] - before["execution_count"],
-        "inference_count": after["inference_count"] - before["inference_count"],
-        "queue_count": after["queue"]["count"] - before["queue"]["count"],
-        "queue_ns": after["queue"]["ns"] - before["queue"]["ns"],
-    }
-    for key in ("compute_input", "compute_infer", "compute_output"):
-        c1, n1 = tot(after, key)
-        c0, n0 = tot(before, key)
-        out[key + "_count"], out[key + "_ns"] = c1 - c0, n1 - n0
-    return out
-
-
-def api_stats(server: Server, model: str) -> dict[str, Any]:
-    """Server.statistics() in the raw core shape used by core_stats_delta."""
-    s = server.statistics(model)[0]
-    return {
-        "execution_count": s["execution_count"],
-        "inference_count": s["inference_count"],
-        "queue": s["inference_stats"]["queue"],
-        "batch_stats": s["batch_stats"],
-    }
-
-
-def merge_stats(items: list[dict[str, Any]]) -> dict[str, Any] | None:
-    if not items:
-        return None
-    tot = {k: sum(d[k] for d in items) for k in items[0]}
-    ex = max(1, tot["executions"])
-    return {
-        "executions": tot["executions"],
-        "avg_batch_real_rows": tot["inference_count"] / ex,
-        "compute_input_us": tot["compute_input_ns"] / max(1, tot["compute_input_count"]) / 1e3,
-        "compute_infer_us": tot["compute_infer_ns"] / max(1, tot["compute_infer_count"]) / 1e3,
-        "compute_output_us": tot["compute_output_ns"] / max(1, tot["compute_output_count"]) / 1e3,
-        "queue_us_per_request": tot["queue_ns"] / max(1, tot["queue_count"]) / 1e3,
-    }
 
 
 # ---------------------------------------------------------------------------- (a) Server.infer
@@ -237,9 +72,7 @@ def write_repo(root: Path, mbs_list: list[int]) -> dict[int, str]:
     names = {}
     for mbs in mbs_list:
         name = f"bench_noop_b{mbs}"
-        (root / name / "1").mkdir(parents=True)
-        (root / name / "config.pbtxt").write_text(MODEL_CONFIG.format(name=name, mbs=mbs))
-        (root / name / "1" / "model.py").write_text(MODEL_PY)
+        write_model(root, name, sequence_config(name, mbs=mbs), ECHO_MODEL_PY)
         names[mbs] = name
     return names
 
@@ -322,14 +155,6 @@ async def run_api(wls: list[Workload], args: argparse.Namespace) -> list[Summary
         finally:
             await server.shutdown(timeout_s=5)
     return out
-
-
-def progress(tag: str, wl: Workload, rep: int, reps: int, r: Rep) -> None:
-    what = "warm-up" if rep == 0 else f"rep {rep}/{reps}"
-    log(
-        f"  ({tag}) mbs={wl.mbs} depth={wl.depth} {what}: {wl.n} steps in {r.wall_ns / 1e9:.3f} s "
-        f"({wl.n / r.wall_ns * 1e9:,.0f} steps/s)"
-    )
 
 
 # --------------------------------------------------------------------------- (b) _core direct
@@ -500,81 +325,6 @@ def run_core(wl: Workload, args: argparse.Namespace) -> tuple[Summary, list[Rep]
     return summarize("(b) _core.Scheduler", wl, reps, args), reps
 
 
-# ------------------------------------------------------------------------------- (c) floor
-
-
-class FakeBatch:
-    __slots__ = ("dst", "handles", "src")
-
-    def __init__(self, handles: list[int], src: np.ndarray, dst: np.ndarray) -> None:
-        self.handles, self.src, self.dst = handles, src, dst
-
-
-def floor_rep(wl: Workload, batches: list[list[int]]) -> Rep:
-    """Replays (b)'s batches in one thread: the same driver bookkeeping, no core, and per batch
-    one Python call that copies the batch's input bytes into a preallocated buffer."""
-    n, steps, nseq = wl.n, wl.steps, wl.nseq
-    width = max(len(b) for b in batches)
-    src_all = np.random.default_rng(wl.seed).standard_normal((width, 1), dtype=np.float32)
-    dst_all = np.empty((width, 1), np.float32)
-    views = {b: (src_all[:b], dst_all[:b]) for b in range(1, width + 1)}
-    fakes = [FakeBatch(hs, *views[len(hs)]) for hs in batches]
-    rec: list[Any] = []
-    rec_append = rec.append
-    q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    put, q_get = q.put, q.get
-    copyto = np.copyto
-
-    def runner(cb: FakeBatch) -> bool:
-        t = perf()
-        hs = cb.handles
-        copyto(cb.dst, cb.src)
-        rec_append((t, hs))
-        put(hs)
-        return True
-
-    first = min(wl.depth, steps)
-    t_sub = [0] * n
-    c0 = time.process_time_ns()
-    t0 = perf()
-    for s in range(nseq):
-        for k in range(first):
-            t_sub[s * steps + k] = perf()
-    next_step = [first] * nseq
-    done = 0
-    for fb in fakes:
-        runner(fb)
-        hs = q_get()
-        for h in hs:
-            if h:
-                done += 1
-                s = (h - 1) // steps
-                k = next_step[s]
-                if k < steps:
-                    h2 = s * steps + k + 1
-                    t_sub[h2 - 1] = perf()
-                    next_step[s] = k + 1
-    wall = perf() - t0
-    cpu = time.process_time_ns() - c0
-    t_done = np.zeros(n, np.int64)
-    for t, hs in rec:
-        for h in hs:
-            if h:
-                t_done[h - 1] = t
-    return Rep(np.array(t_sub, np.int64), t_done, wall, cpu_ns=cpu)
-
-
-def run_floor(wl: Workload, core_reps: list[Rep], args: argparse.Namespace) -> Summary:
-    floor_rep(wl, core_reps[0].batches or [])  # warm-up
-    reps = []
-    for i, cr in enumerate(core_reps):
-        gc.collect()
-        r = floor_rep(wl, cr.batches or [])
-        progress("c", wl, i + 1, len(core_reps), r)
-        reps.append(r)
-    return summarize("(c) floor", wl, reps, args)
-
-
 # ----------------------------------------------------------------------------- breakdown
 
 
@@ -684,139 +434,6 @@ def breakdown(mbs: int, args: argparse.Namespace) -> dict[str, Any]:
         out[f"py_runner_ns_{reads}"] = best
     out["thread_ping_pong_ns"] = min(thread_ping_pong() for _ in range(3))
     return out
-
-
-# ---------------------------------------------------------------------------------- report
-
-
-def fmt_row(s: Summary) -> str:
-    return (
-        f"{s.path:<22}{s.mbs:>4}{s.depth:>6}{s.step_p50:>12,.0f}{s.step_p99:>12,.0f}"
-        f"{s.steps_per_s:>12,.0f}{s.lat_p50 / 1e3:>11,.1f}{s.lat_p99 / 1e3:>11,.1f}"
-        f"{s.cpu_per_step:>10,.0f}{s.avg_batch:>7.2f}"
-    )
-
-
-def report(
-    results: list[Summary],
-    overhead: list[dict[str, Any]],
-    bds: list[dict[str, Any]],
-    env: dict[str, Any],
-    args: argparse.Namespace,
-) -> str:
-    window = f"{args.window} steps" if args.window else "max_batch_size steps"
-    load = env.get("loadavg_start"), env.get("loadavg_end")
-    lines = [
-        f"seqserve engine bench: {args.sequences} sequences x {args.steps} steps, Direct, no-op model, "
-        f"1 instance; {args.reps} reps (+1 warm-up); ns/step over windows of {window}; excluded first "
-        f"{args.warmup_frac:.0%}/last {args.tail_frac:.0%} of completions; seed {args.seed}",
-        f"python {env['python']}, numpy {env['numpy']}, loop {env['loop']}, {env['cpus']} CPUs, "
-        f"{env['cpu']}; (b) runner reads: {args.core_reads}",
-        "depth = steps in flight per sequence (1: closed loop); lat = submit -> completion, steps "
-        "that already hold a slot; cpu ns = process CPU time (all threads) per step, insensitive to "
-        "other load; batch = real rows per batch",
-        f"1-min load average at start {load[0]}, at end {load[1]} (anything else running on "
-        f"{env['cpus']} CPUs shows up in these numbers)",
-        "",
-    ]
-    hdr = (
-        f"{'path':<22}{'mbs':>4}{'depth':>6}{'ns/step p50':>12}{'ns/step p99':>12}{'steps/s':>12}"
-        f"{'lat p50 us':>11}{'lat p99 us':>11}{'cpu ns':>10}{'batch':>7}"
-    )
-    lines += [hdr, "-" * len(hdr)]
-    for mbs, depth in sorted({(s.mbs, s.depth) for s in results}):
-        lines += [fmt_row(s) for s in results if (s.mbs, s.depth) == (mbs, depth)]
-        lines.append("")
-    if overhead:
-        lines.append(
-            "core overhead per step, excluding the Python call = (b) - (c), medians "
-            f"(target < {TARGET_NS / 1e3:.0f} us):"
-        )
-        for o in overhead:
-            verdict = "MET" if o["met"] else "NOT MET"
-            lines.append(
-                f"  mbs {o['mbs']} depth {o['depth']}: {o['core_overhead_ns']:>8,.0f} ns/step "
-                f"(p99 {o['core_overhead_p99_ns']:,.0f}; CPU time {o['core_overhead_cpu_ns']:,.0f}) -> {verdict}"
-            )
-            if "explained" in o:
-                e = o["explained"]
-                lines.append(
-                    f"      ~ submit {e['submit_ns']:,.0f} + executor dispatch {e['dispatch_ns']:,.0f} "
-                    f"+ batch reads {e['reads_ns']:,.0f} + cross-thread wake-ups/GIL hand-off "
-                    f"{e['handoff_ns']:,.0f} (per step, {e['rows']:.2f} rows/batch)"
-                )
-        lines.append("")
-    lines.append(
-        "stats() per-batch split (averages, us; queue is per request and includes the backlog "
-        "wait; compute_infer includes the executor's wait for the GIL):"
-    )
-    lines.append(
-        f"  {'path':<22}{'mbs':>4}{'depth':>6}{'batches':>9}{'rows':>6}{'input':>9}"
-        f"{'infer':>9}{'output':>9}{'queue':>11}"
-    )
-    for s in results:
-        st = s.stats
-        if st:
-            lines.append(
-                f"  {s.path:<22}{s.mbs:>4}{s.depth:>6}{st['executions']:>9}{st['avg_batch_real_rows']:>6.2f}"
-                f"{st['compute_input_us']:>9.2f}{st['compute_infer_us']:>9.2f}"
-                f"{st['compute_output_us']:>9.2f}{st['queue_us_per_request']:>11,.1f}"
-            )
-    if bds:
-        lines += [
-            "",
-            "breakdown of (b), ns, best of reps: submit() alone (executor stopped) vs the same loop "
-            "calling a Python no-op;",
-            "then the executor draining that queued work (full batches, main thread asleep, GIL "
-            "uncontended), per batch, by what the runner reads; py runner = the runner body called "
-            "from Python; cpu = executor on-CPU share of the drain; ping-pong = one round trip "
-            "between two Python threads (2 wake-ups + 2 GIL hand-offs)",
-            f"  {'mbs':>4}{'py call':>9}{'submit':>9}{'none':>9}{'handles':>9}{'inputs':>9}{'full':>9}"
-            f"{'py runner':>11}{'cpu':>6}{'ping-pong':>11}",
-        ]
-        for b in bds:
-            lines.append(
-                f"  {b['mbs']:>4}{b['py_call_loop_ns']:>9,.0f}{b['submit_ns']:>9,.0f}"
-                f"{b['batch_ns_none']:>9,.0f}{b['batch_ns_handles']:>9,.0f}{b['batch_ns_inputs']:>9,.0f}"
-                f"{b['batch_ns_full']:>9,.0f}{b['py_runner_ns_none']:>11,.0f}"
-                f"{b['executor_cpu_share_none']:>6.0%}{b['thread_ping_pong_ns']:>11,.0f}"
-            )
-    return "\n".join(lines)
-
-
-def explain(o: dict[str, Any], sb: Summary, bd: dict[str, Any], reads: str) -> None:
-    """Splits (b) - (c) per step into the parts the breakdown measured alone (approximate)."""
-    rows = sb.stats["avg_batch_real_rows"] if sb.stats else float(max(1, sb.mbs))
-    submit = bd["submit_ns"] - bd["py_call_loop_ns"]
-    dispatch = (bd["batch_ns_none"] - bd["py_runner_ns_none"]) / rows
-    reads_ns = (bd[f"batch_ns_{reads}"] - bd["batch_ns_none"]) / rows
-    o["explained"] = {
-        "rows": rows,
-        "submit_ns": submit,
-        "dispatch_ns": dispatch,
-        "reads_ns": reads_ns,
-        "handoff_ns": o["core_overhead_ns"] - submit - dispatch - reads_ns,
-    }
-
-
-def environment(loop_name: str) -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "loop": loop_name,
-        "cpus": os.cpu_count(),
-        "cpu": cpu,
-        "platform": platform.platform(),
-        "switch_interval_s": sys.getswitchinterval(),
-    }
 
 
 def parse_ints(text: str) -> list[int]:

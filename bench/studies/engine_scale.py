@@ -51,267 +51,35 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import itertools
 import json
 import os
 import platform
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench.studies.engine_models import log
+from bench.studies.engine_scale_load import (
+    closed_loop,
+    end_sequences,
+    open_in_slots,
+    start_backlogged,
+    start_server,
+    warm_imports,
+    write_probe_model,
+    x1,
+)
+from bench.studies.engine_scale_report import fmt_live, fmt_reap, fmt_split
+from bench.studies.engine_threads import CoreThreads, cpu_delta, probe, settle_rss, tids
+
 perf = time.perf_counter_ns
-PAGE = os.sysconf("SC_PAGE_SIZE")
+
 SLOTS_DIRECT = 64
-
-CONFIG = """\
-name: "{name}"
-backend: "python"
-max_batch_size: {mbs}
-input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] }} ]
-output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] }} ]
-sequence_batching {{
-  max_sequence_idle_microseconds: {idle_us}
-  {strategy}
-  state [ {{
-    input_name: "SUM_IN" output_name: "SUM_OUT" data_type: TYPE_FP32 dims: [ {elems} ]
-    initial_state {{ name: "zero" data_type: TYPE_FP32 dims: [ {elems} ] zero_data: true }}
-  }} ]
-}}
-instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
-"""
-
-MODEL_PY = """\
-import threading
-import time
-
-SCALE_PROBE_MODEL = {name!r}
-PROBE = []  # per batch, while RECORD[0]: (t_enter_ns, t_exit_ns, corrid, ready)
-RECORD = [False]
-TIDS = set()  # native ids of the threads execute() ran on
-_perf = time.perf_counter_ns
-_tid = threading.get_native_id
-
-
-class Model:
-    def execute(self, batch):
-        t0 = _perf()
-        TIDS.add(_tid())
-        total = batch.states["SUM_IN"] + batch.inputs["INPUT"]
-        out = {{"OUTPUT": total[:, :1], "SUM_OUT": total}}
-        if RECORD[0]:
-            PROBE.append((t0, _perf(), batch.corrid.copy(), batch.ready.copy()))
-        return out
-"""
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def write_model(
-    root: Path,
-    name: str,
-    *,
-    strategy: str,
-    mbs: int,
-    idle_us: int = 600_000_000,
-    capacity: int = 0,
-    instances: int = 1,
-    elems: int = 1,
-) -> None:
-    strat = "direct { }" if strategy == "direct" else f"oldest {{ max_candidate_sequences: {capacity} }}"
-    d = root / name
-    (d / "1").mkdir(parents=True, exist_ok=True)
-    (d / "config.pbtxt").write_text(
-        CONFIG.format(name=name, mbs=mbs, idle_us=idle_us, strategy=strat, elems=elems, instances=instances)
-    )
-    (d / "1" / "model.py").write_text(MODEL_PY.format(name=name))
-
-
-def probe(name: str) -> Any:
-    for mod in list(sys.modules.values()):
-        if getattr(mod, "SCALE_PROBE_MODEL", None) == name:
-            return mod
-    raise RuntimeError(f"model module of {name!r} not found")
-
-
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
-
-
-def tids() -> set[int]:
-    return {int(t) for t in os.listdir("/proc/self/task")}
-
-
-def thread_cpu_ns(tid: int) -> int:
-    """CPU time of one thread of this process, ns (its per-thread CPU clock; /proc as a fallback)."""
-    try:
-        return time.clock_gettime_ns(((~tid) << 3) | 6)  # MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)
-    except OSError:
-        with open(f"/proc/self/task/{tid}/schedstat") as f:
-            return int(f.read().split()[0])
-
-
-class CoreThreads:
-    """The core's threads of one model: those that appeared while it loaded, split into executors
-    (the model saw itself run there) and the rest (the reaper)."""
-
-    def __init__(self, before: set[int], name: str) -> None:
-        self.before = before
-        self.name = name
-        self.new = tids() - before
-
-    def split(self) -> tuple[set[int], set[int]]:
-        execs = set(probe(self.name).TIDS)
-        py = {t.native_id for t in threading.enumerate() if t.native_id is not None}
-        return execs & self.new, self.new - execs - py
-
-    def sample(self) -> dict[str, int]:
-        execs, others = self.split()
-        return {
-            "executor": sum(thread_cpu_ns(t) for t in execs),
-            "reaper": sum(thread_cpu_ns(t) for t in others),
-            "process": time.process_time_ns(),
-            "wall": perf(),
-            "reaper_threads": len(others),
-        }
-
-
-def cpu_delta(a: dict[str, int], b: dict[str, int]) -> dict[str, float]:
-    wall = (b["wall"] - a["wall"]) / 1e9
-    return {
-        "window_s": wall,
-        "reaper_ms": (b["reaper"] - a["reaper"]) / 1e6,
-        "executor_ms": (b["executor"] - a["executor"]) / 1e6,
-        "process_ms": (b["process"] - a["process"]) / 1e6,
-        "reaper_threads": b["reaper_threads"],
-    }
-
-
-def x1() -> np.ndarray:
-    return np.ones((1, 1), np.float32)
-
-
-def _consume(fut: Any) -> None:
-    if not fut.cancelled():
-        fut.exception()  # failed at shutdown: retrieved, so asyncio does not log each one
-
-
-def start_backlogged(server: Any, name: str, ids: list[int]) -> list[Any]:
-    """START for every id without waiting (Direct: those that find no slot stay in the backlog)."""
-    out = [server.submit(name, {"INPUT": x1()}, sequence_id=s, sequence_start=True) for s in ids]
-    for f in out:
-        f.add_done_callback(_consume)
-    return out
-
-
-# ----------------------------------------------------------------------------------- helpers
-
-
-async def closed_loop(
-    server: Any, model: str, ids: list[int], seconds: float, started: bool, warmup: float = 0.5
-) -> dict[str, Any]:
-    """``ids`` sequences in a closed loop for ``seconds`` (they START first unless ``started``);
-    each is left open. Returns steps/s, latency and process CPU per step."""
-    lats: list[int] = []
-    stop = False
-    submit = server.submit
-    bad = [0]
-
-    async def one(sid: int) -> None:
-        first = not started
-        expected = None
-        while not stop:
-            t0 = perf()
-            r = await submit(model, {"INPUT": x1()}, sequence_id=sid, sequence_start=first)
-            lats.append(perf() - t0)
-            out = float(r.outputs["OUTPUT"][0, 0])
-            if expected is not None and out != expected + 1.0:
-                bad[0] += 1
-            expected = out
-            first = False
-
-    def counts() -> tuple[int, int]:
-        st = server.statistics(model)[0]
-        return st["execution_count"], st["inference_count"]
-
-    tasks = [asyncio.create_task(one(s)) for s in ids]
-    await asyncio.sleep(warmup)
-    e0, i0 = counts()
-    n0, c0, t0 = len(lats), time.process_time_ns(), perf()
-    marks = [(n0, t0)]
-    while (perf() - t0) / 1e9 < seconds:  # sub-windows: their median rate shrugs off bursts of other load
-        await asyncio.sleep(0.2)
-        marks.append((len(lats), perf()))
-    n1, c1, t1 = len(lats), time.process_time_ns(), perf()
-    e1, i1 = counts()
-    stop = True
-    await asyncio.gather(*tasks)
-    window = np.asarray(lats[n0:n1], np.int64)
-    n = max(1, n1 - n0)
-    if bad[0]:
-        raise RuntimeError(f"{bad[0]} wrong running sums")
-    rates = [(b[0] - a[0]) / ((b[1] - a[1]) / 1e9) for a, b in itertools.pairwise(marks)]
-    return {
-        "steps": n1 - n0,
-        "steps_per_s": float(np.median(rates)) if rates else 0.0,
-        "steps_per_s_mean": (n1 - n0) / ((t1 - t0) / 1e9),
-        "p50_us": float(np.percentile(window, 50) / 1e3) if window.size else float("nan"),
-        "p99_us": float(np.percentile(window, 99) / 1e3) if window.size else float("nan"),
-        "cpu_us_per_step": (c1 - c0) / n / 1e3,
-        "rows_per_batch": (i1 - i0) / max(1, e1 - e0),
-    }
-
-
-async def end_sequences(server: Any, model: str, ids: list[int]) -> None:
-    await asyncio.gather(*(server.submit(model, {"INPUT": x1()}, sequence_id=s, sequence_end=True) for s in ids))
-
-
-async def open_in_slots(server: Any, model: str, ids: range | list[int], chunk: int = 1024) -> float:
-    """START (one step) for every id, ``chunk`` at a time; returns seconds."""
-    t0 = perf()
-    ids = list(ids)
-    for i in range(0, len(ids), chunk):
-        await asyncio.gather(
-            *(server.submit(model, {"INPUT": x1()}, sequence_id=s, sequence_start=True) for s in ids[i : i + chunk])
-        )
-    return (perf() - t0) / 1e9
-
-
-def settle_rss() -> int:
-    gc.collect()
-    return rss()
-
-
-async def start_server(repo: Path, names: list[str]) -> tuple[Any, dict[str, CoreThreads]]:
-    from seqserve.engine import Server
-
-    # no bound on the backlog: the sections measure 100,000 backlogged sequences
-    server = Server(repo, max_backlog_sequences=0)
-    await server.start(models=[])
-    threads = {}
-    for name in names:
-        before = tids()
-        await server.load_model(name)
-        threads[name] = CoreThreads(before, name)
-    return server, threads
-
-
-async def warm_imports(root: Path, strategy: str, elems: int) -> None:
-    """Load and drop a tiny model once, so that imports and first-use allocations are not counted."""
-    write_model(root, "warm", strategy=strategy, mbs=8, capacity=16, elems=elems)
-    server, _ = await start_server(root, ["warm"])
-    await open_in_slots(server, "warm", range(1, 9))
-    await closed_loop(server, "warm", list(range(1, 9)), 0.2, started=True)
-    await end_sequences(server, "warm", list(range(1, 9)))
-    await server.shutdown(timeout_s=5)
 
 
 # ------------------------------------------------------------------------------------ split
@@ -321,7 +89,7 @@ async def section_split(args: argparse.Namespace) -> dict[str, Any]:
     mbs, steps, reps = args.split_mbs, args.split_steps, args.reps
     name = f"split_b{mbs}"
     with tempfile.TemporaryDirectory(prefix="seqserve-scale-") as tmp:
-        write_model(Path(tmp), name, strategy="direct", mbs=mbs, elems=args.state_elems)
+        write_probe_model(Path(tmp), name, strategy="direct", mbs=mbs, elems=args.state_elems)
         server, _ = await start_server(Path(tmp), [name])
         mod = probe(name)
         per_rep: list[dict[str, Any]] = []
@@ -438,7 +206,7 @@ async def child_live(p: dict[str, Any]) -> dict[str, Any]:
         await warm_imports(root / "warm", layout, elems)
         capacity = n + active
         for name in ("base", "idle"):
-            write_model(root / "repo", name, strategy=layout, mbs=64, capacity=capacity, elems=elems)
+            write_probe_model(root / "repo", name, strategy=layout, mbs=64, capacity=capacity, elems=elems)
         server, _ = await start_server(root / "repo", ["base"])
         act = list(range(1, active + 1))
         out: dict[str, Any] = {"layout": layout, "n": n, "active": active, "state_bytes": 4 * elems}
@@ -544,7 +312,7 @@ async def child_reap(p: dict[str, Any]) -> dict[str, Any]:
         root = Path(tmp)
         await warm_imports(root / "warm", layout, elems)
         name = f"reap_{layout}"
-        write_model(root / "repo", name, strategy=layout, mbs=64, capacity=n + e, idle_us=idle_us, elems=elems)
+        write_probe_model(root / "repo", name, strategy=layout, mbs=64, capacity=n + e, idle_us=idle_us, elems=elems)
         server, threads = await start_server(root / "repo", [name])
         m = server.model(name)
         th = threads[name]
@@ -631,105 +399,6 @@ def _loop_run(coro: Any) -> Any:
     except ImportError:
         return asyncio.run(coro)
     return uvloop.run(coro)
-
-
-def fmt_split(s: dict[str, Any]) -> str:
-    rows = s["rows"]
-    lines = [
-        f"per-step cost split: Server.submit in process, Direct, {s['mbs']} slots, {s['sequences']} sequences in "
-        f"a closed loop, {s['steps']} steps x {s['reps']} reps (medians), {rows:.2f} real rows per batch",
-        f"  {'stage':<28}{'per batch us':>13}{'per step us':>13}  source",
-    ]
-
-    def row(stage: str, batch: float | None, step: float, src: str) -> None:
-        b = "-" if batch is None else f"{batch:.2f}"
-        lines.append(f"  {stage:<28}{b:>13}{step:>13.2f}  {src}")
-
-    row("enqueue (Server.submit)", None, s["enqueue_us"], "own timestamps around submit()")
-    row("queue wait", None, s["queue_us"], "stats queue: arrival -> batch formed (waits for the batch before)")
-    row("batch assembly", s["assembly_batch_us"], s["assembly_batch_us"] / rows, "stats compute_input")
-    row(
-        "execute call (w/o model)",
-        s["execute_call_batch_us"],
-        s["execute_call_batch_us"] / rows,
-        "stats compute_infer - model body",
-    )
-    row("  model body", s["model_body_batch_us"], s["model_body_batch_us"] / rows, "own timestamps in execute()")
-    row("scatter", s["scatter_batch_us"], s["scatter_batch_us"] / rows, "stats compute_output")
-    row(
-        "completion, 1st of batch",
-        s["completion_first_us"],
-        s["completion_first_us"] / rows,
-        "own: first caller of the batch resumes - model exit - scatter",
-    )
-    row(
-        "completion, mean",
-        None,
-        s["completion_us"],
-        "own: each caller resumes - model exit - scatter (callers resume one after another)",
-    )
-    lines.append(
-        f"  latency submit->reply p50 {s['latency_p50_us']:.1f} us, p99 {s['latency_p99_us']:.1f} us; "
-        f"{s['steps_per_s']:,.0f} steps/s; CPU {s['cpu_us_per_step']:.2f} us/step (all threads), "
-        f"wall {s['wall_us_per_step']:.2f} us/step"
-    )
-    return "\n".join(lines)
-
-
-def fmt_live(rows: list[dict[str, Any]]) -> str:
-    hdr = (
-        f"  {'layout':<7}{'N':>8}{'slots':>8}{'backlog':>8}{'open us/seq':>12}{'B/idle seq':>11}{'- state':>9}"
-        f"{'py B/req':>9}"
-        f"{'capacity MB':>12}{'base st/s':>11}{'idle st/s':>11}{'ratio':>7}{'base p99':>9}{'idle p99':>9}"
-        f"{'rows':>6}{'reaper ms/s':>12}{'hand-off us':>12}"
-    )
-    lines = [
-        "live sequences: N idle + active closed-loop ones; B/idle seq = RSS delta (model load + opening) / N; "
-        "'- state' = that minus the state bytes; reaper ms/s = core non-executor thread CPU per second of an "
-        "idle window; hand-off = END of a slot's sequence -> the backlog's first runs its START (p50); py B/req = "
-        "Python-side bytes of a backlogged START request (tracemalloc; included in B/idle seq); st/s = median of "
-        "0.2 s sub-windows; rows = real rows per batch, base/idle",
-        hdr,
-    ]
-    for r in rows:
-        ho = r.get("handoff_us") or {}
-        py = f"{r['py_bytes_per_backlogged']:,.0f}" if r.get("py_bytes_per_backlogged") else "-"
-        lines.append(
-            f"  {r['layout']:<7}{r['n']:>8,}{r['slots']:>8,}{r['backlog']:>8,}{r['open_s'] / r['n'] * 1e6:>12.1f}"
-            f"{r['bytes_per_idle']:>11,.0f}{r['bytes_per_idle'] - r['state_bytes']:>9,.0f}"
-            f"{py:>9}"
-            f"{r['capacity_bytes'] / 2**20:>12.1f}{r['base']['steps_per_s']:>11,.0f}"
-            f"{r['with_idle']['steps_per_s']:>11,.0f}{r['with_idle']['steps_per_s'] / r['base']['steps_per_s']:>7.2f}"
-            f"{r['base']['p99_us']:>9,.0f}{r['with_idle']['p99_us']:>9,.0f}"
-            f"{r['base']['rows_per_batch']:>3.0f}/{r['with_idle']['rows_per_batch']:<2.0f}"
-            f"{r['idle_cpu']['reaper_ms'] / r['idle_cpu']['window_s']:>12.2f}"
-            f"{ho.get('p50', float('nan')):>12,.0f}"
-        )
-    return "\n".join(lines)
-
-
-KIND_LABEL = {"none": "none expiring", "some": "some expiring", "backlog": "backlog past idle t/o"}
-
-
-def fmt_reap(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "idle reaping: core non-executor thread (reaper) and process CPU over the window; 'some expiring': the "
-        "expiring sequences time out inside the window, the N do not; 'backlog past idle t/o': Direct, 64 slots "
-        "kept busy, N backlogged sequences older than the 2 s idle timeout (not reaped, re-checked); process "
-        "CPU there includes the 64 keep-alive steps every 0.25 s",
-        f"  {'layout':<7}{'kind':<22}{'N':>8}{'expired':>8}{'window s':>9}{'reaper ms':>10}{'reaper ms/s':>12}"
-        f"{'us/expiry':>10}{'process ms/s':>13}",
-    ]
-    for r in rows:
-        c = r["cpu"]
-        exp = r.get("expired", 0)
-        per = f"{c['reaper_ms'] * 1e3 / exp:.1f}" if exp else "-"
-        lines.append(
-            f"  {r['layout']:<7}{KIND_LABEL[r['kind']]:<22}{r['n']:>8,}{exp:>8,}{c['window_s']:>9.2f}"
-            f"{c['reaper_ms']:>10.2f}{c['reaper_ms'] / c['window_s']:>12.2f}{per:>10}"
-            f"{c['process_ms'] / c['window_s']:>13.2f}"
-        )
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
