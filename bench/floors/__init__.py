@@ -10,7 +10,6 @@ request's first input under the first requested output name (default ``OUTPUT``)
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 # name -> (script, transports it can stand in for)
@@ -33,10 +32,3 @@ FLOORS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 def script_path(name: str) -> Path:
     return Path(__file__).resolve().parent / FLOORS[name][0]
-
-
-def ensure_importable() -> None:
-    """When a floor runs as a script, make ``bench`` (and ``seqserve``) importable."""
-    root = str(Path(__file__).resolve().parents[2])
-    if root not in sys.path:
-        sys.path.insert(0, root)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 INPUT_NAME = "INPUT"
@@ -68,8 +68,14 @@ def run_on_uvloop(coro: Any) -> None:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - the bench extra installs it
-        import asyncio
-
         asyncio.run(coro)
         return
     uvloop.run(coro)
+
+
+def serve_main(prog: str, serve: Callable[[str, int], Awaitable[None]], argv: list[str] | None = None) -> int:
+    """A floor script's ``main``: ``PORT [--host H]``, then ``serve(host, port)`` on uvloop until a
+    signal ends it."""
+    args = parse_args(prog, argv)
+    run_on_uvloop(serve(args.host, args.port))
+    return 0

@@ -101,10 +101,12 @@ class GrpcH2Protocol(asyncio.Protocol):
         self.conn.send_headers(stream_id, _OK, end_stream=True)
 
 
+async def serve(host: str, port: int) -> None:
+    await common.serve_protocol(GrpcH2Protocol, host, port)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = common.parse_args("grpc_h2.py", argv)
-    common.run_on_uvloop(common.serve_protocol(GrpcH2Protocol, args.host, args.port))
-    return 0
+    return common.serve_main("grpc_h2.py", serve, argv)
 
 
 if __name__ == "__main__":

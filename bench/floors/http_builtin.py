@@ -35,9 +35,7 @@ async def serve(host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = common.parse_args("http_builtin.py", argv)
-    common.run_on_uvloop(serve(args.host, args.port))
-    return 0
+    return common.serve_main("http_builtin.py", serve, argv)
 
 
 if __name__ == "__main__":

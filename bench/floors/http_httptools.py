@@ -74,10 +74,12 @@ class EchoProtocol(asyncio.Protocol):
         )
 
 
+async def serve(host: str, port: int) -> None:
+    await common.serve_protocol(EchoProtocol, host, port)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = common.parse_args("http_httptools.py", argv)
-    common.run_on_uvloop(common.serve_protocol(EchoProtocol, args.host, args.port))
-    return 0
+    return common.serve_main("http_httptools.py", serve, argv)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any, Protocol
 
 from bench.floors import FLOORS
 from bench.loadgen.runner import MODES
@@ -43,6 +44,34 @@ def _shape(value: str) -> tuple[str, list[int]]:
         raise argparse.ArgumentTypeError(f"{value!r}: expected NAME=d1,d2,...") from None
 
 
+class Group(Protocol):
+    """A parser or an argument group: what the shared options below are added to."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+# Options that python -m bench and python -m bench.vs_triton share, word for word.
+
+
+def add_server_arg(p: Group) -> None:
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for the spawned `seqserve serve` (repeatable; use --server-arg=--flag)",
+    )
+
+
+def add_warmup_and_pause(p: Group) -> None:
+    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each run (default: 2)")
+    p.add_argument("--pause", type=float, default=0.5, help="seconds between runs (default: 0.5)")
+
+
+def add_request_timeout(p: Group) -> None:
+    p.add_argument("--request-timeout", type=float, default=30.0, help="per-step timeout in seconds (default: 30)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench",
@@ -51,13 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t = p.add_argument_group("target")
     t.add_argument("--spawn", action="store_true", help="start seqserve on free loopback ports, stop it at the end")
-    t.add_argument(
-        "--server-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="extra argument for the spawned `seqserve serve` (repeatable; use --server-arg=--flag)",
-    )
+    add_server_arg(t)
     t.add_argument("--http-url", help="HTTP endpoint host:port of a running server (e.g. 127.0.0.1:8000)")
     t.add_argument("--grpc-url", help="gRPC endpoint host:port of a running server (e.g. 127.0.0.1:8001)")
     t.add_argument(
@@ -119,8 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--duration", type=float, default=10.0, help="measured seconds per run (default: 10)")
     w.add_argument("--steps", type=int, help="measure this many steps per run instead of --duration (1 process)")
-    w.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each run (default: 2)")
-    w.add_argument("--pause", type=float, default=0.5, help="seconds between runs (default: 0.5)")
+    add_warmup_and_pause(w)
     w.add_argument(
         "--grpc-streams",
         type=int,
@@ -166,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--no-verify", dest="verify", action="store_const", const="off", help="same as --verify off")
     w.add_argument("--seed", type=int, default=0, help="random data and sequence lengths (default: 0)")
-    w.add_argument("--request-timeout", type=float, default=30.0, help="per-step timeout in seconds (default: 30)")
+    add_request_timeout(w)
     w.add_argument(
         "--processes",
         type=int,

@@ -41,7 +41,7 @@ from typing import Any
 from bench.loadgen import report
 from bench.loadgen.cpu import ProcessTreeCpu
 from bench.loadgen.model_stats import StatsReader, StatsSnapshot, window
-from bench.loadgen.options import int_list, transport_list
+from bench.loadgen.options import add_request_timeout, add_server_arg, add_warmup_and_pause, int_list, transport_list
 from bench.loadgen.runner import MODES, RunConfig, SequenceIds, id_base, run_coro, run_load
 from bench.loadgen.target import SpawnedServer, Target, fetch_metadata, wait_ready
 from bench.loadgen.transports import TRANSPORTS, TransportSpec
@@ -101,9 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seq-len", type=int, default=20, help="steps per sequence (default: 20)")
     p.add_argument("--duration", type=float, default=8.0, help="measured seconds per run (default: 8)")
-    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each run (default: 2)")
-    p.add_argument("--pause", type=float, default=0.5, help="seconds between runs (default: 0.5)")
-    p.add_argument("--request-timeout", type=float, default=30.0, help="per-step timeout in seconds (default: 30)")
+    add_warmup_and_pause(p)
+    add_request_timeout(p)
     p.add_argument("--seed", type=int, default=0, help="random data (default: 0; round r uses seed + r)")
     p.add_argument(
         "--triton-script",
@@ -123,13 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         "config, Triton runs on a temporary copy of the repository with the count set there (removed at exit)",
     )
     p.add_argument("--model", default="accumulator", help="seqserve's model (default: accumulator)")
-    p.add_argument(
-        "--server-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="extra argument for the spawned `seqserve serve` (repeatable; use --server-arg=--flag)",
-    )
+    add_server_arg(p)
     p.add_argument("--no-triton", action="store_true", help="seqserve alone (a dry run of the mode; no ratios)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write every run and the summary here")
     p.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto", help="client event loop")
