@@ -21,9 +21,9 @@ FLOORS: dict[str, tuple[str, tuple[str, ...]]] = {
     "http-granian": ("http_granian.py", ("http-binary", "http-json")),
     # uvicorn is not installed with seqserve: `pip install uvicorn` to run this one
     "http-uvicorn": ("http_uvicorn.py", ("http-binary", "http-json")),
-    # no ASGI: the least an HTTP/1.1 server on the loop costs (bench/README.md, "HTTP: the builtin server")
+    # no ASGI: the least an HTTP/1.1 server on the loop costs (bench/docs/front-ends.md, "HTTP: the builtin server")
     "http-httptools": ("http_httptools.py", ("http-binary", "http-json")),
-    # the ways to serve gRPC unary, compared in bench/README.md ("gRPC unary: the floors of each way")
+    # the ways to serve gRPC unary, compared in bench/docs/front-ends.md ("gRPC unary: the floors of each way")
     "grpc-sync": ("grpc_sync.py", ("grpc-unary",)),
     "grpc-sync-handoff": ("grpc_sync_handoff.py", ("grpc-unary",)),
     "grpc-h2": ("grpc_h2.py", ("grpc-unary",)),

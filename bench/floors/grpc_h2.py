@@ -9,7 +9,7 @@ floors do; the readiness and metadata rpcs answer from ``grpc_stream.FloorServic
 else (streams included) answers UNIMPLEMENTED. It serves the bench's gRPC unary runs and nothing
 more: no TLS, no compression, no deadlines, no limits. It measures what a gRPC front-end on the
 event loop without grpcio's per-call machinery would cost ("gRPC unary: the floors of each way to
-serve it" in bench/README.md).
+serve it" in bench/docs/front-ends.md).
 """
 
 from __future__ import annotations

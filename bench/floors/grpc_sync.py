@@ -6,7 +6,7 @@ Serves what ``grpc_stream.py`` serves (ModelInfer echoes the first input; readin
 answer as for any model), from grpcio's ``grpc.server`` with 16 worker threads instead of
 grpc.aio. With ``--handoff`` each ModelInfer reply is made on an asyncio event loop running in
 another thread, and the handler thread waits for it: the least a design on the synchronous server
-pays to reach an engine that lives on an event loop (seqserve's does; see bench/README.md, "gRPC
+pays to reach an engine that lives on an event loop (seqserve's does; see bench/docs/front-ends.md, "gRPC
 unary: the floors of each way to serve it").
 """
 

@@ -1,4 +1,5 @@
-"""``python -m bench``: closed-loop or paced sequence load against KServe v2 servers (see bench/README.md)."""
+"""``python -m bench``: closed-loop or paced sequence load against KServe v2 servers
+(bench/docs/load-generator.md)."""
 
 from __future__ import annotations
 

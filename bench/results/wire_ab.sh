@@ -1,5 +1,5 @@
 #!/bin/bash
-# Alternating rounds of the wire work's comparison (bench/README.md, "Where a unary call's time
+# Alternating rounds of the wire work's comparison (bench/docs/front-ends.md, "Where a unary call's time
 # goes"): seqserve before (BEFORE_PY: a venv with the baseline installed), after (AFTER_PY),
 # Triton 2.51 from ../shared/anchors/triton (accum_py), and the bench's floors, one after the
 # other in each round. Run from the checkout root:

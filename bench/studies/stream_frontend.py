@@ -8,7 +8,7 @@ from a loop callback, as an inline batch does. Each stream is closed-loop: its n
 readable once its previous reply was written. What is measured is process CPU per message: the
 decode, the session's bookkeeping, the reply's encoding and the task switches between them.
 Load-independent enough to compare two versions of the front-end on a busy machine (run them
-alternately; see bench/README.md, "gRPC stream front-end").
+alternately; see bench/docs/front-ends.md, "gRPC stream front-end").
 """
 
 from __future__ import annotations

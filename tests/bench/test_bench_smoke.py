@@ -144,7 +144,7 @@ def test_http_floors(tmp_path: Path, floor: str) -> None:
 
 
 def test_grpc_unary_floors(tmp_path: Path) -> None:
-    """The floors of bench/README.md's "gRPC unary: the floors of each way to serve it" answer
+    """The floors of bench/docs/front-ends.md's "gRPC unary: the floors of each way to serve it" answer
     the bench's gRPC unary runs (readiness, metadata, echoes) without an error."""
     out = tmp_path / "floors.json"
     run(
