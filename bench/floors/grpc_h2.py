@@ -61,7 +61,7 @@ class GrpcH2Protocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
         self.conn.initiate_connection()
-        transport.write(self.conn.data_to_send())
+        self.transport.write(self.conn.data_to_send())
 
     def data_received(self, data: bytes) -> None:
         conn = self.conn
