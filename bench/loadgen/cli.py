@@ -278,19 +278,11 @@ def _check_args(args: argparse.Namespace) -> None:
         raise SystemExit("the chosen transports need --http-url and/or --grpc-url (or use --spawn)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    _check_args(args)
-    floors, explicit = _floors_for(args)
-    loads = args.streams if args.mode == "paced" else args.concurrency
-    has_primary = bool(args.spawn or args.http_url or args.grpc_url)
-    if args.spawn and (args.http_url or args.grpc_url):
-        raise SystemExit("--spawn and --http-url/--grpc-url are exclusive")
-    if args.model_stats and not (args.spawn or args.http_url):
-        raise SystemExit("--model-stats reads the statistics over HTTP: give --http-url (or --spawn)")
-    if not has_primary and not floors:
-        raise SystemExit("give --http-url and/or --grpc-url, or --spawn (and/or --spawn-floor / --ceiling)")
-    plans: list[tuple[str, list[RunSpec]]] = []  # ("primary" or a floor name, its runs)
+def _plans(
+    args: argparse.Namespace, has_primary: bool, floors: list[str], explicit: set[str], loads: list[int]
+) -> list[tuple[str, list[RunSpec]]]:
+    """("primary" or a floor name, its runs), in the order they run."""
+    plans: list[tuple[str, list[RunSpec]]] = []
     if has_primary:
         label = "seqserve" if args.spawn else "server"
         plans.append(("primary", [RunSpec(t, n, args.mode, label) for t in args.transports for n in loads]))
@@ -304,6 +296,112 @@ def main(argv: list[str] | None = None) -> int:
             plans.append((f, runs))
         else:
             print(f"bench: floor {f} serves none of the chosen transports; skipped", file=sys.stderr)
+    return plans
+
+
+def _print_report(
+    args: argparse.Namespace, rows: list[dict[str, Any]], workload: Workload | None, loads: list[int]
+) -> tuple[list[str], list[dict[str, Any]], list[str]]:
+    """The table and its notes on stdout; returns the floor warnings, the floor comparison and the
+    problems (wrong answers, errors)."""
+    print(report.format_table(rows))
+    print()
+    measured = all(r["server_cpu_us_per_step"] is not None for r in rows)
+    srv_note = "whole server process tree" if measured else "'-': not measured, give --server-pid"
+    what = f"paced, one step per stream every {args.period_ms:g} ms" if args.mode == "paced" else "closed loop"
+    seq = (
+        "data file"
+        if args.data
+        else f"seq-len {args.seq_len}" + (f" +-{args.seq_len_jitter:.0%}" if args.seq_len_jitter else "")
+    )
+    print(f"{what}; {seq}; warm-up {args.warmup:g}s excluded; CPU per measured step (srv: {srv_note}).")
+    if workload is not None:
+        print(workload.describe())
+    if args.mode == "paced":
+        print(
+            "paced: a step misses its deadline when its reply arrives after the stream's next scheduled send; "
+            "'streams on time' had no miss in the window; lag = how late steps were sent behind schedule."
+        )
+    print(report.ceiling_note(rows))
+    overhead = report.format_overhead(rows)
+    if overhead:
+        print()
+        print(
+            "the server's own cost per step (--model-stats): server CPU per measured step minus the model's "
+            "execute (batch compute_infer, wall time) per request the model served, both over the measured window:"
+        )
+        print(overhead)
+        medians = report.overhead_medians(rows)
+        if medians:
+            print("\nthe same, medians of the runs of each load (min-max):")
+            print(medians)
+    table, warns, comps = report.compare_floors(rows)
+    if table:
+        print()
+        print("against the floors (same transport and load): server CPU per step as a multiple of the floor's;")
+        print(
+            "ceiling = what the generator did flat out against the floor (closed loop, "
+            f"{max(max(loads), CEILING_MIN_CONCURRENCY)} sequences); a ceiling run under 50% client CPU per "
+            "process was machine-bound, not generator-bound:"
+        )
+        print(table)
+    for line in warns:
+        print(line)
+    issues = report.problems(rows)
+    for line in issues:
+        print(line)
+    return warns, comps, issues
+
+
+def _meta_doc(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    targets_meta: list[dict[str, Any]],
+    workload: Workload | None,
+    meta: dict[str, Any],
+    outcomes: list[Outcome],
+) -> dict[str, Any]:
+    """The JSON's ``meta``: the settings, the targets and the environment of the run."""
+    import tritonclient
+
+    return {
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:] if argv is None else argv,
+        "model": args.model,
+        "targets": targets_meta,
+        "mode": args.mode,
+        "period_ms": args.period_ms if args.mode == "paced" else None,
+        "seq_len": args.seq_len,
+        "seq_len_jitter": args.seq_len_jitter,
+        "data": str(args.data) if args.data else None,
+        "workload": workload.describe() if workload else None,
+        "model_metadata": meta,
+        "warmup_s": args.warmup,
+        "grpc_streams": args.grpc_streams,
+        "grpc_reply_order": args.grpc_reply_order,
+        "processes": args.processes,
+        "client_loop": outcomes[0].loop if outcomes else None,
+        "cpu_count": os.cpu_count(),
+        "loadavg": os.getloadavg(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "tritonclient": getattr(tritonclient, "__version__", None),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _check_args(args)
+    floors, explicit = _floors_for(args)
+    loads = args.streams if args.mode == "paced" else args.concurrency
+    has_primary = bool(args.spawn or args.http_url or args.grpc_url)
+    if args.spawn and (args.http_url or args.grpc_url):
+        raise SystemExit("--spawn and --http-url/--grpc-url are exclusive")
+    if args.model_stats and not (args.spawn or args.http_url):
+        raise SystemExit("--model-stats reads the statistics over HTTP: give --http-url (or --spawn)")
+    if not has_primary and not floors:
+        raise SystemExit("give --http-url and/or --grpc-url, or --spawn (and/or --spawn-floor / --ceiling)")
+    plans = _plans(args, has_primary, floors, explicit, loads)
     prog = ProgressBar(args.quiet, sum(len(runs) for _, runs in plans))
     base = id_base()
     ids = SequenceIds(string_ids=args.string_ids, base=base)
@@ -369,80 +467,11 @@ def main(argv: list[str] | None = None) -> int:
             pool.close()
     rows = [r for o in outcomes for r in o.rows]
     results = [r for o in outcomes for r in o.results]
-    print(report.format_table(rows))
-    print()
-    measured = all(r["server_cpu_us_per_step"] is not None for r in rows)
-    srv_note = "whole server process tree" if measured else "'-': not measured, give --server-pid"
-    what = f"paced, one step per stream every {args.period_ms:g} ms" if args.mode == "paced" else "closed loop"
-    seq = (
-        "data file"
-        if args.data
-        else f"seq-len {args.seq_len}" + (f" +-{args.seq_len_jitter:.0%}" if args.seq_len_jitter else "")
-    )
-    print(f"{what}; {seq}; warm-up {args.warmup:g}s excluded; CPU per measured step (srv: {srv_note}).")
-    if workload is not None:
-        print(workload.describe())
-    if args.mode == "paced":
-        print(
-            "paced: a step misses its deadline when its reply arrives after the stream's next scheduled send; "
-            "'streams on time' had no miss in the window; lag = how late steps were sent behind schedule."
-        )
-    print(report.ceiling_note(rows))
-    overhead = report.format_overhead(rows)
-    if overhead:
-        print()
-        print(
-            "the server's own cost per step (--model-stats): server CPU per measured step minus the model's "
-            "execute (batch compute_infer, wall time) per request the model served, both over the measured window:"
-        )
-        print(overhead)
-        medians = report.overhead_medians(rows)
-        if medians:
-            print("\nthe same, medians of the runs of each load (min-max):")
-            print(medians)
-    table, warns, comps = report.compare_floors(rows)
-    if table:
-        print()
-        print("against the floors (same transport and load): server CPU per step as a multiple of the floor's;")
-        print(
-            "ceiling = what the generator did flat out against the floor (closed loop, "
-            f"{max(max(loads), CEILING_MIN_CONCURRENCY)} sequences); a ceiling run under 50% client CPU per "
-            "process was machine-bound, not generator-bound:"
-        )
-        print(table)
-    for line in warns:
-        print(line)
-    issues = report.problems(rows)
-    for line in issues:
-        print(line)
+    warns, comps, issues = _print_report(args, rows, workload, loads)
     if args.plot is not None and rows:
         report.plot(args.plot, list(zip(rows, results, strict=True)))
         print(f"plot: {args.plot}")
     if args.json:
-        import tritonclient
-
-        meta_doc = {
-            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "argv": sys.argv[1:] if argv is None else argv,
-            "model": args.model,
-            "targets": targets_meta,
-            "mode": args.mode,
-            "period_ms": args.period_ms if args.mode == "paced" else None,
-            "seq_len": args.seq_len,
-            "seq_len_jitter": args.seq_len_jitter,
-            "data": str(args.data) if args.data else None,
-            "workload": workload.describe() if workload else None,
-            "model_metadata": meta,
-            "warmup_s": args.warmup,
-            "grpc_streams": args.grpc_streams,
-            "grpc_reply_order": args.grpc_reply_order,
-            "processes": args.processes,
-            "client_loop": outcomes[0].loop if outcomes else None,
-            "cpu_count": os.cpu_count(),
-            "loadavg": os.getloadavg(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "tritonclient": getattr(tritonclient, "__version__", None),
-        }
+        meta_doc = _meta_doc(args, argv, targets_meta, workload, meta, outcomes)
         report.write_json(args.json, meta_doc, rows, floor_comparison=comps, warnings=warns, problems=issues)
     return 1 if issues else 0
