@@ -1,1 +1,1 @@
-"""In-process studies (no network): each is ``python -m bench.studies.<name>``; see bench/studies/."""
+"""In-process studies (no network): each is ``python -m bench.studies.<name>``; figures in bench/docs/."""
