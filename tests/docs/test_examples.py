@@ -20,7 +20,6 @@ optional extra), unless SEQSERVE_REQUIRE_TORCH=1.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import io
 import os
 import re
@@ -180,7 +179,11 @@ def needs_torch(block: CodeBlock) -> bool:
 
 
 def torch_missing() -> bool:
-    return importlib.util.find_spec("torch") is None
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return True
+    return False
 
 
 def run_python(block: CodeBlock, term: Terminal) -> None:
