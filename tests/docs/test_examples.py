@@ -37,9 +37,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs.markdown import NORUN, ROOT, RUNNABLE_LANGUAGES, CodeBlock, code_blocks
+from tests.docs.markdown import NORUN, ROOT, RUNNABLE_LANGUAGES, CodeBlock, code_blocks, pages
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "deploy" / "README.md"]
+PAGES = [page for page in pages() if "bench" not in page.relative_to(ROOT).parts]  # bench/ runs its own
 TEXT_LANGUAGES = ("", "text", "json", "yaml", "protobuf")
 DEFAULT_PORTS = {"8000": "http", "8001": "grpc", "8002": "metrics"}
 STEP_TIMEOUT_S = 120
