@@ -39,7 +39,7 @@ import pytest
 
 from tests.docs.markdown import NORUN, ROOT, RUNNABLE_LANGUAGES, CodeBlock, code_blocks, pages
 
-PAGES = [page for page in pages() if "bench" not in page.relative_to(ROOT).parts]  # bench/ runs its own
+PAGES = [page for page in pages() if "bench" not in page.relative_to(ROOT).parts]  # bench/: benchmarks, not run here
 TEXT_LANGUAGES = ("", "text", "json", "yaml", "protobuf")
 DEFAULT_PORTS = {"8000": "http", "8001": "grpc", "8002": "metrics"}
 STEP_TIMEOUT_S = 120
