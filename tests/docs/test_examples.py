@@ -13,14 +13,16 @@ What a block says it prints is checked:
 - bash: the comment lines right under a command (no blank line between) are its output; the
   parts between `...` must appear in the output, in that order.
 Spaces are ignored in both. Blocks marked `norun` (see tests/docs/markdown.py) are checked for
-syntax only. A block that imports torch skips the rest of its page when torch is missing (an
-optional extra), unless SEQSERVE_REQUIRE_TORCH=1.
+syntax only. A block must end the sequences it starts on the demo server: none may be left to
+wait out its idle timeout. A block that imports torch skips the rest of its page when torch is
+missing (an optional extra), unless SEQSERVE_REQUIRE_TORCH=1.
 """
 
 from __future__ import annotations
 
 import ast
 import io
+import json
 import os
 import re
 import shlex
@@ -31,6 +33,7 @@ import sys
 import textwrap
 import time
 import tokenize
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,6 +266,33 @@ def run_shell(block: CodeBlock, term: Terminal) -> None:
         assert_in_order(claims, out.stdout, where)
 
 
+DEMO_SEQUENCE_MODELS = sorted(
+    config.parent.name
+    for config in (ROOT / "src" / "seqserve" / "examples" / "models").glob("*/config.pbtxt")
+    if "sequence_batching" in config.read_text()
+)
+
+
+def live_sequences(ports: Ports) -> dict[str, list[object]]:
+    """The demo server's live sequences, by model (the sequence API)."""
+    live: dict[str, list[object]] = {}
+    for model in DEMO_SEQUENCE_MODELS:
+        url = f"http://127.0.0.1:{ports.http}/v2/models/{model}/sequences"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            ids = [s["id"] for s in json.load(reply)["sequences"]]
+        if ids:
+            live[model] = ids
+    return live
+
+
+def assert_sequences_ended(block: CodeBlock, ports: Ports) -> None:
+    """An example ends the sequences it starts: none is left to wait out its idle timeout."""
+    deadline = time.monotonic() + 2
+    while (live := live_sequences(ports)) and time.monotonic() < deadline:
+        time.sleep(0.05)  # an END's reply may reach the client just before its slot is freed
+    assert not live, f"{block.where()} left sequences live on the demo server: {live}"
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_page_examples_run_as_written(page: Path, demo_server: Ports, tmp_path: Path) -> None:
     term = Terminal(tmp_path, demo_server)
@@ -278,6 +308,7 @@ def test_page_examples_run_as_written(page: Path, demo_server: Ports, tmp_path: 
                 run_python(block, term)
             else:
                 run_shell(block, term)
+            assert_sequences_ended(block, demo_server)
     finally:
         term.stop()
 
