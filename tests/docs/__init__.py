@@ -1,0 +1,1 @@
+"""Tests of the documentation: its examples run as written, its local links resolve."""
