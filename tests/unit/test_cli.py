@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from seqserve.api import cli, security
+from seqserve.api.serve_options import ServeOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT = ROOT / "tests" / "data" / "cli" / "serve_snapshot.json"
@@ -152,61 +153,59 @@ def _plain(value: Any, names: dict[str, str]) -> Any:
     return value
 
 
-def flat(opts: Any) -> dict[str, Any]:
-    """What `serve` will do, under the first ServeOptions' field names; a front-end that is
-    off (and the metrics and state store when off) shows only that."""
+def flat(opts: ServeOptions) -> dict[str, Any]:
+    """What `serve` will do, under the names of the first, flat ServeOptions (the snapshot was
+    taken with it); a front-end that is off (and the metrics and state store when off) shows
+    only that."""
+    engine, http, grpc, metrics, store = opts.engine, opts.http, opts.grpc, opts.metrics, opts.state_store
     out: dict[str, Any] = {
-        "model_repository": opts.model_repository,
-        "exit_on_error": opts.exit_on_error,
-        "strict_readiness": opts.strict_readiness,
-        "model_control": opts.model_control,
-        "startup_models": opts.startup_models,
-        "repository_poll_secs": opts.repository_poll_secs,
-        "exit_timeout_s": opts.exit_timeout_s,
-        "strict_sequence_ids": opts.strict_sequence_ids,
-        "max_backlog_sequences": opts.max_backlog_sequences,
-        "session_tombstone_s": opts.session_tombstone_s,
-        "session_tombstone_max": opts.session_tombstone_max,
-        "python_isolation": opts.python_isolation,
-        "inline_max_batch_us": opts.inline_max_batch_us,
-        "http_port": opts.http_port,
-        "grpc_port": opts.grpc_port,
-        "metrics_port": opts.metrics_port,
-        "state_store": opts.state_store,
+        "model_repository": engine.model_repository,
+        "exit_on_error": engine.exit_on_error,
+        "strict_readiness": engine.strict_readiness,
+        "model_control": engine.model_control,
+        "startup_models": engine.startup_models,
+        "repository_poll_secs": engine.repository_poll_secs,
+        "exit_timeout_s": engine.exit_timeout_s,
+        "strict_sequence_ids": engine.strict_sequence_ids,
+        "max_backlog_sequences": engine.max_backlog_sequences,
+        "session_tombstone_s": engine.sessions.tombstone_s,
+        "session_tombstone_max": engine.sessions.tombstone_max,
+        "python_isolation": engine.python_isolation,
+        "inline_max_batch_us": engine.inline_max_batch_us,
+        "http_port": None if http is None else http.port,
+        "grpc_port": None if grpc is None else grpc.port,
+        "metrics_port": None if metrics is None else metrics.port,
+        "state_store": None if store is None else store.url,
     }
-    if opts.http_port is not None:
+    if http is not None:
         out |= {
-            "http_host": opts.http_host,
-            "http_server": opts.http_server,
-            "http_max_body_bytes": opts.http_max_body_bytes,
-            "http_limits": opts.http_limits,
-            "http_tls": [opts.http_tls_cert, opts.http_tls_key, opts.http_tls_client_ca]
-            if opts.http_tls_cert
-            else None,
-            "http_restricted": opts.http_restricted,
+            "http_host": http.host,
+            "http_server": http.server,
+            "http_max_body_bytes": http.max_body_bytes,
+            "http_limits": http.limits,
+            "http_tls": None if http.tls is None else [http.tls.cert, http.tls.key, http.tls.client_ca],
+            "http_restricted": http.restricted,
         }
-    if opts.grpc_port is not None:
+    if grpc is not None:
         out |= {
-            "grpc_host": opts.grpc_host,
-            "grpc_server": opts.grpc_server,
-            "grpc_limits": opts.grpc_limits,
-            "grpc_tls": [opts.grpc_tls_cert, opts.grpc_tls_key, opts.grpc_tls_client_ca]
-            if opts.grpc_tls_cert
-            else None,
-            "grpc_restricted": opts.grpc_restricted,
-            "stream_scoped_sequences": opts.stream_scoped_sequences,
+            "grpc_host": grpc.host,
+            "grpc_server": grpc.server,
+            "grpc_limits": grpc.limits,
+            "grpc_tls": None if grpc.tls is None else [grpc.tls.cert, grpc.tls.key, grpc.tls.client_ca],
+            "grpc_restricted": grpc.restricted,
+            "stream_scoped_sequences": grpc.stream_scoped,
         }
-    if opts.metrics_port is not None:
+    if metrics is not None:
         out |= {
-            "metrics_host": opts.metrics_host,
-            "metrics_interval_ms": opts.metrics_interval_ms,
-            "metrics_config": opts.metrics_config,
+            "metrics_host": metrics.host,
+            "metrics_interval_ms": metrics.interval_ms,
+            "metrics_config": metrics.config,
         }
-    if opts.state_store is not None:
+    if store is not None:
         out |= {
-            "replica_id": opts.replica_id,
-            "spill_idle_s": opts.spill_idle_s,
-            "handover_timeout_s": opts.handover_timeout_s,
+            "replica_id": store.replica_id,
+            "spill_idle_s": store.spill_idle_s,
+            "handover_timeout_s": store.handover_timeout_s,
         }
     return out
 
