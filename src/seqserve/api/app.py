@@ -61,10 +61,7 @@ async def serve(opts: ServeOptions) -> int:
     log.info("seqserve %s ready", __version__)
 
     await shutdown.requested.wait()
-    await server.shutdown()
-    await server.linger_while_requested()  # with a state store: until the balancer stops sending
-    await front_ends.stop()  # only now: every request the engine took has its answer
-    return _stopped(server)
+    return await _drain(server, front_ends)
 
 
 async def _start_engine(opts: ServeOptions) -> Server | None:
@@ -74,9 +71,7 @@ async def _start_engine(opts: ServeOptions) -> Server | None:
     server = engine.server()
     log.info("model control mode: %s", engine.model_control.value)
     await server.start(engine.startup_models)
-    for entry in server.repository_index():
-        state = entry["state"] + (f" ({entry['reason']})" if entry["reason"] else "")
-        log.info("model %-24s version %-4s %s", entry["name"], entry["version"] or "-", state)
+    _log_models(server)
     failed = server.failed_models()
     if failed and engine.exit_on_error:
         # Triton: "error: creating server: Internal - failed to load all models"
@@ -96,6 +91,12 @@ async def _start_engine(opts: ServeOptions) -> Server | None:
     return server
 
 
+def _log_models(server: Server) -> None:
+    for entry in server.repository_index():
+        state = entry["state"] + (f" ({entry['reason']})" if entry["reason"] else "")
+        log.info("model %-24s version %-4s %s", entry["name"], entry["version"] or "-", state)
+
+
 async def _enable_state_store(server: Server, opts: StateStoreOptions) -> None:
     store = open_store(opts.url, opts.replica_id or default_replica_id())
     await server.enable_state_store(store, spill_idle_s=opts.spill_idle_s, handover_timeout_s=opts.handover_timeout_s)
@@ -109,9 +110,13 @@ def _handle_signals(shutdown: Shutdown) -> None:
             loop.add_signal_handler(sig, shutdown.on_signal, sig)
 
 
-def _stopped(server: Server) -> int:
-    """The last step of a drained stop: the exit code, or an exit at once past a model that
-    never returned from execute."""
+async def _drain(server: Server, front_ends: FrontEnds) -> int:
+    """The engine drains, then the front-ends stop: every request the engine took has its
+    answer by then. Returns the exit code, or exits at once past a model that never returned
+    from execute."""
+    await server.shutdown()
+    await server.linger_while_requested()  # with a state store: until the balancer stops sending
+    await front_ends.stop()
     shutdown_executor()
     if server.hung_instances:
         hung = ", ".join(f"model '{m}' instance '{i}'" for m, i in server.hung_instances)
@@ -127,71 +132,73 @@ class FrontEnds:
 
     def __init__(self, server: Server, streams: StreamDrain) -> None:
         """streams: the open gRPC streams, which the drain ends."""
-        self.server = server
-        self.streams = streams
-        self.tasks: list[asyncio.Task[None]] = []  # servers that run as tasks on this loop
-        self.grpc: Any = None  # grpc.aio.Server or the builtin one: both have stop(grace)
-        self.metrics: MetricsServer | None = None
-        self.http_done = asyncio.Event()  # hypercorn's shutdown trigger
-        self.stop_http: Callable[[], None] = self.http_done.set
+        self._server = server
+        self._streams = streams
+        self._tasks: list[asyncio.Task[None]] = []  # servers that run as tasks on this loop
+        self._grpc_server: Any = None  # grpc.aio.Server or the builtin one: both have stop(grace)
+        self._metrics_server: MetricsServer | None = None
+        self._http_done = asyncio.Event()  # hypercorn's shutdown trigger
+        self._stop_http: Callable[[], None] = self._http_done.set
 
     async def start(self, opts: ServeOptions) -> None:
         """StartupError when one cannot start; ``abort`` stops those that did."""
         if opts.grpc is not None:
-            await self._start_grpc(opts.grpc)
+            await self._launch_grpc(opts.grpc)
         if opts.http is not None:
-            await self._start_http(opts.http)
+            await self._launch_http(opts.http)
         if opts.metrics is not None:
-            await self._start_metrics(opts.metrics)
+            await self._launch_metrics(opts.metrics)
 
-    async def _start_grpc(self, grpc: GrpcOptions) -> None:
-        self.grpc = await _start_grpc(self.server, grpc, self.streams)
+    async def _launch_grpc(self, grpc: GrpcOptions) -> None:
+        self._grpc_server = await _start_grpc(self._server, grpc, self._streams)
         log.info("gRPC (%s) listening on %s:%d%s", grpc.kind, grpc.host, grpc.port, _tls_note(grpc.tls))
         if grpc.restricted:
             log.info("gRPC restricted protocols: %s", grpc.restricted.describe())
 
-    async def _start_http(self, http: HttpOptions) -> None:
-        app = _http_app(self.server, http)
+    async def _launch_http(self, http: HttpOptions) -> None:
+        app = _http_app(self._server, http)
         kind = http.kind
         if kind == "builtin":
-            self.stop_http = await _start_builtin(app, http, self.tasks)
+            self._stop_http = await _start_builtin(app, http, self._tasks)
         elif kind == "granian":
-            self.stop_http = await _start_granian(app, http, self.tasks)
+            self._stop_http = await _start_granian(app, http, self._tasks)
         else:
-            _start_hypercorn(app, http, self.tasks, self.http_done)
+            _start_hypercorn(app, http, self._tasks, self._http_done)
         scheme = "https" if http.tls is not None else "http"
         log.info("HTTP (%s) listening on %s://%s:%d%s", kind, scheme, http.host, http.port, _tls_note(http.tls))
         if http.restricted:
             log.info("HTTP restricted APIs: %s", http.restricted.describe())
 
-    async def _start_metrics(self, metrics: MetricsOptions) -> None:
+    async def _launch_metrics(self, metrics: MetricsOptions) -> None:
         sock = _listen("metrics", metrics.host, metrics.port)
-        self.metrics = await start_metrics(self.server, sock, interval_ms=metrics.interval_ms, config=metrics.config)
+        self._metrics_server = await start_metrics(
+            self._server, sock, interval_ms=metrics.interval_ms, config=metrics.config
+        )
         log.info("metrics listening on http://%s:%d/metrics", metrics.host, metrics.port)
 
     async def abort(self) -> None:
         """After a failed start: stop at once what did start."""
-        self.stop_http()
-        if self.grpc is not None:
-            await self.grpc.stop(grace=None)
-        for t in self.tasks:
+        self._stop_http()
+        if self._grpc_server is not None:
+            await self._grpc_server.stop(grace=None)
+        for t in self._tasks:
             with contextlib.suppress(BaseException):
                 await t
 
     async def stop(self) -> None:
         log.info("stopping the front-ends")
-        self.stop_http()
-        if self.grpc is not None:
-            self.streams.end()  # each writes its last replies, then ends with UNAVAILABLE (not a reset)
-            if not await self.streams.wait_closed(GRPC_STOP_GRACE_S):
+        self._stop_http()
+        if self._grpc_server is not None:
+            self._streams.end()  # each writes its last replies, then ends with UNAVAILABLE (not a reset)
+            if not await self._streams.wait_closed(GRPC_STOP_GRACE_S):
                 log.warning(
-                    "%d gRPC stream(s) still open after %g s; closing them", len(self.streams), GRPC_STOP_GRACE_S
+                    "%d gRPC stream(s) still open after %g s; closing them", len(self._streams), GRPC_STOP_GRACE_S
                 )
-            await self.grpc.stop(grace=GRPC_STOP_GRACE_S)
-        for t in self.tasks:
+            await self._grpc_server.stop(grace=GRPC_STOP_GRACE_S)
+        for t in self._tasks:
             await t
-        if self.metrics is not None:
-            await self.metrics.close()
+        if self._metrics_server is not None:
+            await self._metrics_server.close()
 
 
 def _http_app(server: Server, http: HttpOptions) -> Any:

@@ -39,14 +39,13 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
     http_restricted, grpc_restricted = _restrictions(args)
     mode, models = _model_control(args)
     metrics = _metrics(args)
-    engine = _engine(args, mode, models)
-    http = None
-    if args.http_port is not None:
-        http = _http(args, http_server, http_tls, http_restricted)
-    grpc = None
-    if args.grpc_port is not None:
-        grpc = _grpc(args, grpc_tls, grpc_restricted)
-    return ServeOptions(engine, http=http, grpc=grpc, metrics=metrics, state_store=_state_store(args))
+    return ServeOptions(
+        _engine(args, mode, models),
+        http=_http(args, http_server, http_tls, http_restricted),
+        grpc=_grpc(args, grpc_tls, grpc_restricted),
+        metrics=metrics,
+        state_store=_state_store(args),
+    )
 
 
 # ------------------------------------------------------------------------------- security
@@ -157,7 +156,9 @@ def _engine(args: argparse.Namespace, mode: ModelControlMode, models: list[str] 
 
 def _http(
     args: argparse.Namespace, server: str, tls: security.TlsFiles | None, restricted: security.Restrictions
-) -> HttpOptions:
+) -> HttpOptions | None:
+    if args.http_port is None:
+        return None  # off
     return HttpOptions(
         host=args.http_address or args.host,
         port=args.http_port,
@@ -174,7 +175,11 @@ def _http(
     )
 
 
-def _grpc(args: argparse.Namespace, tls: security.TlsFiles | None, restricted: security.Restrictions) -> GrpcOptions:
+def _grpc(
+    args: argparse.Namespace, tls: security.TlsFiles | None, restricted: security.Restrictions
+) -> GrpcOptions | None:
+    if args.grpc_port is None:
+        return None  # off
     return GrpcOptions(
         host=args.grpc_address or args.host,
         port=args.grpc_port,
