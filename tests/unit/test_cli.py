@@ -210,6 +210,15 @@ def flat(opts: ServeOptions) -> dict[str, Any]:
     return out
 
 
+class _Recorder(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
 def observe(
     argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> dict[str, Any]:
@@ -222,9 +231,7 @@ def observe(
     monkeypatch.setattr(cli, "run", lambda opts: started.append(opts) or 0)
     monkeypatch.setattr(security, "check_tls", _fake_check_tls)
     monkeypatch.setattr(security, "granian_client_verify_supported", lambda: False)
-    records: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: records.append(f"{record.levelname} {record.getMessage()}")  # type: ignore[method-assign]
+    handler = _Recorder()
     logging.getLogger("seqserve").addHandler(handler)
     try:
         code = cli.main(args)
@@ -240,7 +247,7 @@ def observe(
         "exit": code,
         "stdout": _plain(out.out, names),
         "stderr": _plain(out.err, names),
-        "log": _plain(records, names),
+        "log": _plain(handler.lines, names),
         "options": _plain(flat(started[0]), names) if started else None,
     }
 
