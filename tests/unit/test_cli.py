@@ -1,6 +1,7 @@
-"""The `seqserve` command line, pinned: `serve --help` is the page docs/cli.md shows, and what
-a set of command lines parse to (the options `serve` runs with, or the exit code and message
-that refuse them) is the snapshot in tests/data/cli/serve_snapshot.json."""
+"""The `seqserve` command line, pinned: what a set of command lines print and parse to (the
+options `serve` runs with, or the exit code and message that refuse them; the help pages at
+COLUMNS=100) is the snapshot in tests/data/cli/serve_snapshot.json, taken before the CLI was
+reshaped. Rewrite it (SEQSERVE_WRITE_CLI_SNAPSHOT=1) only for a change meant to be seen."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ SNAPSHOT = ROOT / "tests" / "data" / "cli" / "serve_snapshot.json"
 COMMAND_LINES: list[str] = [
     "",
     "--version",
+    "--help",
+    "serve --help",
     "serve",
     "serve --model-repository {repo}",
     (
@@ -265,16 +268,6 @@ def test_command_lines_parse_as_pinned(
     assert [case["argv"] for case in want] == CASES, "the snapshot is for other command lines"
     for g, w in zip(got, want, strict=True):
         assert g == w
-
-
-def test_serve_help_is_the_page_in_docs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("COLUMNS", "100")
-    with pytest.raises(SystemExit) as e:
-        cli.main(["serve", "--help"])
-    assert e.value.code == 0
-    page = (ROOT / "docs" / "cli.md").read_text()
-    shown = page.split("This is the output of `COLUMNS=100 seqserve serve --help`:\n\n```\n", 1)[1]
-    assert capsys.readouterr().out == shown.split("```", 1)[0]
 
 
 def test_interrupt_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
