@@ -68,7 +68,7 @@ async def _start_engine(opts: ServeOptions) -> Server | None:
     """The engine with its startup models loaded and its state store enabled; None when
     startup ends there (a model failed to load, with exit_on_error; the store cannot be used)."""
     engine = opts.engine
-    server = engine.server()
+    server = engine.new_server()
     log.info("model control mode: %s", engine.model_control.value)
     await server.start(engine.startup_models)
     _log_models(server)

@@ -39,7 +39,7 @@ class EngineOptions:
     python_isolation: str = "thread"  # or "process": see docs/isolation.md
     inline_max_batch_us: int = DEFAULT_INLINE_MAX_BATCH_US  # 0: never run batches on the loop
 
-    def server(self) -> Server:
+    def new_server(self) -> Server:
         """The Server these settings describe, not started."""
         return Server(
             self.model_repository,
