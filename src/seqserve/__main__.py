@@ -1,3 +1,5 @@
+"""`python -m seqserve`: the `seqserve` command."""
+
 import sys
 
 from seqserve.api.cli import main

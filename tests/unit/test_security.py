@@ -14,6 +14,7 @@ from starlette.routing import Match, Route
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve._proto import health_pb2
 from seqserve.api import cli, security
+from seqserve.api.cli import arguments
 from seqserve.api.grpc import HealthServicer, InferenceServicer
 from seqserve.api.http import _INFER_PATH, HttpFrontend
 from seqserve.api.security import GRPC_API, HTTP_API, Restriction, RestrictionError, Restrictions, http_group
@@ -329,7 +330,7 @@ def test_cli_refuses_mtls_on_a_granian_that_cannot(
         return 0
 
     monkeypatch.setattr(cli, "run", run)
-    monkeypatch.setattr(cli, "resolve_http_server", lambda choice: "granian" if choice == "auto" else choice)
+    monkeypatch.setattr(arguments, "resolve_http_server", lambda choice: "granian" if choice == "auto" else choice)
     assert cli.main(["serve", *tls]) == 0  # auto: hypercorn, which can
-    assert started[0].http_server == "hypercorn"
-    assert started[0].http_tls_client_ca == started[0].grpc_tls_client_ca == "ca.pem"
+    assert started[0].http.server == "hypercorn"
+    assert started[0].http.tls.client_ca == started[0].grpc.tls.client_ca == "ca.pem"

@@ -13,29 +13,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from seqserve import __version__
 from seqserve.api import http_servers, security
-from seqserve.api.grpc_stream import StreamDrain, StreamStats
+from seqserve.api.grpc_stream import StreamDrain
 from seqserve.api.http import HttpFrontend, close_when_exiting
-from seqserve.api.limits import DEFAULT_MAX_BODY_BYTES, GrpcLimits, HttpLimits, shutdown_executor
-from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig, MetricsServer, start_metrics
-from seqserve.engine import (
-    DEFAULT_INLINE_MAX_BATCH_US,
-    DEFAULT_MAX_BACKLOG_SEQUENCES,
-    DEFAULT_REPOSITORY_POLL_SECS,
-    DEFAULT_TOMBSTONE_MAX,
-    DEFAULT_TOMBSTONE_S,
-    ModelControlMode,
-    Server,
-    SessionPolicy,
-    default_replica_id,
-    open_store,
-    redact_url,
-)
+from seqserve.api.limits import shutdown_executor
+from seqserve.api.metrics import MetricsServer, start_metrics
+from seqserve.api.serve_options import GrpcOptions, HttpOptions, MetricsOptions, ServeOptions, StateStoreOptions
+from seqserve.engine import Server, default_replica_id, open_store, redact_url
 
 log = logging.getLogger("seqserve")
 
@@ -51,191 +38,85 @@ class StartupError(Exception):
     message is the one line logged, and the process exits non-zero."""
 
 
-@dataclass(slots=True)
-class ServeOptions:
-    model_repository: Path | list[Path]  # several: Triton's repeated --model-repository
-    host: str = "0.0.0.0"  # both front-ends, unless http_address / grpc_address say otherwise
-    http_port: int | None = 8000  # None: HTTP off
-    grpc_port: int | None = 8001  # None: gRPC off
-    exit_timeout_s: float = 30.0
-    strict_sequence_ids: bool = False
-    http_max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    http_tls_cert: str | None = None
-    http_tls_key: str | None = None
-    grpc_tls_cert: str | None = None
-    grpc_tls_key: str | None = None
-    http_tls_client_ca: str | None = None  # mutual TLS: clients need a certificate this CA signed
-    grpc_tls_client_ca: str | None = None
-    http_restricted: security.Restrictions = field(default_factory=security.Restrictions)
-    grpc_restricted: security.Restrictions = field(default_factory=security.Restrictions)
-    http_server: str = "auto"  # "builtin", "hypercorn", "granian", or "auto" (resolve_http_server)
-    grpc_server: str = "auto"  # "builtin", "grpcio", or "auto" (builtin)
-    model_control: ModelControlMode = ModelControlMode.NONE
-    startup_models: list[str] | None = None  # None: every model of the repository
-    repository_poll_secs: float = DEFAULT_REPOSITORY_POLL_SECS
-    http_address: str | None = None  # None: host
-    grpc_address: str | None = None  # None: host
-    exit_on_error: bool = True  # a model that fails to load at startup ends startup (Triton's default)
-    strict_readiness: bool = True  # /v2/health/ready is false while a model failed to load
-    metrics_port: int | None = DEFAULT_METRICS_PORT  # None: no metrics (--allow-metrics=false)
-    metrics_address: str | None = None  # None: the HTTP address (Triton's default)
-    metrics_interval_ms: int = DEFAULT_INTERVAL_MS
-    metrics_config: MetricsConfig = field(default_factory=MetricsConfig)
-    session_tombstone_s: float = DEFAULT_TOMBSTONE_S
-    session_tombstone_max: int = DEFAULT_TOMBSTONE_MAX
-    python_isolation: str = "thread"  # or "process": see docs/isolation.md
-    inline_max_batch_us: int = DEFAULT_INLINE_MAX_BATCH_US  # 0: never run batches on the loop
-
-    max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES  # per model; 0: no bound
-    stream_scoped_sequences: bool = False  # sequences started on a gRPC stream end with it
-    stream_stats: StreamStats | None = None  # the gRPC streams' counters (one made when None)
-    state_store: str | None = None  # redis://host:port/db or dir:///path (docs/state-store.md)
-    replica_id: str | None = None  # None: hostname-pid-random
-    spill_idle_s: float = 0.0  # idle sequences move to the store after this long (0: never)
-    handover_timeout_s: float = 2.0
-
-    @property
-    def http_host(self) -> str:
-        return self.http_address or self.host
-
-    @property
-    def grpc_host(self) -> str:
-        return self.grpc_address or self.host
-
-    http_limits: HttpLimits = field(default_factory=HttpLimits)
-    grpc_limits: GrpcLimits = field(default_factory=GrpcLimits)
-
-    @property
-    def metrics_host(self) -> str:
-        return self.metrics_address or self.http_host
-
-
-def resolve_http_server(choice: str) -> str:
-    """``auto`` is seqserve's own server (its parser, httptools, is a dependency)."""
-    return "builtin" if choice == "auto" else choice
-
-
 async def serve(opts: ServeOptions) -> int:
     """Serve until SIGINT/SIGTERM, then drain (see ``Shutdown``): readiness turns false, new
     sequences are refused, running ones get up to exit_timeout_s to finish, and only then do
-    both front-ends stop. A second signal exits at once. Returns the process exit code."""
-    server = Server(
-        opts.model_repository,
-        exit_timeout_s=opts.exit_timeout_s,
-        auto_sequence_ids=not opts.strict_sequence_ids,
-        model_control=opts.model_control,
-        repository_poll_secs=opts.repository_poll_secs,
-        strict_readiness=opts.strict_readiness,
-        sessions=SessionPolicy(opts.session_tombstone_s, opts.session_tombstone_max),
-        python_isolation=opts.python_isolation,
-        max_backlog_sequences=opts.max_backlog_sequences,
-        inline_max_batch_us=opts.inline_max_batch_us,
-    )
-    log.info("model control mode: %s", opts.model_control.value)
-    await server.start(opts.startup_models)
-    for entry in server.repository_index():
-        state = entry["state"] + (f" ({entry['reason']})" if entry["reason"] else "")
-        log.info("model %-24s version %-4s %s", entry["name"], entry["version"] or "-", state)
+    the front-ends stop. A second signal exits at once. Returns the process exit code."""
+    server = await _start_engine(opts)
+    if server is None:
+        return 1
+    # the gRPC streams end with UNAVAILABLE on the drain: at once with a state store (their
+    # sequences continue on another replica), after the engine's drain without one
+    streams = StreamDrain()
+    shutdown = Shutdown(server, on_drain=lambda: streams.begin(handoff=opts.state_store is not None))
+    _handle_signals(shutdown)
+    front_ends = FrontEnds(server, streams)
+    try:
+        await front_ends.start(opts)
+    except StartupError as e:
+        log.error("%s", e)
+        await front_ends.abort()
+        await server.shutdown(timeout_s=0)
+        return 1
+    log.info("seqserve %s ready", __version__)
+
+    await shutdown.requested.wait()
+    return await _drain(server, front_ends)
+
+
+async def _start_engine(opts: ServeOptions) -> Server | None:
+    """The engine with its startup models loaded and its state store enabled; None when
+    startup ends there (a model failed to load, with exit_on_error; the store cannot be used)."""
+    engine = opts.engine
+    server = engine.new_server()
+    log.info("model control mode: %s", engine.model_control.value)
+    await server.start(engine.startup_models)
+    _log_models(server)
     failed = server.failed_models()
-    if failed and opts.exit_on_error:
+    if failed and engine.exit_on_error:
         # Triton: "error: creating server: Internal - failed to load all models"
         log.error(
             "failed to load all models (%s); exiting (--exit-on-error=false keeps serving the others)",
             ", ".join(sorted(failed)),
         )
         await server.shutdown(timeout_s=0)
-        return 1
-    if opts.state_store:
+        return None
+    if opts.state_store is not None:
         try:
-            await _enable_state_store(server, opts)
+            await _enable_state_store(server, opts.state_store)
         except Exception as e:
-            log.error("cannot use the state store %s: %s", redact_url(opts.state_store), e)
+            log.error("cannot use the state store %s: %s", redact_url(opts.state_store.url), e)
             await server.shutdown(timeout_s=0)
-            return 1
+            return None
+    return server
 
-    # the gRPC streams end with UNAVAILABLE on the drain: at once with a state store (their
-    # sequences continue on another replica), after the engine's drain without one
-    streams = StreamDrain()
-    shutdown = Shutdown(server, on_drain=lambda: streams.begin(handoff=bool(opts.state_store)))
+
+def _log_models(server: Server) -> None:
+    for entry in server.repository_index():
+        state = entry["state"] + (f" ({entry['reason']})" if entry["reason"] else "")
+        log.info("model %-24s version %-4s %s", entry["name"], entry["version"] or "-", state)
+
+
+async def _enable_state_store(server: Server, opts: StateStoreOptions) -> None:
+    store = open_store(opts.url, opts.replica_id or default_replica_id())
+    await server.enable_state_store(store, spill_idle_s=opts.spill_idle_s, handover_timeout_s=opts.handover_timeout_s)
+    log.info("state store %s: this replica is '%s'", redact_url(opts.url), store.replica_id)
+
+
+def _handle_signals(shutdown: Shutdown) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
             loop.add_signal_handler(sig, shutdown.on_signal, sig)
 
-    tasks: list[asyncio.Task[None]] = []
-    grpc_server = None
-    metrics: MetricsServer | None = None
-    http_done = asyncio.Event()
-    stop_http = http_done.set
-    try:
-        if opts.grpc_port is not None:
-            grpc_server = await _start_grpc(server, opts, streams)
-            log.info(
-                "gRPC (%s) listening on %s:%d%s",
-                "grpcio" if opts.grpc_server == "grpcio" else "builtin",
-                opts.grpc_host, opts.grpc_port, _tls_note(opts.grpc_tls_client_ca),
-            )  # fmt: skip
-            if opts.grpc_restricted:
-                log.info("gRPC restricted protocols: %s", opts.grpc_restricted.describe())
-        if opts.http_port is not None:
-            app = HttpFrontend(
-                server, max_body_bytes=opts.http_max_body_bytes, body_timeout_s=opts.http_limits.body_timeout_s
-            ).asgi()
-            # app itself when nothing is restricted
-            app = security.restrict_http(
-                app,
-                opts.http_restricted,
-                max_body_bytes=opts.http_max_body_bytes,
-                body_timeout_s=opts.http_limits.body_timeout_s,
-            )
-            app = close_when_exiting(app, server)
-            kind = resolve_http_server(opts.http_server)
-            if kind == "builtin":
-                stop_http = await _start_builtin(app, opts, tasks)
-            elif kind == "granian":
-                stop_http = await _start_granian(app, opts, tasks)
-            else:
-                _start_hypercorn(app, opts, tasks, http_done)
-            scheme = "https" if opts.http_tls_cert else "http"
-            log.info(
-                "HTTP (%s) listening on %s://%s:%d%s",
-                kind, scheme, opts.http_host, opts.http_port, _tls_note(opts.http_tls_client_ca),
-            )  # fmt: skip
-            if opts.http_restricted:
-                log.info("HTTP restricted APIs: %s", opts.http_restricted.describe())
-        if opts.metrics_port is not None:
-            sock = _listen("metrics", opts.metrics_host, opts.metrics_port)
-            metrics = await start_metrics(
-                server, sock, interval_ms=opts.metrics_interval_ms, config=opts.metrics_config
-            )
-            log.info("metrics listening on http://%s:%d/metrics", opts.metrics_host, opts.metrics_port)
-    except StartupError as e:
-        log.error("%s", e)
-        stop_http()
-        if grpc_server is not None:
-            await grpc_server.stop(grace=None)
-        for t in tasks:
-            with contextlib.suppress(BaseException):
-                await t
-        await server.shutdown(timeout_s=0)
-        return 1
-    log.info("seqserve %s ready", __version__)
 
-    await shutdown.requested.wait()
+async def _drain(server: Server, front_ends: FrontEnds) -> int:
+    """The engine drains, then the front-ends stop: every request the engine took has its
+    answer by then. Returns the exit code, or exits at once past a model that never returned
+    from execute."""
     await server.shutdown()
     await server.linger_while_requested()  # with a state store: until the balancer stops sending
-    # The front-ends stop only now: every request the engine took has its answer.
-    log.info("stopping the front-ends")
-    stop_http()
-    if grpc_server is not None:
-        streams.end()  # each writes its last replies, then ends with UNAVAILABLE (not a reset)
-        if not await streams.wait_closed(GRPC_STOP_GRACE_S):
-            log.warning("%d gRPC stream(s) still open after %g s; closing them", len(streams), GRPC_STOP_GRACE_S)
-        await grpc_server.stop(grace=GRPC_STOP_GRACE_S)
-    for t in tasks:
-        await t
-    if metrics is not None:
-        await metrics.close()
+    await front_ends.stop()
     shutdown_executor()
     if server.hung_instances:
         hung = ", ".join(f"model '{m}' instance '{i}'" for m, i in server.hung_instances)
@@ -245,11 +126,90 @@ async def serve(opts: ServeOptions) -> int:
     return 0
 
 
-async def _enable_state_store(server: Server, opts: ServeOptions) -> None:
-    assert opts.state_store
-    store = open_store(opts.state_store, opts.replica_id or default_replica_id())
-    await server.enable_state_store(store, spill_idle_s=opts.spill_idle_s, handover_timeout_s=opts.handover_timeout_s)
-    log.info("state store %s: this replica is '%s'", redact_url(opts.state_store), store.replica_id)
+class FrontEnds:
+    """The gRPC, HTTP and metrics servers of the process: started in that order, stopped
+    together once the engine has drained."""
+
+    def __init__(self, server: Server, streams: StreamDrain) -> None:
+        """streams: the open gRPC streams, which the drain ends."""
+        self._server = server
+        self._streams = streams
+        self._tasks: list[asyncio.Task[None]] = []  # servers that run as tasks on this loop
+        self._grpc_server: Any = None  # grpc.aio.Server or the builtin one: both have stop(grace)
+        self._metrics_server: MetricsServer | None = None
+        self._http_done = asyncio.Event()  # hypercorn's shutdown trigger
+        self._stop_http: Callable[[], None] = self._http_done.set
+
+    async def start(self, opts: ServeOptions) -> None:
+        """StartupError when one cannot start; ``abort`` stops those that did."""
+        if opts.grpc is not None:
+            await self._launch_grpc(opts.grpc)
+        if opts.http is not None:
+            await self._launch_http(opts.http)
+        if opts.metrics is not None:
+            await self._launch_metrics(opts.metrics)
+
+    async def _launch_grpc(self, grpc: GrpcOptions) -> None:
+        self._grpc_server = await _start_grpc(self._server, grpc, self._streams)
+        log.info("gRPC (%s) listening on %s:%d%s", grpc.kind, grpc.host, grpc.port, _tls_note(grpc.tls))
+        if grpc.restricted:
+            log.info("gRPC restricted protocols: %s", grpc.restricted.describe())
+
+    async def _launch_http(self, http: HttpOptions) -> None:
+        app = _http_app(self._server, http)
+        kind = http.kind
+        if kind == "builtin":
+            self._stop_http = await _start_builtin(app, http, self._tasks)
+        elif kind == "granian":
+            self._stop_http = await _start_granian(app, http, self._tasks)
+        else:
+            _start_hypercorn(app, http, self._tasks, self._http_done)
+        scheme = "https" if http.tls is not None else "http"
+        log.info("HTTP (%s) listening on %s://%s:%d%s", kind, scheme, http.host, http.port, _tls_note(http.tls))
+        if http.restricted:
+            log.info("HTTP restricted APIs: %s", http.restricted.describe())
+
+    async def _launch_metrics(self, metrics: MetricsOptions) -> None:
+        sock = _listen("metrics", metrics.host, metrics.port)
+        self._metrics_server = await start_metrics(
+            self._server, sock, interval_ms=metrics.interval_ms, config=metrics.config
+        )
+        log.info("metrics listening on http://%s:%d/metrics", metrics.host, metrics.port)
+
+    async def abort(self) -> None:
+        """After a failed start: stop at once what did start."""
+        self._stop_http()
+        if self._grpc_server is not None:
+            await self._grpc_server.stop(grace=None)
+        for t in self._tasks:
+            with contextlib.suppress(BaseException):
+                await t
+
+    async def stop(self) -> None:
+        log.info("stopping the front-ends")
+        self._stop_http()
+        if self._grpc_server is not None:
+            self._streams.end()  # each writes its last replies, then ends with UNAVAILABLE (not a reset)
+            if not await self._streams.wait_closed(GRPC_STOP_GRACE_S):
+                log.warning(
+                    "%d gRPC stream(s) still open after %g s; closing them", len(self._streams), GRPC_STOP_GRACE_S
+                )
+            await self._grpc_server.stop(grace=GRPC_STOP_GRACE_S)
+        for t in self._tasks:
+            await t
+        if self._metrics_server is not None:
+            await self._metrics_server.close()
+
+
+def _http_app(server: Server, http: HttpOptions) -> Any:
+    """The KServe routes as an ASGI app, behind the restrictions, closing connections once
+    the process is exiting."""
+    app = HttpFrontend(server, max_body_bytes=http.max_body_bytes, body_timeout_s=http.limits.body_timeout_s).asgi()
+    # app itself when nothing is restricted
+    app = security.restrict_http(
+        app, http.restricted, max_body_bytes=http.max_body_bytes, body_timeout_s=http.limits.body_timeout_s
+    )
+    return close_when_exiting(app, server)
 
 
 class Shutdown:
@@ -270,8 +230,8 @@ class Shutdown:
             log.warning(
                 "received %s again: exiting at once with %s and %s still open",
                 sig.name,
-                _count(sequences, "sequence"),
-                _count(requests, "request"),
+                _plural(sequences, "sequence"),
+                _plural(requests, "request"),
             )
             exit_now(128 + sig)
         self.first = sig
@@ -282,8 +242,8 @@ class Shutdown:
         log.info(
             "received %s: shutting down; draining %s and %s (up to %g s; %s again exits at once)",
             sig.name,
-            _count(sequences, "sequence"),
-            _count(requests, "request"),
+            _plural(sequences, "sequence"),
+            _plural(requests, "request"),
             timeout,
             sig.name,
         )
@@ -313,7 +273,8 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _count(n: int, noun: str) -> str:
+def _plural(n: int, noun: str) -> str:
+    """'1 sequence', '2 sequences'."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
@@ -341,34 +302,16 @@ def _reason(e: OSError) -> str:
     return (e.strerror or str(e)).lower()
 
 
-async def _start_grpc(server: Server, opts: ServeOptions, streams: StreamDrain | None = None) -> Any:
+async def _start_grpc(server: Server, grpc: GrpcOptions, streams: StreamDrain | None = None) -> Any:
     from seqserve.api.grpc import start_grpc
 
-    if opts.stream_stats is None:
-        opts.stream_stats = StreamStats()
-    host, port = opts.grpc_host, opts.grpc_port or 0
-    kind = "grpcio" if opts.grpc_server == "grpcio" else "builtin"
     # gRPC's own failure says neither why nor in one line
-    sock: socket.socket | None = _listen("gRPC", host, port)
-    if kind == "grpcio":
+    sock: socket.socket | None = _listen("gRPC", grpc.host, grpc.port)
+    if grpc.kind == "grpcio":
         sock.close()  # type: ignore[union-attr]
         sock = None
     try:
-        return await start_grpc(
-            server,
-            host,
-            port,
-            cert=opts.grpc_tls_cert,
-            key=opts.grpc_tls_key,
-            client_ca=opts.grpc_tls_client_ca,
-            restrictions=opts.grpc_restricted,
-            limits=opts.grpc_limits,
-            stream_scoped=opts.stream_scoped_sequences,
-            stream_stats=opts.stream_stats,
-            streams=streams,
-            kind=kind,
-            sock=sock,
-        )
+        return await start_grpc(server, grpc, streams=streams, sock=sock)
     except ssl.SSLError as e:  # the files were checked at startup (security.check_tls); changed since
         if sock is not None:
             sock.close()
@@ -376,20 +319,20 @@ async def _start_grpc(server: Server, opts: ServeOptions, streams: StreamDrain |
     except (RuntimeError, OSError):
         if sock is not None:
             sock.close()
-        raise StartupError(f"cannot listen for gRPC on {host}:{port} (port {port})") from None
+        raise StartupError(f"cannot listen for gRPC on {grpc.host}:{grpc.port} (port {grpc.port})") from None
 
 
-def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]], done: asyncio.Event) -> None:
+def _start_hypercorn(app: Any, http: HttpOptions, tasks: list[asyncio.Task[None]], done: asyncio.Event) -> None:
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
     cfg = Config()
     # Bound here, so that a busy port ends startup at once; hypercorn serves the socket.
-    sock = _listen("HTTP", opts.http_host, opts.http_port or 0)
+    sock = _listen("HTTP", http.host, http.port)
     cfg.bind = [f"fd://{sock.detach()}"]
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("hypercorn.error")
-    limits = opts.http_limits
+    limits = http.limits
     # hypercorn's idle timer runs from when a connection opens or answers until the next
     # request's headers are complete: it is both the header timeout and the keep-alive limit.
     cfg.keep_alive_timeout = limits.idle_s
@@ -397,40 +340,39 @@ def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None
         cfg.keep_alive_max_requests = 1  # one request per connection
     cfg.alpn_protocols = ["http/1.1"]  # HTTP/2 streams would escape the HTTP/1 timers
     cfg.graceful_timeout = 1.0
-    http_servers.harden_hypercorn(cfg, limits.max_connections, opts.http_max_body_bytes)
-    tls = _http_tls(opts)
-    if tls is not None:
-        security.hypercorn_tls(cfg, tls)
+    http_servers.harden_hypercorn(cfg, limits.max_connections, http.max_body_bytes)
+    if http.tls is not None:
+        security.hypercorn_tls(cfg, http.tls)
     tasks.append(asyncio.create_task(hypercorn_serve(app, cfg, shutdown_trigger=done.wait)))  # type: ignore[arg-type]
 
 
-async def _start_builtin(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:
+async def _start_builtin(app: Any, http: HttpOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:
     """seqserve's own HTTP/1.1 server (api/http1.py) on this loop."""
     from seqserve.api.http1 import Http1Server
 
-    tls = _http_tls(opts)
+    tls = http.tls
     try:  # the files were checked at startup (security.check_tls); they may have changed since
         ctx = None if tls is None else security.builtin_tls(tls)
     except (OSError, ssl.SSLError) as e:
         raise StartupError(f"cannot use the HTTP TLS certificate or key: {e}") from None
-    server = Http1Server(app, opts.http_limits, ssl_context=ctx)
-    sock = _listen("HTTP", opts.http_host, opts.http_port or 0)
+    server = Http1Server(app, http.limits, ssl_context=ctx)
+    sock = _listen("HTTP", http.host, http.port)
     try:
         await server.start(sock)
     except OSError as e:
         sock.close()
-        raise StartupError(f"cannot serve HTTP on {opts.http_host}:{opts.http_port}: {_reason(e)}") from None
+        raise StartupError(f"cannot serve HTTP on {http.host}:{http.port}: {_reason(e)}") from None
     tasks.append(asyncio.create_task(server.serve()))
     return server.stop
 
 
-async def _start_granian(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:
+async def _start_granian(app: Any, http: HttpOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:
     """Granian's embedded server: its Rust HTTP stack feeds our ASGI app on this same loop."""
     from granian.constants import HTTPModes, Interfaces
     from granian.http import HTTP1Settings
     from granian.server.embed import Server as GranianServer
 
-    host, port = opts.http_host, opts.http_port or 8000
+    host, port = http.host, http.port
     _listen("HTTP", host, port).close()  # granian binds its own socket: a busy port is found here
     logging.getLogger("_granian").setLevel(logging.WARNING)  # it warns that embedding is experimental
     server = GranianServer(
@@ -442,12 +384,12 @@ async def _start_granian(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[
         http=HTTPModes.http1,
         # hyper's header timer also ends a kept-alive connection idle that long
         http1_settings=HTTP1Settings(
-            header_read_timeout=int(opts.http_limits.idle_s * 1000), keep_alive=opts.http_limits.keepalive_s > 0
+            header_read_timeout=int(http.limits.idle_s * 1000), keep_alive=http.limits.keepalive_s > 0
         ),
         # granian takes a permit per connection: connections beyond wait in the listen backlog
-        backpressure=opts.http_limits.max_connections,
+        backpressure=http.limits.max_connections,
         log_enabled=False,
-        **security.granian_tls(_http_tls(opts)),
+        **security.granian_tls(http.tls),
     )
     task = asyncio.create_task(server.serve())
     tasks.append(task)
@@ -458,14 +400,10 @@ async def _start_granian(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[
     return server.stop
 
 
-def _http_tls(opts: ServeOptions) -> security.TlsFiles | None:
-    if not (opts.http_tls_cert and opts.http_tls_key):
-        return None
-    return security.TlsFiles(opts.http_tls_cert, opts.http_tls_key, opts.http_tls_client_ca)
-
-
-def _tls_note(client_ca: str | None) -> str:
-    return f" (mutual TLS: client certificates from {client_ca})" if client_ca else ""
+def _tls_note(tls: security.TlsFiles | None) -> str:
+    if tls is None or not tls.client_ca:
+        return ""
+    return f" (mutual TLS: client certificates from {tls.client_ca})"
 
 
 def run(opts: ServeOptions) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -27,7 +27,8 @@ from seqserve.api.grpc_stream import (
     StreamStats,
 )
 from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, clip, enqueue_single
-from seqserve.api.limits import GrpcLimits, offload
+from seqserve.api.limits import offload
+from seqserve.api.serve_options import GrpcOptions
 from seqserve.engine import Code, InferenceError, SequenceScope, Server
 
 GRPC_STATUS = {
@@ -338,26 +339,20 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
 
 async def start_grpc(
     server: Server,
-    host: str,
-    port: int,
+    front_end: GrpcOptions,
     *,
-    cert: str | None = None,
-    key: str | None = None,
-    client_ca: str | None = None,
-    restrictions: Mapping[str, security.Restriction] | None = None,
-    limits: GrpcLimits | None = None,
-    stream_scoped: bool = False,
     stream_stats: StreamStats | None = None,
     streams: StreamDrain | None = None,
-    kind: str = "builtin",
     sock: socket.socket | None = None,
 ) -> grpc.aio.Server | BuiltinGrpcServer:
-    """Serve on host:port (``sock``, bound and listening, for the builtin server); TLS with
-    cert and key (mutual TLS with client_ca), the rpcs of restricted groups guarded
-    (security.restrict_grpc), within ``limits``. ``kind``: "builtin" (grpc_builtin) or "grpcio"
-    (grpc.aio). Both have ``stop(grace)``."""
-    limits = limits or GrpcLimits()
-    inference = InferenceServicer(server, stream_scoped=stream_scoped, stream_stats=stream_stats, streams=streams)
+    """Serve as ``front_end`` says: on its host and port (``sock``, bound and listening, for the
+    builtin server), with its TLS, the rpcs of its restricted groups guarded
+    (security.restrict_grpc), within its limits, on its kind of server: "builtin"
+    (grpc_builtin) or "grpcio" (grpc.aio). Both have ``stop(grace)``."""
+    restrictions, tls = front_end.restricted, front_end.tls
+    inference = InferenceServicer(
+        server, stream_scoped=front_end.stream_scoped, stream_stats=stream_stats, streams=streams
+    )
     health = HealthServicer(server)
     inference_service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]
@@ -366,23 +361,22 @@ async def start_grpc(
     if restrictions:
         security.restrict_grpc(inference, inference_service, restrictions)
         security.restrict_grpc(health, health_service, restrictions)
-    tls = security.TlsFiles(cert, key or "", client_ca) if cert else None
-    if kind == "builtin":
+    if front_end.kind == "builtin":
         methods: dict[bytes, Method] = {}
         methods_of(inference, inference_service, methods, RAW_RPCS)
         methods_of(health, health_service, methods, ())
         builtin = BuiltinGrpcServer(
-            methods, limits, ssl_context=None if tls is None else security.builtin_tls(tls, alpn="h2")
+            methods, front_end.limits, ssl_context=None if tls is None else security.builtin_tls(tls, alpn="h2")
         )
         if sock is None:
-            sock = socket.create_server((host, port), backlog=1024)
+            sock = socket.create_server((front_end.host, front_end.port), backlog=1024)
         await builtin.start(sock)
         return builtin
-    options = [*limits.options(), ("grpc.so_reuseport", 0)]
+    options = [*front_end.limits.options(), ("grpc.so_reuseport", 0)]
     g = grpc.aio.server(options=options)
     add_service(g, inference, inference_service)
     add_service(g, health, health_service)
-    address = f"{host}:{port}"
+    address = f"{front_end.host}:{front_end.port}"
     if tls is not None:
         bound = g.add_secure_port(address, security.grpc_credentials(tls))
     else:

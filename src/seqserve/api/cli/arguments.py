@@ -1,0 +1,227 @@
+"""From `serve`'s parsed flags to ServeOptions: the checks argparse cannot make (flags that
+only make sense together, files, repositories), then the option groups, each built once."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from seqserve.api import security
+from seqserve.api.limits import GrpcLimits, HttpLimits
+from seqserve.api.metrics import MetricsConfig
+from seqserve.api.serve_options import (
+    EngineOptions,
+    GrpcOptions,
+    HttpOptions,
+    MetricsOptions,
+    ServeOptions,
+    StateStoreOptions,
+    resolve_http_server,
+)
+from seqserve.engine import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, SessionPolicy, startup_models
+
+DEMO_REPOSITORY = Path(__file__).resolve().parents[2] / "examples" / "models"
+
+
+class UsageError(Exception):
+    """A command line that cannot run: `seqserve` prints "seqserve: <message>" and exits 2."""
+
+
+def serve_options(args: argparse.Namespace) -> ServeOptions:
+    """The options `serve` runs with. The checks run in this order, and the first that fails
+    is the one reported (UsageError)."""
+    if args.http_port is None and args.grpc_port is None:
+        raise UsageError("both front-ends are off; nothing to serve")
+    http_tls, grpc_tls = _front_end_tls(args)
+    http_server = _http_server(args, http_tls)
+    _check_tls_files(args, http_tls, grpc_tls)
+    http_restricted, grpc_restricted = _restrictions(args)
+    mode, models = _model_control(args)
+    metrics = _metrics(args)
+    return ServeOptions(
+        _engine(args, mode, models),
+        http=_http(args, http_server, http_tls, http_restricted),
+        grpc=_grpc(args, grpc_tls, grpc_restricted),
+        metrics=metrics,
+        state_store=_state_store(args),
+    )
+
+
+# ------------------------------------------------------------------------------- security
+
+
+def _front_end_tls(args: argparse.Namespace) -> tuple[security.TlsFiles | None, security.TlsFiles | None]:
+    """Each front-end's TLS files: its own flags, else the shared ones (None: plain)."""
+    chosen = {
+        "HTTP": (args.http_port, args.http_tls_cert or args.tls_cert, args.http_tls_key or args.tls_key),
+        "gRPC": (args.grpc_port, args.grpc_tls_cert or args.tls_cert, args.grpc_tls_key or args.tls_key),
+    }
+    client_cas = {
+        "HTTP": args.http_tls_client_ca or args.tls_client_ca,
+        "gRPC": args.grpc_tls_client_ca or args.tls_client_ca,
+    }
+    for what, (_, cert, key) in chosen.items():
+        if bool(cert) != bool(key):
+            raise UsageError(f"{what} TLS needs both a certificate and a key")
+    for what, (port, cert, _) in chosen.items():
+        if port is not None and client_cas[what] and not cert:
+            raise UsageError(f"{what} mutual TLS (a client CA) needs TLS: give a certificate and a key")
+    http, grpc = (
+        security.TlsFiles(cert, key, client_cas[what]) if cert else None for what, (_, cert, key) in chosen.items()
+    )
+    return http, grpc
+
+
+def _http_server(args: argparse.Namespace, tls: security.TlsFiles | None) -> str:
+    """--http-server; 'auto' becomes hypercorn where mutual TLS needs client certificates that
+    this granian cannot ask for."""
+    if (
+        args.http_port is not None
+        and tls is not None
+        and tls.client_ca
+        and resolve_http_server(args.http_server) == "granian"
+        and not security.granian_client_verify_supported()
+    ):
+        if args.http_server == "granian":
+            raise UsageError(
+                "this granian cannot require client certificates (mutual TLS); "
+                "use --http-server hypercorn or a granian with ssl_client_verify"
+            )
+        return "hypercorn"  # auto: the server that can
+    return str(args.http_server)
+
+
+def _check_tls_files(args: argparse.Namespace, http: security.TlsFiles | None, grpc: security.TlsFiles | None) -> None:
+    """Load the files of each front-end that is on, as its server will."""
+    for what, port, tls in (("HTTP", args.http_port, http), ("gRPC", args.grpc_port, grpc)):
+        if port is not None and tls is not None:
+            try:
+                security.check_tls(what, tls)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+
+
+def _restrictions(args: argparse.Namespace) -> tuple[security.Restrictions, security.Restrictions]:
+    try:
+        return (
+            security.Restrictions.parse("http-restricted-api", args.http_restricted_api),
+            security.Restrictions.parse("grpc-restricted-protocol", args.grpc_restricted_protocol),
+        )
+    except security.RestrictionError as e:
+        raise UsageError(str(e)) from None
+
+
+# ------------------------------------------------------------------------------ the engine
+
+
+def _model_control(args: argparse.Namespace) -> tuple[ModelControlMode, list[str] | None]:
+    """The model control mode, and the models to load at startup (None: all)."""
+    mode = ModelControlMode.parse(args.model_control_mode)
+    try:
+        models = startup_models(mode, args.load_model)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.repository_poll_secs is not None and mode is not ModelControlMode.POLL:
+        logging.getLogger("seqserve").warning(
+            "--repository-poll-secs is ignored: the repository is polled with --model-control-mode=poll only"
+        )
+    return mode, models
+
+
+def _engine(args: argparse.Namespace, mode: ModelControlMode, models: list[str] | None) -> EngineOptions:
+    repositories: list[Path] = args.model_repository or [DEMO_REPOSITORY]
+    for repo in repositories:
+        if not repo.is_dir():
+            raise UsageError(f"model repository '{repo}' is not a directory")
+    poll_secs = args.repository_poll_secs
+    return EngineOptions(
+        model_repository=repositories,
+        model_control=mode,
+        startup_models=models,
+        repository_poll_secs=DEFAULT_REPOSITORY_POLL_SECS if poll_secs is None else poll_secs,
+        exit_on_error=args.exit_on_error,
+        strict_readiness=args.strict_readiness,
+        exit_timeout_s=args.exit_timeout_secs,
+        strict_sequence_ids=args.strict_sequence_ids,
+        max_backlog_sequences=args.max_backlog_sequences,
+        sessions=SessionPolicy(args.session_tombstone_secs, args.session_tombstone_max),
+        python_isolation=args.python_isolation,
+        inline_max_batch_us=args.inline_max_batch_us,
+    )
+
+
+# ------------------------------------------------------------------------- the front-ends
+
+
+def _http(
+    args: argparse.Namespace, server: str, tls: security.TlsFiles | None, restricted: security.Restrictions
+) -> HttpOptions | None:
+    if args.http_port is None:
+        return None  # off
+    return HttpOptions(
+        host=args.http_address or args.host,
+        port=args.http_port,
+        server=server,
+        max_body_bytes=args.http_max_body_bytes,
+        limits=HttpLimits(
+            header_timeout_s=args.http_header_timeout_secs,
+            body_timeout_s=args.http_body_timeout_secs,
+            keepalive_s=args.http_keepalive_secs,
+            max_connections=args.http_max_connections,
+        ),
+        tls=tls,
+        restricted=restricted,
+    )
+
+
+def _grpc(
+    args: argparse.Namespace, tls: security.TlsFiles | None, restricted: security.Restrictions
+) -> GrpcOptions | None:
+    if args.grpc_port is None:
+        return None  # off
+    return GrpcOptions(
+        host=args.grpc_address or args.host,
+        port=args.grpc_port,
+        server=args.grpc_server,
+        limits=GrpcLimits(
+            max_receive_message_bytes=args.grpc_max_receive_message_bytes or args.http_max_body_bytes,
+            max_send_message_bytes=args.grpc_max_send_message_bytes or args.http_max_body_bytes,
+            max_concurrent_streams=args.grpc_max_concurrent_streams,
+            max_connections=args.grpc_max_connections,
+            max_connection_idle_s=args.grpc_max_connection_idle_secs,
+            keepalive_s=args.grpc_keepalive_secs,
+            keepalive_timeout_s=args.grpc_keepalive_timeout_secs,
+        ),
+        tls=tls,
+        restricted=restricted,
+        stream_scoped=args.stream_scoped_sequences,
+    )
+
+
+def _metrics(args: argparse.Namespace) -> MetricsOptions | None:
+    try:
+        config = MetricsConfig.parse(args.metrics_config)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if not args.allow_metrics:
+        return None
+    return MetricsOptions(
+        host=args.metrics_address or args.http_address or args.host,  # Triton's: the HTTP address
+        port=args.metrics_port,
+        interval_ms=args.metrics_interval_ms,
+        config=config,
+    )
+
+
+def _state_store(args: argparse.Namespace) -> StateStoreOptions | None:
+    if args.spill_idle_secs and not args.state_store:
+        raise UsageError("--spill-idle-secs needs --state-store (spilled sequences go there)")
+    if not args.state_store:
+        return None
+    return StateStoreOptions(
+        url=args.state_store,
+        replica_id=args.replica_id,
+        spill_idle_s=args.spill_idle_secs,
+        handover_timeout_s=args.handover_timeout_secs,
+    )
