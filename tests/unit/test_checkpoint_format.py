@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqserve.engine import CheckpointError, SequenceCheckpoint
-from seqserve.engine.checkpoint import FORMAT_VERSION, MAGIC, MAX_HEADER_BYTES
+from seqserve.engine.replicas.checkpoint import FORMAT_VERSION, MAGIC, MAX_HEADER_BYTES
 from seqserve.engine.tensors import DATA_TYPES
 
 PREFIX = struct.Struct("<8sHHI")

@@ -8,29 +8,31 @@ What the front-ends (``seqserve.api``) use comes from here and from ``seqserve.e
 from __future__ import annotations
 
 from seqserve.engine.batch import ExecuteBatch, RaggedInput
-from seqserve.engine.checkpoint import (
+from seqserve.engine.counters import ModelCounters
+from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
+from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US
+from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
+from seqserve.engine.ordering import OrderedRelease
+from seqserve.engine.replicas.checkpoint import (
     CheckpointError,
     CheckpointUnsupportedError,
     SequenceBusyError,
     SequenceCheckpoint,
     SequenceReleasedError,
 )
-from seqserve.engine.counters import ModelCounters
-from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
-from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US
-from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
-from seqserve.engine.model_control import (
+from seqserve.engine.replicas.store import StateStore, default_replica_id, open_store, redact_url
+from seqserve.engine.request import InferRequest, SequenceId
+from seqserve.engine.responses import InferResult, ResponseCallback
+from seqserve.engine.scope import SequenceScope
+from seqserve.engine.server.drain import SERVER_EXITING
+from seqserve.engine.server.model_control import (
     DEFAULT_REPOSITORY_POLL_SECS,
     SERVER_NOT_READY,
     ModelControlMode,
     startup_models,
 )
-from seqserve.engine.ordering import OrderedRelease
-from seqserve.engine.request import InferRequest, SequenceId
-from seqserve.engine.responses import InferResult, ResponseCallback
-from seqserve.engine.scope import SequenceScope
-from seqserve.engine.server import Server
-from seqserve.engine.server_state import SERVER_EXITING, SERVER_STOPPING
+from seqserve.engine.server.models import SERVER_STOPPING
+from seqserve.engine.server.server import Server
 from seqserve.engine.sessions import (
     DEFAULT_TOMBSTONE_MAX,
     DEFAULT_TOMBSTONE_S,
@@ -41,7 +43,6 @@ from seqserve.engine.sessions import (
     SessionPolicy,
     parse_sequence_id,
 )
-from seqserve.engine.statestore import StateStore, default_replica_id, open_store, redact_url
 
 __all__ = [
     "DEFAULT_INLINE_MAX_BATCH_US",
