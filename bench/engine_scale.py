@@ -65,6 +65,8 @@ from typing import Any
 
 import numpy as np
 
+from seqserve.api.statistics import statistics_json
+
 perf = time.perf_counter_ns
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SLOTS_DIRECT = 64
@@ -239,7 +241,7 @@ async def closed_loop(
             first = False
 
     def counts() -> tuple[int, int]:
-        st = server.statistics(model)[0]
+        st = statistics_json(server.statistics(model))["model_stats"][0]
         return st["execution_count"], st["inference_count"]
 
     tasks = [asyncio.create_task(one(s)) for s in ids]
@@ -373,14 +375,14 @@ async def _split_rep(server: Any, name: str, mod: Any, nseq: int, steps: int, ba
                 wrong[0] += 1
 
     gc.collect()
-    before = _batch_totals(server.statistics(name)[0])
+    before = _batch_totals(statistics_json(server.statistics(name))["model_stats"][0])
     mod.PROBE.clear()
     mod.RECORD[0] = True
     c0, w0 = time.process_time_ns(), perf()
     await asyncio.gather(*(seq(s) for s in range(nseq)))
     c1, w1 = time.process_time_ns(), perf()
     mod.RECORD[0] = False
-    after = _batch_totals(server.statistics(name)[0])
+    after = _batch_totals(statistics_json(server.statistics(name))["model_stats"][0])
     if wrong[0]:
         raise RuntimeError(f"split: {wrong[0]} wrong running sums")
     d = {k: after[k] - before[k] for k in after}

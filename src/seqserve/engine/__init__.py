@@ -43,6 +43,7 @@ from seqserve.engine.sessions import (
     SessionPolicy,
     parse_sequence_id,
 )
+from seqserve.engine.statistics import ModelStatistics
 
 __all__ = [
     "DEFAULT_INLINE_MAX_BATCH_US",
@@ -65,6 +66,7 @@ __all__ = [
     "ModelConfigError",
     "ModelControlMode",
     "ModelCounters",
+    "ModelStatistics",
     "OrderedRelease",
     "RaggedInput",
     "ResponseCallback",

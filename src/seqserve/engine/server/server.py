@@ -38,6 +38,7 @@ from seqserve.engine.server.keywords import RequestOptions, keyword_request
 from seqserve.engine.server.model_control import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode
 from seqserve.engine.server.models import LoadSettings, ModelTable
 from seqserve.engine.sessions import EndedSequence, SequenceInfo, SequenceList, SessionPolicy
+from seqserve.engine.statistics import ModelStatistics
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -300,34 +301,10 @@ class Server:
     def repository_index(self) -> list[dict[str, str]]:
         return self.models.repository_index()
 
-    def statistics(self, name: str = "", version: str | int = "") -> list[dict[str, Any]]:
-        """Triton-shaped model statistics (durations in ns)."""
-        out = []
-        for m in self.models.select(name, version):
-            s = m.statistics()
-            out.append(
-                {
-                    "name": m.name,
-                    "version": m.version_str,
-                    "last_inference": s["last_inference"],
-                    "inference_count": s["inference_count"],
-                    "execution_count": s["execution_count"],
-                    "inference_stats": {
-                        k: s[k]
-                        for k in (
-                            "success",
-                            "fail",
-                            "queue",
-                            "compute_input",
-                            "compute_infer",
-                            "compute_output",
-                        )
-                    }
-                    | {"cache_hit": {"count": 0, "ns": 0}, "cache_miss": {"count": 0, "ns": 0}},
-                    "batch_stats": s["batch_stats"],
-                }
-            )
-        return out
+    def statistics(self, name: str = "", version: str | int = "") -> list[ModelStatistics]:
+        """One model version's statistics, every version of one model's (NOT_FOUND when it is
+        unknown), or every loaded version's (no name)."""
+        return [ModelStatistics.of(m.name, m.version_str, m.statistics()) for m in self.models.select(name, version)]
 
     def model_counters(self) -> list[ModelCounters]:
         """A snapshot of every loaded model version's counters, for metrics exporters: read at
