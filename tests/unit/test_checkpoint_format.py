@@ -1,4 +1,4 @@
-"""The checkpoint's binary format (engine/checkpoint.py): exact round trips for every datatype a
+"""The checkpoint's binary format (engine/replicas/checkpoint.py): exact round trips for every datatype a
 state can have, and a decoder that refuses anything malformed, truncated, oversized or hostile
 with CheckpointError, without allocating what a header merely claims."""
 

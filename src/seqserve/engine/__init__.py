@@ -1,8 +1,14 @@
 """The seqserve engine: model repository, schedulers over the compiled core, backends and
 the in-process API. Nothing here knows about HTTP, gRPC or wire formats.
 
-What the front-ends (``seqserve.api``) use comes from here and from ``seqserve.engine.tensors``
-(the datatype table and the BYTES codec); nothing else of the engine is theirs to import.
+The façade (``__all__``) is what the front-ends (``seqserve.api``) and embedding applications
+use, with ``seqserve.engine.tensors`` (the datatype table and the BYTES codec): ``Server`` and
+the defaults of its options; the request, its result and its errors; sequences, sessions and
+their checkpoints; a model's statistics and counters; the replica state store
+(``open_store``, and ``redact_url`` for logging its URL); the model-control policy
+(``ModelControlMode``, and ``startup_models``, Triton's rules for ``--load-model``); and what
+Python models are handed (``ExecuteBatch``, ``RaggedInput``). Nothing else of the engine is
+theirs to import.
 """
 
 from __future__ import annotations

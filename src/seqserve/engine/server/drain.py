@@ -5,10 +5,13 @@ while requests still arrive."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from seqserve.engine.replicas.coordinator import ReplicaCoordinator
-from seqserve.engine.server.models import ModelTable, log
+from seqserve.engine.server.models import ModelTable
+
+log = logging.getLogger("seqserve.server")
 
 #: Triton's answer (UNAVAILABLE) to the health checks once the server is exiting
 SERVER_EXITING = "Server exiting"
