@@ -32,10 +32,14 @@ class Drain:
 
     def __init__(self, table: ModelTable) -> None:
         self.table = table
-        #: the state store's coordinator, when enabled (``Server.enable_state_store``)
-        self.replicas: ReplicaCoordinator | None = None
+        self._replicas: ReplicaCoordinator | None = None
         self._started = False
         self._deadline: float | None = None  # time.monotonic() when the drain ends
+
+    def attach(self, replicas: ReplicaCoordinator) -> None:
+        """With a state store: sequences go to other replicas at the shutdown, and the
+        front-ends linger while requests still come (``linger_while_requested``)."""
+        self._replicas = replicas
 
     def started(self) -> None:
         """The server finished starting: it is live until the shutdown begins."""
@@ -60,9 +64,9 @@ class Drain:
         if self._deadline is not None:
             return
         self._deadline = time.monotonic() + (self.table.exit_timeout_s if timeout_s is None else timeout_s)
-        self.table.close(retry_after_s=None if self.replicas is None else REPLICA_RETRY_AFTER_S)
-        if self.replicas is not None:  # sequences with implicit state move to the shared store
-            self.replicas.begin_drain(self._deadline)
+        self.table.close(retry_after_s=None if self._replicas is None else REPLICA_RETRY_AFTER_S)
+        if self._replicas is not None:  # sequences with implicit state move to the shared store
+            self._replicas.begin_drain(self._deadline)
 
     def open_work(self) -> tuple[int, int, list[str]]:
         """See ``Server.open_work``."""
@@ -87,15 +91,15 @@ class Drain:
             await self.table.stop_polling()
             if await self.table.retire_all(deadline):
                 log.warning("Exit timeout expired. Exiting immediately.")
-            if self.replicas is not None:  # the handoffs' writes reach the store, then it closes
-                await self.replicas.finish(deadline)
+            if self._replicas is not None:  # the handoffs' writes reach the store, then it closes
+                await self._replicas.finish(deadline)
         finally:
             progress.cancel()
         await self.table.remove_uploads()
 
     async def linger_while_requested(self, quiet_s: float = LINGER_QUIET_S, cap_s: float = LINGER_CAP_S) -> None:
         """See ``Server.linger_while_requested``."""
-        if self.replicas is None:
+        if self._replicas is None:
             return
         start = time.monotonic()
         end = start + cap_s

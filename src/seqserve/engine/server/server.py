@@ -116,6 +116,8 @@ class Server:
         )
         #: the shutdown
         self.drain = Drain(self.models)
+        #: the state store's coordinator, once ``enable_state_store`` attached one
+        self.replicas: ReplicaCoordinator | None = None
 
     @property
     def exit_timeout_s(self) -> float:
@@ -129,11 +131,6 @@ class Server:
     def hung_instances(self) -> list[tuple[str, str]]:
         """(model, instance) of executors left running in execute when their model was closed."""
         return self.models.hung_instances
-
-    @property
-    def replicas(self) -> ReplicaCoordinator | None:
-        """The state store's coordinator, once ``enable_state_store`` attached one."""
-        return self.drain.replicas
 
     # ------------------------------------------------------------------------ lifecycle
 
@@ -154,13 +151,14 @@ class Server:
         ``spill_idle_s``, when idle that long), hands one over when another replica asks, and
         takes over a step's sequence from the store when it does not hold it. Call once, after
         ``start``."""
-        if self.drain.replicas is not None:
+        if self.replicas is not None:
             raise RuntimeError("a state store is already enabled")
         replicas = ReplicaCoordinator(
             self.models, self.sessions, store, spill_idle_s=spill_idle_s, handover_timeout_s=handover_timeout_s
         )
         await replicas.start()
-        self.drain.replicas = replicas
+        self.replicas = replicas
+        self.drain.attach(replicas)
         return replicas
 
     def begin_shutdown(self, timeout_s: float | None = None) -> None:
@@ -322,7 +320,7 @@ class Server:
         a generated id (see ``auto_sequence_ids``; the request is updated with it). Decoupled
         models refuse it (DecoupledModelError): use ``enqueue_streaming``."""
         m, response_parameters = self._route(request)
-        replicas = self.drain.replicas
+        replicas = self.replicas
         if replicas is not None and m.is_sequence:
             return replicas.enqueue(m, request, response_parameters)
         return m.submit(request, response_parameters=response_parameters)
@@ -340,7 +338,7 @@ class Server:
         ``model``: the request's model version as ``model()`` returned it, for a caller that
         looked it up already (a stream step asks whether it is decoupled first)."""
         m, response_parameters = self._route(request, model)
-        replicas = self.drain.replicas
+        replicas = self.replicas
         if replicas is not None and m.is_sequence:
             return replicas.enqueue_streaming(m, request, response_parameters, on_response)
         return m.submit_streaming(request, on_response, response_parameters=response_parameters)
