@@ -362,7 +362,9 @@ class Server:
     def submit(
         self, model: str, inputs: Mapping[str, np.ndarray], **options: Unpack[RequestOptions]
     ) -> asyncio.Future[InferResult]:
-        """``enqueue`` with the request given as keywords."""
+        """``enqueue`` with the request given as keywords: ``version``, ``sequence_id``,
+        ``sequence_start``, ``sequence_end``, ``outputs``, ``request_id``, ``timeout_us`` and
+        ``priority`` (``RequestOptions``), each defaulting as ``InferRequest`` does."""
         return self.enqueue(keyword_request("Server.submit", model, inputs, options))
 
     def submit_streaming(
