@@ -72,7 +72,7 @@ class ReplicaCoordinator:
         self._flushed = asyncio.Event()  # set after each flush: waiters for a token re-check
         #: sequences whose state is on its way into the store (the release write in flight)
         self._releasing: dict[SequenceKey, asyncio.Future[None]] = {}
-        #: sequences a step may not reach the core for now: leaving (handover)
+        #: sequences being handed over to another replica: their steps are refused meanwhile
         self._leaving: set[SequenceKey] = set()
         #: steps of sequences this replica does not hold
         self.arrivals = Arrivals(self, table)
