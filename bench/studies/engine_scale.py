@@ -76,6 +76,7 @@ from bench.studies.engine_scale_load import (
 )
 from bench.studies.engine_scale_report import fmt_live, fmt_reap, fmt_split
 from bench.studies.engine_threads import CoreThreads, cpu_delta, probe, settle_rss, tids
+from seqserve.api.statistics import statistics_json
 
 perf = time.perf_counter_ns
 
@@ -141,14 +142,14 @@ async def _split_rep(server: Any, name: str, mod: Any, nseq: int, steps: int, ba
                 wrong[0] += 1
 
     gc.collect()
-    before = _batch_totals(server.statistics(name)[0])
+    before = _batch_totals(statistics_json(server.statistics(name))["model_stats"][0])
     mod.PROBE.clear()
     mod.RECORD[0] = True
     c0, w0 = time.process_time_ns(), perf()
     await asyncio.gather(*(seq(s) for s in range(nseq)))
     c1, w1 = time.process_time_ns(), perf()
     mod.RECORD[0] = False
-    after = _batch_totals(server.statistics(name)[0])
+    after = _batch_totals(statistics_json(server.statistics(name))["model_stats"][0])
     if wrong[0]:
         raise RuntimeError(f"split: {wrong[0]} wrong running sums")
     d = {k: after[k] - before[k] for k in after}

@@ -13,6 +13,7 @@ import numpy as np
 
 from bench.studies.engine_models import PROBE_MODEL_PY, sequence_config, write_model
 from bench.studies.engine_threads import CoreThreads, tids
+from seqserve.api.statistics import statistics_json
 
 perf = time.perf_counter_ns
 
@@ -78,7 +79,7 @@ async def closed_loop(
             first = False
 
     def counts() -> tuple[int, int]:
-        st = server.statistics(model)[0]
+        st = statistics_json(server.statistics(model))["model_stats"][0]
         return st["execution_count"], st["inference_count"]
 
     tasks = [asyncio.create_task(one(s)) for s in ids]

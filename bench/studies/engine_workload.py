@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from bench.studies.engine_models import log
+from seqserve.api.statistics import statistics_json
 from seqserve.engine import Server
 
 
@@ -130,7 +131,7 @@ def core_stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str,
 
 def api_stats(server: Server, model: str) -> dict[str, Any]:
     """Server.statistics() in the raw core shape used by core_stats_delta."""
-    s = server.statistics(model)[0]
+    s = statistics_json(server.statistics(model))["model_stats"][0]
     return {
         "execution_count": s["execution_count"],
         "inference_count": s["inference_count"],

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from seqserve.engine import InferResult, Server, open_store
+from seqserve.engine.replicas.store import SequenceKey
 from seqserve.engine.request import InferRequest, SequenceId
-from seqserve.engine.statestore import SequenceKey
 
 DEMO = Path(__file__).resolve().parents[2] / "src" / "seqserve" / "examples" / "models"
 
@@ -80,7 +80,7 @@ async def main(url: str) -> None:
         lat.append((time.perf_counter() - t) * 1e3)
         assert float(r.outputs["OUTPUT"].reshape(-1)[0]) == i + 2
     print(f"handover step (ms): {spread(lat)}")
-    h = a._handoff
+    h = a.replicas
     assert h is not None
     m = a.model("accumulator")
     lat = []
@@ -98,7 +98,7 @@ async def main(url: str) -> None:
     print(f"step of a released sequence: claim + restore + step (ms): {spread(lat)}")
     req = InferRequest("accumulator", {"INPUT": np.ones((1, 1), np.float32)}, sequence_id=sid2)
     n = 200_000
-    checks = [timeit.timeit(lambda: h._needs_store(m, req), number=n) / n * 1e9 for _ in range(3)]
+    checks = [timeit.timeit(lambda: h.arrivals._needs_store(m, req), number=n) / n * 1e9 for _ in range(3)]
     print(f"_needs_store on a live sequence (ns): {spread(checks)}")
     for s in (plain, a, b):
         await s.shutdown(timeout_s=2)

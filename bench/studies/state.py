@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from seqserve.api.statistics import statistics_json
 from seqserve.engine import ExecuteBatch, Server
 
 perf = time.perf_counter_ns
@@ -119,7 +120,7 @@ def write_repo(root: Path, cases: list[Case]) -> None:
 
 
 def stats(server: Server, model: str) -> tuple[int, int, int, int]:
-    s = server.statistics(model)[0]
+    s = statistics_json(server.statistics(model))["model_stats"][0]
     bs = s["batch_stats"]
     return (
         s["execution_count"],

@@ -40,7 +40,9 @@ class _Server:
     def model(self, name: str, version: str) -> Any:
         return self._decoupled
 
-    def enqueue_streaming(self, request: InferRequest, on_response: Callable[[Any, bool], None]) -> Callable[[], None]:
+    def enqueue_streaming(
+        self, request: InferRequest, on_response: Callable[[Any, bool], None], *, model: Any = None
+    ) -> Callable[[], None]:
         out = {"OUTPUT": request.inputs["INPUT"] + 1.0}
         self._loop.call_soon(on_response, InferResult(request.model, "1", request.id, out), True)
         return _nothing

@@ -72,5 +72,5 @@ async def test_torchscript_matches_onnx_per_step(lstm_repo, serve):
     assert not np.allclose(fresh.outputs["OUTPUT"], results[("lstm_torchscript", sid, last)].outputs["OUTPUT"])
     for name in MODELS:
         (st,) = s.statistics(name)
-        assert st["inference_count"] >= int(lengths.sum())
-        assert st["execution_count"] < st["inference_count"]  # steps of different sequences shared batches
+        assert st.inference_count >= int(lengths.sum())
+        assert st.execution_count < st.inference_count  # steps of different sequences shared batches

@@ -118,9 +118,9 @@ async def test_qa_sequence_models(repo, serve, variant):
     )
     for name, _, mbs in names:
         st = s.statistics(name)[0]
-        assert st["inference_count"] == (10 if mbs == 0 else 30)
+        assert st.inference_count == (10 if mbs == 0 else 30)
         if mbs > 0 and not variable:  # six sequences in lockstep share batches
-            assert st["execution_count"] < st["inference_count"], st
+            assert st.execution_count < st.inference_count, st
 
 
 async def test_string_padding_rows_do_not_fail_the_batch(repo, serve):
@@ -162,7 +162,7 @@ async def test_direct_batches_across_sequences(repo, serve, monkeypatch):
     want = [sum(sid * 10 + k for k in range(step + 1)) for step in range(3) for sid in (1, 2, 3, 4)]
     assert [int(r.outputs["OUTPUT"][0, 0]) for r in results] == want
     st = s.statistics(name)[0]
-    assert (st["inference_count"], st["execution_count"]) == (12, 3)
+    assert (st.inference_count, st.execution_count) == (12, 3)
 
 
 # --------------------------------------------------------------------- control inputs

@@ -314,7 +314,7 @@ async def test_gru_implicit_state_batched_across_sequences(repo, serve, monkeypa
             np.stack(got[sid]), np.stack(gru_reference(d / "1" / "model.pt", xs[sid])), rtol=1e-5
         )
     st = s.statistics("gru")[0]
-    assert st["inference_count"] == 2 * steps and st["execution_count"] == steps  # two sequences per batch
+    assert st.inference_count == 2 * steps and st.execution_count == steps  # two sequences per batch
     # INTRA_OP_THREAD_COUNT: torch's setting is per thread, so it is applied where the model
     # loads and again on the executor thread that runs it (not the event loop's)
     assert set_threads and {n for _, n in set_threads} == {1}

@@ -319,8 +319,8 @@ async def test_decoupled_sequence_with_implicit_state(repo, serve) -> None:
     a, b = await asyncio.gather(run(1, [1, 2, 3]), run(2, [10, 20, 30]))
     assert a == [[1, -1], [3, -3], [6, -6]]
     assert b == [[10, -10], [30, -30], [60, -60]]
-    stats = s.statistics("acc")[0]["inference_stats"]
-    assert stats["success"]["count"] == 6 and stats["fail"]["count"] == 0
+    stats = s.statistics("acc")[0].inference_stats
+    assert stats.success.count == 6 and stats.fail.count == 0
 
 
 # ------------------------------------------------------------- non-decoupled, late
@@ -399,7 +399,7 @@ async def test_a_request_is_answered_once(repo, serve, caplog, mode, expected) -
     responses: list[tuple[object, bool]] = []
     s.submit_streaming("twice", inputs, lambda r, final: responses.append((r, final)))
     await wait_until(lambda: responses, "the request is answered")
-    await wait_until(lambda: s.statistics("twice")[0]["execution_count"] == 1, "execute has returned")
+    await wait_until(lambda: s.statistics("twice")[0].execution_count == 1, "execute has returned")
     await asyncio.sleep(0.1)  # a second answer would have arrived by now
     assert len(responses) == 1 and responses[0][1]
     assert int(responses[0][0].outputs["OUT"][0]) == expected  # type: ignore[attr-defined]
@@ -526,7 +526,7 @@ async def test_non_decoupled_response_stands_when_execute_raises(repo, serve) ->
     r = await s.infer("sr", {"IN": np.array([0], np.int32), "MODE": np.array([0], np.int32)})
     assert r.outputs["OUT"].tolist() == [1000]
     # the answer can overtake the executor's clean-up of the batch, which fails
-    await wait_until(lambda: s.statistics("sr")[0]["inference_stats"]["fail"]["count"] == 1, "the batch has failed")
+    await wait_until(lambda: s.statistics("sr")[0].inference_stats.fail.count == 1, "the batch has failed")
     assert s.model("sr").open_responses == 0
 
 

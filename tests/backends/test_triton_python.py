@@ -327,8 +327,8 @@ async def test_dynamic_batch_is_split_into_requests_and_errors_stay_per_request(
     assert ok2.outputs["OUTPUT0"].shape == (3, 16) and (ok2.outputs["OUTPUT0"] == 10).all()
     assert isinstance(bad, InferenceError)
     assert bad.code == Code.INVALID_ARG and str(bad) == "negative input"
-    st = s.statistics("add_sub_b")[0]["inference_stats"]
-    assert (st["success"]["count"], st["fail"]["count"]) == (2, 1)
+    st = s.statistics("add_sub_b")[0].inference_stats
+    assert (st.success.count, st.fail.count) == (2, 1)
 
 
 # ------------------------------------------------------------------- contract checks

@@ -256,7 +256,7 @@ def test_server_infer_from_many_threads(repo: Path, busy_switching: None, pipeli
         _run_threads(drive)
         model = server.model("acc")
         assert model.pending_requests == 0 and model.inflight_sequences == 0
-        assert server.statistics("acc")[0]["inference_count"] == THREADS * SEQS * STEPS
+        assert server.statistics("acc")[0].inference_count == THREADS * SEQS * STEPS
     finally:
         asyncio.run_coroutine_threadsafe(server.shutdown(timeout_s=5), loop).result(TIMEOUT_S)
         loop.call_soon_threadsafe(loop.stop)

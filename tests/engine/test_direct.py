@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from seqserve.engine import Code, InferenceError
+from seqserve.engine import Code, InferenceError, ModelStatistics
 from tests.helpers import (
     ACC_STATE,
     ACCUM_MODEL,
@@ -87,12 +87,12 @@ async def results(tasks, timeout=10.0) -> list:
     return [r.outputs["OUT_X"].reshape(-1).tolist() for r in out]
 
 
-async def settled_stats(s, model: str = "m", *, requests: int) -> dict:
+async def settled_stats(s, model: str = "m", *, requests: int) -> ModelStatistics:
     """Statistics once `requests` requests are accounted for (success + fail)."""
 
     def settled() -> bool:
-        st = s.statistics(model)[0]["inference_stats"]
-        return st["success"]["count"] + st["fail"]["count"] >= requests
+        st = s.statistics(model)[0].inference_stats
+        return st.success.count + st.fail.count >= requests
 
     await wait_until(settled, f"{requests} requests are in the statistics")
     return s.statistics(model)[0]
@@ -255,9 +255,9 @@ async def test_padding_counts_in_batch_stats_not_in_inference_count(repo, serve,
     assert await results(tasks) == [[1], [2], [3]]
     assert rows(recorded(s, "m"), "ready") == [[True, True], [False, True]]
     st = await settled_stats(s, requests=3)
-    assert st["execution_count"] == 2
-    assert st["inference_count"] == 3
-    assert {b["batch_size"]: b["compute_infer"]["count"] for b in st["batch_stats"]} == {2: 2}
+    assert st.execution_count == 2
+    assert st.inference_count == 3
+    assert {b.batch_size: b.compute_infer.count for b in st.batch_stats} == {2: 2}
 
 
 # ----------------------------------------------------------- slots and backlog (§2.1, §2.2)
@@ -985,19 +985,18 @@ async def test_statistics_counts(repo, serve, monkeypatch):
     await call(s, 2, 3, end=True)  # batch [pad, 2]
     await call(s, 1, 4, end=True)  # batch [1]
     st = await settled_stats(s, requests=4)
-    assert st["name"] == "m" and st["version"] == "1"
-    assert st["execution_count"] == 3
-    assert st["inference_count"] == 4
-    assert st["inference_stats"]["success"]["count"] == 4
-    assert st["inference_stats"]["queue"]["count"] == 4
-    assert st["inference_stats"]["compute_infer"]["count"] == 4
-    assert st["last_inference"] > 0
+    assert st.name == "m" and st.version == "1"
+    assert st.execution_count == 3
+    assert st.inference_count == 4
+    assert st.inference_stats.success.count == 4
+    assert st.inference_stats.queue.count == 4
+    assert st.inference_stats.compute_infer.count == 4
+    assert st.last_inference > 0
     sizes = {}
-    for b in st["batch_stats"]:
-        assert set(b) == {"batch_size", "compute_input", "compute_infer", "compute_output"}
-        for k in ("compute_input", "compute_infer", "compute_output"):
-            assert set(b[k]) == {"count", "ns"}
-        sizes[b["batch_size"]] = b["compute_infer"]["count"]
+    for b in st.batch_stats:
+        for d in (b.compute_input, b.compute_infer, b.compute_output):
+            assert d.count >= 0 and d.ns >= 0
+        sizes[b.batch_size] = b.compute_infer.count
     assert sizes == {1: 1, 2: 2}
 
 
@@ -1057,9 +1056,9 @@ async def test_model_error_fails_only_its_batch(repo, serve, monkeypatch):
     assert await call(s, 2, 6, end=True) == [[6]]
     assert await call(s, 1, 7, end=True) == [[7]]
     st = await settled_stats(s, requests=5)
-    assert st["inference_stats"]["success"]["count"] == 3
-    assert st["inference_stats"]["fail"]["count"] == 2
-    assert st["inference_count"] == 3
+    assert st.inference_stats.success.count == 3
+    assert st.inference_stats.fail.count == 2
+    assert st.inference_count == 3
 
 
 async def test_statistics_include_request_when_its_response_arrives(repo, serve):
@@ -1072,6 +1071,6 @@ async def test_statistics_include_request_when_its_response_arrives(repo, serve)
     for i in range(1, 2001):
         await s.infer("m", x_in(i), sequence_id=i, sequence_start=True, sequence_end=True)
         st = s.statistics("m")[0]
-        if st["inference_count"] != i or st["execution_count"] != i:
-            stale.append((i, st["inference_count"], st["execution_count"]))
+        if st.inference_count != i or st.execution_count != i:
+            stale.append((i, st.inference_count, st.execution_count))
     assert stale == []

@@ -116,8 +116,8 @@ async def test_batches_fill_up_to_max_batch_size(repo, serve, monkeypatch):
     assert sizes() == [4, 2]
     assert xs() == [[1, 2, 3, 4], [5, 6]]  # FIFO
     st = s.statistics("m")[0]
-    assert st["execution_count"] == 2 and st["inference_count"] == 6
-    assert {b["batch_size"]: b["compute_infer"]["count"] for b in st["batch_stats"]} == {4: 1, 2: 1}
+    assert st.execution_count == 2 and st.inference_count == 6
+    assert {b.batch_size: b.compute_infer.count for b in st.batch_stats} == {4: 1, 2: 1}
 
 
 async def test_preferred_size_sent_before_the_delay(repo, serve, monkeypatch):
@@ -198,7 +198,7 @@ async def test_requests_with_several_rows(repo, serve, monkeypatch):
     assert sizes() == [2, 4]
     assert xs() == [[1, 1], [2, 2, 2, 3]]
     st = s.statistics("m")[0]
-    assert st["inference_count"] == 6 and st["execution_count"] == 2
+    assert st.inference_count == 6 and st.execution_count == 2
 
 
 async def test_shapes_must_match_within_a_batch(repo, serve, monkeypatch):
@@ -358,8 +358,8 @@ async def test_timeout_reject_counts_as_failed_request(repo, serve):
     await results([running])
     await expect_error(asyncio.wait_for(waiting, 5), Code.UNAVAILABLE, REJECTED)
     st = s.statistics("m")[0]
-    assert st["inference_stats"]["success"]["count"] == 1
-    assert st["inference_stats"]["fail"]["count"] == 1
+    assert st.inference_stats.success.count == 1
+    assert st.inference_stats.fail.count == 1
 
 
 @pytest.mark.parametrize(

@@ -255,7 +255,7 @@ async def test_timeout_complete_gives_exactly_one_final_end_step(repo, serve, st
     ends = [b for b in record(s) for j, cid in enumerate(b["corrid"]) if cid == A and b["end"][j]]
     assert len(ends) == 2  # the final step and the client's own END
     st = s.statistics("m")[0]
-    assert st["inference_count"] == 4  # the final step is not a request
+    assert st.inference_count == 4  # the final step is not a request
 
 
 async def test_timeout_complete_final_step_before_backlog_takes_the_slot(repo, serve):

@@ -197,7 +197,7 @@ async def test_cancelled_backlogged_sequence_leaves_the_backlog_at_once(repo, se
     waiting.cancel()  # the caller went away: its future is cancelled
     await until(lambda: state(s)["backlog_sequences"] == 0, "the backlog to drop sequence 2")
     assert state(s)["cancelled"] == 1
-    assert s.statistics("m")[0]["inference_stats"]["fail"]["count"] == 1
+    assert s.statistics("m")[0].inference_stats.fail.count == 1
     fresh = await send(s, 3, 3, start=True)  # the bound counts it no more
     await expect_error(call(s, 2, 1), Code.INVALID_ARG, start_error(2))
     await call(s, 1, end=True)

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code, InferenceError, Server, SessionGoneError
+from seqserve.engine.replicas.store import SequenceKey, StateStore, Status, open_store
 from seqserve.engine.request import InferRequest, SequenceId
-from seqserve.engine.statestore import SequenceKey, StateStore, Status, open_store
 from tests.redis_server import redis_server
 
-pytest.importorskip("seqserve.engine.checkpoint", reason="needs the engine's checkpoint API")
+pytest.importorskip("seqserve.engine.replicas.checkpoint", reason="needs the engine's checkpoint API")
 
 DEMO = Path(__file__).resolve().parents[2] / "src" / "seqserve" / "examples" / "models"
 START_MSG = "must specify the START flag"
@@ -62,8 +62,8 @@ async def replica(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
 
 
 def store_of(server: Server) -> StateStore:
-    assert server._handoff is not None
-    return server._handoff.store
+    assert server.replicas is not None
+    return server.replicas.store
 
 
 async def step(
@@ -83,7 +83,7 @@ async def step(
 
 async def settle(server: Server) -> None:
     """Let the background writes (registrations, ends) reach the store."""
-    h = server._handoff
+    h = server.replicas
     assert h is not None
     for _ in range(200):
         if not h._to_register and not h._to_end and not h._releasing:
@@ -153,7 +153,7 @@ async def test_handover_times_out_with_retry_after(replica: Replica) -> None:
     b = await replica("B", handover_timeout_s=0.3)
     await step(a, 31, 1.0, start=True)
     await settle(a)
-    h = a._handoff
+    h = a.replicas
     assert h is not None
     # an owner that cannot let go in time: the sequence counts as leaving already
     h._leaving.add(SequenceKey("accumulator", 1, 31))
@@ -198,7 +198,7 @@ async def test_unknown_ended_and_lost_sequences(replica: Replica) -> None:
     await step(a, 52, 1.0, start=True)
     await step(a, "dies", 1.0, session=True)
     await settle(a)
-    a._handoff._tasks[1].cancel()  # type: ignore[union-attr]  # no more heartbeats
+    a.replicas._tasks[1].cancel()  # type: ignore[union-attr]  # no more heartbeats
     await asyncio.sleep(0.5)
     with pytest.raises(InferenceError, match="was lost: replica 'A' stopped") as ei:
         await step(b, 52, 1.0)
@@ -228,7 +228,7 @@ async def test_release_right_after_start_keeps_the_checkpoint(replica: Replica) 
     """A sequence released before its START's registration reached the store (the write is in
     the background) still lands in the store, once, with its state."""
     a, b = await replica("A"), await replica("B")
-    h = a._handoff
+    h = a.replicas
     assert h is not None
     m = a.model("accumulator")
     for n in range(10):

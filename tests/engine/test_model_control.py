@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code, Server
-from seqserve.engine.model_control import MODEL_CONTROL_DISABLED
+from seqserve.engine.server.model_control import MODEL_CONTROL_DISABLED
 from tests.helpers import expect_error, write_model
 
 CFG = """

@@ -144,8 +144,8 @@ async def test_statistics_count_real_rows_only(repo, serve, monkeypatch):
     tasks = [await send(s, A, 1, start=True), await send(s, A, 2, end=True), await send(s, B, 3, start=True, end=True)]
     assert await results(tasks) == [1, 3, 3]
     st = s.statistics("m")[0]
-    assert st["execution_count"] == 2 and st["inference_count"] == 3
-    assert {b["batch_size"]: b["compute_infer"]["count"] for b in st["batch_stats"]} == {2: 1, 1: 1}
+    assert st.execution_count == 2 and st.inference_count == 3
+    assert {b.batch_size: b.compute_infer.count for b in st.batch_stats} == {2: 1, 1: 1}
 
 
 # ----------------------------------------------------------- implicit state (gather/scatter)
@@ -539,8 +539,8 @@ async def test_backlog_timeout_counts_as_failed_requests(repo, serve, strategy):
     assert all(isinstance(e, InferenceError) and str(e) == EXPIRED for e in done), done
     assert await call(s, A, 1, end=True) == 2
     st = s.statistics("m")[0]
-    assert st["inference_stats"]["success"]["count"] == 2
-    assert st["inference_stats"]["fail"]["count"] == 2
+    assert st.inference_stats.success.count == 2
+    assert st.inference_stats.fail.count == 2
 
 
 @pytest.mark.parametrize("strategy", ["direct", "oldest"])

@@ -96,7 +96,7 @@ async def test_running_sums_over_mixed_batches(repo, serve, strategy, mode, same
         await drive(s, seed)
     if strategy == "direct":  # holes in the batches: padding rows were written by the model
         stats = s.statistics("m")[0]
-        assert stats["execution_count"] > 0 and stats["inference_count"] > 0
+        assert stats.execution_count > 0 and stats.inference_count > 0
 
 
 @pytest.mark.parametrize("strategy", ["direct", "oldest"])

@@ -25,7 +25,7 @@ from tests.integration._util import new_int_id, new_str_id
 from tests.integration.conftest import ServerProcess
 from tests.redis_server import redis_server
 
-pytest.importorskip("seqserve.engine.checkpoint", reason="needs the engine's checkpoint API")
+pytest.importorskip("seqserve.engine.replicas.checkpoint", reason="needs the engine's checkpoint API")
 
 Launch = Callable[..., ServerProcess]
 

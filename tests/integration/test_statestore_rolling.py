@@ -22,7 +22,7 @@ from tests.integration._util import new_str_id
 from tests.integration.conftest import DEMO_REPO, ServerProcess
 from tests.redis_server import redis_server
 
-pytest.importorskip("seqserve.engine.checkpoint", reason="needs the engine's checkpoint API")
+pytest.importorskip("seqserve.engine.replicas.checkpoint", reason="needs the engine's checkpoint API")
 
 SESSIONS = 12
 MIN_STEPS = 30  # each session steps until the restarts are over, and at least this often

@@ -202,8 +202,8 @@ async def test_thread_timeout_fails_the_requests_and_keeps_the_state(repo, serve
     )
     sys.modules["seqserve_models.acc.v1"].GATE.set()  # the stuck execute returns now
     assert (await step(s, "acc", 1, 2.0))[0] == 3.0  # the timed-out step changed nothing
-    stats = s.statistics("acc")[0]["inference_stats"]
-    assert stats["fail"]["count"] == 1
+    stats = s.statistics("acc")[0].inference_stats
+    assert stats.fail.count == 1
 
 
 async def test_shutdown_kills_a_child_stuck_in_execute(repo, serve) -> None:

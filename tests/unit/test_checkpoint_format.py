@@ -1,4 +1,4 @@
-"""The checkpoint's binary format (engine/checkpoint.py): exact round trips for every datatype a
+"""The checkpoint's binary format (engine/replicas/checkpoint.py): exact round trips for every datatype a
 state can have, and a decoder that refuses anything malformed, truncated, oversized or hostile
 with CheckpointError, without allocating what a header merely claims."""
 
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqserve.engine import CheckpointError, SequenceCheckpoint
-from seqserve.engine.checkpoint import FORMAT_VERSION, MAGIC, MAX_HEADER_BYTES
+from seqserve.engine.replicas.checkpoint import FORMAT_VERSION, MAGIC, MAX_HEADER_BYTES
 from seqserve.engine.tensors import DATA_TYPES
 
 PREFIX = struct.Struct("<8sHHI")

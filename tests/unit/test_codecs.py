@@ -222,7 +222,9 @@ class _FakeServer:
             raise InferenceError(Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
         return SimpleNamespace(decoupled=name == "decoupled")
 
-    def enqueue_streaming(self, request: InferRequest, on_response: Callable[[Any, bool], None]) -> Callable[[], None]:
+    def enqueue_streaming(
+        self, request: InferRequest, on_response: Callable[[Any, bool], None], *, model: Any = None
+    ) -> Callable[[], None]:
         self.submitted[request.id] = on_response
         return lambda: self.cancelled.append(request.id)
 

@@ -11,9 +11,9 @@ import pytest
 
 from seqserve.engine.config import load_model_config
 from seqserve.engine.errors import Code, InferenceError, ModelConfigError
-from seqserve.engine.model_control import ModelControlMode, model_fingerprint, startup_models
 from seqserve.engine.paths import inside, path_problem
-from seqserve.engine.uploads import UploadDirs
+from seqserve.engine.server.model_control import ModelControlMode, model_fingerprint, startup_models
+from seqserve.engine.server.uploads import UploadDirs
 
 # ------------------------------------------------------------------ modes, --load-model
 

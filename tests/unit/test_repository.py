@@ -8,7 +8,7 @@ import pytest
 
 from seqserve.engine.config import load_model_config
 from seqserve.engine.errors import ModelConfigError
-from seqserve.engine.repository import available_versions, discover_models, select_versions
+from seqserve.engine.server.repository import available_versions, discover_models, select_versions
 
 
 def make_model(repo: Path, name: str, versions: list[str], policy: str = "") -> Path:

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
@@ -29,6 +28,7 @@ from seqserve.api.grpc_stream import (
 from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, clip, enqueue_single
 from seqserve.api.limits import offload
 from seqserve.api.serve_options import GrpcOptions
+from seqserve.api.statistics import statistics_proto
 from seqserve.engine import Code, InferenceError, SequenceScope, Server
 
 GRPC_STATUS = {
@@ -123,7 +123,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, f"requested model '{clip(request.name)}' is not available"
             )
             raise
-        return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
+        return statistics_proto(stats)
 
     # --------------------------------------------------------------------- repository
 

@@ -240,7 +240,9 @@ class StreamSession:
             return
         req = _StreamRequest(msg.id, msg.model_name, msg.model_version)
         try:
-            if not self._completion_order and not self._server.model(msg.model_name, msg.model_version).decoupled:
+            # looked up once: enqueue_streaming takes the model version found here
+            model = None if self._completion_order else self._server.model(msg.model_name, msg.model_version)
+            if model is not None and not model.decoupled:
                 self._hold_place(req)
             if decoded is None:
                 request, options = grpc_codec.decode_request(msg)
@@ -253,7 +255,7 @@ class StreamSession:
             req.start = request.sequence_start
             request.scope = self._scope
             req.session = self
-            req.cancel = self._server.enqueue_streaming(request, req.respond)
+            req.cancel = self._server.enqueue_streaming(request, req.respond, model=model)
             self._open.add(req)
         except Exception as e:  # refused: one error reply, and the stream goes on
             err = e if isinstance(e, InferenceError) else internal_error("gRPC ModelStreamInfer", e)

@@ -35,6 +35,7 @@ from seqserve.api.limits import (
     inflate,
     offload,
 )
+from seqserve.api.statistics import statistics_json
 from seqserve.engine import SERVER_EXITING, SERVER_NOT_READY, Code, InferenceError, Server, SessionGoneError
 
 _ENDPOINT = "HTTP end point"  # names this front-end in the refusal of decoupled models
@@ -182,7 +183,7 @@ class HttpFrontend:
     async def stats(self, request: Request) -> Response:
         p = request.path_params
         try:
-            return _json({"model_stats": _stats_json(self.server.statistics(p.get("model", ""), p.get("version", "")))})
+            return _json(statistics_json(self.server.statistics(p.get("model", ""), p.get("version", ""))))
         except InferenceError:
             return error_response(f"requested model '{p.get('model', '')}' is not available", 400)
 
@@ -502,10 +503,3 @@ def _unimplemented(message: str) -> Callable[[Request], Awaitable[Response]]:
         return error_response(message, 501)
 
     return route
-
-
-def _stats_json(stats: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    for s in stats:
-        s.setdefault("response_stats", {})
-        s.setdefault("memory_usage", [])
-    return stats

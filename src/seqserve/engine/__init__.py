@@ -1,36 +1,44 @@
 """The seqserve engine: model repository, schedulers over the compiled core, backends and
 the in-process API. Nothing here knows about HTTP, gRPC or wire formats.
 
-What the front-ends (``seqserve.api``) use comes from here and from ``seqserve.engine.tensors``
-(the datatype table and the BYTES codec); nothing else of the engine is theirs to import.
+The façade (``__all__``) is what the front-ends (``seqserve.api``) and embedding applications
+use, with ``seqserve.engine.tensors`` (the datatype table and the BYTES codec): ``Server`` and
+the defaults of its options; the request, its result and its errors; sequences, sessions and
+their checkpoints; a model's statistics and counters; the replica state store
+(``open_store``, and ``redact_url`` for logging its URL); the model-control policy
+(``ModelControlMode``, and ``startup_models``, Triton's rules for ``--load-model``); and what
+Python models are handed (``ExecuteBatch``, ``RaggedInput``). Nothing else of the engine is
+theirs to import.
 """
 
 from __future__ import annotations
 
 from seqserve.engine.batch import ExecuteBatch, RaggedInput
-from seqserve.engine.checkpoint import (
+from seqserve.engine.counters import ModelCounters
+from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
+from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US
+from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
+from seqserve.engine.ordering import OrderedRelease
+from seqserve.engine.replicas.checkpoint import (
     CheckpointError,
     CheckpointUnsupportedError,
     SequenceBusyError,
     SequenceCheckpoint,
     SequenceReleasedError,
 )
-from seqserve.engine.counters import ModelCounters
-from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
-from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US
-from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
-from seqserve.engine.model_control import (
+from seqserve.engine.replicas.store import StateStore, default_replica_id, open_store, redact_url
+from seqserve.engine.request import InferRequest, SequenceId
+from seqserve.engine.responses import InferResult, ResponseCallback
+from seqserve.engine.scope import SequenceScope
+from seqserve.engine.server.drain import SERVER_EXITING
+from seqserve.engine.server.model_control import (
     DEFAULT_REPOSITORY_POLL_SECS,
     SERVER_NOT_READY,
     ModelControlMode,
     startup_models,
 )
-from seqserve.engine.ordering import OrderedRelease
-from seqserve.engine.request import InferRequest, SequenceId
-from seqserve.engine.responses import InferResult, ResponseCallback
-from seqserve.engine.scope import SequenceScope
-from seqserve.engine.server import Server
-from seqserve.engine.server_state import SERVER_EXITING, SERVER_STOPPING
+from seqserve.engine.server.models import SERVER_STOPPING
+from seqserve.engine.server.server import Server
 from seqserve.engine.sessions import (
     DEFAULT_TOMBSTONE_MAX,
     DEFAULT_TOMBSTONE_S,
@@ -41,7 +49,7 @@ from seqserve.engine.sessions import (
     SessionPolicy,
     parse_sequence_id,
 )
-from seqserve.engine.statestore import StateStore, default_replica_id, open_store, redact_url
+from seqserve.engine.statistics import ModelStatistics
 
 __all__ = [
     "DEFAULT_INLINE_MAX_BATCH_US",
@@ -64,6 +72,7 @@ __all__ = [
     "ModelConfigError",
     "ModelControlMode",
     "ModelCounters",
+    "ModelStatistics",
     "OrderedRelease",
     "RaggedInput",
     "ResponseCallback",

@@ -8,12 +8,17 @@ holding them until the idle timeout (see docs/behaviour.md).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Hashable
+from typing import Protocol
 
-from seqserve.engine.request import SequenceId
+#: a sequence's id (``seqserve.engine.request.SequenceId``, which imports this module)
+_SequenceId = int | str
 
-if TYPE_CHECKING:
-    from seqserve.engine.model import LoadedModel
+
+class ScopedModel(Hashable, Protocol):
+    """What a scope needs of the model versions its sequences run on (``LoadedModel``)."""
+
+    def end_owned_sequence(self, sequence_id: _SequenceId, owner: int, reason: str, /) -> bool: ...
 
 
 class SequenceScope:
@@ -26,20 +31,20 @@ class SequenceScope:
         self.reason = reason
         # (model, sequence id) -> handle of the START that began it: a later START of the same
         # id, from anywhere, makes it someone else's sequence
-        self._live: dict[tuple[LoadedModel, SequenceId], int] = {}
+        self._live: dict[tuple[ScopedModel, _SequenceId], int] = {}
 
     def __len__(self) -> int:
         return len(self._live)
 
-    def started(self, model: LoadedModel, sequence_id: SequenceId, handle: int) -> None:
+    def started(self, model: ScopedModel, sequence_id: _SequenceId, handle: int) -> None:
         self._live[(model, sequence_id)] = handle
 
-    def joined(self, model: LoadedModel, sequence_id: SequenceId, handle: int) -> None:
+    def joined(self, model: ScopedModel, sequence_id: _SequenceId, handle: int) -> None:
         """A session request (whose START may be implied) of a sequence not yet the scope's: it
         is, if that request started it (the core compares its handle with the START's)."""
         self._live.setdefault((model, sequence_id), handle)
 
-    def ended(self, model: LoadedModel, sequence_id: SequenceId) -> None:
+    def ended(self, model: ScopedModel, sequence_id: _SequenceId) -> None:
         self._live.pop((model, sequence_id), None)
 
     def close(self) -> int:

@@ -62,10 +62,6 @@ BY_WIRE: dict[str, DataType] = {d.wire: d for d in DATA_TYPES}
 BY_NUMPY: dict[np.dtype[Any], DataType] = {d.numpy: d for d in DATA_TYPES if d.numpy is not None}
 
 
-def of_config(config: int) -> DataType | None:
-    return BY_CONFIG.get(config)
-
-
 def of_wire(name: str) -> DataType | None:
     return BY_WIRE.get(name)
 

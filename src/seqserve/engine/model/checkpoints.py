@@ -16,7 +16,9 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import tensors
 from seqserve.engine._core import Code as CoreCode
 from seqserve.engine._core import Refusal, Scheduler, StateSpec
-from seqserve.engine.checkpoint import (
+from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.model.validation import INTEGER_CORRID, MAX_STRING_ID
+from seqserve.engine.replicas.checkpoint import (
     RETRY_AFTER_S,
     CheckpointError,
     CheckpointUnsupportedError,
@@ -24,8 +26,6 @@ from seqserve.engine.checkpoint import (
     SequenceCheckpoint,
     check_fields,
 )
-from seqserve.engine.errors import Code, InferenceError
-from seqserve.engine.model.validation import INTEGER_CORRID, MAX_STRING_ID
 from seqserve.engine.request import SequenceId
 
 if TYPE_CHECKING:

@@ -29,7 +29,6 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import _core
 from seqserve.engine.backends import BackendInstance, InstanceContext, ModelContext, find_backend
 from seqserve.engine.batch import ExecuteBatch, RaggedInput, StateViews
-from seqserve.engine.checkpoint import SequenceReleasedError
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
 from seqserve.engine.isolation import IsolatedBackend, execution_settings
 from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US
@@ -40,6 +39,7 @@ from seqserve.engine.model.sequence_views import SequenceViews
 from seqserve.engine.model.spec import build_core_spec
 from seqserve.engine.model.validation import INTEGER_CORRID, RequestValidator
 from seqserve.engine.model.watchdog import ExecuteWatchdog
+from seqserve.engine.replicas.checkpoint import SequenceReleasedError
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
 from seqserve.engine.sessions import SessionGoneError, SessionPolicy

@@ -1,10 +1,9 @@
 """Model repository layout: ``<repo>/<model>/config.pbtxt`` and
 ``<repo>/<model>/<version>/...``. Finding models and picking versions only;
-loading them is the server's job."""
+loading them is the model table's job (``models.py``)."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 from seqserve._proto.model_config_pb2 import ModelConfig
@@ -77,17 +76,3 @@ def _specific_versions(wanted: list[int], available: list[int], model: str) -> l
     if not wanted:
         raise ModelConfigError(f"version_policy specific lists no versions for model '{model}'")
     return sorted(set(wanted))
-
-
-def write_override_files(name: str, files: dict[str, bytes]) -> Path:
-    """Materialize model files sent through the load API ({"1/model.py": content}) in a fresh
-    temporary model directory, which then replaces the repository's copy for this load."""
-    root = Path(tempfile.mkdtemp(prefix=f"seqserve-{name}-")) / name
-    root.mkdir()
-    for rel, content in files.items():
-        target = (root / rel).resolve()
-        if not rel or rel.startswith("/") or root.resolve() not in target.parents:
-            raise ModelConfigError(f"invalid file path 'file:{rel}' for model '{name}'")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)
-    return root

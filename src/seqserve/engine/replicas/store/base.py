@@ -173,21 +173,3 @@ def redact_url(url: str) -> str:
     if "@" not in parts.netloc:
         return url
     return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
-
-
-def open_store(url: str, replica_id: str, *, heartbeat_ttl_s: float = 10.0) -> StateStore:
-    """A store from its URL: ``redis://host:port/db`` (also ``rediss://``, ``unix://``) or
-    ``dir:///path``. Raises ValueError for anything else."""
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme in ("redis", "rediss", "unix"):
-        from seqserve.engine.statestore.redis_store import RedisStore
-
-        return RedisStore(url, replica_id, heartbeat_ttl_s=heartbeat_ttl_s)
-    if scheme == "dir":
-        from seqserve.engine.statestore.dir_store import DirStore
-
-        path = urllib.parse.urlsplit(url).path
-        if not path or not path.startswith("/"):
-            raise ValueError(f"a dir:// state store needs an absolute path (dir:///var/lib/seqserve), got '{url}'")
-        return DirStore(path, replica_id, heartbeat_ttl_s=heartbeat_ttl_s)
-    raise ValueError(f"unknown state store '{url}': use redis://host:port/db or dir:///path")

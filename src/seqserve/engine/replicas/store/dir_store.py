@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from seqserve.engine.statestore.base import (
+from seqserve.engine.replicas.store.base import (
     Claim,
     Entry,
     HandoverHandler,

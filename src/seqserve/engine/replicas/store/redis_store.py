@@ -22,7 +22,7 @@ import logging
 import time
 from typing import Any
 
-from seqserve.engine.statestore.base import (
+from seqserve.engine.replicas.store.base import (
     Claim,
     Entry,
     HandoverHandler,

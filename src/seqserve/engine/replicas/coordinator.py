@@ -2,11 +2,12 @@
 this replica runs, hands them off (on drain, on an owner's handover request, when idle), and
 brings sequences it does not hold back from the store when their next step arrives here.
 
-``Handoff`` is attached to a ``Server`` (``Server.enable_state_store``). The request path pays
-for it only where it must: a step of a sequence live here goes to the core untouched (one slot
-lookup for steps without START); STARTs and ENDs queue a store write that a background task
-sends in batches, never awaited by the request. Only a step for a sequence this replica does
-not hold (``HandoffArrivals``) waits for the store.
+``Server.enable_state_store`` gives a ``ReplicaCoordinator`` the server's model table and
+session policy. The request path pays for it only where it must: a step of a sequence live here
+goes to the core untouched (one slot lookup for steps without START); STARTs and ENDs queue a
+store write that a background task sends in batches, never awaited by the request. Only a step
+for a sequence this replica does not hold (``Arrivals``, which the coordinator owns) waits for
+the store.
 """
 
 from __future__ import annotations
@@ -15,16 +16,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from seqserve.engine.errors import Code, InferenceError
-from seqserve.engine.handoff_arrival import HandoffArrivals
-from seqserve.engine.statestore import SequenceKey, StateStore, Status, StoreError
-
-if TYPE_CHECKING:
-    from seqserve.engine.checkpoint import SequenceCheckpoint
-    from seqserve.engine.model import LoadedModel
-    from seqserve.engine.server import Server
+from seqserve.engine.model import LoadedModel
+from seqserve.engine.replicas.arrivals import Arrivals
+from seqserve.engine.replicas.checkpoint import SequenceBusyError, SequenceCheckpoint
+from seqserve.engine.replicas.store import SequenceKey, StateStore, Status, StoreError
+from seqserve.engine.request import InferRequest
+from seqserve.engine.responses import InferResult, ResponseCallback
+from seqserve.engine.server.models import ModelTable
+from seqserve.engine.sessions import SessionPolicy
 
 log = logging.getLogger("seqserve.handoff")
 
@@ -36,12 +39,13 @@ _BUSY_RETRY_S = 0.01
 _SPILL_BATCH = 256
 
 
-class Handoff(HandoffArrivals):
+class ReplicaCoordinator:
     """See the module's docstring. Event-loop only."""
 
     def __init__(
         self,
-        server: Server,
+        table: ModelTable,
+        sessions: SessionPolicy,
         store: StateStore,
         *,
         spill_idle_s: float = 0.0,
@@ -50,7 +54,8 @@ class Handoff(HandoffArrivals):
     ) -> None:
         if spill_idle_s < 0 or handover_timeout_s <= 0 or margin_s <= 0:
             raise ValueError("spill_idle_s must be >= 0, handover_timeout_s and margin_s > 0")
-        self.server = server
+        self.table = table
+        self.sessions = sessions
         self.store = store
         self.replica_id = store.replica_id
         self.spill_idle_s = spill_idle_s
@@ -67,10 +72,10 @@ class Handoff(HandoffArrivals):
         self._flushed = asyncio.Event()  # set after each flush: waiters for a token re-check
         #: sequences whose state is on its way into the store (the release write in flight)
         self._releasing: dict[SequenceKey, asyncio.Future[None]] = {}
-        #: sequences a step may not reach the core for now: leaving (handover) or arriving
-        self._busy: dict[SequenceKey, asyncio.Lock] = {}
+        #: sequences being handed over to another replica: their steps are refused meanwhile
         self._leaving: set[SequenceKey] = set()
-        self._arrivals: set[asyncio.Future[Any]] = set()  # steps waiting for the store
+        #: steps of sequences this replica does not hold
+        self.arrivals = Arrivals(self, table)
         self._tasks: list[asyncio.Task[None]] = []
         self._drain_task: asyncio.Task[None] | None = None
         self._stateful: dict[str, tuple[LoadedModel, bool]] = {}
@@ -134,7 +139,7 @@ class Handoff(HandoffArrivals):
         return found[1]
 
     def _stateful_models(self) -> list[LoadedModel]:
-        return [m for s in self.server._models.values() for m in s.versions.values() if self.is_stateful(m)]
+        return [m for m in self.table.loaded() if self.is_stateful(m)]
 
     def ttl_s(self, m: LoadedModel) -> float:
         """How long an entry lives unrefreshed: the model's idle timeout and the margin."""
@@ -144,11 +149,11 @@ class Handoff(HandoffArrivals):
     def tombstone_s(self, session: bool) -> float:
         """How long the store remembers an ended (or expired) sequence: sessions as the engine
         does (--session-tombstone-secs), plain sequences not at all."""
-        return self.server.sessions.tombstone_s if session else 0.0
+        return self.sessions.tombstone_s if session else 0.0
 
     def _model(self, key: SequenceKey) -> LoadedModel | None:
         try:
-            return self.server.model(key.model, key.version)
+            return self.table.model(key.model, key.version)
         except InferenceError:
             return None
 
@@ -161,6 +166,50 @@ class Handoff(HandoffArrivals):
     def ended(self, key: SequenceKey, session: bool) -> None:
         self._to_end[key] = session
         self._wake.set()
+
+    def holds(self, key: SequenceKey) -> bool:
+        """This process registered ``key`` in the store (or is about to)."""
+        return key in self._owned or key in self._to_register
+
+    def own(self, key: SequenceKey, token: int) -> None:
+        """``key`` is this replica's in the store now, under ``token`` (a claim it won)."""
+        self._owned[key] = token
+
+    def disown(self, key: SequenceKey) -> None:
+        self._owned.pop(key, None)
+
+    async def register_now(self, key: SequenceKey, session: bool, ttl_s: float) -> None:
+        """Take ``key`` in the store at once (not through the flusher)."""
+        [self._owned[key]] = await self.store.register([(key, session)], ttl_s)
+
+    @property
+    def moving(self) -> bool:
+        """Some sequence is leaving this replica or on its way into the store."""
+        return bool(self._leaving or self._releasing)
+
+    def is_leaving(self, key: SequenceKey) -> bool:
+        """``key`` is being handed over to another replica: its steps are refused meanwhile."""
+        return key in self._leaving
+
+    def releasing(self, key: SequenceKey) -> asyncio.Future[None] | None:
+        """The write of ``key``'s checkpoint into the store, while it is on its way."""
+        return self._releasing.get(key)
+
+    def enqueue(
+        self, m: LoadedModel, request: InferRequest, response_parameters: dict[str, Any] | None
+    ) -> asyncio.Future[InferResult]:
+        """``Server.enqueue`` for sequence models while a state store is attached."""
+        return self.arrivals.enqueue(m, request, response_parameters)
+
+    def enqueue_streaming(
+        self,
+        m: LoadedModel,
+        request: InferRequest,
+        response_parameters: dict[str, Any] | None,
+        on_response: ResponseCallback,
+    ) -> Callable[[], None]:
+        """``Server.enqueue_streaming`` for sequence models while a state store is attached."""
+        return self.arrivals.enqueue_streaming(m, request, response_parameters, on_response)
 
     async def _flusher(self) -> None:
         backoff = 0.0
@@ -253,7 +302,7 @@ class Handoff(HandoffArrivals):
             m = self._model(k)
             if m is not None and m.sequence_slot(k.sequence_id) is not None:  # a slot, or the backlog
                 by_ttl.setdefault(self._entry_ttl(k), []).append((k, t))
-            elif k not in self._releasing and k not in self._busy and k not in self._to_end:
+            elif k not in self._releasing and not self.arrivals.waiting(k) and k not in self._to_end:
                 self._to_end[k] = True  # expired here: a tombstone, as the engine keeps one
         for ttl, items in by_ttl.items():
             await self.store.refresh(items, ttl)
@@ -265,12 +314,10 @@ class Handoff(HandoffArrivals):
         """Checkpoint and release the sequence between two of its steps (retrying while one is
         queued or running), up to ``deadline``; None when it is not live here or the deadline
         passed."""
-        from seqserve.engine.checkpoint import SequenceBusyError
-
         pause = 0.001
         while True:
             try:
-                return self.server.checkpoint_sequence(m.name, m.version, key.sequence_id, release=True)
+                return self.table.checkpoint_sequence(m.name, m.version, key.sequence_id, release=True)
             except SequenceBusyError:
                 if time.monotonic() + pause > deadline:
                     return None
@@ -311,7 +358,7 @@ class Handoff(HandoffArrivals):
         # draining: the process is going away, and with it the state).
         if not self.draining:
             try:
-                self.server.restore_sequence(ckpt)
+                self.table.restore_sequence(ckpt)
                 self.started(key, ckpt.session)
                 log.warning("state store unreachable: sequence %s stays on this replica", key.encode())
                 return
@@ -341,7 +388,7 @@ class Handoff(HandoffArrivals):
         its running step; those of models that keep their own state finish here."""
         moved = 0
         while time.monotonic() < deadline:
-            for name, version, sid, _idle in self.server.live_sequences():
+            for name, version, sid, _idle in self.table.live_sequences():
                 key = SequenceKey(name, version, sid)
                 m = self._model(key)
                 if m is None or not self.is_stateful(m) or key in self._releasing:
@@ -366,7 +413,7 @@ class Handoff(HandoffArrivals):
             if self.draining:
                 return
             spilled = 0
-            for name, version, sid, idle in self.server.live_sequences():
+            for name, version, sid, idle in self.table.live_sequences():
                 if idle < self.spill_idle_s or spilled >= _SPILL_BATCH:
                     continue
                 key = SequenceKey(name, version, sid)
@@ -375,7 +422,7 @@ class Handoff(HandoffArrivals):
                     m is None
                     or not self.is_stateful(m)
                     or key in self._releasing
-                    or key in self._busy
+                    or self.arrivals.waiting(key)
                     or key in self._leaving
                 ):
                     continue

@@ -1,5 +1,5 @@
 """The request side of the state store: a step for a sequence this replica does not hold
-consults the store before it reaches the core (see ``seqserve.engine.handoff``).
+consults the store before it reaches the core (see ``seqserve.engine.replicas.coordinator``).
 
 - released in the store: claim it (the fencing token makes the claim exclusive), restore its
   checkpoint into a free slot, then submit the step;
@@ -20,18 +20,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.model import LoadedModel
+from seqserve.engine.replicas.checkpoint import CheckpointError, SequenceCheckpoint
+from seqserve.engine.replicas.store import Claim, SequenceKey, StateStore, Status, StoreError
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
+from seqserve.engine.server.models import ModelTable
 from seqserve.engine.sessions import SessionGoneError
-from seqserve.engine.statestore import Claim, SequenceKey, StateStore, Status, StoreError
-
-if TYPE_CHECKING:
-    from seqserve.engine.checkpoint import SequenceCheckpoint
-    from seqserve.engine.model import LoadedModel
-    from seqserve.engine.server import Server
 
 T = TypeVar("T")
 
@@ -51,30 +49,44 @@ class _Gate:
         self.users = 0
 
 
-class HandoffArrivals:
-    """Part of ``Handoff``."""
+class Coordinator(Protocol):
+    """What the arrivals use of the replica coordinator that owns them
+    (``seqserve.engine.replicas.coordinator.ReplicaCoordinator``)."""
 
-    if TYPE_CHECKING:
-        server: Server
-        store: StateStore
-        replica_id: str
-        draining: bool
-        handover_timeout_s: float
-        _owned: dict[SequenceKey, int]
-        _to_register: dict[SequenceKey, bool]
-        _busy: dict[SequenceKey, Any]
-        _leaving: set[SequenceKey]
-        _arrivals: set[asyncio.Future[Any]]
-        _releasing: dict[SequenceKey, asyncio.Future[None]]
+    store: StateStore
+    replica_id: str
+    draining: bool
+    handover_timeout_s: float
 
-        def is_stateful(self, m: LoadedModel) -> bool: ...
-        def ttl_s(self, m: LoadedModel) -> float: ...
-        def tombstone_s(self, session: bool) -> float: ...
-        def started(self, key: SequenceKey, session: bool) -> None: ...
-        def ended(self, key: SequenceKey, session: bool) -> None: ...
-        def refuse_leaving(self, m: LoadedModel, sequence_id: object) -> InferenceError: ...
+    @property
+    def moving(self) -> bool: ...
+    def is_leaving(self, key: SequenceKey) -> bool: ...
+    def releasing(self, key: SequenceKey) -> asyncio.Future[None] | None: ...
+    def holds(self, key: SequenceKey) -> bool: ...
+    def own(self, key: SequenceKey, token: int) -> None: ...
+    def disown(self, key: SequenceKey) -> None: ...
+    async def register_now(self, key: SequenceKey, session: bool, ttl_s: float) -> None: ...
+    def is_stateful(self, m: LoadedModel) -> bool: ...
+    def ttl_s(self, m: LoadedModel) -> float: ...
+    def tombstone_s(self, session: bool) -> float: ...
+    def started(self, key: SequenceKey, session: bool) -> None: ...
+    def ended(self, key: SequenceKey, session: bool) -> None: ...
+    def refuse_leaving(self, m: LoadedModel, sequence_id: object) -> InferenceError: ...
 
-    # -------------------------------------------------------------- entry points
+
+class Arrivals:
+    """The steps of this replica's coordinator that wait for the store. Event-loop only."""
+
+    def __init__(self, coordinator: Coordinator, table: ModelTable) -> None:
+        self._coordinator = coordinator
+        self._table = table
+        #: sequences whose steps wait for the store, each step behind the one before
+        self._gates: dict[SequenceKey, _Gate] = {}
+        self._tasks: set[asyncio.Future[Any]] = set()  # strong references while they run
+
+    def waiting(self, key: SequenceKey) -> bool:
+        """A step of ``key`` waits for the store: the sequence may not move meanwhile."""
+        return key in self._gates
 
     def enqueue(
         self, m: LoadedModel, request: InferRequest, response_parameters: dict[str, Any] | None
@@ -98,8 +110,8 @@ class HandoffArrivals:
             # the step (a request cancelled in the core would take its whole sequence with it).
             nonlocal withdrawn
             lookup = asyncio.ensure_future(self._arrive(m, request, submit))
-            self._arrivals.add(lookup)
-            lookup.add_done_callback(self._arrivals.discard)
+            self._tasks.add(lookup)
+            lookup.add_done_callback(self._tasks.discard)
             try:
                 fut = await asyncio.shield(lookup)
             except asyncio.CancelledError:
@@ -150,8 +162,8 @@ class HandoffArrivals:
                 inner.append(found)
 
         task = asyncio.ensure_future(arrive())
-        self._arrivals.add(task)  # a strong reference while it runs
-        task.add_done_callback(self._arrivals.discard)
+        self._tasks.add(task)  # a strong reference while it runs
+        task.add_done_callback(self._tasks.discard)
 
         def cancel() -> None:
             # As for unary requests, the store work goes on; the step is not submitted.
@@ -167,38 +179,40 @@ class HandoffArrivals:
     def _needs_store(self, m: LoadedModel, request: InferRequest) -> bool:
         """False for the common case (go straight to the core); True when the store must be
         consulted first; raises for a step this replica must refuse (its sequence is leaving)."""
-        if not self.is_stateful(m):
+        c = self._coordinator
+        if not c.is_stateful(m):
             return False  # models that keep their own state: their sequences never move
         if request.sequence_start or not request.sequence_id:
             return False  # a START begins the id afresh, here; no id: the core's error
-        if self.draining:
-            raise self.refuse_leaving(m, request.sequence_id)
-        if self._busy or self._leaving or self._releasing:
+        if c.draining:
+            raise c.refuse_leaving(m, request.sequence_id)
+        if self._gates or c.moving:
             key = SequenceKey(m.name, m.version, request.sequence_id)
-            if key in self._leaving:
-                raise self.refuse_leaving(m, request.sequence_id)
-            if key in self._busy or key in self._releasing:
+            if c.is_leaving(key):
+                raise c.refuse_leaving(m, request.sequence_id)
+            if key in self._gates or c.releasing(key) is not None:
                 return True
         return m.sequence_slot(request.sequence_id) is None
 
     def _after(self, m: LoadedModel, request: InferRequest) -> None:
         """A step reached the core: record STARTs and ENDs in the store (in the background)."""
-        if not (request.sequence_start or request.sequence_end) or not self.is_stateful(m):
+        c = self._coordinator
+        if not (request.sequence_start or request.sequence_end) or not c.is_stateful(m):
             return
         key = SequenceKey(m.name, m.version, request.sequence_id)
         if request.sequence_end:
             if not request.sequence_start:
-                self.ended(key, request.session)
+                c.ended(key, request.session)
         else:
-            self.started(key, request.session)
+            c.started(key, request.session)
 
     # -------------------------------------------------------------------- slow path
 
     async def _arrive(self, m: LoadedModel, request: InferRequest, submit: Callable[[], T]) -> T:
         key = SequenceKey(m.name, m.version, request.sequence_id)
-        gate = self._busy.get(key)
+        gate = self._gates.get(key)
         if gate is None:
-            gate = self._busy[key] = _Gate()
+            gate = self._gates[key] = _Gate()
         gate.users += 1
         try:
             async with gate.lock:
@@ -206,26 +220,27 @@ class HandoffArrivals:
         finally:
             gate.users -= 1
             if not gate.users:
-                del self._busy[key]
+                del self._gates[key]
 
     async def _arrive_locked(
         self, m: LoadedModel, key: SequenceKey, request: InferRequest, submit: Callable[[], T]
     ) -> T:
+        c = self._coordinator
         sid = request.sequence_id
-        if self.draining:
-            raise self.refuse_leaving(m, sid)
+        if c.draining:
+            raise c.refuse_leaving(m, sid)
         if m.sequence_slot(sid) is not None:  # it came (back) while this step waited its turn
             return self._submit(m, request, submit)
-        releasing = self._releasing.get(key)
+        releasing = c.releasing(key)
         if releasing is not None:  # this replica's own release is on its way to the store
             await asyncio.shield(releasing)
-        ttl = self.ttl_s(m)
-        deadline = time.monotonic() + self.handover_timeout_s
+        ttl = c.ttl_s(m)
+        deadline = time.monotonic() + c.handover_timeout_s
         asked = ""
         pause = 0.002
         while True:
             try:
-                claim = await self.store.claim(key, ttl)
+                claim = await c.store.claim(key, ttl)
                 if claim.won:
                     return await self._restore(m, key, request, claim, submit)
                 entry = claim.entry
@@ -234,21 +249,19 @@ class HandoffArrivals:
                         how = "was ended" if entry.status is Status.ENDED else "expired while idle in the state store"
                         raise SessionGoneError(f"session '{sid}' {how}; start a new session with a new id")
                     return self._unknown(m, key, request, submit)
-                if entry.owner == self.replica_id:
-                    if key in self._owned or key in self._to_register:
+                if entry.owner == c.replica_id:
+                    if c.holds(key):
                         # This process's, yet not live here: the engine ended it (idle expiry,
                         # the sequence API); the core answers as it would without a store.
-                        self.ended(key, entry.session)
+                        c.ended(key, entry.session)
                         return self._unknown(m, key, request, submit)
                     # An earlier process under this replica id (a restart that kept its name,
                     # a StatefulSet pod's): its state died with that process.
-                    [self._owned[key]] = await self.store.register([(key, entry.session)], ttl)
-                    self.ended(key, entry.session)
-                    raise _lost(
-                        m, sid, request.session, f"replica '{self.replica_id}' restarted without handing it off"
-                    )
+                    await c.register_now(key, entry.session, ttl)
+                    c.ended(key, entry.session)
+                    raise _lost(m, sid, request.session, f"replica '{c.replica_id}' restarted without handing it off")
                 if entry.owner != asked:  # live under another replica: ask it to let go
-                    await self.store.request_handover(entry.owner, key)
+                    await c.store.request_handover(entry.owner, key)
                     asked = entry.owner
             except StoreError as e:
                 raise InferenceError(
@@ -258,7 +271,7 @@ class HandoffArrivals:
                 raise InferenceError(
                     Code.UNAVAILABLE,
                     f"sequence {sid} of model '{m.name}' is held by replica '{asked}', which did not hand it over "
-                    f"within {self.handover_timeout_s:g} s; retry",
+                    f"within {c.handover_timeout_s:g} s; retry",
                     retry_after_s=RETRY_AFTER_S,
                 )
             await asyncio.sleep(pause)
@@ -272,36 +285,36 @@ class HandoffArrivals:
     def _unknown(self, m: LoadedModel, key: SequenceKey, request: InferRequest, submit: Callable[[], T]) -> T:
         """Not in the store: the core decides (Triton's START error, or a session's implied
         START, which is then recorded)."""
+        c = self._coordinator
         out = submit()
         if request.session and not request.sequence_end:
-            self.started(key, True)
+            c.started(key, True)
         return out
 
     async def _restore(
         self, m: LoadedModel, key: SequenceKey, request: InferRequest, claim: Claim, submit: Callable[[], T]
     ) -> T:
-        from seqserve.engine.checkpoint import CheckpointError, SequenceCheckpoint
-
+        c = self._coordinator
         sid = request.sequence_id
-        self._owned[key] = claim.token
+        c.own(key, claim.token)
         if claim.data is None:  # a dead replica's live sequence: no checkpoint, its state is gone
             session = request.session
-            self.ended(key, session)
+            c.ended(key, session)
             raise _lost(m, sid, session, f"replica '{claim.previous_owner}' stopped without handing it off")
         try:
             ckpt: SequenceCheckpoint = SequenceCheckpoint.from_bytes(claim.data)
             if (ckpt.model, ckpt.version, ckpt.sequence_id) != (m.name, m.version, sid):
                 raise CheckpointError("the checkpoint is another sequence's")
         except CheckpointError as e:
-            self.ended(key, request.session)
+            c.ended(key, request.session)
             raise _lost(m, sid, request.session, f"its checkpoint is unusable ({e})") from None
         try:
             await self._restore_when_free(ckpt)
         except InferenceError as e:
             # No free slot here in time (or another refusal): put it back for whoever can take it.
-            self._owned.pop(key, None)
+            c.disown(key)
             try:
-                await self.store.release(key, claim.token, claim.data, self.ttl_s(m), self.tombstone_s(ckpt.session))
+                await c.store.release(key, claim.token, claim.data, c.ttl_s(m), c.tombstone_s(ckpt.session))
             except StoreError as put_back:
                 raise _lost(m, sid, request.session, f"it could not be put back: {put_back}") from None
             raise InferenceError(
@@ -314,14 +327,15 @@ class HandoffArrivals:
     async def _restore_when_free(self, ckpt: SequenceCheckpoint) -> None:
         """Restore into a free slot; while none is free (UNAVAILABLE), wait for one up to the
         handover timeout: finished sequences and the idle spill free slots."""
-        deadline = time.monotonic() + self.handover_timeout_s
+        c = self._coordinator
+        deadline = time.monotonic() + c.handover_timeout_s
         pause = 0.005
         while True:
             try:
-                self.server.restore_sequence(ckpt)
+                self._table.restore_sequence(ckpt)
                 return
             except InferenceError as e:
-                if e.code is not Code.UNAVAILABLE or time.monotonic() + pause > deadline or self.draining:
+                if e.code is not Code.UNAVAILABLE or time.monotonic() + pause > deadline or c.draining:
                     raise
             await asyncio.sleep(pause)
             pause = min(pause * 2, _HANDOVER_POLL_S)
