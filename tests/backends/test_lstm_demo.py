@@ -23,7 +23,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from onnx import numpy_helper
 
-from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server
+from tests.support.paths import DEMO_REPO
+from tests.support.process import ServerProcess, start_server
 
 MODEL = "lstm"
 MODEL_FILE = DEMO_REPO / MODEL / "1" / "model.onnx"

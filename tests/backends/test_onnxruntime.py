@@ -15,7 +15,7 @@ import tritonclient.grpc
 import tritonclient.http
 
 from seqserve.engine import Code, InferenceError, Server
-from tests.backends import onnx_fixtures as fx
+from tests.support import onnx_models as fx
 
 # ------------------------------------------------------------------------------ helpers
 
@@ -457,7 +457,7 @@ async def test_autocomplete_leaves_sequence_tensors_out(repo, serve):
 
 def test_real_server_with_tritonclient(tmp_path):
     """`seqserve serve` on a repository of ONNX models, driven by tritonclient (HTTP + gRPC)."""
-    from tests.integration.conftest import start_server
+    from tests.support.process import start_server
 
     repo = tmp_path / "models"
     repo.mkdir()

@@ -13,7 +13,8 @@ import pytest
 
 from seqserve.engine import Code, InferenceError, InferResult, Server
 from seqserve.engine.errors import DecoupledModelError
-from tests.helpers import expect_error, wait_until, write_model
+from tests.support.checks import expect_error, wait_until
+from tests.support.models import write_model
 
 # IN (int32 [n]) -> n responses OUT=[IN[k]], IDX=[k], sent by a thread after execute returns.
 # MODE: 0 = a bare final flag after the last response, 1 = the last response carries the

@@ -17,7 +17,7 @@ from seqserve.engine import Code, InferenceError
 from seqserve.engine.backends.base import ModelContext
 from seqserve.engine.backends.python_batch import PythonBackend
 from seqserve.engine.config import load_model_config
-from tests.helpers import write_model
+from tests.support.models import write_model
 
 # ------------------------------------------------------------------------------ models
 
@@ -449,7 +449,7 @@ def test_real_server_with_tritonclient(tmp_path: Path) -> None:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    from tests.integration.conftest import start_server
+    from tests.support.process import start_server
 
     repo = tmp_path / "models"
     write_model(repo, "seq", SEQUENCE_PY_CONFIG.format(name="seq", delay=1000, extra=""), SEQUENCE_PY)

@@ -23,7 +23,8 @@ from seqserve.engine import (
     SequenceCheckpoint,
     SequenceReleasedError,
 )
-from tests.helpers import ctl, expect_error, model_module, start_error, wait_until, write_model
+from tests.support.checks import expect_error, start_error, wait_until
+from tests.support.models import ctl, model_module, write_model
 
 DEMO = Path(__file__).resolve().parents[2] / "src" / "seqserve" / "examples" / "models"
 

@@ -14,20 +14,8 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code, InferenceError
-from tests.helpers import (
-    ACC_STATE,
-    ACCUM_MODEL,
-    ctl,
-    expect_error,
-    holds_sequence,
-    model_module,
-    recorded,
-    rows,
-    start_error,
-    wait_reaped,
-    wait_until,
-    write_model,
-)
+from tests.support.checks import expect_error, holds_sequence, start_error, wait_reaped, wait_until
+from tests.support.models import ACC_STATE, ACCUM_MODEL, ctl, model_module, recorded, rows, write_model
 
 # ----------------------------------------------------------------------------- helpers
 

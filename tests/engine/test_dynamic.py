@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code
-from tests.helpers import expect_error, wait_until, write_model
+from tests.support.checks import expect_error, wait_until
+from tests.support.models import write_model
 
 # ----------------------------------------------------------------------------- helpers
 

@@ -23,23 +23,19 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import Code
 from seqserve.engine.config import config_to_json, load_model_config
 from seqserve.engine.errors import ModelConfigError
-from tests.helpers import (
+from tests.support.checks import expect_error, holds_sequence, start_error, wait_reaped, wait_until
+from tests.support.models import (
     ACCUM_MODEL,
-    BRIEF,
     BRIEF_A_MODEL,
     BRIEF_B_IO,
     BRIEF_B_MODEL,
     RECORDING_MODEL,
-    expect_error,
-    holds_sequence,
     model_module,
     python_brief,
     recorded,
-    start_error,
-    wait_reaped,
-    wait_until,
     write_model,
 )
+from tests.support.paths import BRIEF
 
 # ----------------------------------------------------------------------------- helpers
 

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code, InferenceError, InferRequest, SequenceScope, Server, SessionGoneError
-from tests.conftest import expect_error, write_model
+from tests.support.checks import expect_error
+from tests.support.models import write_model
 
 GATED_MODEL = """
 import threading

@@ -18,7 +18,7 @@ import pytest
 from seqserve.engine import Code, InferenceError, Server, SessionGoneError
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.statestore import SequenceKey, StateStore, Status, open_store
-from tests.redis_server import redis_server
+from tests.support.redis_server import redis_server
 
 pytest.importorskip("seqserve.engine.checkpoint", reason="needs the engine's checkpoint API")
 

@@ -21,17 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqserve.engine import Code, InferenceError, Server
-from tests.helpers import (
-    ACC_STATE,
-    ACCUM_MODEL,
-    RECORDING_MODEL,
-    ctl,
-    expect_error,
-    recorded,
-    rows,
-    start_error,
-    write_model,
-)
+from tests.support.checks import expect_error, start_error
+from tests.support.models import ACC_STATE, ACCUM_MODEL, RECORDING_MODEL, ctl, recorded, rows, write_model
 
 # ----------------------------------------------------------------------------- helpers
 

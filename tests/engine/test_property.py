@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from seqserve.engine import Server
 from seqserve.engine.errors import Code, InferenceError
-from tests.helpers import write_model
-from tests.oracle import Batch, DirectOracle, Req
+from tests.support.models import write_model
+from tests.support.oracle import Batch, DirectOracle, Req
 
 # Accumulator with implicit state. Padding rows write a sentinel state that must never leak.
 GATED_ACCUMULATOR = """

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code, InferenceError, Server
-from tests.conftest import write_model
+from tests.support.models import write_model
 
 CFG = """
 name: "{name}"

@@ -9,7 +9,8 @@ import time
 import numpy as np
 
 from seqserve.engine import SERVER_STOPPING, Code, Server
-from tests.helpers import expect_error, model_module, write_model
+from tests.support.checks import expect_error
+from tests.support.models import model_module, write_model
 
 CFG = """
 name: "h"

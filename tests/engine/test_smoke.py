@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.helpers import recorded, write_model
+from tests.support.models import recorded, write_model
 
 CFG = """
 name: "m"

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code, InferenceError
-from tests.helpers import state_config, write_model
+from tests.support.models import state_config, write_model
 
 N = 5  # elements per state row
 

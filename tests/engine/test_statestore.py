@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from seqserve.engine.statestore import SequenceKey, StateStore, Status, open_store
-from tests.redis_server import redis_server
+from tests.support.redis_server import redis_server
 
 Factory = Callable[..., Awaitable[StateStore]]
 

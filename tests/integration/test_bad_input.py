@@ -20,8 +20,8 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.integration._util import acc_input, binary_body, http_request, new_int_id, new_str_id, raw_output
-from tests.integration.conftest import ServerProcess
+from tests.support.clients import acc_input, binary_body, http_request, new_int_id, new_str_id, raw_output
+from tests.support.process import ServerProcess
 
 START_MSG = "must specify the START flag on the first request of the sequence"
 

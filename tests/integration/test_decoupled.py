@@ -18,9 +18,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.backends.test_triton_decoupled import ACCUMULATE, ACCUMULATE_CONFIG, REPEAT, REPEAT_CONFIG, UNTIL_CANCELLED
-from tests.helpers import write_model
-from tests.integration._util import SyncStream
-from tests.integration.conftest import ServerProcess, start_server
+from tests.support.clients import SyncStream
+from tests.support.models import write_model
+from tests.support.process import ServerProcess, start_server
 
 # Not decoupled, batch-level: OUT = IN, once the test has created the file `release` next to
 # model.py (or after 20 s).

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import ServerProcess
+from tests.support.process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,8 +16,9 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
-from tests.integration._util import Client, binary_body, expect_error, http_request, new_int_id
-from tests.integration.conftest import IDENTITY_DTYPES, ServerProcess
+from tests.support.clients import Client, binary_body, expect_error, http_request, new_int_id
+from tests.support.models import IDENTITY_DTYPES
+from tests.support.process import ServerProcess
 
 
 @pytest.fixture

@@ -22,17 +22,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.integration._util import acc_input, grpc_server_for, http_request, new_int_id
-from tests.integration.conftest import (
-    DEMO_REPO,
-    IDENTITY_DTYPES,
-    IDENTITY_MODEL,
-    ROOT,
-    ServerProcess,
-    identity_config,
-    start_server,
-    write_model,
-)
+from tests.support.clients import acc_input, grpc_server_for, http_request, new_int_id
+from tests.support.models import IDENTITY_DTYPES, IDENTITY_MODEL, identity_config, write_model
+from tests.support.paths import DEMO_REPO, ROOT
+from tests.support.process import ServerProcess, start_server
 
 HTTP_SERVERS = ["builtin", "hypercorn", "granian"]
 SEQ = {"sequence_start": True, "sequence_end": True}

@@ -21,9 +21,10 @@ import pytest
 
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
-from tests.helpers import write_model
-from tests.integration._util import FLAVOURS, Client, expect_error, http_request
-from tests.integration.conftest import ROOT, ServerProcess
+from tests.support.clients import FLAVOURS, Client, expect_error, http_request
+from tests.support.models import write_model
+from tests.support.paths import ROOT
+from tests.support.process import ServerProcess
 
 # Triton's message, for mode none and poll alike (core model_repository_manager.cc)
 REFUSED = "explicit model load / unload is not allowed if polling is enabled"

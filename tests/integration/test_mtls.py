@@ -19,8 +19,9 @@ import tritonclient.http as httpclient
 from geventhttpclient.response import HTTPConnectionClosed
 from tritonclient.utils import InferenceServerException
 
-from tests.integration._util import grpc_server_for
-from tests.integration.conftest import ROOT, ServerProcess
+from tests.support.clients import grpc_server_for
+from tests.support.paths import ROOT
+from tests.support.process import ServerProcess
 
 
 def _openssl(*args: str) -> None:

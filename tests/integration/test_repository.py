@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.helpers import write_model
-from tests.integration._util import FLAVOURS, Client, expect_error, http_request, new_int_id
-from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server
+from tests.support.clients import FLAVOURS, Client, expect_error, http_request, new_int_id
+from tests.support.models import write_model
+from tests.support.paths import DEMO_REPO
+from tests.support.process import ServerProcess, start_server
 
 EXPLICIT_ALL = ("--model-control-mode", "explicit", "--load-model", "*")
 

@@ -18,8 +18,9 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from seqserve._proto import health_pb2, health_pb2_grpc
-from tests.integration._util import FLAVOURS, Client, http_request, new_int_id
-from tests.integration.conftest import ROOT, ServerProcess, start_server
+from tests.support.clients import FLAVOURS, Client, http_request, new_int_id
+from tests.support.paths import ROOT
+from tests.support.process import ServerProcess, start_server
 
 # Every group restricted, in four groups with their own keys (as Triton's qa does it).
 KEYS = {

@@ -23,9 +23,9 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
-from tests.helpers import BRIEF_A_MODEL, BRIEF_B_IO, BRIEF_B_MODEL, python_brief, write_model
-from tests.integration._util import SyncStream
-from tests.integration.conftest import ServerProcess, start_server
+from tests.support.clients import SyncStream
+from tests.support.models import BRIEF_A_MODEL, BRIEF_B_IO, BRIEF_B_MODEL, python_brief, write_model
+from tests.support.process import ServerProcess, start_server
 
 HOLD = 4  # TRITONSERVER_DELAY_SCHEDULER for the scheduling server
 GAP_S = 1.0  # between groups of requests that must arrive in order: far beyond a send's latency

@@ -15,8 +15,10 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.integration._util import RawResponse, acc_input, http_request, new_int_id, new_str_id, raw_output
-from tests.integration.conftest import DEMO_REPO, ServerProcess, write_model
+from tests.support.clients import RawResponse, acc_input, http_request, new_int_id, new_str_id, raw_output
+from tests.support.models import write_model
+from tests.support.paths import DEMO_REPO
+from tests.support.process import ServerProcess
 
 START_MSG = "must specify the START flag on the first request of the sequence"
 INFER = "/v2/models/accumulator/infer"
@@ -58,7 +60,7 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 def api_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     import shutil
 
-    from tests.integration.conftest import start_server
+    from tests.support.process import start_server
 
     repo = tmp_path_factory.mktemp("seq-api-repo")
     for name in ("accumulator", "add_sub"):

@@ -19,8 +19,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.integration._util import RawResponse, http_request, new_str_id
-from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server, write_model
+from tests.support.clients import RawResponse, http_request, new_str_id
+from tests.support.models import write_model
+from tests.support.paths import DEMO_REPO
+from tests.support.process import ServerProcess, start_server
 
 BRIEF = Path(__file__).resolve().parent.parent / "data" / "brief_configs" / "rnn_from_brief_b"
 INFER = "/v2/models/rnn_model/versions/1/infer"

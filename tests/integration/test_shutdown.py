@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.helpers import WAIT_S, wait_until_sync
-from tests.integration._util import (
+from tests.support.checks import WAIT_S, wait_until_sync
+from tests.support.clients import (
     Client,
     SyncStream,
     expect_error,
@@ -31,7 +31,9 @@ from tests.integration._util import (
     new_str_id,
     raw_output,
 )
-from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server, write_model
+from tests.support.models import write_model
+from tests.support.paths import DEMO_REPO
+from tests.support.process import ServerProcess, start_server
 
 STOPPING = "Server is stopping"
 

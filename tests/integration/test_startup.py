@@ -16,8 +16,11 @@ import pytest
 
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
-from tests.integration._util import http_request
-from tests.integration.conftest import DEMO_REPO, ROOT, ServerProcess, free_ports, write_model
+from tests.support.clients import http_request
+from tests.support.models import write_model
+from tests.support.paths import DEMO_REPO, ROOT
+from tests.support.ports import free_ports
+from tests.support.process import ServerProcess
 
 RUN_TIMEOUT_S = 60.0
 

@@ -21,9 +21,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.integration._util import new_int_id, new_str_id
-from tests.integration.conftest import ServerProcess
-from tests.redis_server import redis_server
+from tests.support.clients import new_int_id, new_str_id
+from tests.support.process import ServerProcess
+from tests.support.redis_server import redis_server
 
 pytest.importorskip("seqserve.engine.checkpoint", reason="needs the engine's checkpoint API")
 

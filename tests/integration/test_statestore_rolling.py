@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration._util import new_str_id
-from tests.integration.conftest import DEMO_REPO, ServerProcess
-from tests.redis_server import redis_server
+from tests.support.clients import new_str_id
+from tests.support.paths import DEMO_REPO
+from tests.support.process import ServerProcess
+from tests.support.redis_server import redis_server
 
 pytest.importorskip("seqserve.engine.checkpoint", reason="needs the engine's checkpoint API")
 

@@ -22,10 +22,10 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from seqserve.api.grpc_stream import DRAIN_HANDOFF_MESSAGE, SHUTDOWN_MESSAGE
-from tests.helpers import wait_until_sync
-from tests.integration._util import SyncStream, grpc_input, http_request, new_int_id
-from tests.integration.conftest import ServerProcess
-from tests.redis_server import redis_server
+from tests.support.checks import wait_until_sync
+from tests.support.clients import SyncStream, grpc_input, http_request, new_int_id
+from tests.support.process import ServerProcess
+from tests.support.redis_server import redis_server
 
 Launch = Callable[..., ServerProcess]
 UNAVAILABLE = "StatusCode.UNAVAILABLE"

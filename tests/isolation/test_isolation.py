@@ -23,7 +23,8 @@ import pytest
 from seqserve.engine import Code, InferenceError, Server
 from seqserve.engine.isolation import channel as channel_mod
 from seqserve.engine.isolation.proxy import IsolatedInstance
-from tests.conftest import expect_error, write_model
+from tests.support.checks import expect_error
+from tests.support.models import write_model
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="process isolation is tested on Linux")
 

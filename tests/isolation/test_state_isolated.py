@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.engine.test_state_buffers import MODEL, config, drive, step
-from tests.helpers import write_model
+from tests.support.models import write_model
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="process isolation is tested on Linux")
 

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import launch  # noqa: F401  (a fixture, used by test_done_when)
-from tests.security._harness import Harness, build_repo
+from tests.support.hostile import Harness, build_repo
 
 HERE = Path(__file__).resolve().parent
 

@@ -30,10 +30,10 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2
 
-from tests.integration._util import new_int_id
-from tests.integration.conftest import ServerProcess, start_server
-from tests.security._harness import Harness, LiveSequences, health_live, log_tail, release_sequence
-from tests.security._wire import (
+from tests.support.clients import new_int_id
+from tests.support.hostile import Harness, LiveSequences, health_live, log_tail, release_sequence
+from tests.support.process import ServerProcess, start_server
+from tests.support.wire import (
     ALLOWED_GRPC,
     BOMB_PREFIX,
     GRPC_OPTIONS,

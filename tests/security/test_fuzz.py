@@ -40,9 +40,9 @@ from hypothesis import HealthCheck, Phase, given, note, seed, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 
-from tests.integration._util import new_int_id
-from tests.security._harness import Harness, log_tail, release_sequence
-from tests.security._wire import (
+from tests.support.clients import new_int_id
+from tests.support.hostile import Harness, log_tail, release_sequence
+from tests.support.wire import (
     ALLOWED_GRPC,
     ANSWER_BOUND_S,
     RawStream,

@@ -44,10 +44,10 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from tests.integration._util import new_int_id
-from tests.integration.conftest import IDENTITY_DTYPES
-from tests.security._harness import Harness
-from tests.security._wire import (
+from tests.support.clients import new_int_id
+from tests.support.hostile import Harness
+from tests.support.models import IDENTITY_DTYPES
+from tests.support.wire import (
     ALLOWED_GRPC,
     ANSWER_BOUND_S,
     BOMB_PREFIX,

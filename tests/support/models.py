@@ -1,33 +1,21 @@
-"""Helpers shared by the test modules: writing model repositories, the model sources and config
-snippets that several modules use, and waiting on observable state.
+"""Test models as code: the model sources and config snippets several modules use, the writers
+that put a model into a tmp repository, and the records a loaded Python model keeps.
 
-Tests wait for what they can observe (a scheduler's slot table, a model's statistics, a reply,
-a record the model keeps) with `wait_until`, under a deadline far beyond what a loaded machine
-needs, never for a fixed time that merely tends to be long enough. A fixed sleep is left only
-where a test checks that something does *not* happen, after the thing it waits for did.
+Shared models that are plain files live in tests/models/<name>/ (`copy_model` puts one into a
+repository); the ones here are generated (`state_config`, `identity_config`) or read back by
+the tests through their module-level records.
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
 import re
+import shutil
 import sys
 import textwrap
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from seqserve.engine import Code, InferenceError
-
-TESTS = Path(__file__).resolve().parent
-BRIEF = TESTS / "data" / "brief_configs"
-
-# Generous: a deadline only matters when the awaited thing never happens (a failing test).
-WAIT_S = 10.0
+from tests.support.paths import BRIEF, DEMO_REPO, MODELS
 
 # ------------------------------------------------------------------------ model sources
 
@@ -196,6 +184,66 @@ def ctl(name: str, kind: str, spec: str) -> str:
     return f'{{ name: "{name}" control [ {{ kind: CONTROL_SEQUENCE_{kind} {spec} }} ] }}'
 
 
+def copy_model(repo: Path, name: str, as_name: str | None = None, *, source: Path = MODELS) -> Path:
+    """Copy the model folder `source`/<name> (tests/models by default) into `repo`, as `as_name`
+    when given (its config's `name:` line follows)."""
+    dst = repo / (as_name or name)
+    shutil.copytree(source / name, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    if as_name is not None and as_name != name:
+        cfg = dst / "config.pbtxt"
+        cfg.write_text(cfg.read_text().replace(f'name: "{name}"', f'name: "{as_name}"'))
+    return dst
+
+
+def copy_demo_models(repo: Path, *names: str) -> Path:
+    """Copy the bundled demo models (all of them when no name is given) into `repo`."""
+    repo.mkdir(parents=True, exist_ok=True)
+    for name in names or tuple(p.name for p in DEMO_REPO.iterdir() if p.is_dir() and p.name != "__pycache__"):
+        copy_model(repo, name, source=DEMO_REPO)
+    return repo
+
+
+# ------------------------------------------------------------------------ every datatype
+
+IDENTITY_DTYPES = [
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BYTES",
+]
+
+IDENTITY_MODEL = """
+class Model:
+    def execute(self, batch):
+        return {"OUT_" + name[3:]: value.copy() for name, value in batch.inputs.items()}
+"""
+
+
+def config_type(dtype: str) -> str:
+    """The config.pbtxt data_type of a wire datatype."""
+    return "TYPE_STRING" if dtype == "BYTES" else f"TYPE_{dtype}"
+
+
+def identity_config(name: str = "identity") -> str:
+    """Stateless, max_batch_size 0: IN_<T> [-1] -> OUT_<T> for every datatype T."""
+    ins = ",\n".join(f'  {{ name: "IN_{t}" data_type: {config_type(t)} dims: [ -1 ] }}' for t in IDENTITY_DTYPES)
+    outs = ",\n".join(f'  {{ name: "OUT_{t}" data_type: {config_type(t)} dims: [ -1 ] }}' for t in IDENTITY_DTYPES)
+    return (
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
+        f"input [\n{ins}\n]\noutput [\n{outs}\n]\n"
+        "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+    )
+
+
 # ------------------------------------------------------------------------ loaded models
 
 
@@ -212,74 +260,3 @@ def recorded(server: object, model: str) -> list[dict]:
 def rows(rec: list[dict], key: str) -> list[list]:
     """One list per recorded batch: its `key` array (start, end, ready, corrid...)."""
     return [b[key].tolist() for b in rec]
-
-
-# ------------------------------------------------------------------------ errors
-
-
-def start_error(seq_id: object, model: str = "m") -> str:
-    """The refusal of a non-START request for a sequence the model does not know (or forgot)."""
-    return (
-        f"inference request for sequence {seq_id} to model '{model}' must specify the START flag on the "
-        "first request of the sequence"
-    )
-
-
-async def expect_error(coro: object, code: Code, message: str | None = None) -> InferenceError:
-    """Await `coro` and check it fails with `code` (and exactly `message`, when given)."""
-    with pytest.raises(InferenceError) as ei:
-        await coro  # type: ignore[misc]
-    assert ei.value.code == code, repr(ei.value)
-    if message is not None:
-        assert str(ei.value) == message
-    return ei.value
-
-
-# ------------------------------------------------------------------------ waiting
-
-
-async def wait_until(predicate: Callable[[], object], what: str, timeout: float = WAIT_S) -> None:
-    """Poll `predicate` until it is true; fail the test, naming `what`, after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting until {what}")
-        await asyncio.sleep(0.01)
-
-
-def wait_until_sync(predicate: Callable[[], object], what: str, timeout: float = WAIT_S) -> None:
-    """`wait_until` for synchronous tests."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting until {what}")
-        time.sleep(0.02)
-
-
-def holds_sequence(server: Any, seq_id: object, model: str = "m") -> bool:
-    """Whether the model's scheduler still knows `seq_id` (in a slot or in the backlog)."""
-    return str(seq_id) in server.model(model).scheduler_state()["sequences"]
-
-
-async def wait_reaped(server: Any, seq_id: object, model: str = "m", timeout: float = WAIT_S) -> None:
-    """Until the idle reaper has forgotten sequence `seq_id` (max_sequence_idle_microseconds)."""
-    await wait_until(lambda: not holds_sequence(server, seq_id, model), f"sequence {seq_id} is reaped", timeout)
-
-
-# ------------------------------------------------------------------------ optional torch
-
-
-def import_torch() -> Any:
-    """torch, for the TorchScript tests. torch is an optional extra: without it they skip, unless
-    SEQSERVE_REQUIRE_TORCH=1 (.ci/run sets it, after installing torch's CPU build), where a
-    torch that does not import is an error."""
-    if os.environ.get("SEQSERVE_REQUIRE_TORCH") == "1":
-        try:
-            import torch
-        except ImportError as e:
-            raise ImportError(f"SEQSERVE_REQUIRE_TORCH=1, but torch does not import: {e}") from e
-        return torch
-    return pytest.importorskip(
-        "torch",
-        reason="torch is an optional extra (pip install '.[torch]'); SEQSERVE_REQUIRE_TORCH=1 makes this an error",
-    )

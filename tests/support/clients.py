@@ -1,4 +1,4 @@
-"""Helpers shared by the integration tests: one async face over the four tritonclient flavours,
+"""Clients for a running server: one async face over the four tritonclient flavours,
 raw HTTP requests, and running-sum sequence steps."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import secrets
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -21,8 +21,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
-if TYPE_CHECKING:
-    from tests.integration.conftest import ServerProcess
+from tests.support.process import ServerProcess
 
 FLAVOURS = ["http", "http_aio", "grpc", "grpc_aio"]
 

@@ -1,14 +1,14 @@
 """The server the hostile traffic goes to, and the live sequences that step beside it.
 
-`Harness` owns one `seqserve serve` process (started with `start_server` from the integration
-fixtures, default flags) on a repository of the demo models plus a few test models. A case
-that kills or wedges the server fails, and the next case gets a fresh server, so one hole does
-not hide the others. `LiveSequences` is `BackgroundSequences` (tests/integration/test_bad_input.py)
-with the same stepping plan (END every 10 steps, then a new START, every sum checked), plus a
-gRPC stream flavour, per-step latencies, socket timeouts on every step and a little pacing so
-three steppers do not eat a 2-core machine. It runs on its own copies of the accumulator
-models (`live_acc`, `live_acc_corrid`), so hostile traffic that legitimately fills the demo
-models' sequence slots cannot slow it: what it measures is the server as a whole.
+`Harness` owns one `seqserve serve` process (started with `start_server`, default flags) on a
+repository of the demo models plus a few test models. A case that kills or wedges the server
+fails, and the next case gets a fresh server, so one hole does not hide the others.
+`LiveSequences` is `BackgroundSequences` (tests/integration/test_bad_input.py) with the same
+stepping plan (END every 10 steps, then a new START, every sum checked), plus a gRPC stream
+flavour, per-step latencies, socket timeouts on every step and a little pacing so three
+steppers do not eat a 2-core machine. It runs on its own copies of the accumulator models
+(`live_acc`, `live_acc_corrid`), so hostile traffic that legitimately fills the demo models'
+sequence slots cannot slow it: what it measures is the server as a whole.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import contextlib
 import http.client
 import json
 import queue
-import shutil
 import threading
 import time
 import urllib.request
@@ -30,9 +29,11 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 
-from tests.integration._util import new_int_id, new_str_id
-from tests.integration.conftest import DEMO_REPO, IDENTITY_MODEL, ServerProcess, identity_config, start_server
-from tests.security._wire import GRPC_OPTIONS, SERVICE, acc_request, stream_reply_value
+from tests.support.clients import new_int_id, new_str_id
+from tests.support.models import IDENTITY_MODEL, copy_demo_models, copy_model, identity_config, write_model
+from tests.support.paths import DEMO_REPO
+from tests.support.process import ServerProcess, start_server
+from tests.support.wire import GRPC_OPTIONS, SERVICE, acc_request, stream_reply_value
 
 LIVE_HTTP_MODEL = "live_acc"  # a copy of accumulator (implicit state, string ids)
 LIVE_GRPC_MODEL = "live_acc_corrid"  # a copy of accumulator_corrid (UINT64 CORRID)
@@ -53,26 +54,15 @@ class Model:
 """
 
 
-def _write_model(repo: Path, name: str, config: str, model_py: str) -> None:
-    (repo / name / "1").mkdir(parents=True, exist_ok=True)
-    (repo / name / "config.pbtxt").write_text(config)
-    (repo / name / "1" / "model.py").write_text(model_py)
-
-
 def build_repo(root: Path) -> Path:
     """The demo models the corpus aims at (accumulator, accumulator_corrid, add_sub), their
     live copies, `identity` (every datatype, [-1], max_batch_size 0) and `echo_bytes` (BYTES,
     [-1], max_batch_size 8)."""
-    repo = root / "models"
-    ignore = shutil.ignore_patterns("__pycache__")
-    for name in ("accumulator", "accumulator_corrid", "add_sub"):
-        shutil.copytree(DEMO_REPO / name, repo / name, ignore=ignore)
+    repo = copy_demo_models(root / "models", "accumulator", "accumulator_corrid", "add_sub")
     for src, dst in (("accumulator", LIVE_HTTP_MODEL), ("accumulator_corrid", LIVE_GRPC_MODEL)):
-        shutil.copytree(DEMO_REPO / src, repo / dst, ignore=ignore)
-        cfg = repo / dst / "config.pbtxt"
-        cfg.write_text(cfg.read_text().replace(f'name: "{src}"', f'name: "{dst}"'))
-    _write_model(repo, "identity", identity_config(), IDENTITY_MODEL)
-    _write_model(repo, "echo_bytes", ECHO_BYTES_CONFIG, ECHO_BYTES_MODEL)
+        copy_model(repo, src, dst, source=DEMO_REPO)
+    write_model(repo, "identity", identity_config(), IDENTITY_MODEL)
+    write_model(repo, "echo_bytes", ECHO_BYTES_CONFIG, ECHO_BYTES_MODEL)
     return repo
 
 
