@@ -10,8 +10,6 @@ import gzip
 import http.client
 import json
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,8 +22,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.support.clients import acc_input, grpc_server_for, http_request, new_int_id
 from tests.support.models import IDENTITY_DTYPES, IDENTITY_MODEL, identity_config, write_model
-from tests.support.paths import DEMO_REPO, ROOT
-from tests.support.process import ServerProcess, start_server
+from tests.support.paths import DEMO_REPO
+from tests.support.process import ServerProcess, run_serve, start_server
 
 HTTP_SERVERS = ["builtin", "hypercorn", "granian"]
 SEQ = {"sequence_start": True, "sequence_end": True}
@@ -376,9 +374,7 @@ def test_grpc_huge_names_are_clipped_in_errors(server: ServerProcess) -> None:
     ],
 )
 def test_bad_limit_values_are_usage_errors(flag: list[str], tmp_path: Path) -> None:
-    p = subprocess.run(
-        [sys.executable, "-m", "seqserve", "serve", *flag], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    p = run_serve(*flag)
     assert p.returncode == 2 and flag[0] in p.stderr, p.stderr
 
 

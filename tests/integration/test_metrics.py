@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.clients import acc_input, http_request, new_int_id
 from tests.support.models import write_model
 from tests.support.paths import ROOT
-from tests.support.process import ServerProcess
+from tests.support.process import ServerProcess, run_serve
 
 # Triton's families as core src/metrics.cc registers them: name -> (type, help)
 TRITON = {
@@ -276,13 +276,7 @@ def test_metrics_off(launch: Callable[..., ServerProcess]) -> None:
     ],
 )
 def test_flag_errors(flags: tuple[str, ...], message: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "seqserve", "serve", "--http-port", "off", "--grpc-port", "1", *flags],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_serve("--http-port", "off", *flags)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
 

@@ -4,8 +4,6 @@ and the real tritonclient (its ``headers=`` argument, which gRPC sends as call m
 from __future__ import annotations
 
 import http.client
-import subprocess
-import sys
 import threading
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -20,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 from seqserve._proto import health_pb2, health_pb2_grpc
 from tests.support.clients import FLAVOURS, Client, http_request, new_int_id
 from tests.support.paths import ROOT
-from tests.support.process import ServerProcess, start_server
+from tests.support.process import ServerProcess, run_serve, start_server
 
 # Every group restricted, in four groups with their own keys (as Triton's qa does it).
 KEYS = {
@@ -320,10 +318,7 @@ def test_a_refused_request_leaves_the_connection_usable(which: str, request: pyt
     ],
 )  # fmt: skip
 def test_bad_flags_stop_the_server_at_startup(flag: str, message: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "seqserve", "serve", flag],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    proc = run_serve(flag)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == message + "\n"
 
