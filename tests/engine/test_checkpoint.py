@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,9 +22,7 @@ from seqserve.engine import (
     SequenceReleasedError,
 )
 from tests.support.checks import expect_error, start_error, wait_until
-from tests.support.models import ctl, model_module, write_model
-
-DEMO = Path(__file__).resolve().parents[2] / "src" / "seqserve" / "examples" / "models"
+from tests.support.models import copy_demo_models, ctl, model_module, write_model
 
 INT_CONTROLS = ", ".join(ctl(n, n, "int32_false_true: [ 0, 1 ]") for n in ("START", "END", "READY"))
 U64_CORRID = ctl("CORRID", "CORRID", "data_type: TYPE_UINT64")
@@ -148,7 +144,7 @@ def move(a, b, model: str, version: int, seq_id: object) -> SequenceCheckpoint:
 
 
 async def test_demo_accumulator_moves_between_servers(repo, serve):
-    shutil.copytree(DEMO / "accumulator", repo / "accumulator")
+    copy_demo_models(repo, "accumulator")
     a, b = await serve(), await serve()
 
     async def step(s, sid, v, **kw):

@@ -13,18 +13,16 @@ from pathlib import Path
 import pytest
 
 from tests.support.clients import FLAVOURS, Client
-from tests.support.models import IDENTITY_MODEL, copy_demo_models, identity_config, write_model
+from tests.support.models import copy_demo_models, copy_model
 from tests.support.paths import DEMO_REPO
-from tests.support.process import ServerProcess, start_server
+from tests.support.process import ServerProcess, serving
 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """The demo repository (accumulator, accumulator_corrid, add_sub), shared by the session."""
-    srv = start_server(DEMO_REPO, log_dir=tmp_path_factory.mktemp("logs"))
-    yield srv
-    rc = srv.stop()
-    assert rc == 0, f"server exited with {rc}\n{srv.log()}"
+    with serving(DEMO_REPO, log_dir=tmp_path_factory.mktemp("logs")) as srv:
+        yield srv
 
 
 # ------------------------------------------------------------------------ custom repos
@@ -34,7 +32,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 def custom_repo(tmp_path: Path) -> Path:
     """A tmp repository: a copy of the demo models plus `identity` (every datatype)."""
     repo = copy_demo_models(tmp_path / "models")
-    write_model(repo, "identity", identity_config(), IDENTITY_MODEL)
+    copy_model(repo, "identity")
     return repo
 
 
@@ -48,11 +46,9 @@ def custom_server(custom_repo: Path, launch: Callable[..., ServerProcess]) -> Se
 def identity_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A server on a tmp repository holding only `identity`, shared by one module."""
     repo = tmp_path_factory.mktemp("identity-repo")
-    write_model(repo, "identity", identity_config(), IDENTITY_MODEL)
-    srv = start_server(repo, log_dir=repo)
-    yield srv
-    rc = srv.stop()
-    assert rc == 0, f"server exited with {rc}\n{srv.log()}"
+    copy_model(repo, "identity")
+    with serving(repo, log_dir=repo) as srv:
+        yield srv
 
 
 @pytest.fixture(params=FLAVOURS)

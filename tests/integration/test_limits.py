@@ -21,9 +21,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.support.clients import acc_input, grpc_server_for, http_request, new_int_id
-from tests.support.models import IDENTITY_DTYPES, IDENTITY_MODEL, identity_config, write_model
-from tests.support.paths import DEMO_REPO
-from tests.support.process import ServerProcess, run_serve, start_server
+from tests.support.models import IDENTITY_DTYPES, copy_demo_models, copy_model
+from tests.support.process import ServerProcess, run_serve, serving
 
 HTTP_SERVERS = ["builtin", "hypercorn", "granian"]
 SEQ = {"sequence_start": True, "sequence_end": True}
@@ -63,12 +62,9 @@ def limited(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     if request.param == "granian":
         pytest.importorskip("granian")
     root = tmp_path_factory.mktemp(f"limits-{request.param}")
-    repo = root / "models"
-    import shutil
-
-    shutil.copytree(DEMO_REPO, repo, ignore=shutil.ignore_patterns("__pycache__"))
-    write_model(repo, "identity", identity_config(), IDENTITY_MODEL)
-    srv = start_server(
+    repo = copy_demo_models(root / "models")
+    copy_model(repo, "identity")
+    with serving(
         repo,
         "--http-server", request.param,
         "--grpc-server", grpc_server_for(request.param),
@@ -79,11 +75,9 @@ def limited(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         "--grpc-max-send-message-bytes", "20000",
         "--grpc-max-connection-idle-secs", "1",
         log_dir=root,
-    )  # fmt: skip
-    assert f"HTTP ({request.param})" in srv.log() and f"gRPC ({grpc_server_for(request.param)})" in srv.log()
-    yield srv
-    rc = srv.stop()
-    assert rc == 0, f"server exited with {rc}\n{srv.log()}"
+    ) as srv:  # fmt: skip
+        assert f"HTTP ({request.param})" in srv.log() and f"gRPC ({grpc_server_for(request.param)})" in srv.log()
+        yield srv
 
 
 # ---------------------------------------------------------------------------- HTTP

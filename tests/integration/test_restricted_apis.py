@@ -17,8 +17,8 @@ from tritonclient.utils import InferenceServerException
 
 from seqserve._proto import health_pb2, health_pb2_grpc
 from tests.support.clients import FLAVOURS, Client, http_request, new_int_id
-from tests.support.paths import ROOT
-from tests.support.process import ServerProcess, run_serve, start_server
+from tests.support.paths import DEMO_REPO
+from tests.support.process import ServerProcess, run_serve, serving
 
 # Every group restricted, in four groups with their own keys (as Triton's qa does it).
 KEYS = {
@@ -48,10 +48,8 @@ def _ready_with(header: dict[str, str]) -> Any:
 
 
 def _server(tmp: Any, *args: str, probe: Any = None) -> Iterator[ServerProcess]:
-    srv = start_server(ROOT / "src" / "seqserve" / "examples" / "models", *args, log_dir=tmp, probe=probe)
-    yield srv
-    rc = srv.stop()
-    assert rc == 0, f"server exited with {rc}\n{srv.log()}"
+    with serving(DEMO_REPO, *args, log_dir=tmp, probe=probe) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

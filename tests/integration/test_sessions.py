@@ -7,7 +7,6 @@ Triton's START rule; the tombstone flags; gRPC unary metadata."""
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,9 +19,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support.clients import RawResponse, http_request, new_str_id
-from tests.support.models import write_model
-from tests.support.paths import DEMO_REPO
-from tests.support.process import ServerProcess, start_server
+from tests.support.models import copy_demo_models, write_model
+from tests.support.process import ServerProcess, serving
 
 BRIEF = Path(__file__).resolve().parent.parent / "data" / "brief_configs" / "rnn_from_brief_b"
 INFER = "/v2/models/rnn_model/versions/1/infer"
@@ -46,11 +44,9 @@ def brief_repo(repo: Path, idle_us: int | None = None) -> Path:
 @pytest.fixture(scope="module")
 def brief_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = brief_repo(tmp_path_factory.mktemp("brief-b"))
-    shutil.copytree(DEMO_REPO / "accumulator_corrid", repo / "accumulator_corrid")
-    srv = start_server(repo, log_dir=repo)
-    yield srv
-    rc = srv.stop()
-    assert rc == 0, f"server exited with {rc}\n{srv.log()}"
+    copy_demo_models(repo, "accumulator_corrid")
+    with serving(repo, log_dir=repo) as srv:
+        yield srv
 
 
 def brief_request(srv: ServerProcess, session: str, data: list[int], **headers: str) -> RawResponse:

@@ -17,22 +17,10 @@ import pytest
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
 from tests.support.clients import http_request
-from tests.support.models import write_model
+from tests.support.models import copy_model
 from tests.support.paths import DEMO_REPO, ROOT
 from tests.support.process import ServerProcess, live, run_serve
 
-GOOD_CFG = """
-name: "{name}"
-backend: "python"
-max_batch_size: 0
-input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-"""
-GOOD_PY = """
-class Model:
-    def execute(self, batch):
-        return {"Y": batch.inputs["X"] + 1}
-"""
 BROKEN_PY = "raise RuntimeError('this model does not load')\n"
 
 
@@ -91,8 +79,8 @@ def test_busy_grpc_port_ends_startup(busy_port: int) -> None:
 
 def _repo_with_broken_model(tmp_path: Path) -> Path:
     repo = tmp_path / "models"
-    write_model(repo, "good", GOOD_CFG.format(name="good"), GOOD_PY)
-    write_model(repo, "broken", GOOD_CFG.format(name="broken"), BROKEN_PY)
+    copy_model(repo, "plus_one", "good")
+    copy_model(repo, "plus_one", "broken", model_py=BROKEN_PY)
     return repo
 
 
@@ -131,8 +119,8 @@ def test_exit_on_error_false_serves_the_others_and_strict_readiness(
 @pytest.mark.timeout(120)
 def test_several_model_repositories(tmp_path: Path, launch: Callable[..., ServerProcess]) -> None:
     first, second = tmp_path / "first", tmp_path / "second"
-    write_model(first, "one", GOOD_CFG.format(name="one"), GOOD_PY)
-    write_model(second, "two", GOOD_CFG.format(name="two"), GOOD_PY)
+    copy_model(first, "plus_one", "one")
+    copy_model(second, "plus_one", "two")
     srv = launch(first, "--model-repository", str(second))
     index = http_request(srv, "POST", "/v2/repository/index", {}).json()
     assert {(m["name"], m["state"]) for m in index} == {("one", "READY"), ("two", "READY")}
@@ -145,9 +133,9 @@ def test_several_model_repositories(tmp_path: Path, launch: Callable[..., Server
 @pytest.mark.timeout(120)
 def test_model_in_two_repositories_is_an_error(tmp_path: Path, launch: Callable[..., ServerProcess]) -> None:
     first, second = tmp_path / "first", tmp_path / "second"
-    write_model(first, "one", GOOD_CFG.format(name="one"), GOOD_PY)
-    write_model(first, "twice", GOOD_CFG.format(name="twice"), GOOD_PY)
-    write_model(second, "twice", GOOD_CFG.format(name="twice"), GOOD_PY)
+    copy_model(first, "plus_one", "one")
+    copy_model(first, "plus_one", "twice")
+    copy_model(second, "plus_one", "twice")
     proc = run_on("--model-repository", str(second), repo=first)
     assert proc.returncode == 1, proc.stderr
     assert "failed to poll model 'twice': not unique across all model repositories" in proc.stderr

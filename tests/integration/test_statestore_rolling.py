@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.clients import new_str_id
-from tests.support.paths import DEMO_REPO
+from tests.support.models import copy_demo_models
 from tests.support.process import ServerProcess
 from tests.support.redis_server import redis_server
 
@@ -71,7 +70,7 @@ def post(srv: ServerProcess, session: str, x: float) -> tuple[int, float | str]:
 
 def test_rolling_restart_loses_no_session(launch: Launch, redis_url: str, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    shutil.copytree(DEMO_REPO / "accumulator", repo / "accumulator")
+    copy_demo_models(repo, "accumulator")
     generation = iter(range(100))
 
     def start() -> ServerProcess:

@@ -12,7 +12,6 @@ import asyncio
 import logging
 import os
 import select
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -24,11 +23,11 @@ from seqserve.engine import Code, InferenceError, Server
 from seqserve.engine.isolation import channel as channel_mod
 from seqserve.engine.isolation.proxy import IsolatedInstance
 from tests.support.checks import expect_error
-from tests.support.models import write_model
+from tests.support.models import copy_model, write_model
+from tests.support.paths import DEMO_REPO
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="process isolation is tested on Linux")
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "seqserve" / "examples" / "models"
 
 # Running sum with the sum kept by the server (implicit state), plus the pid of the process
 # that ran the batch. INPUT -3 exits the process (code 3); -9 blocks execute for good, or
@@ -675,9 +674,8 @@ async def test_cancelled_stream_is_seen_by_the_isolated_model(repo, serve) -> No
 
 async def test_streaming_sum_demo_isolated_matches_in_process(repo, serve) -> None:
     for name, isolation in (("ss_t", "thread"), ("ss_p", "process")):
-        d = repo / name
-        shutil.copytree(EXAMPLES / "streaming_sum", d)
-        cfg = (d / "config.pbtxt").read_text().replace('name: "streaming_sum"', f'name: "{name}"')
+        d = copy_model(repo, "streaming_sum", name, source=DEMO_REPO)
+        cfg = (d / "config.pbtxt").read_text()
         cfg += f'\nparameters [ {{ key: "isolation" value: {{ string_value: "{isolation}" }} }} ]\n'
         (d / "config.pbtxt").write_text(cfg)
     s = await serve()

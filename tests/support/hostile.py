@@ -30,7 +30,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 
 from tests.support.clients import new_int_id, new_str_id
-from tests.support.models import IDENTITY_MODEL, copy_demo_models, copy_model, identity_config, write_model
+from tests.support.models import copy_demo_models, copy_model
 from tests.support.paths import DEMO_REPO
 from tests.support.process import ServerProcess, start_server
 from tests.support.wire import GRPC_OPTIONS, SERVICE, acc_request, stream_reply_value
@@ -38,20 +38,6 @@ from tests.support.wire import GRPC_OPTIONS, SERVICE, acc_request, stream_reply_
 LIVE_HTTP_MODEL = "live_acc"  # a copy of accumulator (implicit state, string ids)
 LIVE_GRPC_MODEL = "live_acc_corrid"  # a copy of accumulator_corrid (UINT64 CORRID)
 STEP_TIMEOUT_S = 10.0  # a live step that takes longer is a failure (the server hung)
-
-ECHO_BYTES_CONFIG = """
-name: "echo_bytes"
-backend: "python"
-max_batch_size: 8
-input [ { name: "IN" data_type: TYPE_STRING dims: [ -1 ] } ]
-output [ { name: "OUT" data_type: TYPE_STRING dims: [ -1 ] } ]
-instance_group [ { count: 1 kind: KIND_CPU } ]
-"""
-ECHO_BYTES_MODEL = """
-class Model:
-    def execute(self, batch):
-        return {"OUT": batch.inputs["IN"].copy()}
-"""
 
 
 def build_repo(root: Path) -> Path:
@@ -61,8 +47,8 @@ def build_repo(root: Path) -> Path:
     repo = copy_demo_models(root / "models", "accumulator", "accumulator_corrid", "add_sub")
     for src, dst in (("accumulator", LIVE_HTTP_MODEL), ("accumulator_corrid", LIVE_GRPC_MODEL)):
         copy_model(repo, src, dst, source=DEMO_REPO)
-    write_model(repo, "identity", identity_config(), IDENTITY_MODEL)
-    write_model(repo, "echo_bytes", ECHO_BYTES_CONFIG, ECHO_BYTES_MODEL)
+    copy_model(repo, "identity")
+    copy_model(repo, "echo_bytes")
     return repo
 
 

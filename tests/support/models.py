@@ -1,9 +1,9 @@
-"""Test models as code: the model sources and config snippets several modules use, the writers
-that put a model into a tmp repository, and the records a loaded Python model keeps.
+"""Models for tests: the writers that put a model into a tmp repository, the config snippets and
+generators several modules use, and the records a loaded Python model keeps.
 
-Shared models that are plain files live in tests/models/<name>/ (`copy_model` puts one into a
-repository); the ones here are generated (`state_config`, `identity_config`) or read back by
-the tests through their module-level records.
+Shared models are files in tests/models/<name>/ (config.pbtxt and 1/model.py): `copy_model`
+puts one into a repository, `model_source` reads one's model.py to serve it under another
+config. A model that is the point of one test stays inline in that test.
 """
 
 from __future__ import annotations
@@ -19,61 +19,18 @@ from tests.support.paths import BRIEF, DEMO_REPO, MODELS
 
 # ------------------------------------------------------------------------ model sources
 
-# A batch-level Python model that records what it saw, for scheduler tests. Each execute
-# call appends one dict per batch to the module-level list RECORD (see `recorded`).
-RECORDING_MODEL = """
-import numpy as np
-RECORD = []
 
-class Model:
-    def initialize(self, ctx):
-        self.instance = ctx.index
+def model_source(name: str) -> str:
+    """The model.py of the shared test model tests/models/<name> (version 1)."""
+    return (MODELS / name / "1" / "model.py").read_text()
 
-    def execute(self, batch):
-        RECORD.append({
-            "instance": self.instance,
-            "size": batch.size,
-            "inputs": {k: v.copy() for k, v in batch.inputs.items()},
-            "controls": {k: v.copy() for k, v in batch.controls.items()},
-            "states": {k: v.copy() for k, v in batch.states.items()},
-            "start": batch.start.copy(), "end": batch.end.copy(), "ready": batch.ready.copy(),
-            "corrid": batch.corrid.copy(),
-        })
-        out = {}
-        for name, value in batch.inputs.items():
-            out["OUT_" + name[3:] if name.startswith("IN_") else "OUTPUT"] = value.copy()
-        return out
-"""
 
-# OUT_X = S + IN_X for the model's one implicit state S: input "ACC" with output "ACC_OUT"
-# (ACC_STATE below), or a named state such as "S" (input and output of one name). The new S is
-# the output state; padding rows get a poison value, which a scheduler that kept a padding row's
-# state would show. RECORD keeps every batch, as RECORDING_MODEL does.
-ACCUM_MODEL = """
-import numpy as np
-RECORD = []
+# A batch-level model that records what it saw (tests/models/recording): each execute call
+# appends one dict per batch to the module-level list RECORD (see `recorded`).
+RECORDING_MODEL = model_source("recording")
 
-class Model:
-    def initialize(self, ctx):
-        self.instance = ctx.index
-
-    def execute(self, batch):
-        (name,) = batch.states
-        acc = batch.states[name]
-        x = batch.inputs["IN_X"]
-        RECORD.append({
-            "instance": self.instance, "size": batch.size,
-            "inputs": {k: v.copy() for k, v in batch.inputs.items()},
-            "controls": {k: v.copy() for k, v in batch.controls.items()},
-            "states": {k: v.copy() for k, v in batch.states.items()},
-            "start": batch.start.copy(), "end": batch.end.copy(), "ready": batch.ready.copy(),
-            "corrid": batch.corrid.copy(),
-        })
-        new = (acc + x).astype(acc.dtype)
-        ready = batch.ready.reshape((-1,) + (1,) * (new.ndim - 1))
-        out_name = "ACC_OUT" if name == "ACC" else name
-        return {"OUT_X": new, out_name: np.where(ready, new, -1000).astype(acc.dtype)}
-"""
+# OUT_X = S + IN_X for the model's one implicit state S (tests/models/accum, which says more).
+ACCUM_MODEL = model_source("accum")
 
 # The implicit state ACCUM_MODEL uses by default (a sequence_batching `state` entry).
 ACC_STATE = """
@@ -184,14 +141,19 @@ def ctl(name: str, kind: str, spec: str) -> str:
     return f'{{ name: "{name}" control [ {{ kind: CONTROL_SEQUENCE_{kind} {spec} }} ] }}'
 
 
-def copy_model(repo: Path, name: str, as_name: str | None = None, *, source: Path = MODELS) -> Path:
+def copy_model(
+    repo: Path, name: str, as_name: str | None = None, *, source: Path = MODELS, model_py: str | None = None
+) -> Path:
     """Copy the model folder `source`/<name> (tests/models by default) into `repo`, as `as_name`
-    when given (its config's `name:` line follows)."""
+    when given (its config's `name:` line follows), over what is there (as `write_model`);
+    `model_py` replaces version 1's model.py (the same config served by another model)."""
     dst = repo / (as_name or name)
-    shutil.copytree(source / name, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(source / name, dst, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
     if as_name is not None and as_name != name:
         cfg = dst / "config.pbtxt"
-        cfg.write_text(cfg.read_text().replace(f'name: "{name}"', f'name: "{as_name}"'))
+        cfg.write_text(cfg.read_text().replace(f'name: "{name}"', f'name: "{as_name}"', 1))
+    if model_py is not None:
+        (dst / "1" / "model.py").write_text(textwrap.dedent(model_py))
     return dst
 
 
@@ -205,6 +167,7 @@ def copy_demo_models(repo: Path, *names: str) -> Path:
 
 # ------------------------------------------------------------------------ every datatype
 
+# The datatypes of tests/models/identity: IN_<T> [-1] -> OUT_<T> for each (max_batch_size 0).
 IDENTITY_DTYPES = [
     "BOOL",
     "UINT8",
@@ -220,28 +183,6 @@ IDENTITY_DTYPES = [
     "FP64",
     "BYTES",
 ]
-
-IDENTITY_MODEL = """
-class Model:
-    def execute(self, batch):
-        return {"OUT_" + name[3:]: value.copy() for name, value in batch.inputs.items()}
-"""
-
-
-def config_type(dtype: str) -> str:
-    """The config.pbtxt data_type of a wire datatype."""
-    return "TYPE_STRING" if dtype == "BYTES" else f"TYPE_{dtype}"
-
-
-def identity_config(name: str = "identity") -> str:
-    """Stateless, max_batch_size 0: IN_<T> [-1] -> OUT_<T> for every datatype T."""
-    ins = ",\n".join(f'  {{ name: "IN_{t}" data_type: {config_type(t)} dims: [ -1 ] }}' for t in IDENTITY_DTYPES)
-    outs = ",\n".join(f'  {{ name: "OUT_{t}" data_type: {config_type(t)} dims: [ -1 ] }}' for t in IDENTITY_DTYPES)
-    return (
-        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
-        f"input [\n{ins}\n]\noutput [\n{outs}\n]\n"
-        "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
-    )
 
 
 # ------------------------------------------------------------------------ loaded models

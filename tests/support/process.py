@@ -10,7 +10,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,6 +135,20 @@ def start_server(
         if attempt == 2 or "address already in use" not in srv.log().lower():
             raise AssertionError(f"server exited with {srv.proc.returncode} during startup\n{srv.log()}")
     raise AssertionError("unreachable")
+
+
+@contextmanager
+def serving(
+    repo: Path, *args: str, log_dir: Path, probe: Callable[[ServerProcess], bool] | None = None
+) -> Iterator[ServerProcess]:
+    """`start_server` for a `with` block (a module- or session-scoped fixture): the server is
+    stopped with SIGTERM when the block ends and must exit 0."""
+    srv = start_server(repo, *args, log_dir=log_dir, probe=probe)
+    try:
+        yield srv
+    finally:
+        rc = srv.stop()
+    assert rc == 0, f"server exited with {rc}\n{srv.log()}"
 
 
 PORT_FLAGS = ("--http-port", "--grpc-port", "--metrics-port")
