@@ -1,5 +1,6 @@
 """Fixtures for every test: a throw-away model repository, an in-process Server on it, and
-`launch` for a real `seqserve serve` process. Harness code lives in tests/support."""
+`launch` for a real `seqserve serve` process, `redis_url` for the state store's tests.
+Harness code lives in tests/support."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ pytest.register_assert_rewrite("tests.support")
 from seqserve.engine import Server  # noqa: E402
 from tests.support.paths import DEMO_REPO  # noqa: E402
 from tests.support.process import ServerProcess, start_server  # noqa: E402
+from tests.support.redis_server import redis_server  # noqa: E402
 
 
 @pytest.fixture
@@ -69,3 +71,10 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
         if rc != 0:
             failures.append(f"server {srv.args} exited with {rc}\n{srv.log()}")
     assert not failures, "\n".join(failures)
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A redis-server for one module (the test skips without one): its URL."""
+    with redis_server(tmp_path_factory.mktemp("redis")) as url:
+        yield url

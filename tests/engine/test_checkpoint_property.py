@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqserve.engine import SequenceCheckpoint, Server
-from tests.engine.test_checkpoint import MODEL, call, config
+from tests.support.checkpoint_model import MODEL, call, config
 from tests.support.models import write_model
 
 SEQS = (1, 2, 3, 4)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code, SequenceBusyError, SequenceCheckpoint
-from tests.engine.test_checkpoint import HIST, call, config, counters
+from tests.support.checkpoint_model import HIST, call, config, counters
 from tests.support.checks import expect_error, wait_reaped, wait_until
 from tests.support.models import model_module, write_model
 

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.support.paths import ROOT
 from tests.support.process import ServerProcess
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc", "stream"])

@@ -20,9 +20,10 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.clients import RawResponse, http_request, new_str_id
 from tests.support.models import copy_demo_models, write_model
+from tests.support.paths import BRIEF
 from tests.support.process import ServerProcess, serving
 
-BRIEF = Path(__file__).resolve().parent.parent / "data" / "brief_configs" / "rnn_from_brief_b"
+BRIEF_B = BRIEF / "rnn_from_brief_b"
 INFER = "/v2/models/rnn_model/versions/1/infer"
 START_MSG = "must specify the START flag on the first request of the sequence"
 NEW_ID = "; start a new session with a new id"
@@ -31,13 +32,13 @@ NEW_ID = "; start a new session with a new id"
 def brief_repo(repo: Path, idle_us: int | None = None) -> Path:
     """Brief B's config as given (platform swapped for the python backend; its inputs and
     outputs added), with the brief's model."""
-    text = (BRIEF / "config.pbtxt").read_text()
+    text = (BRIEF_B / "config.pbtxt").read_text()
     text, n = re.subn(r'^platform: "[^"]*".*$', 'backend: "python"', text, flags=re.M)
     assert n == 1
-    text += (BRIEF / "brief_io.pbtxt").read_text()
+    text += (BRIEF_B / "brief_io.pbtxt").read_text()
     if idle_us is not None:  # brief B's sessions idle out after 300 s; tests need less
         text += f"sequence_batching {{ max_sequence_idle_microseconds: {idle_us} }}\n"
-    write_model(repo, "rnn_model", text, (BRIEF / "brief_model.py").read_text())
+    write_model(repo, "rnn_model", text, (BRIEF_B / "brief_model.py").read_text())
     return repo
 
 

@@ -11,7 +11,7 @@ import http.client
 import json
 import queue
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,17 +23,10 @@ import tritonclient.http as httpclient
 
 from tests.support.clients import new_int_id, new_str_id
 from tests.support.process import ServerProcess
-from tests.support.redis_server import redis_server
 
 pytest.importorskip("seqserve.engine.checkpoint", reason="needs the engine's checkpoint API")
 
 Launch = Callable[..., ServerProcess]
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with redis_server(tmp_path_factory.mktemp("redis")) as url:
-        yield url
 
 
 @pytest.fixture(params=["redis", "dir"])

@@ -12,7 +12,7 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,19 +20,12 @@ import pytest
 from tests.support.clients import new_str_id
 from tests.support.models import copy_demo_models
 from tests.support.process import ServerProcess
-from tests.support.redis_server import redis_server
 
 pytest.importorskip("seqserve.engine.checkpoint", reason="needs the engine's checkpoint API")
 
 SESSIONS = 12
 MIN_STEPS = 30  # each session steps until the restarts are over, and at least this often
 Launch = Callable[..., ServerProcess]
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with redis_server(tmp_path_factory.mktemp("redis")) as url:
-        yield url
 
 
 class Balancer:

@@ -13,11 +13,10 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
@@ -25,16 +24,9 @@ from seqserve.api.grpc_stream import DRAIN_HANDOFF_MESSAGE, SHUTDOWN_MESSAGE
 from tests.support.checks import wait_until_sync
 from tests.support.clients import SyncStream, grpc_input, http_request, new_int_id
 from tests.support.process import ServerProcess
-from tests.support.redis_server import redis_server
 
 Launch = Callable[..., ServerProcess]
 UNAVAILABLE = "StatusCode.UNAVAILABLE"
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with redis_server(tmp_path_factory.mktemp("redis")) as url:
-        yield url
 
 
 def _not_ready(srv: ServerProcess) -> None:

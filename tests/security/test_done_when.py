@@ -31,7 +31,8 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from tests.support.clients import new_int_id
-from tests.support.hostile import Harness, LiveSequences, health_live, log_tail, release_sequence
+from tests.support.hostile import Harness, health_live, log_tail, release_sequence
+from tests.support.live import LiveSequences
 from tests.support.process import ServerProcess, serving
 from tests.support.wire import (
     ALLOWED_GRPC,
