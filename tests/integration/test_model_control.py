@@ -20,7 +20,7 @@ import pytest
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
 from tests.support.clients import FLAVOURS, Client, expect_error, http_request
-from tests.support.models import write_model
+from tests.support.models import model_source, write_model
 from tests.support.process import ServerProcess, run_serve
 
 # Triton's message, for mode none and poll alike (core model_repository_manager.cc)
@@ -36,11 +36,7 @@ max_batch_size: {mbs}
 input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 2 ] }} ]
 output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ 2 ] }} ]
 """
-PLUS_ONE_PY = """
-class Model:
-    def execute(self, batch):
-        return {"Y": batch.inputs["X"] + 1}
-"""
+PLUS_ONE_PY = model_source("plus_one")  # Y = X + 1
 
 
 def _plus_one_json(name: str, **extra: Any) -> str:

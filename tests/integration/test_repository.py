@@ -15,16 +15,12 @@ import numpy as np
 import pytest
 
 from tests.support.clients import FLAVOURS, Client, expect_error, http_request, new_int_id
-from tests.support.models import copy_demo_models, write_model
+from tests.support.models import copy_demo_models, model_source, write_model
 from tests.support.process import ServerProcess, serving
 
 EXPLICIT_ALL = ("--model-control-mode", "explicit", "--load-model", "*")
 
-PLUS_ONE_PY = """
-class Model:
-    def execute(self, batch):
-        return {"Y": batch.inputs["X"] + 1}
-"""
+PLUS_ONE_PY = model_source("plus_one")  # Y = X + 1
 
 
 def _plus_one_config(name: str, max_batch_size: int = 4) -> str:

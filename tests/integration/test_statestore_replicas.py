@@ -21,7 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.support.clients import new_int_id, new_str_id
+from tests.support.clients import new_int_id, new_str_id, session_step
 from tests.support.process import ServerProcess
 
 pytest.importorskip("seqserve.engine.checkpoint", reason="needs the engine's checkpoint API")
@@ -57,19 +57,8 @@ def infer(
 
 def raw_infer(srv: ServerProcess, x: float, session: str) -> tuple[int, dict[str, str], Any]:
     """The same step as a raw request: status, headers (lower case) and body."""
-    body = json.dumps({"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "FP32", "data": [x]}]}).encode()
-    conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=10)
-    try:
-        conn.request(
-            "POST",
-            "/v2/models/accumulator/infer",
-            body,
-            {"Content-Type": "application/json", "Inference-Session-Id": session},
-        )
-        r = conn.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, json.loads(r.read() or b"null")
-    finally:
-        conn.close()
+    r = session_step(srv, session, x)
+    return r.status, r.headers, json.loads(r.body or b"null")
 
 
 def live_count(srv: ServerProcess, model: str = "accumulator") -> int:

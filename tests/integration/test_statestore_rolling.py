@@ -8,8 +8,6 @@ hash to it then are handed over from their live owners). Every step's running su
 from __future__ import annotations
 
 import hashlib
-import http.client
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -17,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.clients import new_str_id
+from tests.support.clients import new_str_id, session_step
 from tests.support.models import copy_demo_models
 from tests.support.process import ServerProcess
 
@@ -43,19 +41,8 @@ class Balancer:
 
 
 def post(srv: ServerProcess, session: str, x: float) -> tuple[int, float | str]:
-    body = json.dumps({"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "FP32", "data": [x]}]})
-    conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=10)
-    try:
-        conn.request(
-            "POST",
-            "/v2/models/accumulator/infer",
-            body,
-            {"Content-Type": "application/json", "Inference-Session-Id": session},
-        )
-        r = conn.getresponse()
-        doc = json.loads(r.read())
-    finally:
-        conn.close()
+    r = session_step(srv, session, x)
+    doc = r.json()
     if r.status != 200:
         return r.status, str(doc.get("error"))
     return 200, float(doc["outputs"][0]["data"][0])

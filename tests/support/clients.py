@@ -161,12 +161,13 @@ def http_request(
     body: bytes | dict[str, Any] | list[Any] | None = None,
     headers: dict[str, str] | None = None,
     conn: http.client.HTTPConnection | None = None,
+    timeout: float = 30,
 ) -> RawResponse:
     """One raw HTTP request (dict/list bodies are sent as JSON)."""
     if isinstance(body, dict | list):
         body = json.dumps(body).encode()
     own = conn is None
-    c = conn or http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=30)
+    c = conn or http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=timeout)
     try:
         c.request(method, path, body=body, headers=headers or {})
         r = c.getresponse()
@@ -185,6 +186,13 @@ def binary_body(doc: dict[str, Any], *chunks: bytes) -> tuple[bytes, dict[str, s
 
 def acc_input(value: float = 1.0, **extra: Any) -> dict[str, Any]:
     return {"name": "INPUT", "datatype": "FP32", "shape": [1, 1], "data": [value], **extra}
+
+
+def session_step(srv: ServerProcess, session: str, x: float, *, model: str = "accumulator") -> RawResponse:
+    """One raw JSON accumulator step of the session `session` (Inference-Session-Id)."""
+    body = {"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "FP32", "data": [x]}]}
+    headers = {"Content-Type": "application/json", "Inference-Session-Id": session}
+    return http_request(srv, "POST", f"/v2/models/{model}/infer", body, headers, timeout=10)
 
 
 def raw_output(resp: RawResponse, name: str = "OUTPUT") -> list[Any]:
