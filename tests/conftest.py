@@ -1,6 +1,6 @@
-"""Fixtures for every test: a throw-away model repository, an in-process Server on it, and
-`launch` for a real `seqserve serve` process, `redis_url` for the state store's tests.
-Harness code lives in tests/support."""
+"""Fixtures for every test: a throw-away model repository (`repo`), an in-process Server on it
+(`serve`), a real `seqserve serve` process for one test (`launch`) and a redis-server for the
+state store's tests (`redis_url`). Harness code lives in tests/support."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The onnxruntime backend: load checks, Triton's QA sequence / implicit-state ONNX models
-(equivalents built in onnx_fixtures), control inputs in every encoding, batching across
-sequences, autocomplete of stateless models, and one run through the real server."""
+(equivalents built in tests/support/onnx_models.py), control inputs in every encoding, batching
+across sequences, autocomplete of stateless models, and one run through the real server."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Property tests: the real engine (Server -> _core -> python backend) against tests/oracle.py.
+"""Property tests: the real engine (Server -> _core -> python backend) against the oracle
+(tests/support/oracle.py).
 
 Determinism: the model's `execute` reports each batch on a queue and then blocks until the test
 releases that instance. The test mirrors the oracle step by step: it submits one request at a
