@@ -25,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.clients import SyncStream
 from tests.support.models import BRIEF_A_MODEL, BRIEF_B_IO, BRIEF_B_MODEL, python_brief, write_model
-from tests.support.process import ServerProcess, serving, start_server
+from tests.support.process import ServerProcess, serving
 
 HOLD = 4  # TRITONSERVER_DELAY_SCHEDULER for the scheduling server
 GAP_S = 1.0  # between groups of requests that must arrive in order: far beyond a send's latency
@@ -73,12 +73,8 @@ def sched_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
         for rid in ("id", "noid"):
             name = f"qfull_{proto}_{rid}"
             write_model(repo, name, dyn_config(name, QUEUE, mbs=4), BATCH_MODEL)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITONSERVER_DELAY_SCHEDULER", str(HOLD))
-        srv = start_server(repo, log_dir=repo)
-    yield srv
-    rc = srv.stop()
-    assert rc == 0, f"server exited with {rc}\n{srv.log()}"
+    with serving(repo, log_dir=repo, env={"TRITONSERVER_DELAY_SCHEDULER": str(HOLD)}) as srv:
+        yield srv
 
 
 class Proto:

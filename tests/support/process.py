@@ -3,6 +3,7 @@ must end by itself (a usage error, a failed startup)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import ssl
 import subprocess
@@ -95,9 +96,11 @@ def start_server(
     exit_timeout_s: float = 3.0,
     tls: bool = False,
     probe: Callable[[ServerProcess], bool] | None = None,
+    env: dict[str, str] | None = None,
 ) -> ServerProcess:
     """Start `seqserve serve` on free ports and wait until /v2/health/ready answers 200
-    (or until `probe(server)` is true: for servers that want a client certificate or a header)."""
+    (or until `probe(server)` is true: for servers that want a client certificate or a header).
+    `env` adds environment variables for the server."""
     for attempt in range(3):
         http_port, grpc_port, metrics_port = free_ports(3)
         log_path = log_dir / f"seqserve-{http_port}.log"
@@ -121,7 +124,9 @@ def start_server(
             *args,
         ]
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            )
         srv = ServerProcess(proc, http_port, grpc_port, log_path, repo, tuple(args), metrics_port)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline and srv.alive():
@@ -139,11 +144,15 @@ def start_server(
 
 @contextmanager
 def serving(
-    repo: Path, *args: str, log_dir: Path, probe: Callable[[ServerProcess], bool] | None = None
+    repo: Path,
+    *args: str,
+    log_dir: Path,
+    probe: Callable[[ServerProcess], bool] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[ServerProcess]:
     """`start_server` for a `with` block (a module- or session-scoped fixture): the server is
     stopped with SIGTERM when the block ends and must exit 0."""
-    srv = start_server(repo, *args, log_dir=log_dir, probe=probe)
+    srv = start_server(repo, *args, log_dir=log_dir, probe=probe, env=env)
     try:
         yield srv
     finally:
