@@ -22,7 +22,7 @@ from seqserve.engine import (
 )
 from tests.support.checkpoint_model import ACC, HIST, MODEL, STR_CORRID, U64_CORRID, WORDS, call, config, counters
 from tests.support.checks import expect_error, start_error, wait_until
-from tests.support.models import copy_demo_models, model_module, write_model
+from tests.support.models import copy_demo_models, in_x_config, model_module, write_model
 
 # No implicit state: the model keys its sums by CORRID itself.
 OWN_STATE_MODEL = """
@@ -264,13 +264,7 @@ async def test_models_that_keep_their_own_state_refuse(repo, serve):
     write_model(
         repo,
         "stateless",
-        """
-        name: "stateless"
-        backend: "python"
-        max_batch_size: 4
-        input [ { name: "IN_X" data_type: TYPE_INT32 dims: [ 1 ] } ]
-        output [ { name: "OUT_X" data_type: TYPE_INT32 dims: [ 1 ] } ]
-        """,
+        in_x_config(name="stateless"),
     )
     a = await serve()
     await a.infer("own", {"IN_X": np.array([[1]], np.int32)}, sequence_id=1, sequence_start=True)

@@ -17,7 +17,7 @@ import pytest
 
 from seqserve.engine import Code
 from tests.support.checks import expect_error, wait_until
-from tests.support.models import write_model
+from tests.support.models import in_x_config, write_model
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -46,15 +46,7 @@ class Model:
 
 
 def config(*, mbs: int = 4, dyn: str = "", extra: str = "", dims: str = "[ 1 ]") -> str:
-    return f"""
-name: "m"
-backend: "python"
-max_batch_size: {mbs}
-input [ {{ name: "IN_X" data_type: TYPE_INT32 dims: {dims} }} ]
-output [ {{ name: "OUT_X" data_type: TYPE_INT32 dims: {dims} }} ]
-{extra}
-dynamic_batching {{ {dyn} }}
-"""
+    return in_x_config(f"{extra}\ndynamic_batching {{ {dyn} }}", mbs=mbs, dims=dims)
 
 
 def mod(name: str = "m"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from seqserve.engine import InferRequest
-from tests.support.models import ctl
+from tests.support.models import ctl, in_x_config
 
 INT_CONTROLS = ", ".join(ctl(n, n, "int32_false_true: [ 0, 1 ]") for n in ("START", "END", "READY"))
 U64_CORRID = ctl("CORRID", "CORRID", "data_type: TYPE_UINT64")
@@ -69,20 +69,14 @@ def config(
 ) -> str:
     """Model "m": IN_X -> OUT_X (INT32), a sequence batcher with int controls, ``corrid``,
     ``state`` and more ``seq`` fields; ``extra`` at the top level."""
-    return f"""
-name: "m"
-backend: "python"
-max_batch_size: {mbs}
-input [ {{ name: "IN_X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-output [ {{ name: "OUT_X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-{extra}
+    scheduling = f"""
 sequence_batching {{
   {strategy} {{ }}
   control_input [ {INT_CONTROLS}, {corrid} ]
   {state}
   {seq}
-}}
-"""
+}}"""
+    return in_x_config(extra + scheduling, mbs=mbs)
 
 
 async def call(s, seq_id, value=0, *, start=False, end=False, session=False) -> int:

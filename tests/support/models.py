@@ -127,6 +127,22 @@ def write_model(repo: Path, name: str, config: str, model_py: str = RECORDING_MO
     return d
 
 
+def in_x_config(
+    rest: str = "", *, name: str = "m", mbs: int = 4, dims: str = "[ 1 ]", out_dims: str | None = None
+) -> str:
+    """A Python model `name`: IN_X -> OUT_X (INT32 `dims`, `out_dims` when they differ) with
+    max_batch_size `mbs` (the I/O of the recording and accum models), then `rest` (scheduling
+    and any other config)."""
+    return f"""
+name: "{name}"
+backend: "python"
+max_batch_size: {mbs}
+input [ {{ name: "IN_X" data_type: TYPE_INT32 dims: {dims} }} ]
+output [ {{ name: "OUT_X" data_type: TYPE_INT32 dims: {out_dims or dims} }} ]
+{rest}
+"""
+
+
 def python_brief(repo: Path, dirname: str, name: str, model_py: str, extra: str = "") -> Path:
     """A brief config (tests/data/brief_configs/<dirname>) as model `name` in `repo`, its platform
     swapped for the python backend, `extra` appended, served by `model_py`."""
