@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.support.clients import acc_input, binary_body, http_request, new_int_id, raw_output
+from tests.support.clients import acc_input, add_sub_inputs, binary_body, http_request, new_int_id, raw_output
 from tests.support.live import LiveSequences
 from tests.support.process import ServerProcess
 
@@ -246,11 +246,7 @@ def test_http_body_limit(launch: Callable[..., ServerProcess]) -> None:
     # follows --http-max-body-bytes unless --grpc-max-receive-message-bytes says otherwise)
     cl = httpclient.InferenceServerClient(srv.http_url)
     try:
-        ins = []
-        for name in ("INPUT0", "INPUT1"):
-            i = httpclient.InferInput(name, [64, 4], "FP32")
-            i.set_data_from_numpy(np.ones((64, 4), dtype=np.float32))
-            ins.append(i)
+        ins = add_sub_inputs(httpclient, 64)
         with pytest.raises(InferenceServerException) as info:
             cl.infer("add_sub", ins)
         assert info.value.status() == "413"
@@ -263,11 +259,7 @@ def test_http_body_limit(launch: Callable[..., ServerProcess]) -> None:
         cl.close()
     g = grpcclient.InferenceServerClient(srv.grpc_url)
     try:
-        ins = []
-        for name in ("INPUT0", "INPUT1"):
-            i = grpcclient.InferInput(name, [8, 4], "FP32")
-            i.set_data_from_numpy(np.ones((8, 4), dtype=np.float32))
-            ins.append(i)
+        ins = add_sub_inputs(grpcclient, 8)
         assert g.infer("add_sub", ins).as_numpy("OUTPUT0").tolist() == [[2.0] * 4] * 8
     finally:
         g.close()

@@ -114,6 +114,17 @@ class Client:
         return float(result.as_numpy("OUTPUT")[0, 0])
 
 
+def add_sub_inputs(client_module: Any, rows: int = 1) -> list[Any]:
+    """INPUT0 and INPUT1 of the demo add_sub model, ones of FP32 [rows, 4], as tritonclient.http's
+    or tritonclient.grpc's (`client_module`) InferInput."""
+    ins = []
+    for name in ("INPUT0", "INPUT1"):
+        inp = client_module.InferInput(name, [rows, 4], "FP32")
+        inp.set_data_from_numpy(np.ones((rows, 4), dtype=np.float32))
+        ins.append(inp)
+    return ins
+
+
 def _np_to_wire(dtype: np.dtype[Any]) -> str:
     from tritonclient.utils import np_to_triton_dtype
 
