@@ -1,18 +1,20 @@
-"""Shared fixtures: build throw-away model repositories and run an in-process Server."""
+"""Fixtures for every test: a throw-away model repository (`repo`), an in-process Server on it
+(`serve`), a real `seqserve serve` process for one test (`launch`) and a redis-server for the
+state store's tests (`redis_url`). Harness code lives in tests/support."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-pytest.register_assert_rewrite("tests.helpers")
+pytest.register_assert_rewrite("tests.support")
 
 from seqserve.engine import Server  # noqa: E402
-
-# Re-exported: test modules import these from tests.helpers; older imports keep working.
-from tests.helpers import RECORDING_MODEL, expect_error, recorded, write_model  # noqa: E402, F401
+from tests.support.paths import DEMO_REPO  # noqa: E402
+from tests.support.process import ServerProcess, start_server  # noqa: E402
+from tests.support.redis_server import redis_server  # noqa: E402
 
 
 @pytest.fixture
@@ -36,3 +38,43 @@ async def serve(repo: Path) -> AsyncIterator[Callable[..., object]]:
     yield start
     for s in servers:
         await s.shutdown(timeout_s=0)
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """`launch(repo, *flags)` starts a server for this test only; stopped (exit 0 checked) after it."""
+    started: list[ServerProcess] = []
+
+    def _launch(
+        repo: Path | None = None,
+        *args: str,
+        exit_timeout_s: float = 3.0,
+        tls: bool = False,
+        probe: Callable[[ServerProcess], bool] | None = None,
+    ) -> ServerProcess:
+        srv = start_server(
+            repo or DEMO_REPO, *args, log_dir=tmp_path, exit_timeout_s=exit_timeout_s, tls=tls, probe=probe
+        )
+        started.append(srv)
+        return srv
+
+    yield _launch
+    for srv in started:
+        srv.terminate()
+    failures = []
+    for srv in started:
+        try:
+            rc = srv.wait()
+        except AssertionError as e:
+            failures.append(str(e))
+            continue
+        if rc != 0:
+            failures.append(f"server {srv.args} exited with {rc}\n{srv.log()}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A redis-server for one module (the test skips without one): its URL."""
+    with redis_server(tmp_path_factory.mktemp("redis")) as url:
+        yield url

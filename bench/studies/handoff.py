@@ -107,7 +107,7 @@ async def main(url: str) -> None:
 def run(kind: str) -> None:
     with tempfile.TemporaryDirectory() as d:
         if kind == "redis":
-            from tests.redis_server import redis_server
+            from tests.support.redis_server import redis_server
 
             with redis_server(Path(d)) as url:
                 asyncio.run(main(url))

@@ -23,7 +23,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from onnx import numpy_helper
 
-from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server
+from tests.support.paths import DEMO_REPO
+from tests.support.process import ServerProcess, serving
 
 MODEL = "lstm"
 MODEL_FILE = DEMO_REPO / MODEL / "1" / "model.onnx"
@@ -59,10 +60,8 @@ def _put(q: queue.Queue[tuple[Any, Any]], result: Any, error: Any) -> None:
 
 @pytest.fixture(scope="module")
 def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = start_server(DEMO_REPO, log_dir=tmp_path_factory.mktemp("lstm-logs"))
-    yield srv
-    rc = srv.stop()
-    assert rc == 0, f"server exited with {rc}\n{srv.log()}"
+    with serving(DEMO_REPO, log_dir=tmp_path_factory.mktemp("lstm-logs")) as srv:
+        yield srv
 
 
 def test_weights_are_the_committed_ones() -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime  # noqa: F401  (a runtime dependency: missing, it is an error, not a skip)
 import pytest
 
-from tests.helpers import import_torch
+from tests.support.checks import import_torch
 
 import_torch()
 

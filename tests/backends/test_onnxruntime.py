@@ -1,6 +1,6 @@
 """The onnxruntime backend: load checks, Triton's QA sequence / implicit-state ONNX models
-(equivalents built in onnx_fixtures), control inputs in every encoding, batching across
-sequences, autocomplete of stateless models, and one run through the real server."""
+(equivalents built in tests/support/onnx_models.py), control inputs in every encoding, batching
+across sequences, autocomplete of stateless models, and one run through the real server."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import tritonclient.grpc
 import tritonclient.http
 
 from seqserve.engine import Code, InferenceError, Server
-from tests.backends import onnx_fixtures as fx
+from tests.support import onnx_models as fx
 
 # ------------------------------------------------------------------------------ helpers
 
@@ -455,50 +455,44 @@ async def test_autocomplete_leaves_sequence_tensors_out(repo, serve):
 # --------------------------------------------------------------- the real server
 
 
-def test_real_server_with_tritonclient(tmp_path):
+def test_real_server_with_tritonclient(tmp_path, launch):
     """`seqserve serve` on a repository of ONNX models, driven by tritonclient (HTTP + gRPC)."""
-    from tests.integration.conftest import start_server
-
     repo = tmp_path / "models"
     repo.mkdir()
     name = fx.implicit_model(repo, "int32", 8)
     strings = fx.sequence_model(repo, "object", 8)
     fx.add_sub_model(repo, "add_sub")  # no config.pbtxt
 
-    srv = start_server(repo, log_dir=tmp_path)
-    try:
-        g = tritonclient.grpc.InferenceServerClient(srv.grpc_url)
-        h = tritonclient.http.InferenceServerClient(srv.http_url)
-        meta = h.get_model_metadata(name)
-        assert meta["platform"] == "onnxruntime_onnx"
-        total = 0
-        for step, value in enumerate([3, 4, 5]):
-            inp = tritonclient.grpc.InferInput("INPUT", [1, 1], "INT32")
-            inp.set_data_from_numpy(np.array([[value]], np.int32))
-            r = g.infer(name, [inp], sequence_id=77, sequence_start=step == 0, sequence_end=step == 2)
-            total += value
-            assert r.as_numpy("OUTPUT").tolist() == [[total]]
+    srv = launch(repo)  # stopped after the test; must exit 0
+    g = tritonclient.grpc.InferenceServerClient(srv.grpc_url)
+    h = tritonclient.http.InferenceServerClient(srv.http_url)
+    meta = h.get_model_metadata(name)
+    assert meta["platform"] == "onnxruntime_onnx"
+    total = 0
+    for step, value in enumerate([3, 4, 5]):
+        inp = tritonclient.grpc.InferInput("INPUT", [1, 1], "INT32")
+        inp.set_data_from_numpy(np.array([[value]], np.int32))
+        r = g.infer(name, [inp], sequence_id=77, sequence_start=step == 0, sequence_end=step == 2)
+        total += value
+        assert r.as_numpy("OUTPUT").tolist() == [[total]]
 
-        inp = tritonclient.http.InferInput("INPUT", [1, 1], "BYTES")
-        inp.set_data_from_numpy(np.array([[b"41"]], dtype=object))
-        r = h.infer(strings, [inp], sequence_id="s-1", sequence_start=True, sequence_end=True)
-        assert r.as_numpy("OUTPUT").tolist() == [[b"42"]]  # READY * (INPUT + START)
+    inp = tritonclient.http.InferInput("INPUT", [1, 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[b"41"]], dtype=object))
+    r = h.infer(strings, [inp], sequence_id="s-1", sequence_start=True, sequence_end=True)
+    assert r.as_numpy("OUTPUT").tolist() == [[b"42"]]  # READY * (INPUT + START)
 
-        a = np.ones((2, 4), np.float32)
-        ins = []
-        for n in ("INPUT0", "INPUT1"):
-            i = tritonclient.http.InferInput(n, [2, 4], "FP32")
-            i.set_data_from_numpy(a)
-            ins.append(i)
-        r = h.infer("add_sub", ins)
-        assert r.as_numpy("OUTPUT0").tolist() == (2 * a).tolist()
-        cfg = h.get_model_config("add_sub")
-        assert cfg["max_batch_size"] == 4
-        g.close()
-        h.close()
-    finally:
-        rc = srv.stop()
-    assert rc == 0, srv.log()
+    a = np.ones((2, 4), np.float32)
+    ins = []
+    for n in ("INPUT0", "INPUT1"):
+        i = tritonclient.http.InferInput(n, [2, 4], "FP32")
+        i.set_data_from_numpy(a)
+        ins.append(i)
+    r = h.infer("add_sub", ins)
+    assert r.as_numpy("OUTPUT0").tolist() == (2 * a).tolist()
+    cfg = h.get_model_config("add_sub")
+    assert cfg["max_batch_size"] == 4
+    g.close()
+    h.close()
 
 
 if __name__ == "__main__":  # pragma: no cover

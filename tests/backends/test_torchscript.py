@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code, InferenceError
-from tests.helpers import import_torch
+from tests.support.checks import import_torch
 
 torch = import_torch()
 nn = torch.nn

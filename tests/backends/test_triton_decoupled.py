@@ -13,113 +13,11 @@ import pytest
 
 from seqserve.engine import Code, InferenceError, InferResult, Server
 from seqserve.engine.errors import DecoupledModelError
-from tests.helpers import expect_error, wait_until, write_model
+from tests.support.checks import expect_error, wait_until
+from tests.support.models import copy_model, write_model
 
-# IN (int32 [n]) -> n responses OUT=[IN[k]], IDX=[k], sent by a thread after execute returns.
-# MODE: 0 = a bare final flag after the last response, 1 = the last response carries the
-# final flag. IN[k] < 0 sends an error response for k and goes on. IN[0] == 99 sends one
-# response from execute, then execute raises. IN[0] == 77 never answers.
-REPEAT = """
-import threading
-import time
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.threads = []
-        self.logger = pb_utils.Logger
-
-    def execute(self, requests):
-        for request in requests:
-            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            mode = int(pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0])
-            if len(values) and values[0] == 99:
-                request.get_response_sender().send(self.response(5, 0))
-                raise ValueError("boom")
-            if len(values) and values[0] == 77:
-                continue
-            t = threading.Thread(target=self.stream, args=(request.get_response_sender(), values, mode))
-            t.start()
-            self.threads.append(t)
-        return None
-
-    @staticmethod
-    def response(value, k):
-        return pb_utils.InferenceResponse([
-            pb_utils.Tensor("OUT", np.array([value], np.int32)),
-            pb_utils.Tensor("IDX", np.array([k], np.uint32)),
-        ])
-
-    def stream(self, sender, values, mode):
-        for k, v in enumerate(values):
-            time.sleep(0.002)
-            last = k == len(values) - 1
-            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if (last and mode == 1) else 0
-            if v < 0:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"negative value at {k}")), flags)
-            else:
-                sender.send(self.response(int(v), k), flags)
-        if mode != 1 or not len(values):
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        try:
-            sender.send(self.response(0, 0))
-        except pb_utils.TritonModelException as e:
-            self.logger.log_error(f"after final: {e}")
-
-    def finalize(self):
-        for t in self.threads:
-            t.join()
-"""
-
-REPEAT_CONFIG = """
-name: "repeat"
-backend: "python"
-max_batch_size: 0
-model_transaction_policy { decoupled: true }
-input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] },
-        { name: "MODE" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
-         { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] } ]
-instance_group [ { count: 1 kind: KIND_CPU } ]
-"""
-
-# A decoupled sequence model with implicit state: each step adds IN to the running total
-# (state ACC) and sends two responses from execute, OUT=total and OUT=-total, the first
-# carrying the new state; the final flag comes alone.
-ACCUMULATE = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            acc = pb_utils.get_input_tensor_by_name(request, "ACC").as_numpy()
-            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            total = acc + x
-            sender = request.get_response_sender()
-            sender.send(pb_utils.InferenceResponse([
-                pb_utils.Tensor("OUT", total), pb_utils.Tensor("ACC_OUT", total)]))
-            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", -total)]))
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
-"""
-
-ACCUMULATE_CONFIG = """
-name: "acc"
-backend: "python"
-max_batch_size: 4
-model_transaction_policy { decoupled: true }
-input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-instance_group [ { count: 1 kind: KIND_CPU } ]
-sequence_batching {
-  oldest { max_candidate_sequences: 4 max_queue_delay_microseconds: 2000 }
-  max_sequence_idle_microseconds: 10000000
-  state [ { input_name: "ACC" output_name: "ACC_OUT" data_type: TYPE_INT32 dims: [ 1 ]
-            initial_state: { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "zero" } } ]
-}
-"""
+# The decoupled models other test files use too are files in tests/models: repeat, decoupled_acc
+# (served as "acc") and until_cancelled (served as "uc").
 
 # Not decoupled: takes each request's sender in execute and answers through it from a
 # thread, after execute returns. MODE 1 also tries a second response; MODE 2 first tries a
@@ -206,7 +104,7 @@ def values(responses: list[tuple[object, bool]]) -> list[tuple[int, int] | str |
 
 @pytest.fixture
 async def repeat(repo, serve) -> Server:
-    write_model(repo, "repeat", REPEAT_CONFIG, REPEAT)
+    copy_model(repo, "repeat")
     return await serve()
 
 
@@ -276,7 +174,7 @@ async def test_single_response_calls_are_refused(repeat: Server) -> None:
 
 
 async def test_unload_fails_a_request_that_never_ends(repo, serve) -> None:
-    write_model(repo, "repeat", REPEAT_CONFIG, REPEAT)
+    copy_model(repo, "repeat")
     s = await serve(exit_timeout_s=0.2)
     got: asyncio.Queue[tuple[object, bool]] = asyncio.Queue()
     s.submit_streaming("repeat", repeat_inputs([77]), lambda r, f: got.put_nowait((r, f)))
@@ -288,7 +186,7 @@ async def test_unload_fails_a_request_that_never_ends(repo, serve) -> None:
 
 
 async def test_shutdown_waits_for_streaming_requests(repo, serve) -> None:
-    write_model(repo, "repeat", REPEAT_CONFIG, REPEAT)
+    copy_model(repo, "repeat")
     s = await serve(exit_timeout_s=10)
     got: asyncio.Queue[tuple[object, bool]] = asyncio.Queue()
     s.submit_streaming("repeat", repeat_inputs(list(range(50))), lambda r, f: got.put_nowait((r, f)))
@@ -299,7 +197,7 @@ async def test_shutdown_waits_for_streaming_requests(repo, serve) -> None:
 
 
 async def test_decoupled_sequence_with_implicit_state(repo, serve) -> None:
-    write_model(repo, "acc", ACCUMULATE_CONFIG, ACCUMULATE)
+    copy_model(repo, "decoupled_acc", "acc")
     s = await serve()
 
     async def run(sid: int, xs: list[int]) -> list[list[int]]:
@@ -449,7 +347,7 @@ class Model:
 
 
 async def test_batch_level_decoupled_model(repo, serve) -> None:
-    write_model(repo, "acc", ACCUMULATE_CONFIG, BATCH_LEVEL)
+    copy_model(repo, "decoupled_acc", "acc", model_py=BATCH_LEVEL)
     s = await serve()
 
     async def run(sid: int, xs: list[int]) -> list[list[int]]:
@@ -497,7 +395,7 @@ class TritonPythonModel:
 
 
 async def test_async_execute_tasks_outlive_execute(repo, serve) -> None:
-    d = write_model(repo, "alate", REPEAT_CONFIG.replace('"repeat"', '"alate"'), ASYNC_LATE)
+    d = copy_model(repo, "repeat", "alate", model_py=ASYNC_LATE)
     (d / "1" / "decoupled_helper_mod.py").write_text("OFFSET = 41\n")
     s = await serve()
     # one request alone: nothing else drives the model, yet its answer comes
@@ -540,7 +438,7 @@ class TritonPythonModel:
 
 
 async def test_decoupled_execute_must_return_none(repo, serve) -> None:
-    write_model(repo, "rl", REPEAT_CONFIG.replace('"repeat"', '"rl"'), RETURNS_LIST)
+    copy_model(repo, "repeat", "rl", model_py=RETURNS_LIST)
     s = await serve()
     responses = await collect(s, "rl", repeat_inputs([1]))
     ((err, final),) = responses
@@ -548,44 +446,8 @@ async def test_decoupled_execute_must_return_none(repo, serve) -> None:
     assert str(err) == "Python model 'rl_0_0' is using the decoupled mode and the execute function must return None."
 
 
-# Streams OUT=0,1,2,... every 5 ms until the client goes, then logs and ends the request.
-UNTIL_CANCELLED = """
-import threading
-import time
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.threads = []
-        self.cancelled_seen = []
-
-    def execute(self, requests):
-        for request in requests:
-            t = threading.Thread(target=self.stream, args=(request, request.get_response_sender()))
-            t.start()
-            self.threads.append(t)
-        return None
-
-    def stream(self, request, sender):
-        k = 0
-        while not sender.is_cancelled() and k < 2000:
-            sender.send(pb_utils.InferenceResponse([
-                pb_utils.Tensor("OUT", np.array([k], np.int32)), pb_utils.Tensor("IDX", np.array([k], np.uint32))]))
-            k += 1
-            time.sleep(0.005)
-        self.cancelled_seen.append(request.is_cancelled())
-        pb_utils.Logger.log_info(f"until_cancelled: stopped after {k} responses, cancelled={sender.is_cancelled()}")
-        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-
-    def finalize(self):
-        for t in self.threads:
-            t.join()
-"""
-
-
 async def test_leaving_a_stream_cancels_the_request(repo, serve) -> None:
-    write_model(repo, "uc", REPEAT_CONFIG.replace('"repeat"', '"uc"'), UNTIL_CANCELLED)
+    copy_model(repo, "until_cancelled", "uc")
     s = await serve()
     got = []
     async for r in s.stream("uc", repeat_inputs([0])):
@@ -665,7 +527,7 @@ class TritonPythonModel:
 
 
 async def test_each_response_is_a_copy(repo, serve) -> None:
-    write_model(repo, "rb", REPEAT_CONFIG.replace('"repeat"', '"rb"'), REUSES_BUFFER)
+    copy_model(repo, "repeat", "rb", model_py=REUSES_BUFFER)
     s = await serve()
     responses = await collect(s, "rb", repeat_inputs([0]))
     assert values(responses) == [(0, 0), (10, 1), (20, 2), None]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,8 @@ from seqserve.engine import Code, InferenceError
 from seqserve.engine.backends.base import ModelContext
 from seqserve.engine.backends.python_batch import PythonBackend
 from seqserve.engine.config import load_model_config
-from tests.helpers import write_model
+from tests.support.models import write_model
+from tests.support.process import ServerProcess
 
 # ------------------------------------------------------------------------------ models
 
@@ -445,38 +447,32 @@ sequence_batching {
 # ------------------------------------------------------------ the real server + client
 
 
-def test_real_server_with_tritonclient(tmp_path: Path) -> None:
+def test_real_server_with_tritonclient(tmp_path: Path, launch: Callable[..., ServerProcess]) -> None:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
-
-    from tests.integration.conftest import start_server
 
     repo = tmp_path / "models"
     write_model(repo, "seq", SEQUENCE_PY_CONFIG.format(name="seq", delay=1000, extra=""), SEQUENCE_PY)
     write_model(repo, "add_sub", add_sub_config(), ADD_SUB)
-    srv = start_server(repo, log_dir=tmp_path)
-    try:
-        g = grpcclient.InferenceServerClient(srv.grpc_url)
-        for k in range(3):
-            for sid in (42, "forty-two"):
-                inp = grpcclient.InferInput("INPUT0", [1, 1], "INT32")
-                inp.set_data_from_numpy(np.zeros((1, 1), np.int32))
-                r = g.infer("seq", [inp], sequence_id=sid, sequence_start=k == 0, sequence_end=k == 2)
-                assert r.as_numpy("OUTPUT0").tolist() == [k + 1]
-        g.close()
+    srv = launch(repo)  # stopped after the test; must exit 0
+    g = grpcclient.InferenceServerClient(srv.grpc_url)
+    for k in range(3):
+        for sid in (42, "forty-two"):
+            inp = grpcclient.InferInput("INPUT0", [1, 1], "INT32")
+            inp.set_data_from_numpy(np.zeros((1, 1), np.int32))
+            r = g.infer("seq", [inp], sequence_id=sid, sequence_start=k == 0, sequence_end=k == 2)
+            assert r.as_numpy("OUTPUT0").tolist() == [k + 1]
+    g.close()
 
-        h = httpclient.InferenceServerClient(srv.http_url)
-        a = np.arange(16, dtype=np.float32)
-        ins = [httpclient.InferInput("INPUT0", [16], "FP32"), httpclient.InferInput("INPUT1", [16], "FP32")]
-        ins[0].set_data_from_numpy(a)
-        ins[1].set_data_from_numpy(a)
-        r = h.infer("add_sub", ins)
-        np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), 2 * a)
-        np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), 0 * a)
-        ins[0].set_data_from_numpy(-a - 1)
-        with pytest.raises(Exception, match="negative input"):
-            h.infer("add_sub", ins)
-        h.close()
-    finally:
-        srv.terminate()
-        assert srv.wait() == 0, srv.log()
+    h = httpclient.InferenceServerClient(srv.http_url)
+    a = np.arange(16, dtype=np.float32)
+    ins = [httpclient.InferInput("INPUT0", [16], "FP32"), httpclient.InferInput("INPUT1", [16], "FP32")]
+    ins[0].set_data_from_numpy(a)
+    ins[1].set_data_from_numpy(a)
+    r = h.infer("add_sub", ins)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), 2 * a)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), 0 * a)
+    ins[0].set_data_from_numpy(-a - 1)
+    with pytest.raises(Exception, match="negative input"):
+        h.infer("add_sub", ins)
+    h.close()

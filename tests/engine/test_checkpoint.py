@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,64 +16,13 @@ from seqserve.engine import (
     CheckpointUnsupportedError,
     Code,
     InferenceError,
-    InferRequest,
     SequenceBusyError,
     SequenceCheckpoint,
     SequenceReleasedError,
 )
-from tests.helpers import ctl, expect_error, model_module, start_error, wait_until, write_model
-
-DEMO = Path(__file__).resolve().parents[2] / "src" / "seqserve" / "examples" / "models"
-
-INT_CONTROLS = ", ".join(ctl(n, n, "int32_false_true: [ 0, 1 ]") for n in ("START", "END", "READY"))
-U64_CORRID = ctl("CORRID", "CORRID", "data_type: TYPE_UINT64")
-STR_CORRID = ctl("CORRID", "CORRID", "data_type: TYPE_STRING")
-
-ACC = """
-  state [ {
-    input_name: "ACC" output_name: "ACC_OUT" data_type: TYPE_INT32 dims: [ 2 ]
-    initial_state { data_type: TYPE_INT32 dims: [ 2 ] zero_data: true name: "zero" }
-  } ]
-"""
-HIST = """
-  state [ {
-    input_name: "HIST" output_name: "HIST_OUT" data_type: TYPE_INT32 dims: [ -1 ]
-    initial_state { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "z" }
-  } ]
-"""
-WORDS = """
-  state [ {
-    input_name: "WORDS" output_name: "WORDS_OUT" data_type: TYPE_STRING dims: [ -1 ]
-    initial_state { data_type: TYPE_STRING dims: [ 1 ] zero_data: true name: "z" }
-  } ]
-"""
-
-# OUT_X = the running sum of IN_X, from whichever state the config has: ACC ([2]: the sum and
-# the step count), HIST (every input so far, grown by one per step) or WORDS (the inputs as
-# strings). SEEN records (corrid, start, ready) of every real row.
-MODEL = """
-import numpy as np
-SEEN = []
-
-class Model:
-    def execute(self, batch):
-        x = batch.inputs["IN_X"][:, 0]
-        for row in np.flatnonzero(batch.ready):
-            cid = batch.corrid[row]
-            SEEN.append((getattr(cid, "item", lambda: cid)(), int(batch.start[row]), int(batch.ready[row])))
-        if "ACC" in batch.states:
-            acc = batch.states["ACC"]
-            new = acc + np.stack([x, np.ones_like(x)], axis=1)
-            return {"OUT_X": new[:, :1].copy(), "ACC_OUT": new}
-        if "HIST" in batch.states:
-            new = np.concatenate([batch.states["HIST"], x[:, None]], axis=1)
-            return {"OUT_X": new.sum(axis=1, keepdims=True).astype(np.int32), "HIST_OUT": new}
-        words = batch.states["WORDS"]
-        new = np.concatenate([words, np.array([[str(int(v)).encode()] for v in x], dtype=object)], axis=1)
-        total = [[sum(int(w) for w in row if w)] for row in new]
-        return {"OUT_X": np.array(total, np.int32), "WORDS_OUT": new}
-"""
-
+from tests.support.checkpoint_model import ACC, HIST, MODEL, STR_CORRID, U64_CORRID, WORDS, call, config, counters
+from tests.support.checks import expect_error, start_error, wait_until
+from tests.support.models import copy_demo_models, in_x_config, model_module, write_model
 
 # No implicit state: the model keys its sums by CORRID itself.
 OWN_STATE_MODEL = """
@@ -93,47 +40,6 @@ class Model:
 """
 
 
-def config(
-    *,
-    strategy: str = "direct",
-    mbs: int = 4,
-    state: str = ACC,
-    corrid: str = U64_CORRID,
-    seq: str = "",
-    extra: str = "",
-) -> str:
-    """Model "m": IN_X -> OUT_X (INT32), a sequence batcher with int controls, ``corrid``,
-    ``state`` and more ``seq`` fields; ``extra`` at the top level."""
-    return f"""
-name: "m"
-backend: "python"
-max_batch_size: {mbs}
-input [ {{ name: "IN_X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-output [ {{ name: "OUT_X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-{extra}
-sequence_batching {{
-  {strategy} {{ }}
-  control_input [ {INT_CONTROLS}, {corrid} ]
-  {state}
-  {seq}
-}}
-"""
-
-
-async def call(s, seq_id, value=0, *, start=False, end=False, session=False) -> int:
-    req = InferRequest(
-        "m", {"IN_X": np.array([[value]], np.int32)}, sequence_id=seq_id, sequence_start=start, sequence_end=end
-    )
-    req.session = session
-    r = await s.enqueue(req)
-    return int(r.outputs["OUT_X"].reshape(-1)[0])
-
-
-def counters(s, model: str = "m") -> tuple[int, int, int, int, int]:
-    c = s.model(model).counters()
-    return c.sequences_started, c.sequences_ended, c.sequences_expired, c.sequences_released, c.sequences_restored
-
-
 def move(a, b, model: str, version: int, seq_id: object) -> SequenceCheckpoint:
     """Checkpoint and release on a, through the binary format, restore on b."""
     ckpt = a.checkpoint_sequence(model, version, seq_id, release=True)
@@ -147,7 +53,7 @@ def move(a, b, model: str, version: int, seq_id: object) -> SequenceCheckpoint:
 
 
 async def test_demo_accumulator_moves_between_servers(repo, serve):
-    shutil.copytree(DEMO / "accumulator", repo / "accumulator")
+    copy_demo_models(repo, "accumulator")
     a, b = await serve(), await serve()
 
     async def step(s, sid, v, **kw):
@@ -358,13 +264,7 @@ async def test_models_that_keep_their_own_state_refuse(repo, serve):
     write_model(
         repo,
         "stateless",
-        """
-        name: "stateless"
-        backend: "python"
-        max_batch_size: 4
-        input [ { name: "IN_X" data_type: TYPE_INT32 dims: [ 1 ] } ]
-        output [ { name: "OUT_X" data_type: TYPE_INT32 dims: [ 1 ] } ]
-        """,
+        in_x_config(name="stateless"),
     )
     a = await serve()
     await a.infer("own", {"IN_X": np.array([[1]], np.int32)}, sequence_id=1, sequence_start=True)

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqserve.engine import SequenceCheckpoint, Server
-from tests.engine.test_checkpoint import MODEL, call, config
-from tests.helpers import write_model
+from tests.support.checkpoint_model import MODEL, call, config
+from tests.support.models import write_model
 
 SEQS = (1, 2, 3, 4)
 

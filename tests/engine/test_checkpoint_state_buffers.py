@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from seqserve.engine import SequenceBusyError, SequenceCheckpoint
-from tests.helpers import model_module, state_config, wait_until, write_model
+from tests.support.checks import wait_until
+from tests.support.models import model_module, state_config, write_model
 
 N = 3  # elements per state row
 HOLD = 1000  # a real row with this input holds its batch until the test opens GATE

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code, SequenceBusyError, SequenceCheckpoint
-from tests.engine.test_checkpoint import HIST, call, config, counters
-from tests.helpers import expect_error, model_module, wait_reaped, wait_until, write_model
+from tests.support.checkpoint_model import HIST, call, config, counters
+from tests.support.checks import expect_error, wait_reaped, wait_until
+from tests.support.models import model_module, write_model
 
 GATED = """
 import threading

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Server, _core
-from tests.helpers import write_model
+from tests.support.models import write_model
 
 THREADS, SEQS, STEPS = 8, 25, 20
 TIMEOUT_S = 60.0

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from seqserve.engine import _core
-from tests.helpers import wait_until_sync
+from tests.support.checks import wait_until_sync
 
 I32 = np.dtype(np.int32)
 I64 = np.dtype(np.int64)

@@ -14,20 +14,8 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code, InferenceError, ModelStatistics
-from tests.helpers import (
-    ACC_STATE,
-    ACCUM_MODEL,
-    ctl,
-    expect_error,
-    holds_sequence,
-    model_module,
-    recorded,
-    rows,
-    start_error,
-    wait_reaped,
-    wait_until,
-    write_model,
-)
+from tests.support.checks import expect_error, holds_sequence, start_error, wait_reaped, wait_until
+from tests.support.models import ACC_STATE, ACCUM_MODEL, ctl, in_x_config, model_module, recorded, rows, write_model
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -49,18 +37,12 @@ def config(
     dims: str = "[ 1 ]",
     out_dims: str | None = None,
 ) -> str:
-    return f"""
-name: "{name}"
-backend: "python"
-max_batch_size: {mbs}
-input [ {{ name: "IN_X" data_type: TYPE_INT32 dims: {dims} }} ]
-output [ {{ name: "OUT_X" data_type: TYPE_INT32 dims: {out_dims or dims} }} ]
-{extra}
+    scheduling = f"""
 sequence_batching {{
   control_input [ {controls} ]
   {seq}
-}}
-"""
+}}"""
+    return in_x_config(extra + scheduling, name=name, mbs=mbs, dims=dims, out_dims=out_dims)
 
 
 def x_in(value: int | list[int], mbs: int = 4) -> dict[str, np.ndarray]:
@@ -660,13 +642,7 @@ async def test_stateless_model_ignores_sequence_fields(repo, serve):
     write_model(
         repo,
         "plain",
-        """
-        name: "plain"
-        backend: "python"
-        max_batch_size: 4
-        input [ { name: "IN_X" data_type: TYPE_INT32 dims: [ 1 ] } ]
-        output [ { name: "OUT_X" data_type: TYPE_INT32 dims: [ 1 ] } ]
-        """,
+        in_x_config(name="plain"),
     )
     s = await serve()
     assert await call(s, 0, 1, model="plain") == [[1]]

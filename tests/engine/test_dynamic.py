@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code
-from tests.helpers import expect_error, wait_until, write_model
+from tests.support.checks import expect_error, wait_until
+from tests.support.models import in_x_config, write_model
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -45,15 +46,7 @@ class Model:
 
 
 def config(*, mbs: int = 4, dyn: str = "", extra: str = "", dims: str = "[ 1 ]") -> str:
-    return f"""
-name: "m"
-backend: "python"
-max_batch_size: {mbs}
-input [ {{ name: "IN_X" data_type: TYPE_INT32 dims: {dims} }} ]
-output [ {{ name: "OUT_X" data_type: TYPE_INT32 dims: {dims} }} ]
-{extra}
-dynamic_batching {{ {dyn} }}
-"""
+    return in_x_config(f"{extra}\ndynamic_batching {{ {dyn} }}", mbs=mbs, dims=dims)
 
 
 def mod(name: str = "m"):

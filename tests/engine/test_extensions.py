@@ -23,23 +23,20 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine import Code
 from seqserve.engine.config import config_to_json, load_model_config
 from seqserve.engine.errors import ModelConfigError
-from tests.helpers import (
+from tests.support.checks import expect_error, holds_sequence, start_error, wait_reaped, wait_until
+from tests.support.models import (
     ACCUM_MODEL,
-    BRIEF,
     BRIEF_A_MODEL,
     BRIEF_B_IO,
     BRIEF_B_MODEL,
     RECORDING_MODEL,
-    expect_error,
-    holds_sequence,
+    in_x_config,
     model_module,
     python_brief,
     recorded,
-    start_error,
-    wait_reaped,
-    wait_until,
     write_model,
 )
+from tests.support.paths import BRIEF
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -58,19 +55,13 @@ CONTROLS = """
 
 
 def seq_config(*, mbs: int = 4, seq: str = "", extra: str = "", state: str = NAMED_STATE) -> str:
-    return f"""
-name: "m"
-backend: "python"
-max_batch_size: {mbs}
-input [ {{ name: "IN_X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-output [ {{ name: "OUT_X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-{extra}
+    scheduling = f"""
 sequence_batching {{
   {CONTROLS}
   {state}
   {seq}
-}}
-"""
+}}"""
+    return in_x_config(extra + scheduling, mbs=mbs)
 
 
 def x_in(value: int, mbs: int = 4) -> dict[str, np.ndarray]:
@@ -401,15 +392,7 @@ async def test_policy_alone_makes_a_sequence_model(repo, serve):
                 out.append([SUMS[cid]])
             return {"OUT_X": np.array(out, np.int32)}
     """
-    cfg = f"""
-    name: "m"
-    backend: "python"
-    max_batch_size: 4
-    input [ {{ name: "IN_X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-    output [ {{ name: "OUT_X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-    {POLICY}
-    """
-    write_model(repo, "m", cfg, model)
+    write_model(repo, "m", in_x_config(POLICY), model)
     s = await serve()
     m = s.model("m")
     assert m.is_sequence and m.strategy_name == "direct"
@@ -444,15 +427,6 @@ async def test_policy_without_describe_is_quiet(repo, serve, caplog):
 
 # ------------------------------------------------------------ dynamic_batching extensions
 
-STATELESS = """
-name: "m"
-backend: "python"
-max_batch_size: {mbs}
-input [ {{ name: "IN_X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-output [ {{ name: "OUT_X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-{extra}
-"""
-
 
 @pytest.mark.parametrize(
     ("mbs", "dyn", "preferred"),
@@ -465,14 +439,14 @@ output [ {{ name: "OUT_X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
     ],
 )
 async def test_default_batch_size_adds_a_preferred_size(repo, serve, mbs, dyn, preferred):
-    write_model(repo, "m", STATELESS.format(mbs=mbs, extra=f"dynamic_batching {{ {dyn} }}"), RECORDING_MODEL)
+    write_model(repo, "m", in_x_config(mbs=mbs, rest=f"dynamic_batching {{ {dyn} }}"), RECORDING_MODEL)
     s = await serve()
     assert list(s.model("m").config.dynamic_batching.preferred_batch_size) == preferred
 
 
 async def test_default_batch_size_forms_batches(repo, serve, monkeypatch):
     dyn = "dynamic_batching { default_batch_size: 3 max_queue_delay_microseconds: 20000000 }"
-    write_model(repo, "m", STATELESS.format(mbs=8, extra=dyn), RECORDING_MODEL)
+    write_model(repo, "m", in_x_config(mbs=8, rest=dyn), RECORDING_MODEL)
     monkeypatch.setenv("TRITONSERVER_DELAY_SCHEDULER", "6")
     s = await serve()
     tasks = []
@@ -493,7 +467,7 @@ async def test_default_batch_size_forms_batches(repo, serve, monkeypatch):
     ],
 )
 async def test_dynamic_timeout_action_sets_default_queue_policy(repo, serve, dyn, action):
-    write_model(repo, "m", STATELESS.format(mbs=4, extra=f"dynamic_batching {{ {dyn} }}"), RECORDING_MODEL)
+    write_model(repo, "m", in_x_config(mbs=4, rest=f"dynamic_batching {{ {dyn} }}"), RECORDING_MODEL)
     s = await serve()
     assert s.model("m").config.dynamic_batching.default_queue_policy.timeout_action == action
 
@@ -502,13 +476,13 @@ async def test_dynamic_timeout_action_sets_default_queue_policy(repo, serve, dyn
     ("config", "message"),
     [
         (
-            STATELESS.format(mbs=4, extra="dynamic_batching { default_batch_size: 8 }"),
+            in_x_config(mbs=4, rest="dynamic_batching { default_batch_size: 8 }"),
             "dynamic batching preferred size must be <= max batch size for m",
         ),
         (
-            STATELESS.format(
+            in_x_config(
                 mbs=4,
-                extra="dynamic_batching { preserve_ordering: true timeout_action: TIMEOUT_COMPLETE "
+                rest="dynamic_batching { preserve_ordering: true timeout_action: TIMEOUT_COMPLETE "
                 "default_queue_policy { default_timeout_microseconds: 1000 } }",
             ),
             "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true for m",
@@ -608,8 +582,8 @@ SCHEDULERS = {
     "direct": seq_config(extra=GROUPS, seq="direct { }"),
     "oldest": seq_config(extra=GROUPS, seq="oldest { }"),
     "reusable_batch": seq_config(extra=GROUPS, seq="reusable_batch { }"),
-    "dynamic": STATELESS.format(mbs=4, extra=GROUPS + " dynamic_batching { }"),
-    "default": STATELESS.format(mbs=4, extra=GROUPS),
+    "dynamic": in_x_config(mbs=4, rest=GROUPS + " dynamic_batching { }"),
+    "default": in_x_config(mbs=4, rest=GROUPS),
 }
 
 
@@ -649,7 +623,7 @@ async def test_kind_gpu_without_gpu_runs_on_cpu_with_one_warning(repo, serve, ca
     groups = (
         'instance_group [ { name: "g1" count: 2 kind: KIND_GPU }, { name: "g2" count: 1 kind: KIND_GPU gpus: [ 0 ] } ]'
     )
-    write_model(repo, "m", STATELESS.format(mbs=4, extra=groups), GATED)
+    write_model(repo, "m", in_x_config(mbs=4, rest=groups), GATED)
     caplog.set_level(logging.WARNING)
     s = await serve()
     m = s.model("m")
@@ -667,7 +641,7 @@ async def test_kind_gpu_without_gpu_runs_on_cpu_with_one_warning(repo, serve, ca
 
 async def test_gpus_with_kind_cpu_ignored_with_warning(repo, serve, caplog):
     groups = 'instance_group [ { name: "c" count: 2 kind: KIND_CPU gpus: [ 0, 1 ] } ]'
-    write_model(repo, "m", STATELESS.format(mbs=4, extra=groups), GATED)
+    write_model(repo, "m", in_x_config(mbs=4, rest=groups), GATED)
     caplog.set_level(logging.WARNING)
     s = await serve()
     assert s.model("m").instance_names == ["c_0", "c_1"]

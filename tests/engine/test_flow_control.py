@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code, InferenceError, InferRequest, SequenceScope, Server, SessionGoneError
-from tests.conftest import expect_error, write_model
+from tests.support.checks import expect_error
+from tests.support.models import in_x_config, write_model
 
 GATED_MODEL = """
 import threading
@@ -52,14 +53,7 @@ OLDEST = "oldest { max_candidate_sequences: 1 }"
 
 def config(*, mbs: int = 1, strategy: str = DIRECT, seq: str = "", batching: str | None = None) -> str:
     scheduling = batching if batching is not None else f"sequence_batching {{ {strategy} {CONTROLS} {seq} }}"
-    return f"""
-name: "m"
-backend: "python"
-max_batch_size: {mbs}
-input [ {{ name: "IN_X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-output [ {{ name: "OUT_X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-{scheduling}
-"""
+    return in_x_config(scheduling, mbs=mbs)
 
 
 def model_module() -> Any:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +18,13 @@ import pytest
 from seqserve.engine import Code, InferenceError, Server, SessionGoneError
 from seqserve.engine.replicas.store import SequenceKey, StateStore, Status, open_store
 from seqserve.engine.request import InferRequest, SequenceId
-from tests.redis_server import redis_server
+from tests.support.paths import DEMO_REPO
 
 pytest.importorskip("seqserve.engine.replicas.checkpoint", reason="needs the engine's checkpoint API")
 
-DEMO = Path(__file__).resolve().parents[2] / "src" / "seqserve" / "examples" / "models"
 START_MSG = "must specify the START flag"
 
 Replica = Callable[..., Awaitable[Server]]
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with redis_server(tmp_path_factory.mktemp("redis")) as url:
-        yield url
 
 
 @pytest.fixture(params=["redis", "dir"])
@@ -46,7 +39,7 @@ async def replica(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     servers: list[Server] = []
 
     async def make(name: str, *, heartbeat_ttl_s: float = 3.0, **kwargs: Any) -> Server:
-        server = Server(DEMO, exit_timeout_s=5.0)
+        server = Server(DEMO_REPO, exit_timeout_s=5.0)
         await server.start(["accumulator"])
         store = open_store(url, name, heartbeat_ttl_s=heartbeat_ttl_s)
         if prefix:

@@ -16,7 +16,8 @@ import pytest
 
 from seqserve.engine import Code, InferenceError, Server, _core
 from seqserve.engine.request import InferRequest
-from tests.helpers import ctl, expect_error, model_module, wait_until_sync, write_model
+from tests.support.checks import expect_error, wait_until_sync
+from tests.support.models import ctl, model_module, write_model
 
 # Records the thread of every batch; sleeps DELAY seconds in execute when set (tests change it).
 THREAD_MODEL = """

@@ -14,7 +14,8 @@ import pytest
 
 from seqserve.engine import Code, Server
 from seqserve.engine.server.model_control import MODEL_CONTROL_DISABLED
-from tests.helpers import expect_error, write_model
+from tests.support.checks import expect_error
+from tests.support.models import write_model
 
 CFG = """
 name: "{name}"

@@ -21,17 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqserve.engine import Code, InferenceError, Server
-from tests.helpers import (
-    ACC_STATE,
-    ACCUM_MODEL,
-    RECORDING_MODEL,
-    ctl,
-    expect_error,
-    recorded,
-    rows,
-    start_error,
-    write_model,
-)
+from tests.support.checks import expect_error, start_error
+from tests.support.models import ACC_STATE, ACCUM_MODEL, RECORDING_MODEL, ctl, in_x_config, recorded, rows, write_model
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -54,20 +45,14 @@ def config(
     dims: str = "[ 1 ]",
 ) -> str:
     block = f"{strategy} {{ {oldest} }}" if strategy else ""
-    return f"""
-name: "{name}"
-backend: "python"
-max_batch_size: {mbs}
-input [ {{ name: "IN_X" data_type: TYPE_INT32 dims: {dims} }} ]
-output [ {{ name: "OUT_X" data_type: TYPE_INT32 dims: {dims} }} ]
-{extra}
+    scheduling = f"""
 sequence_batching {{
   {block}
   control_input [ {CONTROLS} ]
   {ACC_STATE}
   {seq}
-}}
-"""
+}}"""
+    return in_x_config(extra + scheduling, name=name, mbs=mbs, dims=dims)
 
 
 def x_in(value: int, mbs: int = 4) -> dict[str, np.ndarray]:

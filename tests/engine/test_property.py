@@ -1,4 +1,5 @@
-"""Property tests: the real engine (Server -> _core -> python backend) against tests/oracle.py.
+"""Property tests: the real engine (Server -> _core -> python backend) against the oracle
+(tests/support/oracle.py).
 
 Determinism: the model's `execute` reports each batch on a queue and then blocks until the test
 releases that instance. The test mirrors the oracle step by step: it submits one request at a
@@ -23,8 +24,8 @@ from hypothesis import strategies as st
 
 from seqserve.engine import Server
 from seqserve.engine.errors import Code, InferenceError
-from tests.helpers import write_model
-from tests.oracle import Batch, DirectOracle, Req
+from tests.support.models import write_model
+from tests.support.oracle import Batch, DirectOracle, Req
 
 # Accumulator with implicit state. Padding rows write a sentinel state that must never leak.
 GATED_ACCUMULATOR = """

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code, InferenceError, RaggedInput
-from tests.conftest import write_model
+from tests.support.models import write_model
 
 RECORDING = """
 import numpy as np

@@ -9,15 +9,8 @@ import numpy as np
 import pytest
 
 from seqserve.engine import Code, InferenceError, Server
-from tests.conftest import write_model
+from tests.support.models import copy_model
 
-CFG = """
-name: "{name}"
-backend: "python"
-max_batch_size: 0
-input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-"""
 PY = """
 class Model:
     def execute(self, batch):
@@ -27,7 +20,8 @@ DUPLICATE = "model appears in two or more repositories"
 
 
 def model(repo, name, add=1):
-    write_model(repo, name, CFG.format(name=name), PY.format(add=add))
+    """tests/models/plus_one as `name`, adding `add`."""
+    copy_model(repo, "plus_one", name, model_py=PY.format(add=add))
 
 
 async def infer(s: Server, name: str) -> int:
@@ -93,7 +87,7 @@ async def test_poll_mode_sees_a_duplicate_resolved(tmp_path):
 async def test_strict_readiness(tmp_path):
     repo = tmp_path / "models"
     model(repo, "good")
-    write_model(repo, "broken", CFG.format(name="broken"), "raise RuntimeError('no')\n")
+    copy_model(repo, "plus_one", "broken", model_py="raise RuntimeError('no')\n")
     strict, lax = Server(repo), Server(repo, strict_readiness=False)
     for s in (strict, lax):
         await s.start()
@@ -102,7 +96,7 @@ async def test_strict_readiness(tmp_path):
         assert not strict.is_ready() and strict.is_live()
         assert lax.is_ready()
         # fixed and loaded: ready; unloaded models do not count
-        write_model(repo, "broken", CFG.format(name="broken"), PY.format(add=1))
+        model(repo, "broken")
         await strict.load_model("broken")
         assert strict.is_ready()
         await strict.unload_model("broken")

@@ -290,7 +290,7 @@ class Model:
 
 async def test_server_sequence_api_and_counters(repo: Any, serve: Any) -> None:
     from seqserve.engine import Code, InferenceError, InferRequest, SessionGoneError, SessionPolicy
-    from tests.conftest import write_model
+    from tests.support.models import write_model
 
     write_model(repo, "acc", ACC_CONFIG, ACC_MODEL)
     write_model(repo, "plain", STATELESS_CONFIG, PLAIN_MODEL)

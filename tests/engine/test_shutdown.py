@@ -9,15 +9,10 @@ import time
 import numpy as np
 
 from seqserve.engine import SERVER_STOPPING, Code, Server
-from tests.helpers import expect_error, model_module, write_model
+from tests.support.checks import expect_error
+from tests.support.models import in_x_config, model_module, write_model
 
-CFG = """
-name: "h"
-backend: "python"
-max_batch_size: 4
-input [ { name: "IN_X" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUT_X" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
+CFG = in_x_config(name="h")
 # Blocks in execute until the test releases it (so no thread outlives the test).
 HANG_PY = """
 import threading

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,84 +19,29 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.integration._util import acc_input, binary_body, http_request, new_int_id, new_str_id, raw_output
-from tests.integration.conftest import ServerProcess
+from tests.support.clients import acc_input, add_sub_inputs, binary_body, http_request, new_int_id, raw_output
+from tests.support.live import LiveSequences
+from tests.support.process import ServerProcess
 
 START_MSG = "must specify the START flag on the first request of the sequence"
 
 
-class BackgroundSequences:
-    """Two threads (raw HTTP keep-alive, tritonclient gRPC) stepping accumulator sequences
-    (END every 10 steps, then a new START) until stopped; every sum is checked."""
-
-    def __init__(self, srv: ServerProcess) -> None:
-        self.srv = srv
-        self.stop_event = threading.Event()
-        self.steps = {"http": 0, "grpc": 0}
-        self.failures: list[str] = []
-        self.threads = [threading.Thread(target=self._guard, args=(f,), daemon=True) for f in self.steps]
-
-    def start(self) -> None:
-        for t in self.threads:
-            t.start()
-
-    def _guard(self, flavour: str) -> None:
-        try:
-            (self._http if flavour == "http" else self._grpc)()
-        except Exception as e:  # reported by stop()
-            self.failures.append(f"{flavour}: {type(e).__name__}: {e}")
-
-    def _plan(self) -> Iterator[tuple[int, float, bool, bool, float]]:
-        k = 0
-        while not self.stop_event.is_set():
-            total = 0.0
-            for j in range(10):
-                value = float(k % 5 + 1)
-                total += value
-                yield k, value, j == 0, j == 9, total
-                k += 1
-
-    def _http(self) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", self.srv.http_port, timeout=30)
-        sid = new_str_id()
-        for _, value, start, end, total in self._plan():
-            doc = {"inputs": [acc_input(value)],
-                   "parameters": {"sequence_id": sid, "sequence_start": start, "sequence_end": end}}  # fmt: skip
-            r = http_request(self.srv, "POST", "/v2/models/accumulator/infer", doc, conn=conn)
-            if r.status != 200 or raw_output(r) != [total]:
-                self.failures.append(f"http step: {r.status} {r.body[:200]!r}, expected {total}")
-                return
-            self.steps["http"] += 1
-        conn.close()
-
-    def _grpc(self) -> None:
-        cl = grpcclient.InferenceServerClient(self.srv.grpc_url)
-        sid = new_int_id()
-        for _, value, start, end, total in self._plan():
-            inp = grpcclient.InferInput("INPUT", [1, 1], "FP32")
-            inp.set_data_from_numpy(np.array([[value]], dtype=np.float32))
-            res = cl.infer("accumulator_corrid", [inp], sequence_id=sid, sequence_start=start, sequence_end=end)
-            got = float(res.as_numpy("OUTPUT")[0, 0])
-            if got != total:
-                self.failures.append(f"grpc step: got {got}, expected {total}")
-                return
-            self.steps["grpc"] += 1
-        cl.close()
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        for t in self.threads:
-            t.join(30)
-        assert not self.failures, self.failures
-        assert all(n >= 10 for n in self.steps.values()), self.steps
-
-
 @pytest.fixture(scope="module")
-def background(server: ServerProcess) -> Iterator[BackgroundSequences]:
-    bg = BackgroundSequences(server)
-    bg.start()
-    yield bg
-    bg.stop()
+def background(server: ServerProcess) -> Iterator[LiveSequences]:
+    """Two threads (raw HTTP keep-alive, tritonclient gRPC) stepping the demo accumulators'
+    sequences beside the bad input until the module ends; every sum is checked."""
+    live = LiveSequences(
+        server,
+        flavours=("http", "grpc"),
+        pace_s=0,
+        http_model="accumulator",
+        grpc_model="accumulator_corrid",
+        step_timeout_s=30,
+    ).start()
+    yield live
+    failures = live.stop()
+    assert not failures, failures
+    assert all(n >= 10 for n in live.steps.values()), live.steps
 
 
 # --------------------------------------------------------------------------- raw HTTP
@@ -202,7 +146,7 @@ HTTP_CASES: list[tuple[str, str, bytes | dict[str, Any], dict[str, str], int, st
 )
 def test_http_bad_request(
     server: ServerProcess,
-    background: BackgroundSequences,
+    background: LiveSequences,
     path: str,
     body: bytes | dict[str, Any],
     headers: dict[str, str],
@@ -215,7 +159,7 @@ def test_http_bad_request(
     assert fragment in r.error(), r.error()
 
 
-def test_http_errors_through_tritonclient(server: ServerProcess, background: BackgroundSequences) -> None:
+def test_http_errors_through_tritonclient(server: ServerProcess, background: LiveSequences) -> None:
     """What tritonclient users see: InferenceServerException with status and message."""
     cl = httpclient.InferenceServerClient(server.http_url)
     try:
@@ -241,7 +185,7 @@ def test_http_errors_through_tritonclient(server: ServerProcess, background: Bac
         cl.close()
 
 
-def test_http_keep_alive_after_errors(server: ServerProcess, background: BackgroundSequences) -> None:
+def test_http_keep_alive_after_errors(server: ServerProcess, background: LiveSequences) -> None:
     """Rejected requests (with bodies) must not corrupt the next request on the connection."""
     conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
     try:
@@ -255,7 +199,7 @@ def test_http_keep_alive_after_errors(server: ServerProcess, background: Backgro
         conn.close()
 
 
-def test_start_or_end_without_id(server: ServerProcess, background: BackgroundSequences) -> None:
+def test_start_or_end_without_id(server: ServerProcess, background: LiveSequences) -> None:
     """By default an id-less request opens a sequence under a generated id, START or END flag
     or not (`--strict-sequence-ids` turns these into errors: test_sequences.py). Stateless
     models ignore sequence flags, as Triton does."""
@@ -302,11 +246,7 @@ def test_http_body_limit(launch: Callable[..., ServerProcess]) -> None:
     # follows --http-max-body-bytes unless --grpc-max-receive-message-bytes says otherwise)
     cl = httpclient.InferenceServerClient(srv.http_url)
     try:
-        ins = []
-        for name in ("INPUT0", "INPUT1"):
-            i = httpclient.InferInput(name, [64, 4], "FP32")
-            i.set_data_from_numpy(np.ones((64, 4), dtype=np.float32))
-            ins.append(i)
+        ins = add_sub_inputs(httpclient, 64)
         with pytest.raises(InferenceServerException) as info:
             cl.infer("add_sub", ins)
         assert info.value.status() == "413"
@@ -319,11 +259,7 @@ def test_http_body_limit(launch: Callable[..., ServerProcess]) -> None:
         cl.close()
     g = grpcclient.InferenceServerClient(srv.grpc_url)
     try:
-        ins = []
-        for name in ("INPUT0", "INPUT1"):
-            i = grpcclient.InferInput(name, [8, 4], "FP32")
-            i.set_data_from_numpy(np.ones((8, 4), dtype=np.float32))
-            ins.append(i)
+        ins = add_sub_inputs(grpcclient, 8)
         assert g.infer("add_sub", ins).as_numpy("OUTPUT0").tolist() == [[2.0] * 4] * 8
     finally:
         g.close()
@@ -407,7 +343,7 @@ def stub(server: ServerProcess) -> Iterator[service_pb2_grpc.GRPCInferenceServic
 @pytest.mark.parametrize(("request_", "code", "fragment"), [c[1:] for c in GRPC_CASES], ids=[c[0] for c in GRPC_CASES])
 def test_grpc_bad_request(
     stub: service_pb2_grpc.GRPCInferenceServiceStub,
-    background: BackgroundSequences,
+    background: LiveSequences,
     request_: service_pb2.ModelInferRequest,
     code: grpc.StatusCode,
     fragment: str,
@@ -419,7 +355,7 @@ def test_grpc_bad_request(
 
 
 def test_grpc_bad_requests_on_stream(
-    stub: service_pb2_grpc.GRPCInferenceServiceStub, background: BackgroundSequences
+    stub: service_pb2_grpc.GRPCInferenceServiceStub, background: LiveSequences
 ) -> None:
     """The same bad requests on one stream: one error reply each, the stream stays open, and a
     sequence on that stream goes on between them."""
@@ -445,7 +381,7 @@ def test_grpc_bad_requests_on_stream(
         assert np.frombuffer(good.infer_response.raw_output_contents[0], dtype=np.float32).tolist() == [n + 1.0]
 
 
-def test_grpc_other_calls_errors(server: ServerProcess, background: BackgroundSequences) -> None:
+def test_grpc_other_calls_errors(server: ServerProcess, background: LiveSequences) -> None:
     cl = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         for call, code in (

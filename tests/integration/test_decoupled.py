@@ -17,10 +17,9 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.backends.test_triton_decoupled import ACCUMULATE, ACCUMULATE_CONFIG, REPEAT, REPEAT_CONFIG, UNTIL_CANCELLED
-from tests.helpers import write_model
-from tests.integration._util import SyncStream
-from tests.integration.conftest import ServerProcess, start_server
+from tests.support.clients import SyncStream
+from tests.support.models import copy_model, write_model
+from tests.support.process import ServerProcess, serving
 
 # Not decoupled, batch-level: OUT = IN, once the test has created the file `release` next to
 # model.py (or after 20 s).
@@ -50,14 +49,12 @@ output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo: Path = tmp_path_factory.mktemp("decoupled-repo")
-    write_model(repo, "repeat", REPEAT_CONFIG, REPEAT)
-    write_model(repo, "acc", ACCUMULATE_CONFIG, ACCUMULATE)
-    write_model(repo, "uc", REPEAT_CONFIG.replace('"repeat"', '"uc"'), UNTIL_CANCELLED)
+    copy_model(repo, "repeat")
+    copy_model(repo, "decoupled_acc", "acc")
+    copy_model(repo, "until_cancelled", "uc")
     write_model(repo, "slow", SLOW_CONFIG, SLOW)
-    s = start_server(repo, log_dir=repo)
-    yield s
-    rc = s.stop()
-    assert rc == 0, f"server exited with {rc}\n{s.log()}"
+    with serving(repo, log_dir=repo) as s:
+        yield s
 
 
 def repeat_inputs(values: list[int], mode: int = 0, cls: Any = grpcclient) -> list[Any]:

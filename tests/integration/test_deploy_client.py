@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import ServerProcess
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+from tests.support.process import ServerProcess
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc", "stream"])

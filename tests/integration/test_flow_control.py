@@ -28,8 +28,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import write_model
-from tests.integration._util import acc_input, http_request, raw_output
+from tests.support.clients import acc_input, http_request, raw_output
+from tests.support.models import write_model
 
 ACC_MODEL = """
 class Model:

@@ -14,8 +14,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 
-from tests.integration._util import new_int_id
-from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server, write_model
+from tests.support.clients import new_int_id
+from tests.support.models import write_model
+from tests.support.paths import DEMO_REPO
+from tests.support.process import ServerProcess, start_server
 
 GRPC_SERVERS = ["builtin", "grpcio"]
 ECHO_CONFIG = """

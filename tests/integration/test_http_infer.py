@@ -16,8 +16,9 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
-from tests.integration._util import Client, binary_body, expect_error, http_request, new_int_id
-from tests.integration.conftest import IDENTITY_DTYPES, ServerProcess
+from tests.support.clients import Client, add_sub_inputs, binary_body, expect_error, http_request, new_int_id
+from tests.support.models import IDENTITY_DTYPES
+from tests.support.process import ServerProcess
 
 
 @pytest.fixture
@@ -88,12 +89,7 @@ def test_request_id_echo(http: Any, server: ServerProcess) -> None:
     assert "id" not in http.infer("add_sub", _add_sub_inputs()).get_response()
     g = grpcclient.InferenceServerClient(server.grpc_url)
     try:
-        ins = []
-        for name in ("INPUT0", "INPUT1"):
-            i = grpcclient.InferInput(name, [1, 4], "FP32")
-            i.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
-            ins.append(i)
-        r = g.infer("add_sub", ins, request_id="grpc-id-3").get_response()
+        r = g.infer("add_sub", add_sub_inputs(grpcclient), request_id="grpc-id-3").get_response()
         assert (r.id, r.model_name, r.model_version) == ("grpc-id-3", "add_sub", "1")
     finally:
         g.close()

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.integration._util import acc_input, binary_body, http_request, new_int_id, raw_output
-from tests.integration.conftest import ServerProcess
+from tests.support.clients import acc_input, binary_body, http_request, new_int_id, raw_output
+from tests.support.process import ServerProcess
 
 pytestmark = pytest.mark.parametrize("http_server", ["builtin", "hypercorn", "granian"])
 

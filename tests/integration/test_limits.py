@@ -10,8 +10,6 @@ import gzip
 import http.client
 import json
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,17 +20,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.integration._util import acc_input, grpc_server_for, http_request, new_int_id
-from tests.integration.conftest import (
-    DEMO_REPO,
-    IDENTITY_DTYPES,
-    IDENTITY_MODEL,
-    ROOT,
-    ServerProcess,
-    identity_config,
-    start_server,
-    write_model,
-)
+from tests.support.clients import acc_input, grpc_server_for, http_request, new_int_id
+from tests.support.models import IDENTITY_DTYPES, copy_demo_models, copy_model
+from tests.support.process import ServerProcess, run_serve, serving
 
 HTTP_SERVERS = ["builtin", "hypercorn", "granian"]
 SEQ = {"sequence_start": True, "sequence_end": True}
@@ -72,12 +62,9 @@ def limited(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     if request.param == "granian":
         pytest.importorskip("granian")
     root = tmp_path_factory.mktemp(f"limits-{request.param}")
-    repo = root / "models"
-    import shutil
-
-    shutil.copytree(DEMO_REPO, repo, ignore=shutil.ignore_patterns("__pycache__"))
-    write_model(repo, "identity", identity_config(), IDENTITY_MODEL)
-    srv = start_server(
+    repo = copy_demo_models(root / "models")
+    copy_model(repo, "identity")
+    with serving(
         repo,
         "--http-server", request.param,
         "--grpc-server", grpc_server_for(request.param),
@@ -88,11 +75,9 @@ def limited(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         "--grpc-max-send-message-bytes", "20000",
         "--grpc-max-connection-idle-secs", "1",
         log_dir=root,
-    )  # fmt: skip
-    assert f"HTTP ({request.param})" in srv.log() and f"gRPC ({grpc_server_for(request.param)})" in srv.log()
-    yield srv
-    rc = srv.stop()
-    assert rc == 0, f"server exited with {rc}\n{srv.log()}"
+    ) as srv:  # fmt: skip
+        assert f"HTTP ({request.param})" in srv.log() and f"gRPC ({grpc_server_for(request.param)})" in srv.log()
+        yield srv
 
 
 # ---------------------------------------------------------------------------- HTTP
@@ -383,9 +368,7 @@ def test_grpc_huge_names_are_clipped_in_errors(server: ServerProcess) -> None:
     ],
 )
 def test_bad_limit_values_are_usage_errors(flag: list[str], tmp_path: Path) -> None:
-    p = subprocess.run(
-        [sys.executable, "-m", "seqserve", "serve", *flag], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    p = run_serve(*flag)
     assert p.returncode == 2 and flag[0] in p.stderr, p.stderr
 
 

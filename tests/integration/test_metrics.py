@@ -15,8 +15,10 @@ import pytest
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration._util import acc_input, http_request, new_int_id
-from tests.integration.conftest import ROOT, ServerProcess, write_model
+from tests.support.clients import acc_input, http_request, new_int_id
+from tests.support.models import write_model
+from tests.support.paths import ROOT
+from tests.support.process import ServerProcess, run_serve
 
 # Triton's families as core src/metrics.cc registers them: name -> (type, help)
 TRITON = {
@@ -274,13 +276,7 @@ def test_metrics_off(launch: Callable[..., ServerProcess]) -> None:
     ],
 )
 def test_flag_errors(flags: tuple[str, ...], message: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "seqserve", "serve", "--http-port", "off", "--grpc-port", "1", *flags],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_serve("--http-port", "off", *flags)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
 
@@ -288,7 +284,7 @@ def test_flag_errors(flags: tuple[str, ...], message: str) -> None:
 def test_metrics_port_in_use(tmp_path: Any) -> None:
     import socket
 
-    from tests.integration.conftest import free_ports
+    from tests.support.ports import free_ports
 
     (repo := tmp_path / "empty").mkdir()
     http_port, grpc_port = free_ports(2)

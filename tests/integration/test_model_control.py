@@ -9,8 +9,6 @@ import json
 import os
 import shutil
 import stat
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,9 +19,9 @@ import pytest
 
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
-from tests.helpers import write_model
-from tests.integration._util import FLAVOURS, Client, expect_error, http_request
-from tests.integration.conftest import ROOT, ServerProcess
+from tests.support.clients import FLAVOURS, Client, expect_error, http_request
+from tests.support.models import model_source, write_model
+from tests.support.process import ServerProcess, run_serve
 
 # Triton's message, for mode none and poll alike (core model_repository_manager.cc)
 REFUSED = "explicit model load / unload is not allowed if polling is enabled"
@@ -38,11 +36,7 @@ max_batch_size: {mbs}
 input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 2 ] }} ]
 output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ 2 ] }} ]
 """
-PLUS_ONE_PY = """
-class Model:
-    def execute(self, batch):
-        return {"Y": batch.inputs["X"] + 1}
-"""
+PLUS_ONE_PY = model_source("plus_one")  # Y = X + 1
 
 
 def _plus_one_json(name: str, **extra: Any) -> str:
@@ -198,13 +192,7 @@ def test_explicit_mode_without_load_model_starts_empty(custom_repo: Path, launch
     ],
 )
 def test_flag_errors(flags: tuple[str, ...], message: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "seqserve", "serve", "--http-port", "off", "--grpc-port", "1", *flags],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_serve("--http-port", "off", *flags)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
 

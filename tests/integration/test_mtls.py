@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 import ssl
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -19,8 +18,8 @@ import tritonclient.http as httpclient
 from geventhttpclient.response import HTTPConnectionClosed
 from tritonclient.utils import InferenceServerException
 
-from tests.integration._util import grpc_server_for
-from tests.integration.conftest import ROOT, ServerProcess
+from tests.support.clients import grpc_server_for
+from tests.support.process import ServerProcess, run_serve
 
 
 def _openssl(*args: str) -> None:
@@ -184,11 +183,7 @@ def test_tls_files_are_checked_before_the_server_starts(pki: Pki, tmp_path: Path
     for tls, message in cases:
         with pytest.raises(ValueError, match=message.replace("(", r"\(")):
             security.check_tls("HTTP", tls)
-    proc = subprocess.run(
-        [sys.executable, "-m", "seqserve", "serve", "--tls-cert", str(crt), "--tls-key", str(key),
-         "--grpc-tls-client-ca", str(tmp_path / "none.pem")],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    proc = run_serve("--tls-cert", str(crt), "--tls-key", str(key), "--grpc-tls-client-ca", str(tmp_path / "none.pem"))
     assert proc.returncode == 2
     missing = tmp_path / "none.pem"
     assert proc.stderr == f"seqserve: gRPC TLS: cannot read the client CA '{missing}': No such file or directory\n"

@@ -21,8 +21,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.integration._util import SyncStream
-from tests.integration.conftest import ServerProcess, write_model
+from tests.support.clients import SyncStream
+from tests.support.models import write_model
+from tests.support.process import ServerProcess
 
 CONFIG = """
 name: "{name}"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,17 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.helpers import write_model
-from tests.integration._util import FLAVOURS, Client, expect_error, http_request, new_int_id
-from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server
+from tests.support.clients import FLAVOURS, Client, expect_error, http_request, new_int_id
+from tests.support.models import copy_demo_models, model_source, write_model
+from tests.support.process import ServerProcess, serving
 
 EXPLICIT_ALL = ("--model-control-mode", "explicit", "--load-model", "*")
 
-PLUS_ONE_PY = """
-class Model:
-    def execute(self, batch):
-        return {"Y": batch.inputs["X"] + 1}
-"""
+PLUS_ONE_PY = model_source("plus_one")  # Y = X + 1
 
 
 def _plus_one_config(name: str, max_batch_size: int = 4) -> str:
@@ -42,12 +37,9 @@ def _plus_one_config(name: str, max_batch_size: int = 4) -> str:
 
 @pytest.fixture(scope="module")
 def repo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repo = tmp_path_factory.mktemp("repo") / "models"
-    shutil.copytree(DEMO_REPO, repo, ignore=shutil.ignore_patterns("__pycache__"))
-    srv = start_server(repo, *EXPLICIT_ALL, log_dir=repo.parent)
-    yield srv
-    rc = srv.stop()
-    assert rc == 0, f"server exited with {rc}\n{srv.log()}"
+    repo = copy_demo_models(tmp_path_factory.mktemp("repo") / "models")
+    with serving(repo, *EXPLICIT_ALL, log_dir=repo.parent) as srv:
+        yield srv
 
 
 @pytest.fixture(params=FLAVOURS)

@@ -4,8 +4,6 @@ and the real tritonclient (its ``headers=`` argument, which gRPC sends as call m
 from __future__ import annotations
 
 import http.client
-import subprocess
-import sys
 import threading
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -18,8 +16,9 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from seqserve._proto import health_pb2, health_pb2_grpc
-from tests.integration._util import FLAVOURS, Client, http_request, new_int_id
-from tests.integration.conftest import ROOT, ServerProcess, start_server
+from tests.support.clients import FLAVOURS, Client, http_request, new_int_id
+from tests.support.paths import DEMO_REPO
+from tests.support.process import ServerProcess, run_serve, serving
 
 # Every group restricted, in four groups with their own keys (as Triton's qa does it).
 KEYS = {
@@ -49,10 +48,8 @@ def _ready_with(header: dict[str, str]) -> Any:
 
 
 def _server(tmp: Any, *args: str, probe: Any = None) -> Iterator[ServerProcess]:
-    srv = start_server(ROOT / "src" / "seqserve" / "examples" / "models", *args, log_dir=tmp, probe=probe)
-    yield srv
-    rc = srv.stop()
-    assert rc == 0, f"server exited with {rc}\n{srv.log()}"
+    with serving(DEMO_REPO, *args, log_dir=tmp, probe=probe) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -319,10 +316,7 @@ def test_a_refused_request_leaves_the_connection_usable(which: str, request: pyt
     ],
 )  # fmt: skip
 def test_bad_flags_stop_the_server_at_startup(flag: str, message: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "seqserve", "serve", flag],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    proc = run_serve(flag)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == message + "\n"
 

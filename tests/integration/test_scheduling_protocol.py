@@ -23,9 +23,9 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
-from tests.helpers import BRIEF_A_MODEL, BRIEF_B_IO, BRIEF_B_MODEL, python_brief, write_model
-from tests.integration._util import SyncStream
-from tests.integration.conftest import ServerProcess, start_server
+from tests.support.clients import SyncStream
+from tests.support.models import BRIEF_A_MODEL, BRIEF_B_IO, BRIEF_B_MODEL, python_brief, write_model
+from tests.support.process import ServerProcess, serving
 
 HOLD = 4  # TRITONSERVER_DELAY_SCHEDULER for the scheduling server
 GAP_S = 1.0  # between groups of requests that must arrive in order: far beyond a send's latency
@@ -73,12 +73,8 @@ def sched_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
         for rid in ("id", "noid"):
             name = f"qfull_{proto}_{rid}"
             write_model(repo, name, dyn_config(name, QUEUE, mbs=4), BATCH_MODEL)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITONSERVER_DELAY_SCHEDULER", str(HOLD))
-        srv = start_server(repo, log_dir=repo)
-    yield srv
-    rc = srv.stop()
-    assert rc == 0, f"server exited with {rc}\n{srv.log()}"
+    with serving(repo, log_dir=repo, env={"TRITONSERVER_DELAY_SCHEDULER": str(HOLD)}) as srv:
+        yield srv
 
 
 class Proto:
@@ -191,10 +187,8 @@ def brief_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
     repo = tmp_path_factory.mktemp("brief-repo")
     python_brief(repo, "lstm_from_brief_a", "my_lstm_model", BRIEF_A_MODEL)
     python_brief(repo, "rnn_from_brief_b", "rnn_model", BRIEF_B_MODEL, BRIEF_B_IO)
-    srv = start_server(repo, log_dir=repo)
-    yield srv
-    rc = srv.stop()
-    assert rc == 0, f"server exited with {rc}\n{srv.log()}"
+    with serving(repo, log_dir=repo) as srv:
+        yield srv
 
 
 def grpc_in(name: str, shape: list[int], value: float) -> Any:

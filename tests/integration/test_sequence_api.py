@@ -15,8 +15,9 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.integration._util import RawResponse, acc_input, http_request, new_int_id, new_str_id, raw_output
-from tests.integration.conftest import DEMO_REPO, ServerProcess, write_model
+from tests.support.clients import RawResponse, acc_input, http_request, new_int_id, new_str_id, raw_output
+from tests.support.models import copy_demo_models, write_model
+from tests.support.process import ServerProcess, serving
 
 START_MSG = "must specify the START flag on the first request of the sequence"
 INFER = "/v2/models/accumulator/infer"
@@ -56,18 +57,12 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 
 @pytest.fixture(scope="module")
 def api_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    import shutil
-
-    from tests.integration.conftest import start_server
 
     repo = tmp_path_factory.mktemp("seq-api-repo")
-    for name in ("accumulator", "add_sub"):
-        shutil.copytree(DEMO_REPO / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_demo_models(repo, "accumulator", "add_sub")
     write_model(repo, "final", FINAL_CONFIG, FINAL_MODEL)
-    srv = start_server(repo, log_dir=repo)
-    yield srv
-    rc = srv.stop()
-    assert rc == 0, f"server exited with {rc}\n{srv.log()}"
+    with serving(repo, log_dir=repo) as srv:
+        yield srv
 
 
 def step(srv: ServerProcess, sid: int | str, value: float, **params: Any) -> RawResponse:
@@ -225,7 +220,7 @@ def test_version_path_and_live_model(launch: Callable[..., ServerProcess], tmp_p
     import shutil
 
     repo = tmp_path / "repo"
-    shutil.copytree(DEMO_REPO / "accumulator", repo / "accumulator", ignore=shutil.ignore_patterns("__pycache__"))
+    copy_demo_models(repo, "accumulator")
     shutil.copytree(repo / "accumulator" / "1", repo / "accumulator" / "2")
     cfg = repo / "accumulator" / "config.pbtxt"
     cfg.write_text(cfg.read_text() + "\nversion_policy { all { } }\n")

@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.integration._util import (
+from tests.support.clients import (
     Client,
     SyncStream,
     acc_input,
@@ -28,7 +28,7 @@ from tests.integration._util import (
     new_str_id,
     raw_output,
 )
-from tests.integration.conftest import ServerProcess
+from tests.support.process import ServerProcess
 
 START_MSG = "must specify the START flag on the first request of the sequence"
 NO_ID_MSG = "must specify a non-zero or non-empty correlation ID"

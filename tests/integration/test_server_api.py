@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from seqserve.api.kserve import EXTENSIONS
-from tests.integration._util import Client, expect_error, http_request
-from tests.integration.conftest import ServerProcess
+from tests.support.clients import Client, expect_error, http_request
+from tests.support.process import ServerProcess
 
 DEMO_MODELS = {"accumulator", "accumulator_corrid", "add_sub"}
 

@@ -7,7 +7,6 @@ Triton's START rule; the tombstone flags; gRPC unary metadata."""
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,10 +18,12 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.integration._util import RawResponse, http_request, new_str_id
-from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server, write_model
+from tests.support.clients import RawResponse, http_request, new_str_id
+from tests.support.models import copy_demo_models, write_model
+from tests.support.paths import BRIEF
+from tests.support.process import ServerProcess, serving
 
-BRIEF = Path(__file__).resolve().parent.parent / "data" / "brief_configs" / "rnn_from_brief_b"
+BRIEF_B = BRIEF / "rnn_from_brief_b"
 INFER = "/v2/models/rnn_model/versions/1/infer"
 START_MSG = "must specify the START flag on the first request of the sequence"
 NEW_ID = "; start a new session with a new id"
@@ -31,24 +32,22 @@ NEW_ID = "; start a new session with a new id"
 def brief_repo(repo: Path, idle_us: int | None = None) -> Path:
     """Brief B's config as given (platform swapped for the python backend; its inputs and
     outputs added), with the brief's model."""
-    text = (BRIEF / "config.pbtxt").read_text()
+    text = (BRIEF_B / "config.pbtxt").read_text()
     text, n = re.subn(r'^platform: "[^"]*".*$', 'backend: "python"', text, flags=re.M)
     assert n == 1
-    text += (BRIEF / "brief_io.pbtxt").read_text()
+    text += (BRIEF_B / "brief_io.pbtxt").read_text()
     if idle_us is not None:  # brief B's sessions idle out after 300 s; tests need less
         text += f"sequence_batching {{ max_sequence_idle_microseconds: {idle_us} }}\n"
-    write_model(repo, "rnn_model", text, (BRIEF / "brief_model.py").read_text())
+    write_model(repo, "rnn_model", text, (BRIEF_B / "brief_model.py").read_text())
     return repo
 
 
 @pytest.fixture(scope="module")
 def brief_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = brief_repo(tmp_path_factory.mktemp("brief-b"))
-    shutil.copytree(DEMO_REPO / "accumulator_corrid", repo / "accumulator_corrid")
-    srv = start_server(repo, log_dir=repo)
-    yield srv
-    rc = srv.stop()
-    assert rc == 0, f"server exited with {rc}\n{srv.log()}"
+    copy_demo_models(repo, "accumulator_corrid")
+    with serving(repo, log_dir=repo) as srv:
+        yield srv
 
 
 def brief_request(srv: ServerProcess, session: str, data: list[int], **headers: str) -> RawResponse:

@@ -8,7 +8,6 @@ import concurrent.futures
 import contextlib
 import http.client
 import re
-import shutil
 import signal
 import subprocess
 import threading
@@ -20,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.helpers import WAIT_S, wait_until_sync
-from tests.integration._util import (
+from tests.support.checks import WAIT_S, wait_until_sync
+from tests.support.clients import (
     Client,
     SyncStream,
     expect_error,
@@ -31,7 +30,9 @@ from tests.integration._util import (
     new_str_id,
     raw_output,
 )
-from tests.integration.conftest import DEMO_REPO, ServerProcess, start_server, write_model
+from tests.support.models import copy_demo_models, write_model
+from tests.support.paths import DEMO_REPO
+from tests.support.process import ServerProcess, start_server
 
 STOPPING = "Server is stopping"
 
@@ -161,8 +162,7 @@ class Model:
 
 @pytest.fixture
 def drain_repo(tmp_path: Path) -> Path:
-    repo = tmp_path / "models"
-    shutil.copytree(DEMO_REPO, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    repo = copy_demo_models(tmp_path / "models")
     write_model(repo, "hang", HANG_CFG, HANG_PY)
     write_model(repo, "slow_acc", SLOW_CFG, SLOW_PY)
     return repo
@@ -451,7 +451,7 @@ def test_hung_model_unload_is_bounded(tmp_path: Path) -> None:
     request fails), the server keeps serving, and a later SIGTERM does not wait for the thread."""
     repo = tmp_path / "models"
     write_model(repo, "hang", HANG_CFG, HANG_PY)
-    shutil.copytree(DEMO_REPO / "accumulator", repo / "accumulator", ignore=shutil.ignore_patterns("__pycache__"))
+    copy_demo_models(repo, "accumulator")
     with _own_server(
         repo, tmp_path, "--model-control-mode", "explicit", "--load-model", "*", exit_timeout_s=2.0
     ) as srv:

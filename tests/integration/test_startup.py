@@ -16,36 +16,18 @@ import pytest
 
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
-from tests.integration._util import http_request
-from tests.integration.conftest import DEMO_REPO, ROOT, ServerProcess, free_ports, write_model
+from tests.support.clients import http_request
+from tests.support.models import copy_model
+from tests.support.paths import DEMO_REPO, ROOT
+from tests.support.process import ServerProcess, live, run_serve
 
-RUN_TIMEOUT_S = 60.0
-
-GOOD_CFG = """
-name: "{name}"
-backend: "python"
-max_batch_size: 0
-input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-"""
-GOOD_PY = """
-class Model:
-    def execute(self, batch):
-        return {"Y": batch.inputs["X"] + 1}
-"""
 BROKEN_PY = "raise RuntimeError('this model does not load')\n"
 
 
-def run_serve(*args: str, repo: Path | None = DEMO_REPO) -> subprocess.CompletedProcess[str]:
-    """`seqserve serve` that must end by itself (startup fails): its exit status and output."""
-    repo_args = ["--model-repository", str(repo)] if repo is not None else []
-    return subprocess.run(
-        [sys.executable, "-m", "seqserve", "serve", "--host", "127.0.0.1", *repo_args, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-    )
+def run_on(*args: str, repo: Path = DEMO_REPO) -> subprocess.CompletedProcess[str]:
+    """`seqserve serve` on `repo` and 127.0.0.1 that must end by itself (startup fails): its exit
+    status and output. Ports the arguments do not set are free ones."""
+    return run_serve("--host", "127.0.0.1", "--model-repository", str(repo), *args)
 
 
 @pytest.fixture
@@ -79,8 +61,7 @@ def _assert_one_line_failure(proc: subprocess.CompletedProcess[str], *fragments:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("http_server", ["builtin", "hypercorn", "granian"])
 def test_busy_http_port_ends_startup(busy_port: int, http_server: str) -> None:
-    (grpc_port,) = free_ports(1)
-    proc = run_serve("--http-port", str(busy_port), "--grpc-port", str(grpc_port), "--http-server", http_server)
+    proc = run_on("--http-port", str(busy_port), "--http-server", http_server)
     _assert_one_line_failure(
         proc, f"cannot listen for HTTP on 127.0.0.1:{busy_port} (port {busy_port})", "address already in use"
     )
@@ -89,7 +70,7 @@ def test_busy_http_port_ends_startup(busy_port: int, http_server: str) -> None:
 
 @pytest.mark.timeout(120)
 def test_busy_grpc_port_ends_startup(busy_port: int) -> None:
-    proc = run_serve("--http-port", "off", "--grpc-port", str(busy_port))
+    proc = run_on("--http-port", "off", "--grpc-port", str(busy_port))
     _assert_one_line_failure(
         proc, f"cannot listen for gRPC on 127.0.0.1:{busy_port} (port {busy_port})", "address already in use"
     )
@@ -98,17 +79,14 @@ def test_busy_grpc_port_ends_startup(busy_port: int) -> None:
 
 def _repo_with_broken_model(tmp_path: Path) -> Path:
     repo = tmp_path / "models"
-    write_model(repo, "good", GOOD_CFG.format(name="good"), GOOD_PY)
-    write_model(repo, "broken", GOOD_CFG.format(name="broken"), BROKEN_PY)
+    copy_model(repo, "plus_one", "good")
+    copy_model(repo, "plus_one", "broken", model_py=BROKEN_PY)
     return repo
 
 
 @pytest.mark.timeout(120)
 def test_model_that_fails_ends_startup(tmp_path: Path) -> None:
-    http_port, grpc_port = free_ports(2)
-    proc = run_serve(
-        "--http-port", str(http_port), "--grpc-port", str(grpc_port), repo=_repo_with_broken_model(tmp_path)
-    )
+    proc = run_on(repo=_repo_with_broken_model(tmp_path))
     out = proc.stderr
     assert proc.returncode == 1, out
     assert "failed to load model 'broken': failed to import" in out
@@ -128,46 +106,21 @@ def test_exit_on_error_false_serves_the_others_and_strict_readiness(
     assert http_request(lax, "GET", "/v2/models/good/ready").status == 200
     assert http_request(lax, "GET", "/v2/models/broken/ready").status == 400
 
-    http_port, grpc_port = free_ports(2)
-    cmd = [
-        sys.executable, "-m", "seqserve", "serve", "--host", "127.0.0.1", "--model-repository", str(repo),
-        "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--exit-on-error", "false",
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    strict = ServerProcess(proc, http_port, grpc_port, tmp_path / "unused.log", repo)
-    try:
-        _wait_live(strict)
-        assert http_request(strict, "GET", "/v2/health/live").status == 200
-        assert http_request(strict, "GET", "/v2/health/ready").status == 400
-        with grpc.insecure_channel(strict.grpc_url) as ch:
-            stub = pb_grpc.GRPCInferenceServiceStub(ch)
-            assert stub.ServerReady(pb.ServerReadyRequest(), timeout=10).ready is False
-            assert stub.ServerLive(pb.ServerLiveRequest(), timeout=10).live is True
-        assert http_request(strict, "GET", "/v2/models/good/ready").status == 200
-    finally:
-        assert strict.stop() == 0
-
-
-def _wait_live(srv: ServerProcess) -> None:
-    import time
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert srv.alive(), "server exited during startup"
-        try:
-            if http_request(srv, "GET", "/v2/health/live").status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError("server not live within 30 s")
+    strict = launch(repo, "--exit-on-error", "false", probe=live)  # waits until live, not ready
+    assert http_request(strict, "GET", "/v2/health/live").status == 200
+    assert http_request(strict, "GET", "/v2/health/ready").status == 400
+    with grpc.insecure_channel(strict.grpc_url) as ch:
+        stub = pb_grpc.GRPCInferenceServiceStub(ch)
+        assert stub.ServerReady(pb.ServerReadyRequest(), timeout=10).ready is False
+        assert stub.ServerLive(pb.ServerLiveRequest(), timeout=10).live is True
+    assert http_request(strict, "GET", "/v2/models/good/ready").status == 200
 
 
 @pytest.mark.timeout(120)
 def test_several_model_repositories(tmp_path: Path, launch: Callable[..., ServerProcess]) -> None:
     first, second = tmp_path / "first", tmp_path / "second"
-    write_model(first, "one", GOOD_CFG.format(name="one"), GOOD_PY)
-    write_model(second, "two", GOOD_CFG.format(name="two"), GOOD_PY)
+    copy_model(first, "plus_one", "one")
+    copy_model(second, "plus_one", "two")
     srv = launch(first, "--model-repository", str(second))
     index = http_request(srv, "POST", "/v2/repository/index", {}).json()
     assert {(m["name"], m["state"]) for m in index} == {("one", "READY"), ("two", "READY")}
@@ -180,13 +133,10 @@ def test_several_model_repositories(tmp_path: Path, launch: Callable[..., Server
 @pytest.mark.timeout(120)
 def test_model_in_two_repositories_is_an_error(tmp_path: Path, launch: Callable[..., ServerProcess]) -> None:
     first, second = tmp_path / "first", tmp_path / "second"
-    write_model(first, "one", GOOD_CFG.format(name="one"), GOOD_PY)
-    write_model(first, "twice", GOOD_CFG.format(name="twice"), GOOD_PY)
-    write_model(second, "twice", GOOD_CFG.format(name="twice"), GOOD_PY)
-    http_port, grpc_port = free_ports(2)
-    proc = run_serve(
-        "--model-repository", str(second), "--http-port", str(http_port), "--grpc-port", str(grpc_port), repo=first
-    )
+    copy_model(first, "plus_one", "one")
+    copy_model(first, "plus_one", "twice")
+    copy_model(second, "plus_one", "twice")
+    proc = run_on("--model-repository", str(second), repo=first)
     assert proc.returncode == 1, proc.stderr
     assert "failed to poll model 'twice': not unique across all model repositories" in proc.stderr
     assert "failed to load all models (twice)" in proc.stderr
@@ -238,6 +188,6 @@ def test_help_lists_the_startup_options() -> None:
 
 
 def test_bad_boolean_is_a_usage_error() -> None:
-    proc = run_serve("--exit-on-error", "maybe")
+    proc = run_on("--exit-on-error", "maybe")
     assert proc.returncode == 2
     assert "'maybe' is not a boolean" in proc.stderr

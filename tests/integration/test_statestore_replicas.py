@@ -11,7 +11,7 @@ import http.client
 import json
 import queue
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -21,19 +21,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.integration._util import new_int_id, new_str_id
-from tests.integration.conftest import ServerProcess
-from tests.redis_server import redis_server
+from tests.support.clients import new_int_id, new_str_id, session_step
+from tests.support.process import ServerProcess
 
 pytest.importorskip("seqserve.engine.replicas.checkpoint", reason="needs the engine's checkpoint API")
 
 Launch = Callable[..., ServerProcess]
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with redis_server(tmp_path_factory.mktemp("redis")) as url:
-        yield url
 
 
 @pytest.fixture(params=["redis", "dir"])
@@ -64,19 +57,8 @@ def infer(
 
 def raw_infer(srv: ServerProcess, x: float, session: str) -> tuple[int, dict[str, str], Any]:
     """The same step as a raw request: status, headers (lower case) and body."""
-    body = json.dumps({"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "FP32", "data": [x]}]}).encode()
-    conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=10)
-    try:
-        conn.request(
-            "POST",
-            "/v2/models/accumulator/infer",
-            body,
-            {"Content-Type": "application/json", "Inference-Session-Id": session},
-        )
-        r = conn.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, json.loads(r.read() or b"null")
-    finally:
-        conn.close()
+    r = session_step(srv, session, x)
+    return r.status, r.headers, json.loads(r.body or b"null")
 
 
 def live_count(srv: ServerProcess, model: str = "accumulator") -> int:

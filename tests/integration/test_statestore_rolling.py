@@ -8,31 +8,22 @@ hash to it then are handed over from their live owners). Every step's running su
 from __future__ import annotations
 
 import hashlib
-import http.client
-import json
-import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.integration._util import new_str_id
-from tests.integration.conftest import DEMO_REPO, ServerProcess
-from tests.redis_server import redis_server
+from tests.support.clients import new_str_id, session_step
+from tests.support.models import copy_demo_models
+from tests.support.process import ServerProcess
 
 pytest.importorskip("seqserve.engine.replicas.checkpoint", reason="needs the engine's checkpoint API")
 
 SESSIONS = 12
 MIN_STEPS = 30  # each session steps until the restarts are over, and at least this often
 Launch = Callable[..., ServerProcess]
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with redis_server(tmp_path_factory.mktemp("redis")) as url:
-        yield url
 
 
 class Balancer:
@@ -50,19 +41,8 @@ class Balancer:
 
 
 def post(srv: ServerProcess, session: str, x: float) -> tuple[int, float | str]:
-    body = json.dumps({"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "FP32", "data": [x]}]})
-    conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=10)
-    try:
-        conn.request(
-            "POST",
-            "/v2/models/accumulator/infer",
-            body,
-            {"Content-Type": "application/json", "Inference-Session-Id": session},
-        )
-        r = conn.getresponse()
-        doc = json.loads(r.read())
-    finally:
-        conn.close()
+    r = session_step(srv, session, x)
+    doc = r.json()
     if r.status != 200:
         return r.status, str(doc.get("error"))
     return 200, float(doc["outputs"][0]["data"][0])
@@ -70,7 +50,7 @@ def post(srv: ServerProcess, session: str, x: float) -> tuple[int, float | str]:
 
 def test_rolling_restart_loses_no_session(launch: Launch, redis_url: str, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    shutil.copytree(DEMO_REPO / "accumulator", repo / "accumulator")
+    copy_demo_models(repo, "accumulator")
     generation = iter(range(100))
 
     def start() -> ServerProcess:

@@ -13,28 +13,20 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from seqserve.api.grpc_stream import DRAIN_HANDOFF_MESSAGE, SHUTDOWN_MESSAGE
-from tests.helpers import wait_until_sync
-from tests.integration._util import SyncStream, grpc_input, http_request, new_int_id
-from tests.integration.conftest import ServerProcess
-from tests.redis_server import redis_server
+from tests.support.checks import wait_until_sync
+from tests.support.clients import SyncStream, grpc_input, http_request, new_int_id
+from tests.support.process import ServerProcess
 
 Launch = Callable[..., ServerProcess]
 UNAVAILABLE = "StatusCode.UNAVAILABLE"
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with redis_server(tmp_path_factory.mktemp("redis")) as url:
-        yield url
 
 
 def _not_ready(srv: ServerProcess) -> None:

@@ -14,8 +14,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.integration._util import grpc_server_for
-from tests.integration.conftest import ServerProcess
+from tests.support.clients import grpc_server_for
+from tests.support.process import ServerProcess
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.conftest import ServerProcess
+from tests.support.process import ServerProcess
 
 
 @pytest.mark.parametrize(

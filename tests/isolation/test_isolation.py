@@ -12,10 +12,8 @@ import asyncio
 import logging
 import os
 import select
-import shutil
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,11 +21,12 @@ import pytest
 from seqserve.engine import Code, InferenceError, Server
 from seqserve.engine.isolation import channel as channel_mod
 from seqserve.engine.isolation.proxy import IsolatedInstance
-from tests.conftest import expect_error, write_model
+from tests.support.checks import expect_error
+from tests.support.models import copy_model, write_model
+from tests.support.paths import DEMO_REPO
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="process isolation is tested on Linux")
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "seqserve" / "examples" / "models"
 
 # Running sum with the sum kept by the server (implicit state), plus the pid of the process
 # that ran the batch. INPUT -3 exits the process (code 3); -9 blocks execute for good, or
@@ -674,9 +673,8 @@ async def test_cancelled_stream_is_seen_by_the_isolated_model(repo, serve) -> No
 
 async def test_streaming_sum_demo_isolated_matches_in_process(repo, serve) -> None:
     for name, isolation in (("ss_t", "thread"), ("ss_p", "process")):
-        d = repo / name
-        shutil.copytree(EXAMPLES / "streaming_sum", d)
-        cfg = (d / "config.pbtxt").read_text().replace('name: "streaming_sum"', f'name: "{name}"')
+        d = copy_model(repo, "streaming_sum", name, source=DEMO_REPO)
+        cfg = (d / "config.pbtxt").read_text()
         cfg += f'\nparameters [ {{ key: "isolation" value: {{ string_value: "{isolation}" }} }} ]\n'
         (d / "config.pbtxt").write_text(cfg)
     s = await serve()
@@ -708,22 +706,3 @@ async def test_crash_fails_open_decoupled_requests(repo, serve) -> None:
     assert str(ei.value).startswith("model 'streams' instance 'streams_0_0' exited unexpectedly (exit code 4)")
     got2 = [int(r.outputs["OUT"][0]) async for r in s.stream("streams", {"N": np.array([2], np.int32)})]
     assert got2 == [-1, 0, 1]
-
-
-def test_isolation_bench_runs(tmp_path: Path) -> None:
-    """The bench with tiny settings, so that CI catches a broken bench."""
-    import json
-    import subprocess
-
-    root = Path(__file__).resolve().parents[2]
-    out = tmp_path / "iso.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.isolation_bench", "--batches", "200", "--reps", "1", "--steps", "50",
-         "--roundtrips", "200", "--json", str(out)],
-        cwd=root, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(out.read_text())
-    assert [r["case"] for r in doc["execute"]] == ["small, B=1", "small, B=8", "1 MiB state, B=1"]
-    assert all(r["process_median_us"] > 0 for r in doc["execute"])
-    assert "added p50" in proc.stdout

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tests.engine.test_state_buffers import MODEL, config, drive, step
-from tests.helpers import write_model
+from tests.support.models import write_model
+from tests.support.state_model import MODEL, config, drive, step
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="process isolation is tested on Linux")
 

@@ -2,8 +2,8 @@
 (`pytest -m security` selects them; they run in the default suite too).
 
 `hostile` is the session's hostile-traffic server with live sequences stepping beside it
-(tests/security/_harness.py); `launch` (from the integration fixtures) starts a dedicated server
-for the tests that measure latency or memory, or that must not disturb the shared one.
+(tests/support/hostile.py); `launch` (tests/conftest.py) starts a dedicated server for the
+tests that measure latency or memory, or that must not disturb the shared one.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import launch  # noqa: F401  (a fixture, used by test_done_when)
-from tests.security._harness import Harness, build_repo
+from tests.support.hostile import Harness, build_repo
 
 HERE = Path(__file__).resolve().parent
 

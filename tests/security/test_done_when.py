@@ -30,10 +30,11 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2
 
-from tests.integration._util import new_int_id
-from tests.integration.conftest import ServerProcess, start_server
-from tests.security._harness import Harness, LiveSequences, health_live, log_tail, release_sequence
-from tests.security._wire import (
+from tests.support.clients import new_int_id
+from tests.support.hostile import Harness, health_live, log_tail, release_sequence
+from tests.support.live import LiveSequences
+from tests.support.process import ServerProcess, serving
+from tests.support.wire import (
     ALLOWED_GRPC,
     BOMB_PREFIX,
     GRPC_OPTIONS,
@@ -64,10 +65,8 @@ def control_server(security_repo: Path, tmp_path_factory: pytest.TempPathFactory
     root = tmp_path_factory.mktemp("control")
     repo = root / "models"
     shutil.copytree(security_repo, repo, ignore=shutil.ignore_patterns("__pycache__"))
-    srv = start_server(repo, log_dir=root)
-    yield srv
-    rc = srv.stop()
-    assert rc == 0, f"server exited with {rc}\n{srv.log()}"
+    with serving(repo, log_dir=root) as srv:
+        yield srv
 
 
 MARKER_NAME = "model-control-was-open"

@@ -1,13 +1,13 @@
 """Fuzzing the live server (issue 11 item 7): random and mutated requests over HTTP JSON, HTTP
 binary, gRPC unary and the gRPC stream, while live sequences step beside them
-(tests/security/_harness.py).
+(tests/support/hostile.py).
 
 Each example starts from a valid request for the demo `accumulator` model (or `add_sub`,
 `echo_bytes`) and mutates it: JSON fields set to values of every JSON type and edge numbers,
 fields deleted, inputs duplicated, shapes, datatypes and parameters replaced, binary tails and
 Inference-Header-Content-Length bent, bodies compressed or cut, protobuf fields set out of range,
 serialized bytes flipped, cut or extended. Every reply must be a valid success or a clean refusal
-(tests/security/_wire.py: 4xx or 501 with `{"error": ...}`; gRPC OK or INVALID_ARGUMENT,
+(tests/support/wire.py: 4xx or 501 with `{"error": ...}`; gRPC OK or INVALID_ARGUMENT,
 NOT_FOUND, UNIMPLEMENTED, RESOURCE_EXHAUSTED, PERMISSION_DENIED, UNAVAILABLE), within 5 s; the
 server stays up, and the live sequences keep correct sums. Sequences a successful example may
 have left open are ENDed after it, so fuzzing cannot fill the model's sequence slots.
@@ -40,9 +40,9 @@ from hypothesis import HealthCheck, Phase, given, note, seed, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 
-from tests.integration._util import new_int_id
-from tests.security._harness import Harness, log_tail, release_sequence
-from tests.security._wire import (
+from tests.support.clients import new_int_id
+from tests.support.hostile import Harness, log_tail, release_sequence
+from tests.support.wire import (
     ALLOWED_GRPC,
     ANSWER_BOUND_S,
     RawStream,

@@ -1,8 +1,8 @@
 """A corpus of hostile requests (issue 11 item 7) against a live server, over HTTP JSON, HTTP
 binary, raw HTTP framing, gRPC unary and the ModelStreamInfer stream, while live sequences step
-beside every case and must keep correct sums (tests/security/_harness.py).
+beside every case and must keep correct sums (tests/support/hostile.py).
 
-Every case checks (tests/security/_wire.py): the expected status, a `{"error": "..."}` body (HTTP)
+Every case checks (tests/support/wire.py): the expected status, a `{"error": "..."}` body (HTTP)
 or an allowed gRPC status with a message, an answer within a bound (socket timeouts everywhere:
 a hang fails the case instead of the run), and afterwards that the server is still up and the
 live sequences stepped on. A case that kills the server fails, and the next case gets a fresh
@@ -44,10 +44,10 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from tests.integration._util import new_int_id
-from tests.integration.conftest import IDENTITY_DTYPES
-from tests.security._harness import Harness
-from tests.security._wire import (
+from tests.support.clients import new_int_id
+from tests.support.hostile import Harness
+from tests.support.models import IDENTITY_DTYPES
+from tests.support.wire import (
     ALLOWED_GRPC,
     ANSWER_BOUND_S,
     BOMB_PREFIX,

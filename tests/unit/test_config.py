@@ -35,8 +35,7 @@ from seqserve.engine.tensors import (
     to_numpy_dtype,
     wire_dtype_name,
 )
-
-BRIEF_CONFIGS = Path(__file__).resolve().parent.parent / "data" / "brief_configs"
+from tests.support.paths import BRIEF
 
 BASE = 'name: "m"\nbackend: "python"\nmax_batch_size: 4\n'
 IO = 'input [{ name: "IN" data_type: TYPE_FP32 dims: [1] }]\noutput [{ name: "OUT" data_type: TYPE_FP32 dims: [1] }]\n'
@@ -476,12 +475,12 @@ def test_errors_are_inference_errors() -> None:
 
 @pytest.mark.parametrize("dirname", ["lstm_from_brief_a", "rnn_from_brief_b"])
 def test_brief_configs_parse_unchanged(dirname: str) -> None:
-    text = (BRIEF_CONFIGS / dirname / "config.pbtxt").read_text()
+    text = (BRIEF / dirname / "config.pbtxt").read_text()
     text_format.Parse(text, ModelConfig())
 
 
 def test_brief_a_extensions(tmp_path: Path) -> None:
-    cfg = load_model_config(BRIEF_CONFIGS / "lstm_from_brief_a", name="my_lstm_model")
+    cfg = load_model_config(BRIEF / "lstm_from_brief_a", name="my_lstm_model")
     assert cfg.HasField("dynamic_batching") and cfg.HasField("sequence_batching")
     dyn = cfg.dynamic_batching
     assert dyn.preserve_ordering and dyn.default_batch_size == 4
@@ -501,7 +500,7 @@ def test_brief_a_extensions(tmp_path: Path) -> None:
 
 
 def test_brief_b_extensions() -> None:
-    cfg = load_model_config(BRIEF_CONFIGS / "rnn_from_brief_b", name="rnn_model")
+    cfg = load_model_config(BRIEF / "rnn_from_brief_b", name="rnn_model")
     policy = cfg.model_transaction_policy.stateful_model_policy
     assert policy.timeout_action == ModelTransactionPolicy.StatefulModelPolicy.DESCRIBE
     assert not cfg.dynamic_batching.preserve_ordering

@@ -1,4 +1,4 @@
-"""Helpers shared by the integration tests: one async face over the four tritonclient flavours,
+"""Clients for a running server: one async face over the four tritonclient flavours,
 raw HTTP requests, and running-sum sequence steps."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import secrets
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -21,8 +21,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
-if TYPE_CHECKING:
-    from tests.integration.conftest import ServerProcess
+from tests.support.process import ServerProcess
 
 FLAVOURS = ["http", "http_aio", "grpc", "grpc_aio"]
 
@@ -115,6 +114,17 @@ class Client:
         return float(result.as_numpy("OUTPUT")[0, 0])
 
 
+def add_sub_inputs(client_module: Any, rows: int = 1) -> list[Any]:
+    """INPUT0 and INPUT1 of the demo add_sub model, ones of FP32 [rows, 4], as tritonclient.http's
+    or tritonclient.grpc's (`client_module`) InferInput."""
+    ins = []
+    for name in ("INPUT0", "INPUT1"):
+        inp = client_module.InferInput(name, [rows, 4], "FP32")
+        inp.set_data_from_numpy(np.ones((rows, 4), dtype=np.float32))
+        ins.append(inp)
+    return ins
+
+
 def _np_to_wire(dtype: np.dtype[Any]) -> str:
     from tritonclient.utils import np_to_triton_dtype
 
@@ -162,12 +172,13 @@ def http_request(
     body: bytes | dict[str, Any] | list[Any] | None = None,
     headers: dict[str, str] | None = None,
     conn: http.client.HTTPConnection | None = None,
+    timeout: float = 30,
 ) -> RawResponse:
     """One raw HTTP request (dict/list bodies are sent as JSON)."""
     if isinstance(body, dict | list):
         body = json.dumps(body).encode()
     own = conn is None
-    c = conn or http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=30)
+    c = conn or http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=timeout)
     try:
         c.request(method, path, body=body, headers=headers or {})
         r = c.getresponse()
@@ -186,6 +197,13 @@ def binary_body(doc: dict[str, Any], *chunks: bytes) -> tuple[bytes, dict[str, s
 
 def acc_input(value: float = 1.0, **extra: Any) -> dict[str, Any]:
     return {"name": "INPUT", "datatype": "FP32", "shape": [1, 1], "data": [value], **extra}
+
+
+def session_step(srv: ServerProcess, session: str, x: float, *, model: str = "accumulator") -> RawResponse:
+    """One raw JSON accumulator step of the session `session` (Inference-Session-Id)."""
+    body = {"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "FP32", "data": [x]}]}
+    headers = {"Content-Type": "application/json", "Inference-Session-Id": session}
+    return http_request(srv, "POST", f"/v2/models/{model}/infer", body, headers, timeout=10)
 
 
 def raw_output(resp: RawResponse, name: str = "OUTPUT") -> list[Any]:

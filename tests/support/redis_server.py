@@ -12,11 +12,7 @@ from pathlib import Path
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.ports import free_port
 
 
 @contextmanager
@@ -29,7 +25,7 @@ def redis_server(tmp: Path) -> Iterator[str]:
         import redis  # noqa: F401
     except ImportError:
         pytest.skip("redis-py is not installed (pip install 'seqserve[redis]'): the redis:// store is not tested")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp)],
         stdout=subprocess.DEVNULL,
