@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from seqserve import __version__
-from seqserve.api import http_servers, security
+from seqserve.api import security
 from seqserve.api.grpc_stream import StreamDrain, StreamStats
-from seqserve.api.http import HttpFrontend, close_when_exiting
+from seqserve.api.http.routes import HttpFrontend, close_when_exiting
 from seqserve.api.limits import DEFAULT_MAX_BODY_BYTES, GrpcLimits, HttpLimits, shutdown_executor
 from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig, MetricsServer, start_metrics
+from seqserve.api.transport.asgi import asgi_app
+from seqserve.api.transport.exchange import Handler
 from seqserve.engine import (
     DEFAULT_INLINE_MAX_BATCH_US,
     DEFAULT_MAX_BACKLOG_SEQUENCES,
@@ -178,24 +180,24 @@ async def serve(opts: ServeOptions) -> int:
             if opts.grpc_restricted:
                 log.info("gRPC restricted protocols: %s", opts.grpc_restricted.describe())
         if opts.http_port is not None:
-            app = HttpFrontend(
+            frontend = HttpFrontend(
                 server, max_body_bytes=opts.http_max_body_bytes, body_timeout_s=opts.http_limits.body_timeout_s
-            ).asgi()
-            # app itself when nothing is restricted
-            app = security.restrict_http(
-                app,
+            )
+            # the routes themselves when nothing is restricted
+            handler = security.restrict_http(
+                frontend.handle,
                 opts.http_restricted,
                 max_body_bytes=opts.http_max_body_bytes,
                 body_timeout_s=opts.http_limits.body_timeout_s,
             )
-            app = close_when_exiting(app, server)
+            handler = close_when_exiting(handler, server)
             kind = resolve_http_server(opts.http_server)
             if kind == "builtin":
-                stop_http = await _start_builtin(app, opts, tasks)
+                stop_http = await _start_builtin(handler, opts, tasks)
             elif kind == "granian":
-                stop_http = await _start_granian(app, opts, tasks)
+                stop_http = await _start_granian(asgi_app(handler), opts, tasks)
             else:
-                _start_hypercorn(app, opts, tasks, http_done)
+                _start_hypercorn(asgi_app(handler), opts, tasks, http_done)
             scheme = "https" if opts.http_tls_cert else "http"
             log.info(
                 "HTTP (%s) listening on %s://%s:%d%s",
@@ -383,6 +385,8 @@ def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
+    from seqserve.api.transport.hypercorn import harden_hypercorn
+
     cfg = Config()
     # Bound here, so that a busy port ends startup at once; hypercorn serves the socket.
     sock = _listen("HTTP", opts.http_host, opts.http_port or 0)
@@ -397,23 +401,23 @@ def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None
         cfg.keep_alive_max_requests = 1  # one request per connection
     cfg.alpn_protocols = ["http/1.1"]  # HTTP/2 streams would escape the HTTP/1 timers
     cfg.graceful_timeout = 1.0
-    http_servers.harden_hypercorn(cfg, limits.max_connections, opts.http_max_body_bytes)
+    harden_hypercorn(cfg, limits.max_connections, opts.http_max_body_bytes)
     tls = _http_tls(opts)
     if tls is not None:
         security.hypercorn_tls(cfg, tls)
     tasks.append(asyncio.create_task(hypercorn_serve(app, cfg, shutdown_trigger=done.wait)))  # type: ignore[arg-type]
 
 
-async def _start_builtin(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:
-    """seqserve's own HTTP/1.1 server (api/http1.py) on this loop."""
-    from seqserve.api.http1 import Http1Server
+async def _start_builtin(handler: Handler, opts: ServeOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:
+    """seqserve's own HTTP/1.1 server (api/transport/http1_server.py) on this loop."""
+    from seqserve.api.transport.http1_server import Http1Server
 
     tls = _http_tls(opts)
     try:  # the files were checked at startup (security.check_tls); they may have changed since
         ctx = None if tls is None else security.builtin_tls(tls)
     except (OSError, ssl.SSLError) as e:
         raise StartupError(f"cannot use the HTTP TLS certificate or key: {e}") from None
-    server = Http1Server(app, opts.http_limits, ssl_context=ctx)
+    server = Http1Server(handler, opts.http_limits, ssl_context=ctx)
     sock = _listen("HTTP", opts.http_host, opts.http_port or 0)
     try:
         await server.start(sock)

@@ -1,7 +1,8 @@
-"""seqserve's own HTTP/1.1 server (api/http1.py) with small ASGI apps and raw sockets: framing
-both ways, keep-alive, pipelining, Expect: 100-continue, HEAD, HTTP/1.0, and every refusal and
-limit (head size, header count, malformed requests, connection cap, idle and header timeouts,
-pipelined requests, shutdown). The seqserve app on it: tests/integration (the default server)."""
+"""seqserve's own HTTP/1.1 server (api/transport/http1_server.py) with small handlers and raw
+sockets: framing, keep-alive, pipelining, Expect: 100-continue, HEAD, HTTP/1.0, and every
+refusal and limit (head size, header count, malformed requests, connection cap, idle and header
+timeouts, pipelined requests, shutdown). The connection's state machine without sockets:
+tests/unit/test_http1.py; the seqserve routes on this server: the rest of tests/integration."""
 
 from __future__ import annotations
 
@@ -14,39 +15,42 @@ from typing import Any
 
 import pytest
 
-from seqserve.api.http1 import MAX_HEADERS, MAX_PIPELINED, Http1Server
 from seqserve.api.limits import HttpLimits
+from seqserve.api.transport.exchange import HttpReply, HttpRequest
+from seqserve.api.transport.http1 import MAX_HEADERS, MAX_PIPELINED
+from seqserve.api.transport.http1_server import Http1Server
 
 
-async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """Replies with what it saw: method, path, query, body; ``/slow`` waits first, ``/parts``
-    replies in two parts without a length, ``/raise`` fails, ``/silent`` returns no reply."""
+async def read_all(request: HttpRequest) -> bytes | None:
+    """The request's body, or None when it ended early."""
     body = b""
     while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            seen.append(("disconnect", scope["path"]))
-            return
-        body += msg.get("body", b"")
-        if not msg.get("more_body"):
-            break
-    path = scope["path"]
+        got = await request.body.receive()
+        if got is None:
+            return None
+        chunk, more = got
+        body += chunk
+        if not more:
+            return body
+
+
+async def echo(request: HttpRequest) -> HttpReply | None:
+    """Replies with what it saw: method, path, query, body; ``/slow`` waits first, ``/raise``
+    fails, ``/silent`` returns no reply."""
+    path = request.path
+    body = await read_all(request)
+    if body is None:
+        seen.append(("disconnect", path))
+        return None
     if path == "/slow":
         await asyncio.sleep(0.2)
     if path == "/raise":
         raise RuntimeError("boom")
     if path == "/silent":
-        return
-    doc = json.dumps({"method": scope["method"], "path": path, "query": scope["query_string"].decode(),
+        return None
+    doc = json.dumps({"method": request.method, "path": path, "query": request.query.decode(),
                       "body": body.decode("latin-1")}).encode()  # fmt: skip
-    if path == "/parts":
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"x-kind", b"parts")]})
-        await send({"type": "http.response.body", "body": doc[:5], "more_body": True})
-        await send({"type": "http.response.body", "body": doc[5:]})
-        return
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(doc)).encode())]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": doc})
+    return HttpReply(200, [(b"content-type", b"application/json")], doc)
 
 
 seen: list[tuple[str, str]] = []
@@ -114,12 +118,12 @@ async def test_keep_alive_and_framing() -> None:
         status, headers, body = await read_reply(r)
         assert status == 200 and headers["content-type"] == "application/json"
         assert json.loads(body) == {"method": "POST", "path": "/a b", "query": "x=1", "body": "hello"}
-        # a chunked request body, then a reply in two parts without a length: chunked back
+        # a chunked request body (chunked replies: tests/unit/test_http1.py)
         w.write(
             b"POST /parts HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
         )
         status, headers, body = await read_reply(r)
-        assert status == 200 and headers["transfer-encoding"] == "chunked" and headers["x-kind"] == "parts"
+        assert status == 200 and headers["content-length"] == str(len(body))
         assert json.loads(body)["body"] == "abcde"
         # HEAD: the head of the reply, with its length, and no body
         w.write(request("HEAD", "/h"))
@@ -296,17 +300,16 @@ async def test_upgrade_is_not_taken() -> None:
 async def test_large_body_with_flow_control() -> None:
     big = bytes(range(256)) * (12 << 10)  # 3 MiB, past the read-pause mark
 
-    async def length(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def length(request: HttpRequest) -> HttpReply:
         n = 0
         while True:
-            msg = await receive()
-            n += len(msg.get("body", b""))
+            got = await request.body.receive()
+            assert got is not None
+            n += len(got[0])
             await asyncio.sleep(0)  # a slow reader
-            if not msg.get("more_body"):
+            if not got[1]:
                 break
-        body = str(n).encode()
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": body})
+        return HttpReply(200, [], str(n).encode())
 
     async with serving(length) as (_, port):
         r, w = await asyncio.open_connection("127.0.0.1", port)
@@ -350,10 +353,8 @@ async def test_a_reply_before_the_body_is_read_survives_the_close() -> None:
     """The app answers without reading a large body: the server ends its side and drops what
     still comes, so the client reads the reply (a plain close would reset the connection)."""
 
-    async def refuse(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b'{"error": "too large"}'
-        await send({"type": "http.response.start", "status": 413, "headers": [(b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+    async def refuse(request: HttpRequest) -> HttpReply:
+        return HttpReply(413, [], b'{"error": "too large"}', close=True)
 
     async with serving(refuse) as (_, port):
         r, w = await asyncio.open_connection("127.0.0.1", port)
@@ -368,10 +369,10 @@ async def test_a_half_closed_client_is_gone() -> None:
     request), as a client that closed its socket would want."""
     seen.clear()
 
-    async def waits(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        await receive()  # the body
-        msg = await asyncio.wait_for(receive(), 5)  # then nothing until the client leaves
-        seen.append((msg["type"], scope["path"]))
+    async def waits(request: HttpRequest) -> None:
+        await request.body.receive()  # the body
+        await asyncio.wait_for(request.body.wait_disconnect(), 5)  # then nothing until the client leaves
+        seen.append(("http.disconnect", request.path))
 
     async with serving(waits) as (_, port):
         r, w = await asyncio.open_connection("127.0.0.1", port)
@@ -412,24 +413,13 @@ async def test_pipelined_head_split_after_a_large_body() -> None:
         w.close()
 
 
-async def test_http_1_0_streamed_reply_ends_with_the_close() -> None:
-    async with serving() as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(request("GET", "/parts", b"", "Connection: keep-alive", version="1.0"))
-        head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
-        assert b"transfer-encoding" not in head.lower() and b"connection: close" in head.lower()
-        body = await asyncio.wait_for(r.read(), 5)  # up to the close
-        assert json.loads(body)["path"] == "/parts"
-
-
 async def test_a_client_that_does_not_read_its_reply_is_cut_off() -> None:
     """The write buffer full for the body timeout: the connection closes (no held slot)."""
     big = b"x" * (16 << 20)
 
-    async def large(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        await receive()
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": big})
+    async def large(request: HttpRequest) -> HttpReply:
+        await request.body.receive()
+        return HttpReply(200, [], big)
 
     async with serving(large, body_timeout_s=0.4) as (server, port):
         sock = socket.socket()
