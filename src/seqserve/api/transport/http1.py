@@ -222,7 +222,7 @@ class Http1Connection:
     def connection_lost(self) -> list[Exchange]:
         """The client is gone: every exchange it left ends as a disconnect; returns them."""
         self.close_action = CloseAction.CLOSE
-        gone = [ex for ex in (self.running, self.current, *self.waiting) if ex is not None]
+        gone = [ex for ex in dict.fromkeys((self.running, self.current, *self.waiting)) if ex is not None]
         for ex in gone:
             ex.disconnected = True
         return gone
