@@ -382,15 +382,13 @@ async def _start_grpc(server: Server, opts: ServeOptions, streams: StreamDrain |
 
 
 def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None]], done: asyncio.Event) -> None:
-    from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
-    from seqserve.api.transport.hypercorn import harden_hypercorn
+    from seqserve.api.transport.hypercorn import serve_hypercorn
 
     cfg = Config()
-    # Bound here, so that a busy port ends startup at once; hypercorn serves the socket.
+    # Bound here, so that a busy port ends startup at once; hypercorn serves its connections.
     sock = _listen("HTTP", opts.http_host, opts.http_port or 0)
-    cfg.bind = [f"fd://{sock.detach()}"]
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("hypercorn.error")
     limits = opts.http_limits
@@ -401,11 +399,10 @@ def _start_hypercorn(app: Any, opts: ServeOptions, tasks: list[asyncio.Task[None
         cfg.keep_alive_max_requests = 1  # one request per connection
     cfg.alpn_protocols = ["http/1.1"]  # HTTP/2 streams would escape the HTTP/1 timers
     cfg.graceful_timeout = 1.0
-    harden_hypercorn(cfg, limits.max_connections, opts.http_max_body_bytes)
     tls = _http_tls(opts)
     if tls is not None:
         security.hypercorn_tls(cfg, tls)
-    tasks.append(asyncio.create_task(hypercorn_serve(app, cfg, shutdown_trigger=done.wait)))  # type: ignore[arg-type]
+    tasks.append(asyncio.create_task(serve_hypercorn(app, cfg, sock, limits.max_connections, done.wait)))
 
 
 async def _start_builtin(handler: Handler, opts: ServeOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:

@@ -1,10 +1,13 @@
-"""What seqserve adds to hypercorn where it lacks a setting granian has (granian's settings
-are passed in app.py): a cap on concurrent connections, and JSON bodies on the errors its
-HTTP/1 parser answers by itself (a malformed request line, header or framing), so that every
-non-200 a client gets is a ``{"error": "..."}`` document, as tritonclient expects.
+"""hypercorn (``--http-server hypercorn``) behind seqserve's own accept loop, for what its
+settings lack and granian's have (granian's settings are passed in app.py): a cap on
+concurrent connections, and JSON bodies on the errors its HTTP/1 parser answers by itself (a
+malformed request line, header or framing), so that every non-200 a client gets is a
+``{"error": "..."}`` document, as tritonclient expects.
 
-Both hook hypercorn's internals (``hypercorn.asyncio.run.TCPServer``, ``H11Protocol``) as of
-hypercorn 0.18; each checks that the hook point exists and leaves hypercorn as it is if not.
+Nothing of hypercorn is patched: the loop here accepts the connections, refuses those beyond
+the cap, and hands each to hypercorn's own per-connection server (``TCPServer``, what
+``hypercorn.asyncio.serve`` runs for each) with a reader that frees the connection's slot when
+the client goes, and a writer that fills in the body of hypercorn's parser errors.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -19,104 +23,144 @@ import orjson
 log = logging.getLogger("seqserve.http")
 
 #: hypercorn's own refusals (h11's status hints), worded for the client
-_PARSE_ERRORS = {
+PARSE_ERRORS = {
     400: "malformed HTTP request (request line, headers or body framing)",
-    413: "a chunk of the request body exceeds the server's body limit",
     414: "request target too long",
     431: "request head too large",
 }
 
 
-def harden_hypercorn(cfg: Any, max_connections: int, max_body_bytes: int) -> None:
-    """Cap ``cfg``'s server at ``max_connections`` connections, give its parser's error
-    replies JSON bodies, and refuse a chunk larger than ``max_body_bytes`` when its size line
-    arrives (413) rather than waiting for it."""
-    cfg.seqserve_connections = _ConnectionSlots(max_connections)
-    _install_connection_cap()
-    _install_json_errors()
-    _install_chunk_limit(max_body_bytes)
+async def serve_hypercorn(
+    app: Any, cfg: Any, sock: Any, max_connections: int, shutdown_trigger: Callable[[], Awaitable[Any]]
+) -> None:
+    """Serve ASGI ``app`` with hypercorn Config ``cfg`` on listening socket ``sock`` until
+    ``shutdown_trigger`` returns; then connections get ``cfg.graceful_timeout`` to finish."""
+    from hypercorn.asyncio.tcp_server import TCPServer
+    from hypercorn.asyncio.worker_context import WorkerContext
+    from hypercorn.utils import wrap_app
 
+    loop = asyncio.get_running_loop()
+    wrapped = wrap_app(app, cfg.wsgi_max_body_size, "asgi")
+    context = WorkerContext(None)
+    slots = ConnectionSlots(max_connections)
+    tasks: set[asyncio.Task[Any]] = set()
 
-def _install_chunk_limit(limit: int) -> None:
-    """h11 reads a chunk size of any length: ``ffffffffffffffff`` would be read until the body
-    timeout. Its chunked-body reader (process-wide, so the largest limit of the servers in the
-    process applies) refuses a chunk over the limit as soon as it has parsed its size."""
+    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if not slots.take():
+            await _refuse_connection(writer, max_connections)
+            return
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                slots.give_back()
+
+        try:
+            reader_in_front: Any = SlotReader(reader, release)  # the parts of a stream hypercorn uses
+            writer_in_front: Any = JsonErrorWriter(writer)
+            await TCPServer(wrapped, loop, cfg, context, {}, reader_in_front, writer_in_front)
+        finally:
+            release()
+
+    ssl_context = cfg.create_ssl_context() if cfg.ssl_enabled else None
+    server = await asyncio.start_server(
+        connected,
+        sock=sock,
+        backlog=cfg.backlog,
+        ssl=ssl_context,
+        ssl_handshake_timeout=cfg.ssl_handshake_timeout if ssl_context is not None else None,
+    )
     try:
-        import h11
-        from h11 import _readers
-    except ImportError:
-        return
-    table = _readers.READERS.get(h11.SEND_BODY)  # type: ignore[call-overload]
-    base = table.get("chunked") if isinstance(table, dict) else None
-    if base is None:
-        return
-    if getattr(base, "seqserve_limit", None) is not None:
-        base.seqserve_limit = max(base.seqserve_limit, limit)  # type: ignore[attr-defined]
-        return
-
-    class BoundedChunkedReader(base):  # type: ignore[misc, valid-type]
-        seqserve_limit = limit
-
-        def __call__(self, buf: Any) -> Any:
-            event = super().__call__(buf)
-            if self._bytes_in_chunk > self.seqserve_limit:
-                raise h11.RemoteProtocolError("chunk larger than the body limit", error_status_hint=413)
-            return event
-
-    table["chunked"] = BoundedChunkedReader  # type: ignore[index]
+        await shutdown_trigger()
+    finally:
+        await context.terminated.set()
+        server.close()
+        await server.wait_closed()
+        if tasks:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), cfg.graceful_timeout)
 
 
-class _ConnectionSlots:
+class ConnectionSlots:
+    """Connections in use against the cap."""
+
     __slots__ = ("limit", "used")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
 
+    def take(self) -> bool:
+        if self.used >= self.limit:
+            return False
+        self.used += 1
+        return True
 
-def _install_connection_cap() -> None:
-    """hypercorn builds one ``TCPServer`` per accepted connection; the subclass installed here
-    counts them against the limit stored on their config. A connection beyond the limit gets
-    a 503 with a JSON error and is closed (granian instead leaves it in the listen backlog)."""
-    try:
-        import hypercorn.asyncio.run as hrun
-    except ImportError:
-        return
-    base = getattr(hrun, "TCPServer", None)
-    if base is None or getattr(base, "seqserve_capped", False):
-        if base is None:
-            log.warning("hypercorn has no TCPServer hook: --http-max-connections is not enforced")
-        return
+    def give_back(self) -> None:
+        self.used -= 1
 
-    class CappedTCPServer(base):  # type: ignore[misc, valid-type]
-        seqserve_capped = True
-        _seqserve_slots: _ConnectionSlots | None = None
 
-        async def run(self) -> None:
-            slots = getattr(self.config, "seqserve_connections", None)
-            if slots is not None:
-                if slots.used >= slots.limit:
-                    await _refuse_connection(self.writer, slots.limit)
-                    return
-                slots.used += 1
-                self._seqserve_slots = slots
-            try:
-                await super().run()
-            finally:
-                self._seqserve_release()
+class SlotReader:
+    """A connection's reader that frees its slot once the client is gone (end of stream or a
+    read error): hypercorn keeps the connection's task until its idle timer fires."""
 
-        async def _read_data(self) -> None:
-            try:
-                await super()._read_data()
-            finally:  # the peer is gone: hypercorn keeps the task until its idle timer fires
-                self._seqserve_release()
+    __slots__ = ("_on_gone", "_reader")
 
-        def _seqserve_release(self) -> None:
-            if self._seqserve_slots is not None:
-                self._seqserve_slots.used -= 1
-                self._seqserve_slots = None
+    def __init__(self, reader: asyncio.StreamReader, on_gone: Callable[[], None]) -> None:
+        self._reader = reader
+        self._on_gone = on_gone
 
-    hrun.TCPServer = CappedTCPServer  # type: ignore[misc]
+    def at_eof(self) -> bool:
+        return self._reader.at_eof()
+
+    async def read(self, n: int = -1) -> bytes:
+        try:
+            data = await self._reader.read(n)
+        except BaseException:
+            self._on_gone()
+            raise
+        if not data:
+            self._on_gone()
+        return data
+
+
+class JsonErrorWriter:
+    """A connection's writer that gives hypercorn's own error replies (a parser refusal: a
+    4xx head with ``content-length: 0`` and no content type) a JSON body. seqserve's routes
+    never send such a head: each of their errors has a JSON body and its content type."""
+
+    __slots__ = ("_writer",)
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+
+    def write(self, data: bytes) -> None:
+        self._writer.write(json_error(data) if data.startswith(b"HTTP/1.1 4") else data)
+
+    def __getattr__(self, name: str) -> Any:  # drain, close, get_extra_info, ...: the writer's
+        return getattr(self._writer, name)
+
+
+def json_error(head: bytes) -> bytes:
+    """``head`` with a JSON body when it is hypercorn's own error reply; else ``head``."""
+    status = head[9:12]
+    message = PARSE_ERRORS.get(int(status)) if status.isdigit() else None
+    if message is None or not head.endswith(b"\r\n\r\n"):
+        return head
+    lines = head[:-4].split(b"\r\n")
+    names = [line.split(b":", 1)[0].strip().lower() for line in lines[1:]]
+    if b"content-type" in names or b"content-length: 0" not in (line.lower() for line in lines[1:]):
+        return head
+    body = orjson.dumps({"error": message})
+    kept = [line for line in lines[1:] if not line.lower().startswith(b"content-length:")]
+    out = [lines[0], b"content-type: application/json", b"content-length: %d" % len(body), *kept]
+    return b"\r\n".join(out) + b"\r\n\r\n" + body
 
 
 async def _refuse_connection(writer: asyncio.StreamWriter, limit: int) -> None:
@@ -131,28 +175,3 @@ async def _refuse_connection(writer: asyncio.StreamWriter, limit: int) -> None:
     with contextlib.suppress(Exception):
         writer.close()
         await asyncio.wait_for(writer.wait_closed(), 5.0)
-
-
-def _install_json_errors() -> None:
-    try:
-        import h11
-        from hypercorn.protocol.h11 import H11Protocol
-    except ImportError:
-        return
-    if getattr(H11Protocol, "seqserve_json_errors", False) or not hasattr(H11Protocol, "_send_error_response"):
-        return
-
-    async def _send_error_response(self: Any, status_code: int) -> None:
-        body = orjson.dumps({"error": _PARSE_ERRORS.get(status_code, "malformed HTTP request")})
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
-            *self.config.response_headers("h11"),
-        ]
-        await self._send_h11_event(h11.Response(status_code=status_code, headers=headers))
-        await self._send_h11_event(h11.Data(data=body))
-        await self._send_h11_event(h11.EndOfMessage())
-
-    H11Protocol._send_error_response = _send_error_response  # type: ignore[method-assign]
-    H11Protocol.seqserve_json_errors = True  # type: ignore[attr-defined]
