@@ -69,13 +69,13 @@ HTTP_REFUSAL = 403
 
 _V = "/versions/{version:int}"
 
-#: Every HTTP route, as a Starlette path template, and its group. The first template that
-#: matches a path names its group, so the order is that of the routing in http.py where
-#: templates overlap (the literal ``/v2/models/stats`` before ``/v2/models/{model}``); infer
-#: comes first, which no other template matches, so that the hot path matches at once. Templates that seqserve does not
-#: serve yet (Triton's shared-memory, trace, logging and generate routes, the repository
-#: segment) are listed too: a restriction holds there as well (403,
-#: else 501 or 404), and holds for them the day they are served.
+#: Every HTTP route, as a path template (api/http/router.py), and its group. The first template
+#: that matches a path names its group, so the order is that of the routing in api/http/routes.py
+#: where templates overlap (the literal ``/v2/models/stats`` before ``/v2/models/{model}``);
+#: infer comes first, which no other template matches, so that the hot path matches at once.
+#: Templates that seqserve does not serve yet (Triton's shared-memory, trace, logging and
+#: generate routes, the repository segment) are listed too: a restriction holds there as well
+#: (403, else 501 or 404), and holds for them the day they are served.
 HTTP_API: tuple[tuple[str, str], ...] = (
     ("/v2/models/{model}/infer", "inference"),
     ("/v2/models/{model}" + _V + "/infer", "inference"),
