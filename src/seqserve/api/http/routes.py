@@ -8,7 +8,6 @@ import asyncio
 import base64
 import binascii
 import functools
-import logging
 import re
 from typing import Any
 
@@ -43,9 +42,6 @@ from seqserve.engine import SERVER_EXITING, SERVER_NOT_READY, Code, InferenceErr
 
 _ENDPOINT = "HTTP end point"  # names this front-end in the refusal of decoupled models
 
-log = logging.getLogger("seqserve.http")
-
-SESSION_HEADER = SESSION_ID_KEY
 _SESSION_ID = SESSION_ID_KEY.encode()
 _SESSION_END = SESSION_END_KEY.encode()
 # Model names cannot contain "/" (as in Triton); versions are decimal.
