@@ -63,7 +63,7 @@ def parse_reply(data: bytes) -> tuple[int, dict[str, str], bytes, bytes]:
 
 
 def answer(conn: Http1Connection, ex: Exchange, body: bytes = b"ok") -> list[RequestStarted | BodyChanged]:
-    conn.reply_whole(ex, 200, [(b"content-type", b"text/plain")], body, close=False)
+    conn.reply(ex, 200, [(b"content-type", b"text/plain")], body)
     return conn.reply_done(ex)
 
 
@@ -191,7 +191,7 @@ def test_expect_100_continue() -> None:
 def test_reply_before_the_body_closes_and_lingers() -> None:
     conn = Http1Connection()
     (ex,) = started(conn.receive_data(b"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nxx"))
-    conn.reply_whole(ex, 413, [], b"{}", close=False)
+    conn.reply(ex, 413, [], b"{}")
     conn.reply_done(ex)
     assert parse_reply(conn.data_to_send())[1]["connection"] == "close"
     assert conn.close_action is CloseAction.LINGER and conn.reading

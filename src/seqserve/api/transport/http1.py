@@ -248,44 +248,29 @@ class Http1Connection:
         return True
 
     def reply(
-        self, ex: Exchange, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes, *, end: bool = True
+        self,
+        ex: Exchange,
+        status: int,
+        headers: Iterable[tuple[bytes, bytes]],
+        body: bytes,
+        *,
+        end: bool = True,
+        close: bool = False,
     ) -> None:
-        """The reply's head, with the first (or only) part of its body, in one write. Framing
-        headers in ``headers`` (content-length, transfer-encoding, connection) are this
-        connection's: content-length is kept, ``connection: close`` ends the keep-alive."""
+        """The reply's head, with the first (or only) part of its body, in one write; ``end``
+        False: more follows (``reply_body``). ``headers`` hold no framing header (content-length,
+        transfer-encoding, connection): the framing is this connection's, and ``close`` ends the
+        keep-alive after this reply."""
         ex.started = True
         if end:
             ex.finished = True
-        if ex.disconnected:
-            return
-        head = [b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b""))]
-        length = None
-        for k, v in headers:
-            lk = k.lower()
-            if lk == b"content-length":
-                length = v
-                continue
-            if lk == b"connection":
-                if b"close" in v.lower():
-                    ex.keep_alive = False
-                continue
-            if lk == b"transfer-encoding":
-                continue  # the framing is this connection's
-            head.append(b"%s: %s\r\n" % (k, v))
-        self._write_head(ex, head, length, body, end)
-
-    def reply_whole(
-        self, ex: Exchange, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes, *, close: bool
-    ) -> None:
-        """A whole reply whose headers hold no framing header (the handlers' replies)."""
-        ex.started = ex.finished = True
         if ex.disconnected:
             return
         if close:
             ex.keep_alive = False
         head = [b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b""))]
         head.extend(b"%s: %s\r\n" % kv for kv in headers)
-        self._write_head(ex, head, None, body, True)
+        self._write_head(ex, head, body, end)
 
     def reply_body(self, ex: Exchange, data: bytes, *, end: bool) -> None:
         """More of a reply whose head was written without its whole body."""
@@ -428,11 +413,9 @@ class Http1Connection:
         if self.running is None:
             self._next()
 
-    def _write_head(self, ex: Exchange, head: list[bytes], length: bytes | None, body: bytes, end: bool) -> None:
-        if length is None and end:
-            length = b"%d" % len(body)
-        if length is not None:
-            head.append(b"content-length: %s\r\n" % length)
+    def _write_head(self, ex: Exchange, head: list[bytes], body: bytes, end: bool) -> None:
+        if end:
+            head.append(b"content-length: %d\r\n" % len(body))
         elif ex.version == "1.0":
             ex.keep_alive = False  # no chunked framing in HTTP/1.0: the close ends the body
         else:

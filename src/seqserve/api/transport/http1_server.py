@@ -299,7 +299,7 @@ class Connection(asyncio.Protocol):
             raise
         else:
             if reply is not None and not ex.finished:
-                core.reply_whole(ex, reply.status, reply.headers, reply.body, close=reply.close)
+                core.reply(ex, reply.status, reply.headers, reply.body, close=reply.close)
         _wake(ex)
         if not ex.finished and not ex.disconnected:
             status, error = core.refusal_of(ex, "the server sent no reply")
