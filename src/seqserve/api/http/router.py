@@ -91,7 +91,7 @@ class Router:
 
 def _url(request: HttpRequest, path: str) -> str:
     """The absolute URL of ``path`` on the server the request came to (as Starlette builds it)."""
-    host = request.header(b"host")
+    host = next((v.decode("latin-1") for k, v in request.headers if k == b"host"), None)  # the first
     if host is not None:
         url = f"{request.scheme}://{host}{path}"
     elif request.server is None:
