@@ -17,8 +17,9 @@ import orjson
 import pytest
 
 from seqserve._proto import grpc_service_pb2 as pb
-from seqserve.api import grpc_codec, kserve_json
+from seqserve.api import grpc_codec
 from seqserve.api.grpc_stream import StreamSession
+from seqserve.api.http import kserve_json
 from seqserve.api.kserve import NUMPY_DTYPES, raw_bytes
 from seqserve.engine import Code, InferenceError, InferRequest, InferResult, OrderedRelease, tensors
 

@@ -1,96 +1,24 @@
-"""seqserve's own HTTP/1.1 server (api/http1.py) with small ASGI apps and raw sockets: framing
-both ways, keep-alive, pipelining, Expect: 100-continue, HEAD, HTTP/1.0, and every refusal and
-limit (head size, header count, malformed requests, connection cap, idle and header timeouts,
-pipelined requests, shutdown). The seqserve app on it: tests/integration (the default server)."""
+"""The HTTP/1.1 connection's state machine (api/transport/http1.py) without sockets: bytes in,
+events and bytes out. Framing both ways, keep-alive, pipelining, Expect: 100-continue, HEAD,
+HTTP/1.0, upgrades, flow control and every refusal with its status and message. The same over
+real sockets, with timers and the connection cap: tests/integration/test_http1_server.py."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import socket
-from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
-from seqserve.api.http1 import MAX_HEADERS, MAX_PIPELINED, Http1Server
-from seqserve.api.limits import HttpLimits
-
-
-async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """Replies with what it saw: method, path, query, body; ``/slow`` waits first, ``/parts``
-    replies in two parts without a length, ``/raise`` fails, ``/silent`` returns no reply."""
-    body = b""
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            seen.append(("disconnect", scope["path"]))
-            return
-        body += msg.get("body", b"")
-        if not msg.get("more_body"):
-            break
-    path = scope["path"]
-    if path == "/slow":
-        await asyncio.sleep(0.2)
-    if path == "/raise":
-        raise RuntimeError("boom")
-    if path == "/silent":
-        return
-    doc = json.dumps({"method": scope["method"], "path": path, "query": scope["query_string"].decode(),
-                      "body": body.decode("latin-1")}).encode()  # fmt: skip
-    if path == "/parts":
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"x-kind", b"parts")]})
-        await send({"type": "http.response.body", "body": doc[:5], "more_body": True})
-        await send({"type": "http.response.body", "body": doc[5:]})
-        return
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(doc)).encode())]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": doc})
-
-
-seen: list[tuple[str, str]] = []
-
-
-async def start(app: Any = echo, **limits: Any) -> tuple[Http1Server, int, asyncio.Task[None]]:
-    """A server on a free port, serving until stop(): (server, port, the task that serves)."""
-    server = Http1Server(app, HttpLimits(**{"header_timeout_s": 5.0, **limits}))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    await server.start(sock)
-    return server, sock.getsockname()[1], asyncio.create_task(server.serve())
-
-
-@contextlib.asynccontextmanager
-async def serving(app: Any = echo, **limits: Any) -> AsyncIterator[tuple[Http1Server, int]]:
-    server, port, task = await start(app, **limits)
-    try:
-        yield server, port
-    finally:
-        server.stop()
-        await asyncio.wait_for(task, 10)
-
-
-async def read_reply(r: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
-    """One reply: status, headers (lower-case names), body (de-chunked)."""
-    head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
-    if "content-length" in headers:
-        body = await r.readexactly(int(headers["content-length"]))
-    elif headers.get("transfer-encoding") == "chunked":
-        body = b""
-        while True:
-            size = int((await r.readuntil(b"\r\n")).strip(), 16)
-            chunk = await r.readexactly(size + 2)
-            if size == 0:
-                break
-            body += chunk[:-2]
-    else:
-        body = b""
-    return status, headers, body
+from seqserve.api.transport.http1 import (
+    BODY_HIGH_WATER,
+    MAX_HEADERS,
+    MAX_PIPELINED,
+    BodyChanged,
+    CloseAction,
+    Exchange,
+    Http1Connection,
+    RequestStarted,
+)
 
 
 def request(method: str, path: str, body: bytes = b"", *extra: str, version: str = "1.1") -> bytes:
@@ -100,76 +28,173 @@ def request(method: str, path: str, body: bytes = b"", *extra: str, version: str
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-async def closed(r: asyncio.StreamReader, timeout: float = 5) -> bool:
-    try:
-        return await asyncio.wait_for(r.read(), timeout) == b""
-    except (ConnectionError, asyncio.TimeoutError):
-        return False
+def started(events: list[RequestStarted | BodyChanged]) -> list[Exchange]:
+    return [e.exchange for e in events if isinstance(e, RequestStarted)]
 
 
-async def test_keep_alive_and_framing() -> None:
-    async with serving() as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(request("POST", "/a%20b?x=1", b"hello"))
-        status, headers, body = await read_reply(r)
-        assert status == 200 and headers["content-type"] == "application/json"
-        assert json.loads(body) == {"method": "POST", "path": "/a b", "query": "x=1", "body": "hello"}
-        # a chunked request body, then a reply in two parts without a length: chunked back
-        w.write(
-            b"POST /parts HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
-        )
-        status, headers, body = await read_reply(r)
-        assert status == 200 and headers["transfer-encoding"] == "chunked" and headers["x-kind"] == "parts"
-        assert json.loads(body)["body"] == "abcde"
-        # HEAD: the head of the reply, with its length, and no body
-        w.write(request("HEAD", "/h"))
-        head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
-        assert head.startswith(b"HTTP/1.1 200") and b"content-length:" in head
-        w.write(request("GET", "/after-head"))
-        status, _, body = await read_reply(r)
-        assert status == 200 and json.loads(body)["path"] == "/after-head"
-        w.close()
+def body_of(conn: Http1Connection, ex: Exchange) -> bytes:
+    out = b""
+    while True:
+        got = conn.take_body(ex)
+        assert not isinstance(got, bool), got
+        out += got[0]
+        if not got[1]:
+            return out
 
 
-async def test_http_1_0_closes_unless_kept_alive() -> None:
-    async with serving() as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(request("GET", "/k", b"", "Connection: keep-alive", version="1.0"))
-        status, headers, _ = await read_reply(r)
-        assert status == 200 and headers["connection"] == "keep-alive"
-        w.write(request("GET", "/c", version="1.0"))
-        status, headers, _ = await read_reply(r)
-        assert status == 200 and headers["connection"] == "close"
-        assert await closed(r)
+def parse_reply(data: bytes) -> tuple[int, dict[str, str], bytes, bytes]:
+    """(status, headers, body, the bytes after it) of the first reply in ``data``."""
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    if "content-length" in headers:
+        n = int(headers["content-length"])
+        return int(lines[0].split()[1]), headers, rest[:n], rest[n:]
+    body = b""
+    if headers.get("transfer-encoding") == "chunked":
+        while True:
+            size_line, _, rest = rest.partition(b"\r\n")
+            size = int(size_line, 16)
+            body, rest = body + rest[:size], rest[size + 2 :]
+            if size == 0:
+                break
+        return int(lines[0].split()[1]), headers, body, rest
+    return int(lines[0].split()[1]), headers, rest, b""
 
 
-async def test_pipelined_requests_are_answered_in_order() -> None:
-    async with serving() as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(request("POST", "/slow", b"1") + request("POST", "/fast", b"2") + request("GET", "/x"))
-        paths = [json.loads((await read_reply(r))[2])["path"] for _ in range(3)]
-        assert paths == ["/slow", "/fast", "/x"]
-        w.close()
+def answer(conn: Http1Connection, ex: Exchange, body: bytes = b"ok") -> list[RequestStarted | BodyChanged]:
+    conn.reply(ex, 200, [(b"content-type", b"text/plain")], body)
+    return conn.reply_done(ex)
 
 
-async def test_too_many_pipelined_requests_get_503_then_close() -> None:
-    async with serving() as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(request("POST", "/slow", b"0") + b"".join(request("GET", f"/{i}") for i in range(MAX_PIPELINED + 5)))
-        statuses = [(await read_reply(r))[0] for _ in range(MAX_PIPELINED + 2)]
-        assert statuses == [200] * (MAX_PIPELINED + 1) + [503]
-        assert await closed(r)
+def test_a_request_and_its_reply() -> None:
+    conn = Http1Connection()
+    assert conn.idle
+    events = conn.receive_data(request("POST", "/a%20b?x=1", b"hello"))
+    (ex,) = started(events)
+    assert ex.head is not None and (ex.head.method, ex.head.path, ex.head.query) == ("POST", "/a b", b"x=1")
+    assert (b"host", b"x") in ex.head.headers and ex.head.http_version == "1.1"
+    assert any(isinstance(e, BodyChanged) for e in events) and body_of(conn, ex) == b"hello"
+    assert not conn.idle
+    assert answer(conn, ex) == []
+    assert conn.data_to_send() == b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 2\r\n\r\nok"
+    assert conn.idle and conn.close_action is CloseAction.NONE
 
 
-async def test_expect_100_continue() -> None:
-    async with serving() as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(b"POST /e HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
-        assert await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5) == b"HTTP/1.1 100 Continue\r\n\r\n"
-        w.write(b"body")
-        status, _, body = await read_reply(r)
-        assert status == 200 and json.loads(body)["body"] == "body"
-        w.close()
+def test_keep_alive_then_the_next_request() -> None:
+    conn = Http1Connection()
+    (ex,) = started(conn.receive_data(request("GET", "/one")))
+    answer(conn, ex)
+    conn.data_to_send()
+    (ex2,) = started(conn.receive_data(request("GET", "/two")))
+    assert ex2.head is not None and ex2.head.path == "/two"
+
+
+def test_chunked_request_body() -> None:
+    conn = Http1Connection()
+    (ex,) = started(
+        conn.receive_data(b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n")
+    )
+    assert conn.take_body(ex) == (b"abcde", True)
+    assert conn.take_body(ex) is True  # wait for more
+    conn.receive_data(b"0\r\n\r\n")
+    assert conn.take_body(ex) == (b"", False)
+
+
+def test_a_reply_in_parts_is_chunked() -> None:
+    conn = Http1Connection()
+    (ex,) = started(conn.receive_data(request("GET", "/parts")))
+    conn.reply(ex, 200, [(b"x-kind", b"parts")], b"abc", end=False)
+    conn.reply_body(ex, b"de", end=True)
+    status, headers, body, rest = parse_reply(conn.data_to_send())
+    assert status == 200 and headers["transfer-encoding"] == "chunked" and headers["x-kind"] == "parts"
+    assert body == b"abcde" and rest == b""
+
+
+def test_http_1_0() -> None:
+    conn = Http1Connection()
+    (ex,) = started(conn.receive_data(request("GET", "/k", b"", "Connection: keep-alive", version="1.0")))
+    answer(conn, ex)
+    assert parse_reply(conn.data_to_send())[1]["connection"] == "keep-alive"
+    (ex,) = started(conn.receive_data(request("GET", "/c", version="1.0")))
+    answer(conn, ex)
+    assert parse_reply(conn.data_to_send())[1]["connection"] == "close"
+    assert conn.close_action is CloseAction.CLOSE
+
+
+def test_http_1_0_reply_in_parts_ends_with_the_close() -> None:
+    conn = Http1Connection()
+    (ex,) = started(conn.receive_data(request("GET", "/p", b"", "Connection: keep-alive", version="1.0")))
+    conn.reply(ex, 200, [], b"ab", end=False)
+    conn.reply_body(ex, b"cd", end=True)
+    conn.reply_done(ex)
+    out = conn.data_to_send().lower()
+    assert b"transfer-encoding" not in out and b"connection: close" in out and out.endswith(b"\r\n\r\nabcd")
+    assert conn.close_action is CloseAction.CLOSE
+
+
+def test_head_has_the_length_and_no_body() -> None:
+    conn = Http1Connection()
+    (ex,) = started(conn.receive_data(request("HEAD", "/h")))
+    answer(conn, ex, b"12345")
+    assert conn.data_to_send() == b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 5\r\n\r\n"
+
+
+def test_pipelined_requests_wait_their_turn() -> None:
+    conn = Http1Connection()
+    (first,) = started(
+        conn.receive_data(request("POST", "/1", b"a") + request("POST", "/2", b"b") + request("GET", "/3"))
+    )
+    assert len(conn.waiting) == 2 and not conn.reading  # reading pauses while requests wait
+    order = []
+    ex: Exchange | None = first
+    while ex is not None:
+        assert ex.head is not None
+        order.append(ex.head.path)
+        nxt = started(answer(conn, ex))
+        ex = nxt[0] if nxt else None
+    assert order == ["/1", "/2", "/3"] and conn.reading
+    assert conn.data_to_send().count(b"HTTP/1.1 200 OK") == 3
+
+
+def test_too_many_pipelined_requests_get_503_then_close() -> None:
+    conn = Http1Connection()
+    data = request("POST", "/slow", b"0") + b"".join(request("GET", f"/{i}") for i in range(MAX_PIPELINED + 5))
+    (ex,) = started(conn.receive_data(data))
+    statuses = []
+    while True:
+        nxt = started(answer(conn, ex))
+        out = conn.data_to_send()
+        while out:
+            status, _, body, out = parse_reply(out)
+            statuses.append((status, json.loads(body)["error"] if status != 200 else ""))
+        if not nxt:
+            break
+        ex = nxt[0]
+    assert [s for s, _ in statuses] == [200] * (MAX_PIPELINED + 1) + [503]
+    assert "too many pipelined requests" in statuses[-1][1]
+    assert conn.close_action is CloseAction.LINGER
+
+
+def test_expect_100_continue() -> None:
+    conn = Http1Connection()
+    (ex,) = started(
+        conn.receive_data(b"POST /e HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+    )
+    assert conn.data_to_send() == b""  # asked for only when the handler reads the body
+    assert conn.take_body(ex) is True
+    assert conn.data_to_send() == b"HTTP/1.1 100 Continue\r\n\r\n"
+    conn.receive_data(b"body")
+    assert conn.take_body(ex) == (b"body", False)
+
+
+def test_reply_before_the_body_closes_and_lingers() -> None:
+    conn = Http1Connection()
+    (ex,) = started(conn.receive_data(b"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nxx"))
+    conn.reply(ex, 413, [], b"{}")
+    conn.reply_done(ex)
+    assert parse_reply(conn.data_to_send())[1]["connection"] == "close"
+    assert conn.close_action is CloseAction.LINGER and conn.reading
 
 
 @pytest.mark.parametrize(
@@ -181,13 +206,7 @@ async def test_expect_100_continue() -> None:
         (b"GET / HTTP/1.1\r\nBad Header\r\n\r\n", 400, "malformed HTTP request"),
         (b"\x16\x03\x01 not http\r\n\r\n", 400, "malformed HTTP request"),
         (b"POST / HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "malformed"),
-        # an endless trailer: httptools would hold it whole before any callback
-        (
-            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\nX-T: "
-            + b"a" * (80 << 10),
-            431,
-            "framing or trailers too large",
-        ),
+        (b"BREW / HTTP/1.1\r\n\r\n", 400, "unknown method"),
         (b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505, "HTTP version 2.0 not supported"),
         (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501, "Transfer-Encoding"),
         (b"CONNECT x:443 HTTP/1.1\r\nHost: x\r\n\r\n", 405, "CONNECT"),
@@ -198,247 +217,95 @@ async def test_expect_100_continue() -> None:
         ),
     ],
 )
-async def test_refusals_are_json_and_close(raw: bytes, status: int, error: str) -> None:
-    async with serving() as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        for i in range(0, len(raw), 16 << 10):  # a large head arrives in several reads
-            w.write(raw[i : i + (16 << 10)])
-            await w.drain()
-            await asyncio.sleep(0.01)
-        got, headers, body = await read_reply(r)
-        assert got == status and error in json.loads(body)["error"]
-        assert headers["content-type"] == "application/json" and headers["connection"] == "close"
-        assert await closed(r)
+def test_refusals_are_json_and_close(raw: bytes, status: int, error: str) -> None:
+    conn = Http1Connection()
+    for i in range(0, len(raw), 16 << 10):  # a large head arrives in several reads
+        assert started(conn.receive_data(raw[i : i + (16 << 10)])) == []
+        if conn.close_action is not CloseAction.NONE:
+            break
+    got, headers, body, _ = parse_reply(conn.data_to_send())
+    assert got == status and error in json.loads(body)["error"]
+    assert headers["content-type"] == "application/json" and headers["connection"] == "close"
+    assert conn.close_action is not CloseAction.NONE
 
 
-async def test_a_refusal_waits_for_the_reply_before_it() -> None:
-    async with serving() as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(request("POST", "/slow", b"x") + b"GET / HTTP/1.1\r\nBad Header\r\n\r\n")
-        assert (await read_reply(r))[0] == 200
-        assert (await read_reply(r))[0] == 400
-        assert await closed(r)
+def test_endless_trailers_are_refused() -> None:
+    conn = Http1Connection()
+    (ex,) = started(conn.receive_data(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n"))
+    for _ in range(6):
+        conn.receive_data(b"0\r\nX-T: " + b"a" * (16 << 10) if not ex.broken else b"a" * (16 << 10))
+    assert ex.broken and ex.refused is not None and ex.refused.status == 431
+    assert "framing or trailers too large" in ex.refused.message
 
 
-async def test_malformed_chunks_end_the_body_as_a_disconnect() -> None:
-    seen.clear()
-    async with serving() as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(b"POST /chunks HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
-        # the app saw its body end early and sent no reply: the server answers for it and closes
-        status, _, body = await read_reply(r)
-        assert status == 400 and "malformed" in json.loads(body)["error"] and seen == [("disconnect", "/chunks")]
-        assert await closed(r)
+def test_a_refusal_waits_for_the_reply_before_it() -> None:
+    conn = Http1Connection()
+    (ex,) = started(conn.receive_data(request("POST", "/slow", b"x") + b"GET / HTTP/1.1\r\nBad Header\r\n\r\n"))
+    assert conn.data_to_send() == b""
+    answer(conn, ex)
+    out = conn.data_to_send()
+    first, _, _, rest = parse_reply(out)
+    assert first == 200 and parse_reply(rest)[0] == 400
+    assert conn.close_action is CloseAction.LINGER
 
 
-async def test_app_errors_get_500() -> None:
-    async with serving() as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(request("GET", "/raise"))
-        status, _, body = await read_reply(r)
-        assert status == 500 and json.loads(body)["error"]
-        w.write(request("GET", "/silent"))
-        status, _, body = await read_reply(r)
-        assert status == 500 and "no reply" in json.loads(body)["error"]
-        w.write(request("GET", "/fine"))  # the connection still serves
-        assert (await read_reply(r))[0] == 200
-        w.close()
+def test_malformed_chunks_end_the_body() -> None:
+    conn = Http1Connection()
+    events = conn.receive_data(
+        b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"
+    )
+    (ex,) = started(events)
+    assert conn.take_body(ex) is False and ex.broken  # the handler sees its body end early
+    assert conn.refusal_of(ex, "no reply")[0] == 400  # the answer when the handler gives none
 
 
-async def test_connection_cap_answers_503() -> None:
-    async with serving(max_connections=2) as (server, port):
-        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
-        await asyncio.sleep(0.05)
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        status, _, body = await read_reply(r)
-        assert status == 503 and "too many connections" in json.loads(body)["error"]
-        assert await closed(r)
-        held[0][1].close()
-        await asyncio.sleep(0.1)
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(request("GET", "/back"))
-        assert (await read_reply(r))[0] == 200
-        assert len(server.connections) == 2
+def test_a_lost_connection_ends_its_exchanges() -> None:
+    conn = Http1Connection()
+    (ex,) = started(conn.receive_data(b"POST /gone HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\npart"))
+    assert conn.take_body(ex) == (b"part", True)
+    assert conn.connection_lost() == [ex]
+    assert conn.take_body(ex) is False and not conn.idle
 
 
-async def test_idle_and_slow_header_connections_close() -> None:
-    async with serving(header_timeout_s=0.3, keepalive_s=5) as (_, port):
-        r1, _w1 = await asyncio.open_connection("127.0.0.1", port)  # sends nothing
-        r2, w2 = await asyncio.open_connection("127.0.0.1", port)
-        w2.write(b"GET / HTTP/1.1\r\nHost: x\r\n")  # never finishes its head
-        r3, w3 = await asyncio.open_connection("127.0.0.1", port)
-        w3.write(request("GET", "/once"))
-        assert (await read_reply(r3))[0] == 200  # then idle
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        assert await closed(r1, 3) and await closed(r2, 3) and await closed(r3, 3)
-        assert loop.time() - t0 < 1.5
+def test_upgrade_is_not_taken_and_its_body_is_read() -> None:
+    conn = Http1Connection()
+    head = b"POST /u HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+    (ex,) = started(conn.receive_data(head + b"HTTP2-Settings: x\r\nContent-Length: 5\r\n\r\nhel"))
+    conn.receive_data(b"lo")
+    assert body_of(conn, ex) == b"hello"
+    answer(conn, ex)
+    assert parse_reply(conn.data_to_send())[1]["connection"] == "close"
+    assert conn.receive_data(b"PRI * HTTP/2.0\r\n\r\n") == []
 
 
-async def test_keepalive_off_closes_after_each_reply() -> None:
-    async with serving(keepalive_s=0) as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(request("GET", "/one"))
-        status, headers, _ = await read_reply(r)
-        assert status == 200 and headers["connection"] == "close"
-        assert await closed(r)
+def test_a_large_body_pauses_reading_until_taken() -> None:
+    conn = Http1Connection()
+    big = b"x" * (BODY_HIGH_WATER + 10)
+    (ex,) = started(conn.receive_data(request("POST", "/big", big + b"more")[: -len(b"more")]))
+    assert not conn.reading
+    assert conn.take_body(ex) == (big, True)
+    assert conn.reading
 
 
-async def test_upgrade_is_not_taken() -> None:
-    async with serving() as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(request("GET", "/u", b"", "Connection: Upgrade", "Upgrade: h2c") + b"PRI * HTTP/2.0\r\n\r\n")
-        status, headers, body = await read_reply(r)
-        assert status == 200 and json.loads(body)["path"] == "/u" and headers["connection"] == "close"
-        assert await closed(r)
+def test_a_head_split_after_a_large_body_counts_only_its_bytes() -> None:
+    conn = Http1Connection()
+    (ex,) = started(conn.receive_data(request("POST", "/a", b"x" * (200 << 10)) + b"GET /b HTTP/1.1\r\n"))
+    conn.receive_data(b"Host: x\r\n\r\n")
+    assert len(conn.waiting) == 1 and conn.close_action is CloseAction.NONE
+    (nxt,) = started(answer(conn, ex))
+    assert nxt.head is not None and nxt.head.path == "/b"
 
 
-async def test_large_body_with_flow_control() -> None:
-    big = bytes(range(256)) * (12 << 10)  # 3 MiB, past the read-pause mark
-
-    async def length(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        n = 0
-        while True:
-            msg = await receive()
-            n += len(msg.get("body", b""))
-            await asyncio.sleep(0)  # a slow reader
-            if not msg.get("more_body"):
-                break
-        body = str(n).encode()
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": body})
-
-    async with serving(length) as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(request("POST", "/big", big))
-        status, _, body = await read_reply(r)
-        assert status == 200 and int(body) == len(big)
-        w.close()
-
-
-async def test_stop_answers_in_flight_requests_then_closes() -> None:
-    server, port, task = await start(header_timeout_s=10.0)
-    r_idle, _ = await asyncio.open_connection("127.0.0.1", port)
-    r, w = await asyncio.open_connection("127.0.0.1", port)
-    w.write(request("POST", "/slow", b"x"))
-    await asyncio.sleep(0.05)
-    server.stop()
-    status, headers, _ = await read_reply(r)
-    assert status == 200 and headers["connection"] == "close"
-    assert await closed(r) and await closed(r_idle)
-    await asyncio.wait_for(task, 5)
-    with pytest.raises(OSError):
-        await asyncio.open_connection("127.0.0.1", port)
-
-
-async def test_client_disconnect_reaches_the_app() -> None:
-    seen.clear()
-    async with serving() as (_, port):
-        _r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(b"POST /gone HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\npart")
-        await w.drain()
-        await asyncio.sleep(0.1)
-        w.close()
-        for _ in range(50):
-            if seen:
-                break
-            await asyncio.sleep(0.02)
-        assert seen == [("disconnect", "/gone")]
-
-
-async def test_a_reply_before_the_body_is_read_survives_the_close() -> None:
-    """The app answers without reading a large body: the server ends its side and drops what
-    still comes, so the client reads the reply (a plain close would reset the connection)."""
-
-    async def refuse(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b'{"error": "too large"}'
-        await send({"type": "http.response.start", "status": 413, "headers": [(b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
-
-    async with serving(refuse) as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(request("POST", "/big", b"x" * (8 << 20)))  # more than the socket buffers hold
-        status, headers, body = await read_reply(r)
-        assert status == 413 and headers["connection"] == "close" and json.loads(body)["error"]
-        w.close()
-
-
-async def test_a_half_closed_client_is_gone() -> None:
-    """EOF is a disconnect: the app waiting on a request sees it (and seqserve cancels the
-    request), as a client that closed its socket would want."""
-    seen.clear()
-
-    async def waits(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        await receive()  # the body
-        msg = await asyncio.wait_for(receive(), 5)  # then nothing until the client leaves
-        seen.append((msg["type"], scope["path"]))
-
-    async with serving(waits) as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(request("POST", "/wait", b"x"))
-        await asyncio.sleep(0.05)
-        w.write_eof()
-        assert await closed(r)
-        for _ in range(50):
-            if seen:
-                break
-            await asyncio.sleep(0.02)
-        assert seen == [("http.disconnect", "/wait")]
-
-
-async def test_upgrade_with_a_body_gets_its_body() -> None:
-    async with serving() as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(b"POST /u HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n")
-        w.write(b"HTTP2-Settings: x\r\nContent-Length: 5\r\n\r\nhel")
-        await w.drain()
-        await asyncio.sleep(0.05)
-        w.write(b"lo")
-        status, headers, body = await read_reply(r)
-        assert status == 200 and json.loads(body)["body"] == "hello" and headers["connection"] == "close"
-        assert await closed(r)
-
-
-async def test_pipelined_head_split_after_a_large_body() -> None:
-    """The read that ends a large body and begins the next head counts only the head's bytes."""
-    async with serving() as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(request("POST", "/a", b"x" * (200 << 10)) + b"GET /b HTTP/1.1\r\n")
-        await w.drain()
-        await asyncio.sleep(0.1)
-        w.write(b"Host: x\r\n\r\n")
-        paths = [json.loads((await read_reply(r))[2])["path"] for _ in range(2)]
-        assert paths == ["/a", "/b"]
-        w.close()
-
-
-async def test_http_1_0_streamed_reply_ends_with_the_close() -> None:
-    async with serving() as (_, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(request("GET", "/parts", b"", "Connection: keep-alive", version="1.0"))
-        head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
-        assert b"transfer-encoding" not in head.lower() and b"connection: close" in head.lower()
-        body = await asyncio.wait_for(r.read(), 5)  # up to the close
-        assert json.loads(body)["path"] == "/parts"
-
-
-async def test_a_client_that_does_not_read_its_reply_is_cut_off() -> None:
-    """The write buffer full for the body timeout: the connection closes (no held slot)."""
-    big = b"x" * (16 << 20)
-
-    async def large(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        await receive()
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": big})
-
-    async with serving(large, body_timeout_s=0.4) as (server, port):
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", port))
-        sock.sendall(request("GET", "/large"))  # and never reads
-        for _ in range(100):
-            await asyncio.sleep(0.05)
-            if not server.connections:
-                break
-        assert not server.connections
-        sock.close()
+def test_keep_alive_off_and_stopping() -> None:
+    conn = Http1Connection(keep_alive=False)
+    (ex,) = started(conn.receive_data(request("GET", "/one")))
+    answer(conn, ex)
+    assert parse_reply(conn.data_to_send())[1]["connection"] == "close"
+    conn = Http1Connection()
+    assert conn.close_when_idle()  # nothing running: it can close now
+    conn = Http1Connection()
+    (ex,) = started(conn.receive_data(request("GET", "/one")))
+    conn.stopping = True
+    assert not conn.close_when_idle()
+    answer(conn, ex)
+    assert parse_reply(conn.data_to_send())[1]["connection"] == "close"

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from seqserve._proto import grpc_service_pb2 as pb
-from seqserve.api import errors, grpc_codec, kserve_json
+from seqserve.api import errors, grpc_codec
 from seqserve.api.grpc_codec import Undecodable, safe_deserializer
+from seqserve.api.http import kserve_json
 from seqserve.api.kserve import MAX_RANK, check_shape, set_parameter, tensor_from_raw
 from seqserve.api.limits import (
     GrpcLimits,
@@ -399,14 +400,14 @@ async def _asgi(app: Any, method: str, path: str, body: bytes = b"") -> tuple[in
 @pytest.mark.parametrize(
     ("method", "path", "body"),
     [
-        ("POST", "/v2/models/m/infer", b'{"inputs": []}'),  # the bare ASGI fast path
-        ("GET", "/v2/models/m", b""),  # a Starlette route
+        ("POST", "/v2/models/m/infer", b'{"inputs": []}'),  # infer, answered before routing
+        ("GET", "/v2/models/m", b""),  # a route of the router
     ],
 )
 async def test_an_unexpected_exception_is_a_500_with_a_request_id(
     method: str, path: str, body: bytes, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from seqserve.api.http import HttpFrontend
+    from seqserve.api.http.routes import HttpFrontend
 
     monkeypatch.setattr(errors, "_sites", {})
     caplog.set_level(logging.ERROR)

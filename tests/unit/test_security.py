@@ -1,5 +1,5 @@
 """api/security.py: the route and method tables, Triton's flag syntax and messages, and the
-guards (the HTTP ASGI wrapper, the gRPC rpc wrappers) in process."""
+guards (the HTTP handler wrapper, the gRPC rpc wrappers) in process."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ from typing import Any
 
 import grpc
 import pytest
-from starlette.routing import Match, Route
 
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve._proto import health_pb2
 from seqserve.api import cli, security
 from seqserve.api.cli import arguments
 from seqserve.api.grpc import HealthServicer, InferenceServicer
-from seqserve.api.http import _INFER_PATH, HttpFrontend
+from seqserve.api.http.router import Route
+from seqserve.api.http.routes import INFER_PATH, HttpFrontend
 from seqserve.api.security import GRPC_API, HTTP_API, Restriction, RestrictionError, Restrictions, http_group
+from seqserve.api.transport.exchange import HttpReply, HttpRequest
 
 TRITON_NAMES = [
     "health",
@@ -33,9 +34,9 @@ TRITON_NAMES = [
 
 
 def _routes() -> list[Route]:
-    routes = HttpFrontend(None).app().routes  # type: ignore[arg-type]  # routes only, no server needed
+    routes = HttpFrontend(None).routes()  # type: ignore[arg-type]  # routes only, no server needed
     assert routes and all(isinstance(r, Route) for r in routes)
-    return routes  # type: ignore[return-value]
+    return routes
 
 
 # ------------------------------------------------------------------------------ tables
@@ -76,19 +77,18 @@ def _sample_paths() -> set[str]:
 
 
 def test_the_group_is_that_of_the_route_that_answers() -> None:
-    """For every path some route answers (as Starlette routes it), http_group names that
+    """For every path some route answers (as the router routes it), http_group names that
     route's group; a path that no route answers and no template lists has no group."""
     routes = _routes()
     table = dict(HTTP_API)
     answered = 0
     for path in sorted(_sample_paths()):
-        scope = {"type": "http", "path": path, "method": "GET", "root_path": ""}
-        route = next((r for r in routes if r.matches(scope)[0] is not Match.NONE), None)
+        route = next((r for r in routes if r.match(path) is not None), None)
         if route is not None:
             answered += 1
             assert http_group(path) == table[route.path], (path, route.path)
-        m = _INFER_PATH.match(path)
-        if m is not None:  # http.py's infer fast path, which Starlette never sees
+        m = INFER_PATH.match(path)
+        if m is not None:  # infer, answered before routing
             assert http_group(path) == "inference", path
     assert answered > 100
 
@@ -203,32 +203,33 @@ def test_an_api_in_two_groups_is_refused_even_with_the_same_key() -> None:
 # ------------------------------------------------------------------------- HTTP guard
 
 
-async def _call(app: Any, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes, bool]:
-    sent: list[dict[str, Any]] = []
-    received = False
+class _Body:
+    def __init__(self) -> None:
+        self.received = False
 
-    async def receive() -> dict[str, Any]:
-        nonlocal received
-        received = True
-        return {"type": "http.request", "body": b"", "more_body": False}
+    async def receive(self) -> tuple[bytes, bool] | None:
+        self.received = True
+        return b"", False
 
-    async def send(msg: dict[str, Any]) -> None:
-        sent.append(msg)
-
-    await app({"type": "http", "method": "POST", "path": path, "headers": headers}, receive, send)
-    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:]), received
+    async def wait_disconnect(self) -> None:
+        await asyncio.sleep(3600)
 
 
-async def _ok_app(scope: Any, receive: Any, send: Any) -> None:
-    await receive()
-    await send({"type": "http.response.start", "status": 200, "headers": []})
-    await send({"type": "http.response.body", "body": b"ok"})
+async def _call(handler: Any, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes, bool]:
+    body = _Body()
+    reply = await handler(HttpRequest("POST", path, b"", headers, body))
+    return reply.status, reply.body, body.received
+
+
+async def _ok_handler(request: HttpRequest) -> HttpReply:
+    await request.body.receive()
+    return HttpReply(200, [], b"ok")
 
 
 def test_http_guard() -> None:
-    assert security.restrict_http(_ok_app, Restrictions()) is _ok_app  # nothing configured: no wrapper
+    assert security.restrict_http(_ok_handler, Restrictions()) is _ok_handler  # nothing configured: no wrapper
     app = security.restrict_http(
-        _ok_app, Restrictions.parse("http-restricted-api", ["inference,model-repository:Admin-Key=s3cr3t"])
+        _ok_handler, Restrictions.parse("http-restricted-api", ["inference,model-repository:Admin-Key=s3cr3t"])
     )
     run = asyncio.run
     refusal = b'{"error":"This API is restricted, expecting header \'Admin-Key\'"}'

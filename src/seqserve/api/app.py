@@ -16,12 +16,14 @@ from collections.abc import Callable
 from typing import Any
 
 from seqserve import __version__
-from seqserve.api import http_servers, security
+from seqserve.api import security
 from seqserve.api.grpc_stream import StreamDrain
-from seqserve.api.http import HttpFrontend, close_when_exiting
+from seqserve.api.http.routes import HttpFrontend, close_when_exiting
 from seqserve.api.limits import shutdown_executor
 from seqserve.api.metrics import MetricsServer, start_metrics
 from seqserve.api.serve_options import GrpcOptions, HttpOptions, MetricsOptions, ServeOptions, StateStoreOptions
+from seqserve.api.transport.asgi import asgi_app
+from seqserve.api.transport.exchange import Handler
 from seqserve.engine import Server, default_replica_id, open_store, redact_url
 
 log = logging.getLogger("seqserve")
@@ -156,14 +158,14 @@ class FrontEnds:
             log.info("gRPC restricted protocols: %s", grpc.restricted.describe())
 
     async def _launch_http(self, http: HttpOptions) -> None:
-        app = _http_app(self._server, http)
+        handler = _http_handler(self._server, http)
         kind = http.kind
         if kind == "builtin":
-            self._stop_http = await _start_builtin(app, http, self._tasks)
+            self._stop_http = await _start_builtin(handler, http, self._tasks)
         elif kind == "granian":
-            self._stop_http = await _start_granian(app, http, self._tasks)
+            self._stop_http = await _start_granian(asgi_app(handler), http, self._tasks)
         else:
-            _start_hypercorn(app, http, self._tasks, self._http_done)
+            _start_hypercorn(asgi_app(handler), http, self._tasks, self._http_done)
         scheme = "https" if http.tls is not None else "http"
         log.info("HTTP (%s) listening on %s://%s:%d%s", kind, scheme, http.host, http.port, _tls_note(http.tls))
         if http.restricted:
@@ -201,15 +203,16 @@ class FrontEnds:
             await self._metrics_server.close()
 
 
-def _http_app(server: Server, http: HttpOptions) -> Any:
-    """The KServe routes as an ASGI app, behind the restrictions, closing connections once
-    the process is exiting."""
-    app = HttpFrontend(server, max_body_bytes=http.max_body_bytes, body_timeout_s=http.limits.body_timeout_s).asgi()
-    # app itself when nothing is restricted
-    app = security.restrict_http(
-        app, http.restricted, max_body_bytes=http.max_body_bytes, body_timeout_s=http.limits.body_timeout_s
+def _http_handler(server: Server, http: HttpOptions) -> Handler:
+    """The KServe routes as one handler, behind the restrictions, closing connections once the
+    process is exiting: the builtin server calls it directly, hypercorn and granian through
+    the ASGI adapter."""
+    frontend = HttpFrontend(server, max_body_bytes=http.max_body_bytes, body_timeout_s=http.limits.body_timeout_s)
+    # the routes themselves when nothing is restricted
+    handler = security.restrict_http(
+        frontend.handle, http.restricted, max_body_bytes=http.max_body_bytes, body_timeout_s=http.limits.body_timeout_s
     )
-    return close_when_exiting(app, server)
+    return close_when_exiting(handler, server)
 
 
 class Shutdown:
@@ -323,13 +326,13 @@ async def _start_grpc(server: Server, grpc: GrpcOptions, streams: StreamDrain | 
 
 
 def _start_hypercorn(app: Any, http: HttpOptions, tasks: list[asyncio.Task[None]], done: asyncio.Event) -> None:
-    from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
+    from seqserve.api.transport.hypercorn import serve_hypercorn
+
     cfg = Config()
-    # Bound here, so that a busy port ends startup at once; hypercorn serves the socket.
+    # Bound here, so that a busy port ends startup at once; hypercorn serves its connections.
     sock = _listen("HTTP", http.host, http.port)
-    cfg.bind = [f"fd://{sock.detach()}"]
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("hypercorn.error")
     limits = http.limits
@@ -340,22 +343,21 @@ def _start_hypercorn(app: Any, http: HttpOptions, tasks: list[asyncio.Task[None]
         cfg.keep_alive_max_requests = 1  # one request per connection
     cfg.alpn_protocols = ["http/1.1"]  # HTTP/2 streams would escape the HTTP/1 timers
     cfg.graceful_timeout = 1.0
-    http_servers.harden_hypercorn(cfg, limits.max_connections, http.max_body_bytes)
     if http.tls is not None:
         security.hypercorn_tls(cfg, http.tls)
-    tasks.append(asyncio.create_task(hypercorn_serve(app, cfg, shutdown_trigger=done.wait)))  # type: ignore[arg-type]
+    tasks.append(asyncio.create_task(serve_hypercorn(app, cfg, sock, limits.max_connections, done.wait)))
 
 
-async def _start_builtin(app: Any, http: HttpOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:
-    """seqserve's own HTTP/1.1 server (api/http1.py) on this loop."""
-    from seqserve.api.http1 import Http1Server
+async def _start_builtin(handler: Handler, http: HttpOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:
+    """seqserve's own HTTP/1.1 server (api/transport/http1_server.py) on this loop."""
+    from seqserve.api.transport.http1_server import Http1Server
 
     tls = http.tls
     try:  # the files were checked at startup (security.check_tls); they may have changed since
         ctx = None if tls is None else security.builtin_tls(tls)
     except (OSError, ssl.SSLError) as e:
         raise StartupError(f"cannot use the HTTP TLS certificate or key: {e}") from None
-    server = Http1Server(app, http.limits, ssl_context=ctx)
+    server = Http1Server(handler, http.limits, ssl_context=ctx)
     sock = _listen("HTTP", http.host, http.port)
     try:
         await server.start(sock)

@@ -28,6 +28,9 @@ EXTENSIONS = (
     "schedule_policy",
 )
 
+#: the refusal of Triton's shared-memory routes and parameters, on HTTP and gRPC alike
+NO_SHM = "seqserve does not implement shared memory: send tensor data in the request (raw_input_contents) instead"
+
 #: Protocol datatype -> numpy dtype, for every datatype numpy has (BYTES: object; not BF16).
 NUMPY_DTYPES: dict[str, np.dtype[Any]] = {d.wire: d.numpy for d in tensors.DATA_TYPES if d.numpy is not None}
 

@@ -7,8 +7,8 @@ answers only requests that carry its header with its value. A refused request ge
 Triton answers: HTTP 403 ``{"error": "This API is restricted, expecting header '<key>'"}``,
 gRPC PERMISSION_DENIED ``This protocol is restricted, expecting header
 'triton-grpc-protocol-<key>'`` (Triton's message; its status there is UNAVAILABLE, see
-``GRPC_REFUSAL``). With no restriction configured nothing here runs: no ASGI
-wrapper, no wrapped rpc. With some, an HTTP request costs one regular-expression match of its
+``GRPC_REFUSAL``). With no restriction configured nothing here runs: no
+handler wrapper, no wrapped rpc. With some, an HTTP request costs one regular-expression match of its
 path, and a request to a restricted group one header look-up and a constant-time comparison;
 a gRPC call to an unrestricted method costs nothing.
 
@@ -32,7 +32,9 @@ from typing import Any
 import grpc
 import orjson
 from google.protobuf.descriptor import ServiceDescriptor
-from starlette.types import ASGIApp, Receive, Scope, Send
+
+from seqserve.api.http.router import template_regex
+from seqserve.api.transport.exchange import Handler, HttpReply, HttpRequest
 
 # ------------------------------------------------------------------------------ groups
 
@@ -67,13 +69,13 @@ HTTP_REFUSAL = 403
 
 _V = "/versions/{version:int}"
 
-#: Every HTTP route, as a Starlette path template, and its group. The first template that
-#: matches a path names its group, so the order is that of the routing in http.py where
-#: templates overlap (the literal ``/v2/models/stats`` before ``/v2/models/{model}``); infer
-#: comes first, which no other template matches, so that the hot path matches at once. Templates that seqserve does not
-#: serve yet (Triton's shared-memory, trace, logging and generate routes, the repository
-#: segment) are listed too: a restriction holds there as well (403,
-#: else 501 or 404), and holds for them the day they are served.
+#: Every HTTP route, as a path template (api/http/router.py), and its group. The first template
+#: that matches a path names its group, so the order is that of the routing in api/http/routes.py
+#: where templates overlap (the literal ``/v2/models/stats`` before ``/v2/models/{model}``);
+#: infer comes first, which no other template matches, so that the hot path matches at once.
+#: Templates that seqserve does not serve yet (Triton's shared-memory, trace, logging and
+#: generate routes, the repository segment) are listed too: a restriction holds there as well
+#: (403, else 501 or 404), and holds for them the day they are served.
 HTTP_API: tuple[tuple[str, str], ...] = (
     ("/v2/models/{model}/infer", "inference"),
     ("/v2/models/{model}" + _V + "/infer", "inference"),
@@ -145,27 +147,12 @@ GRPC_API: Mapping[str, str] = {
     "/grpc.health.v1.Health/Check": "health",
 }
 
-_CONVERTERS = {"": "[^/]+", "str": "[^/]+", "int": "[0-9]+", "path": ".*"}
-
-
-def _template_regex(template: str) -> str:
-    """A Starlette path template as a regular expression (Starlette's convertors)."""
-    out = []
-    pos = 0
-    for m in re.finditer(r"{([a-zA-Z_]\w*)(?::(\w*))?}", template):
-        out.append(re.escape(template[pos : m.start()]))
-        out.append(_CONVERTERS[m.group(2) or ""])
-        pos = m.end()
-    out.append(re.escape(template[pos:]))
-    return "".join(out)
-
-
-_HTTP_PATH = re.compile("|".join(f"(?P<r{i}>{_template_regex(t)})" for i, (t, _) in enumerate(HTTP_API)), re.DOTALL)
+_HTTP_PATH = re.compile("|".join(f"(?P<r{i}>{template_regex(t)})" for i, (t, _) in enumerate(HTTP_API)), re.DOTALL)
 _HTTP_GROUP_OF = {f"r{i}": group for i, (_, group) in enumerate(HTTP_API)}
 
 
 def http_group(path: str) -> str | None:
-    """The group of an HTTP request path (ASGI's decoded ``path``); None for a path that no
+    """The group of an HTTP request path (percent-decoded); None for a path that no
     route answers."""
     m = _HTTP_PATH.fullmatch(path)
     return None if m is None else _HTTP_GROUP_OF[m.lastgroup or ""]
@@ -289,52 +276,47 @@ def http_refusal(r: Restriction) -> str:
 
 
 def restrict_http(
-    app: ASGIApp,
+    handler: Handler,
     restrictions: Mapping[str, Restriction],
     *,
     max_body_bytes: int = 1 << 30,
     body_timeout_s: float = 10.0,
-) -> ASGIApp:
-    """``app`` behind the restrictions: a request to a restricted group without its header
-    and value gets Triton's 403 and never reaches ``app``. Its body is read and dropped first
+) -> Handler:
+    """``handler`` behind the restrictions: a request to a restricted group without its header
+    and value gets Triton's 403 and never reaches ``handler``. Its body is read and dropped first
     (up to ``max_body_bytes``, while it keeps arriving within ``body_timeout_s``), as Triton
     reads it, so that the client, still sending it, gets the answer and the keep-alive
-    connection stays usable. Without restrictions, ``app`` itself."""
+    connection stays usable. Without restrictions, ``handler`` itself."""
     if not restrictions:
-        return app
-    # group -> (lower-case header name, value digest, the refusal's response)
-    rules: dict[str, tuple[bytes, bytes, list[tuple[bytes, bytes]], bytes]] = {}
+        return handler
+    # group -> (lower-case header name, value digest, the refusal's body)
+    rules: dict[str, tuple[bytes, bytes, bytes]] = {}
     for group, r in restrictions.items():
-        body = orjson.dumps({"error": http_refusal(r)})
-        head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        rules[group] = (r.lookup.encode("latin-1"), r.digest, head, body)
+        rules[group] = (r.lookup.encode("latin-1"), r.digest, orjson.dumps({"error": http_refusal(r)}))
     match = _HTTP_PATH.fullmatch
     group_of = _HTTP_GROUP_OF
 
-    async def restricted(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            m = match(scope["path"])
-            rule = None if m is None else rules.get(group_of[m.lastgroup or ""])
-            if rule is not None:
-                name, digest, head, body = rule
-                for k, v in scope["headers"]:
-                    if k == name:
-                        ok = hmac.compare_digest(_digest(v), digest)
-                        break
-                else:
-                    ok = False
-                if not ok:
-                    await _drop_body(scope, receive, max_body_bytes, body_timeout_s)
-                    await send({"type": "http.response.start", "status": HTTP_REFUSAL, "headers": head})
-                    await send({"type": "http.response.body", "body": body})
-                    return
-        await app(scope, receive, send)
+    async def restricted(request: HttpRequest) -> HttpReply | None:
+        m = match(request.path)
+        rule = None if m is None else rules.get(group_of[m.lastgroup or ""])
+        if rule is not None:
+            name, digest, body = rule
+            for k, v in request.headers:
+                if k == name:
+                    ok = hmac.compare_digest(_digest(v), digest)
+                    break
+            else:
+                ok = False
+            if not ok:
+                await _drop_body(request, max_body_bytes, body_timeout_s)
+                return HttpReply(HTTP_REFUSAL, [(b"content-type", b"application/json")], body)
+        return await handler(request)
 
     return restricted
 
 
-async def _drop_body(scope: Scope, receive: Receive, limit: int, timeout_s: float) -> None:
-    for k, v in scope["headers"]:
+async def _drop_body(request: HttpRequest, limit: int, timeout_s: float) -> None:
+    for k, v in request.headers:
         if k == b"content-length":
             if not v.isdigit() or int(v) > limit:
                 return  # not worth reading: the server closes the connection after the answer
@@ -342,11 +324,14 @@ async def _drop_body(scope: Scope, receive: Receive, limit: int, timeout_s: floa
     total = 0
     while True:
         try:
-            msg = await asyncio.wait_for(receive(), timeout_s)
+            got = await asyncio.wait_for(request.body.receive(), timeout_s)
         except asyncio.TimeoutError:
             return  # a stalled body: answered now, and the connection closes after the answer
-        total += len(msg.get("body", b""))
-        if msg["type"] != "http.request" or not msg.get("more_body", False) or total > limit:
+        if got is None:
+            return
+        chunk, more = got
+        total += len(chunk)
+        if not more or total > limit:
             return
 
 
@@ -470,7 +455,7 @@ def hypercorn_tls(cfg: Any, tls: TlsFiles) -> None:
 
 
 def builtin_tls(tls: TlsFiles, alpn: str = "http/1.1") -> ssl.SSLContext:
-    """The TLS context of the builtin servers (api/http1.py, api/grpc_builtin.py): TLS 1.2 and
+    """The TLS context of the builtin servers (api/transport/http1_server.py, api/grpc_builtin.py): TLS 1.2 and
     1.3, ``alpn`` (HTTP/1.1, or h2 for gRPC), client certificates required when there is a
     client CA (mutual TLS)."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -5,11 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from starlette.types import Receive
-
-from seqserve.api.limits import (
-    TooLarge,
-)
+from seqserve.api.limits import TooLarge
+from seqserve.api.transport.exchange import BodySource
 
 
 class BodyTimeout(Exception):
@@ -71,8 +68,8 @@ class BodyWatch:
         return True
 
 
-async def read_body(receive: Receive, length: str | None, limit: int, watch: BodyWatch) -> bytes:
-    """The whole request body from ASGI ``receive``: TooLarge past ``limit`` (at once when the
+async def read_body(source: BodySource, length: str | None, limit: int, watch: BodyWatch) -> bytes:
+    """The whole request body from ``source``: TooLarge past ``limit`` (at once when the
     Content-Length says so), BodyTimeout when no data arrives for ``watch.timeout_s``,
     ClientGone on a disconnect."""
     if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
@@ -83,33 +80,33 @@ async def read_body(receive: Receive, length: str | None, limit: int, watch: Bod
     if task is None:  # not run by a task: a deadline per receive
         while True:
             try:
-                msg = await asyncio.wait_for(receive(), watch.timeout_s)
+                got = await asyncio.wait_for(source.receive(), watch.timeout_s)
             except asyncio.TimeoutError:
                 raise BodyTimeout(watch.timeout_s) from None
-            if msg["type"] == "http.disconnect":
+            if got is None:
                 raise ClientGone
-            chunk = msg.get("body", b"")
+            chunk, more = got
             if chunk:
                 total += len(chunk)
                 if total > limit:
                     raise TooLarge(total, limit)
                 chunks.append(chunk)
-            if not msg.get("more_body", False):
+            if not more:
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     loop = task.get_loop()
     watch.begin(task, loop.time())
     try:
         while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
+            got = await source.receive()
+            if got is None:
                 raise ClientGone
-            chunk = msg.get("body", b"")
+            chunk, more = got
             if chunk:
                 total += len(chunk)
                 if total > limit:
                     raise TooLarge(total, limit)
                 chunks.append(chunk)
-            if not msg.get("more_body", False):
+            if not more:
                 break
             watch.reading[task] = loop.time()  # the deadline is for progress
     except asyncio.CancelledError:

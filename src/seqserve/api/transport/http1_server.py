@@ -1,0 +1,350 @@
+"""seqserve's own HTTP/1.1 server (``--http-server builtin``): the asyncio side of the
+connection state machine in ``http1`` (transport, timers, flow control, tasks), calling a
+``Handler`` (api/transport/exchange.py) for each request.
+
+Why a server of our own: granian's embedded server runs its HTTP stack on Rust threads and
+hands every request to the loop and every reply back (two thread hops and the GIL each way),
+and hypercorn parses HTTP in Python. Here a request costs one ``data_received`` on the loop's
+own thread, a task for the handler, and one ``write`` for the reply; bench/README.md ("HTTP:
+the builtin server") has the measurements.
+
+Its limits beyond those of the connection (``http1``'s docstring):
+
+- one timer (``idle_s``) for a connection's wait for the next request and for its headers
+  (slow-header clients), checked by one sweep for all connections rather than a timer each;
+  the body's deadline is the handler's (``api.http.body.BodyWatch``);
+- ``max_connections``: a connection beyond gets 503 with a JSON error and is closed;
+- a reply waits while the transport's write buffer is full; a client that reads nothing for
+  ``body_timeout_s`` is cut off;
+- TLS (and client certificates) through the loop's own TLS transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from typing import Any
+
+from seqserve.api.limits import HttpLimits
+from seqserve.api.transport.exchange import Handler, HttpRequest
+from seqserve.api.transport.http1 import (
+    DEFAULT_MAX_HEAD_BYTES,
+    JSON_HEADERS,
+    BodyChanged,
+    CloseAction,
+    Event,
+    Exchange,
+    Http1Connection,
+    error_body,
+    error_reply,
+)
+
+log = logging.getLogger("seqserve.http")
+
+#: after a reply that leaves request bytes unread (a refusal, a body not read), the connection
+#: reads and drops what still arrives, for up to this long, before it closes: a close with unread
+#: data resets the connection, and the client could lose the reply it has not read yet
+LINGER_S = 2.0
+
+
+class Http1Server:
+    """Serves ``handler`` on a listening socket until ``stop()``; ``serve()`` returns once every
+    connection has closed (in-flight requests get ``grace_s`` to finish)."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        limits: HttpLimits,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES,
+        grace_s: float = 1.0,
+    ) -> None:
+        self.handler = handler
+        self.limits = limits
+        self.idle_s = limits.idle_s
+        self.keep_alive = limits.keepalive_s > 0
+        self.ssl_context = ssl_context
+        self.max_head_bytes = max_head_bytes
+        self.grace_s = grace_s
+        self.connections: set[Connection] = set()
+        self.stopping = False
+        self._stop = asyncio.Event()
+        self._listener: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    async def start(self, sock: Any) -> None:
+        """Listen on ``sock`` (bound and listening)."""
+        loop = asyncio.get_running_loop()
+        self._listener = await loop.create_server(
+            lambda: Connection(self),
+            sock=sock,
+            ssl=self.ssl_context,
+            backlog=1024,
+            # a TLS handshake that does not finish holds a socket outside the connection cap
+            ssl_handshake_timeout=self.idle_s if self.ssl_context is not None else None,
+        )
+        self._sweep_later()
+
+    def stop(self) -> None:
+        """Stop accepting; close idle connections now and the others after their reply."""
+        self.stopping = True
+        for conn in self.connections:
+            conn.core.stopping = True
+        self._stop.set()
+
+    async def serve(self) -> None:
+        await self._stop.wait()
+        if self._listener is not None:
+            self._listener.close()
+        for conn in list(self.connections):
+            conn.close_when_idle()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace_s
+        while self.connections and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for conn in list(self.connections):
+            conn.abort()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._listener is not None:
+            await self._listener.wait_closed()
+
+    def _sweep_later(self) -> None:
+        tick = min(1.0, max(self.idle_s / 4, 0.05))
+        self._sweeper = asyncio.get_running_loop().call_later(tick, self._sweep)
+
+    def _sweep(self) -> None:
+        """Close the connections that waited for a request (or its headers) past ``idle_s``, and
+        those whose client has not read their reply for ``body_timeout_s`` (the write buffer
+        full all that time)."""
+        now = asyncio.get_running_loop().time()
+        expired, stalled = now - self.idle_s, now - self.limits.body_timeout_s
+        for conn in list(self.connections):
+            idle, paused = conn.idle_since, conn.write_paused_since
+            if (idle is not None and idle < expired) or (paused is not None and paused < stalled):
+                conn.abort()
+        self._sweep_later()
+
+
+class RequestBody:
+    """An exchange's body as the handler reads it (a ``BodySource``)."""
+
+    __slots__ = ("conn", "exchange", "waiter")
+
+    def __init__(self, conn: Connection, exchange: Exchange) -> None:
+        self.conn = conn
+        self.exchange = exchange
+        self.waiter: asyncio.Future[None] | None = None  # receive() waiting for body or disconnect
+
+    def wake(self) -> None:
+        w = self.waiter
+        if w is not None:
+            self.waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    async def receive(self) -> tuple[bytes, bool] | None:
+        conn = self.conn
+        while True:
+            got = conn.core.take_body(self.exchange)
+            conn.flush()
+            if got is False:
+                return None
+            if got is not True:
+                return got
+            self.waiter = conn.loop.create_future()
+            await self.waiter
+
+    async def wait_disconnect(self) -> None:
+        ex = self.exchange
+        while not (ex.disconnected or ex.finished or ex.broken):
+            self.waiter = self.conn.loop.create_future()
+            await self.waiter
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: drives its ``Http1Connection`` with the transport's events."""
+
+    __slots__ = (
+        "core",
+        "idle_since",
+        "lingering",
+        "local",
+        "loop",
+        "reading",
+        "scheme",
+        "server",
+        "transport",
+        "writable",
+        "write_paused_since",
+    )
+
+    def __init__(self, server: Http1Server) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.core = Http1Connection(keep_alive=server.keep_alive, max_head_bytes=server.max_head_bytes)
+        self.transport: Any = None
+        self.idle_since: float | None = self.loop.time()  # waiting for a request or its head since
+        self.reading = True
+        self.writable: asyncio.Future[None] | None = None  # while the write buffer is full
+        self.write_paused_since: float | None = None
+        self.local: tuple[str, int] | None = None
+        self.scheme = "http"
+        self.lingering: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------ transport events
+
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        self.transport = transport
+        srv = self.server
+        if srv.stopping or len(srv.connections) >= srv.limits.max_connections:
+            msg = f"too many connections: the server serves at most {srv.limits.max_connections} at once"
+            transport.write(error_reply(503, "the server is shutting down" if srv.stopping else msg))
+            self.idle_since = None
+            self.core.closing = True
+            self._close(linger=True)  # the client may be sending its request
+            return
+        srv.connections.add(self)
+        self.local = _address(transport.get_extra_info("sockname"))
+        if transport.get_extra_info("sslcontext") is not None:
+            self.scheme = "https"
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        if self.lingering is not None:
+            self.lingering.cancel()
+        self.idle_since = None
+        for ex in self.core.connection_lost():
+            _wake(ex)
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.writable = self.loop.create_future()
+        self.write_paused_since = self.loop.time()
+
+    def resume_writing(self) -> None:
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_result(None)
+        self.writable = None
+        self.write_paused_since = None
+
+    def eof_received(self) -> bool:
+        """The client ended its side: taken as gone (as most HTTP servers do), so the requests it
+        left cancel (the disconnect watch of api/http/routes.py); a client cannot half-close and
+        still read its reply."""
+        return False
+
+    def data_received(self, data: bytes) -> None:
+        if self.lingering is not None:
+            return  # dropped: the last reply is written
+        self._handle(self.core.receive_data(data))
+
+    # ------------------------------------------------------------------ driving the core
+
+    def _handle(self, events: list[Event]) -> None:
+        for event in events:
+            ex = event.exchange
+            if isinstance(event, BodyChanged):
+                _wake(ex)
+            else:
+                ex.user = RequestBody(self, ex)
+                self.loop.create_task(self._run(ex))  # its first step comes after this read is parsed
+        self.flush()
+
+    def flush(self) -> None:
+        """Apply what the core decided: write its output, pause or resume reading, note the
+        connection idle, close."""
+        core, t = self.core, self.transport
+        if t is None:
+            return
+        out = core.data_to_send()
+        if out and not t.is_closing():
+            t.write(out)
+        if core.idle:
+            if self.idle_since is None:
+                self.idle_since = self.loop.time()
+        else:
+            self.idle_since = None
+        if core.close_action is not CloseAction.NONE:
+            self._close(linger=core.close_action is CloseAction.LINGER)
+            return
+        if core.reading != self.reading:
+            self.reading = core.reading
+            with contextlib.suppress(RuntimeError):  # a closing transport
+                if self.reading:
+                    t.resume_reading()
+                else:
+                    t.pause_reading()
+
+    async def _run(self, ex: Exchange) -> None:
+        core = self.core
+        head = ex.head
+        assert head is not None
+        request = HttpRequest(
+            head.method, head.path, head.query, head.headers, ex.user, scheme=self.scheme, server=self.local
+        )
+        try:
+            reply = await self.server.handler(request)
+        except Exception as e:  # seqserve's handlers answer and log their own errors
+            if not ex.started and not ex.disconnected:
+                log.error("HTTP %s %s failed: %r", head.method, head.path[:100], e)
+                core.reply(ex, 500, [], error_body("internal error"))
+        except BaseException:  # cancelled (the loop is closing): no reply will come
+            core.abandon()
+            self.abort()
+            raise
+        else:
+            if reply is not None and not ex.finished:
+                core.reply(ex, reply.status, reply.headers, reply.body, close=reply.close)
+        _wake(ex)
+        if not ex.finished and not ex.disconnected:
+            status, error = core.refusal_of(ex, "the server sent no reply")
+            core.reply(ex, status, JSON_HEADERS, error_body(error))
+        self.flush()
+        if self.writable is not None:
+            await self.writable
+        if self.transport is None or self.transport.is_closing():
+            return
+        self._handle(core.reply_done(ex))
+
+    # ------------------------------------------------------------------ closing
+
+    def _close(self, *, linger: bool) -> None:
+        """Close after the replies written; ``linger``: request bytes may still be coming (see
+        LINGER_S), so end the writing side first and read on until the client closes."""
+        t = self.transport
+        if t is None or t.is_closing() or self.lingering is not None:
+            return
+        self.idle_since = None
+        if not linger or not t.can_write_eof():
+            t.close()
+            return
+        t.write_eof()
+        self.lingering = self.loop.call_later(LINGER_S, t.close)
+        self.reading = True
+        with contextlib.suppress(RuntimeError):
+            t.resume_reading()
+
+    def close_when_idle(self) -> None:
+        if self.core.close_when_idle() and self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def _wake(ex: Exchange) -> None:
+    body = ex.user
+    if isinstance(body, RequestBody):
+        body.wake()
+
+
+def _address(addr: Any) -> tuple[str, int] | None:
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        return str(addr[0]), int(addr[1])
+    return None

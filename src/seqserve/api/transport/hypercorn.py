@@ -1,0 +1,177 @@
+"""hypercorn (``--http-server hypercorn``) behind seqserve's own accept loop, for what its
+settings lack and granian's have (granian's settings are passed in app.py): a cap on
+concurrent connections, and JSON bodies on the errors its HTTP/1 parser answers by itself (a
+malformed request line, header or framing), so that every non-200 a client gets is a
+``{"error": "..."}`` document, as tritonclient expects.
+
+Nothing of hypercorn is patched: the loop here accepts the connections, refuses those beyond
+the cap, and hands each to hypercorn's own per-connection server (``TCPServer``, what
+``hypercorn.asyncio.serve`` runs for each) with a reader that frees the connection's slot when
+the client goes, and a writer that fills in the body of hypercorn's parser errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+log = logging.getLogger("seqserve.http")
+
+#: hypercorn's own refusals (h11's status hints), worded for the client
+PARSE_ERRORS = {
+    400: "malformed HTTP request (request line, headers or body framing)",
+    414: "request target too long",
+    431: "request head too large",
+}
+
+
+async def serve_hypercorn(
+    app: Any, cfg: Any, sock: Any, max_connections: int, shutdown_trigger: Callable[[], Awaitable[Any]]
+) -> None:
+    """Serve ASGI ``app`` with hypercorn Config ``cfg`` on listening socket ``sock`` until
+    ``shutdown_trigger`` returns; then connections get ``cfg.graceful_timeout`` to finish."""
+    from hypercorn.asyncio.tcp_server import TCPServer
+    from hypercorn.asyncio.worker_context import WorkerContext
+    from hypercorn.utils import wrap_app
+
+    loop = asyncio.get_running_loop()
+    wrapped = wrap_app(app, cfg.wsgi_max_body_size, "asgi")
+    context = WorkerContext(None)
+    slots = ConnectionSlots(max_connections)
+    tasks: set[asyncio.Task[Any]] = set()
+
+    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if not slots.take():
+            await _refuse_connection(writer, max_connections)
+            return
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                slots.give_back()
+
+        try:
+            reader_in_front: Any = SlotReader(reader, release)  # the parts of a stream hypercorn uses
+            writer_in_front: Any = JsonErrorWriter(writer)
+            await TCPServer(wrapped, loop, cfg, context, {}, reader_in_front, writer_in_front)
+        finally:
+            release()
+
+    ssl_context = cfg.create_ssl_context() if cfg.ssl_enabled else None
+    server = await asyncio.start_server(
+        connected,
+        sock=sock,
+        backlog=cfg.backlog,
+        ssl=ssl_context,
+        ssl_handshake_timeout=cfg.ssl_handshake_timeout if ssl_context is not None else None,
+    )
+    try:
+        await shutdown_trigger()
+    finally:
+        await context.terminated.set()
+        server.close()
+        await server.wait_closed()
+        if tasks:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), cfg.graceful_timeout)
+
+
+class ConnectionSlots:
+    """Connections in use against the cap."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self) -> bool:
+        if self.used >= self.limit:
+            return False
+        self.used += 1
+        return True
+
+    def give_back(self) -> None:
+        self.used -= 1
+
+
+class SlotReader:
+    """A connection's reader that frees its slot once the client is gone (end of stream or a
+    read error): hypercorn keeps the connection's task until its idle timer fires."""
+
+    __slots__ = ("_on_gone", "_reader")
+
+    def __init__(self, reader: asyncio.StreamReader, on_gone: Callable[[], None]) -> None:
+        self._reader = reader
+        self._on_gone = on_gone
+
+    def at_eof(self) -> bool:
+        return self._reader.at_eof()
+
+    async def read(self, n: int = -1) -> bytes:
+        try:
+            data = await self._reader.read(n)
+        except BaseException:
+            self._on_gone()
+            raise
+        if not data:
+            self._on_gone()
+        return data
+
+
+class JsonErrorWriter:
+    """A connection's writer that gives hypercorn's own error replies (a parser refusal: a
+    4xx head with ``content-length: 0`` and no content type) a JSON body. seqserve's routes
+    never send such a head: each of their errors has a JSON body and its content type."""
+
+    __slots__ = ("_writer",)
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+
+    def write(self, data: bytes) -> None:
+        self._writer.write(json_error(data) if data.startswith(b"HTTP/1.1 4") else data)
+
+    def __getattr__(self, name: str) -> Any:  # drain, close, get_extra_info, ...: the writer's
+        return getattr(self._writer, name)
+
+
+def json_error(head: bytes) -> bytes:
+    """``head`` with a JSON body when it is hypercorn's own error reply; else ``head``."""
+    status = head[9:12]
+    message = PARSE_ERRORS.get(int(status)) if status.isdigit() else None
+    if message is None or not head.endswith(b"\r\n\r\n"):
+        return head
+    lines = head[:-4].split(b"\r\n")
+    names = [line.split(b":", 1)[0].strip().lower() for line in lines[1:]]
+    if b"content-type" in names or b"content-length: 0" not in (line.lower() for line in lines[1:]):
+        return head
+    body = orjson.dumps({"error": message})
+    kept = [line for line in lines[1:] if not line.lower().startswith(b"content-length:")]
+    out = [lines[0], b"content-type: application/json", b"content-length: %d" % len(body), *kept]
+    return b"\r\n".join(out) + b"\r\n\r\n" + body
+
+
+async def _refuse_connection(writer: asyncio.StreamWriter, limit: int) -> None:
+    body = orjson.dumps({"error": f"too many connections: the server serves at most {limit} at once"})
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode()
+    with contextlib.suppress(Exception):
+        writer.write(head + body)
+        await asyncio.wait_for(writer.drain(), 5.0)
+    with contextlib.suppress(Exception):
+        writer.close()
+        await asyncio.wait_for(writer.wait_closed(), 5.0)
