@@ -21,7 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from seqserve.api.grpc_stream import DRAIN_HANDOFF_MESSAGE, SHUTDOWN_MESSAGE
+from seqserve.api.grpc.stream import DRAIN_HANDOFF_MESSAGE, SHUTDOWN_MESSAGE
 from tests.helpers import wait_until_sync
 from tests.integration._util import SyncStream, grpc_input, http_request, new_int_id
 from tests.integration.conftest import ServerProcess

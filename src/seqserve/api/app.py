@@ -19,7 +19,7 @@ from typing import Any
 
 from seqserve import __version__
 from seqserve.api import http_servers, security
-from seqserve.api.grpc_stream import StreamDrain, StreamStats
+from seqserve.api.grpc.stream import StreamDrain, StreamStats
 from seqserve.api.http import HttpFrontend, close_when_exiting
 from seqserve.api.limits import DEFAULT_MAX_BODY_BYTES, GrpcLimits, HttpLimits, shutdown_executor
 from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig, MetricsServer, start_metrics
@@ -342,7 +342,7 @@ def _reason(e: OSError) -> str:
 
 
 async def _start_grpc(server: Server, opts: ServeOptions, streams: StreamDrain | None = None) -> Any:
-    from seqserve.api.grpc import start_grpc
+    from seqserve.api.grpc.serve import start_grpc
 
     if opts.stream_stats is None:
         opts.stream_stats = StreamStats()

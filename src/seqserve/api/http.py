@@ -23,9 +23,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from seqserve.api import kserve_json, sequences
 from seqserve.api.errors import internal_error
-from seqserve.api.grpc_codec import NO_SHM
 from seqserve.api.http_body import BodyTimeout, BodyWatch, ClientGone, read_body
-from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, enqueue_single
+from seqserve.api.kserve import EXTENSIONS, NO_SHM, SESSION_END_KEY, SESSION_ID_KEY, apply_session, enqueue_single
 from seqserve.api.limits import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,

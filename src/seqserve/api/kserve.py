@@ -16,6 +16,9 @@ import numpy as np
 
 from seqserve.engine import Code, DecoupledModelError, InferenceError, InferRequest, InferResult, Server, tensors
 
+#: why the shared-memory APIs and parameters are refused, on both front-ends
+NO_SHM = "seqserve does not implement shared memory: send tensor data in the request (raw_input_contents) instead"
+
 #: The protocol extensions the front-ends serve, reported by server metadata on HTTP and gRPC.
 EXTENSIONS = (
     "sequence",
