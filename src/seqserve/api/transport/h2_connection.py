@@ -181,9 +181,8 @@ class H2Connection:
 
     def take_events(self) -> list[Event]:
         """The events that commands caused (streams reset or drained), oldest first."""
-        pending = self._pending
-        events = list(pending)
-        pending.clear()
+        events = list(self._pending)
+        self._pending.clear()
         return events
 
     def close(self, code: int = NO_ERROR, message: str = "") -> None:
@@ -192,6 +191,7 @@ class H2Connection:
             return
         self.send_goaway(code, message)
         self.closed = True
+        self._pending.append(ConnectionTerminated(code, message))
         self._on_output()
 
     def send_goaway(self, code: int = NO_ERROR, message: str = "") -> None:
@@ -222,15 +222,16 @@ class H2Connection:
         self.last_active = self._clock()
 
     def receive_data(self, data: bytes) -> Iterator[Event]:
-        """Buffer ``data`` and handle the complete frames (at most FRAMES_PER_TURN): the events
-        come as each frame is handled, and the frame after waits until the one before has been
-        handled by the caller, so the caller's commands act on the state they saw."""
+        """Buffer ``data`` and handle its frames (``events``): each frame's events come before
+        the next frame is handled, so the caller's commands act on the state they saw."""
         self.feed(data)
         return self.events()
 
     def events(self) -> Iterator[Event]:
         """Handle the frames buffered (at most FRAMES_PER_TURN), yielding their events."""
         self.backlog = False
+        if self.closed:  # after its GOAWAY a connection reads nothing
+            return
         buf = self._buf
         pos = 0
         pending = self._pending
@@ -288,7 +289,6 @@ class H2Connection:
             self.close(*failure)
             while pending:
                 yield pending.popleft()
-            yield ConnectionTerminated(*failure)
 
     def _control_frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
         if kind == WINDOW_UPDATE:
@@ -584,7 +584,7 @@ class H2Connection:
             return
         self._discard(s)
 
-    def _drained(self, s: StreamState) -> None:
+    def _drained(self, s: StreamState) -> None:  # the outbound half's: an outbox emptied
         self._pending.append(StreamWritable(s))
 
     def _discard(self, s: StreamState) -> None:

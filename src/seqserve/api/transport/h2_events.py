@@ -77,8 +77,8 @@ class PingAcknowledged:
 
 
 class ConnectionTerminated:
-    """This side ended the connection (a GOAWAY with ``error_code`` is queued and the
-    connection accepts nothing more): the client broke a connection-level rule."""
+    """This side ended the connection: a GOAWAY with ``error_code`` is queued and the
+    connection accepts nothing more (an error code: the client broke a connection rule)."""
 
     __slots__ = ("error_code", "message")
 
