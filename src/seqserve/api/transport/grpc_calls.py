@@ -1,8 +1,8 @@
 """gRPC calls on an HTTP/2 connection: ``GrpcConnection`` handles the ``H2Connection``'s events
 (a request's headers become a ``GrpcCall``, its DATA the call's messages) and gives the core
 its commands; ``GrpcCall`` is one rpc's stream: its messages in (``MessageFramer``) and out,
-its deadline and status; ``BuiltinContext`` is what the handler sees (``CallContext``); the
-handler runs in a task of ``grpc_runner``.
+its deadline and status. The handler runs in a task of ``grpc_runner``, which gives it the
+call's ``BuiltinContext``.
 
 gRPC over HTTP/2 as clients expect it: messages up to ``max_receive_message_bytes``
 (RESOURCE_EXHAUSTED beyond, before the rest is read), ``grpc-timeout`` deadlines
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from seqserve.api.transport import grpc_runner
@@ -30,7 +30,7 @@ from seqserve.api.transport.grpc_messages import (
     metadata_value,
     parse_timeout,
     status_trailers,
-    whole_message,
+    too_large,
 )
 from seqserve.api.transport.h2_events import (
     DataReceived,
@@ -81,24 +81,26 @@ class GrpcConnection:
 
     # ------------------------------------------------------------------ events
 
-    def dispatch(self, event: Event) -> None:
-        if type(event) is DataReceived:
-            event.stream.owner.on_data(event.data)
-        elif type(event) is StreamEnded:
-            event.stream.owner.on_end()
-        elif type(event) is RequestReceived:
-            self._request(event)
-        elif type(event) is StreamReset:
-            event.stream.owner.on_reset()
-        elif type(event) is StreamWritable:
-            event.stream.owner.wake()
-        elif type(event) is PingAcknowledged:
-            self.ping_sent = None
+    def handle(self, events: Iterable[Event]) -> None:
+        for event in events:
+            if type(event) is DataReceived:
+                event.stream.owner.on_data(event.stream, event.data)
+            elif type(event) is StreamEnded:
+                event.stream.owner.on_end(event.stream)
+            elif type(event) is RequestReceived:
+                self._request(event)
+            elif type(event) is StreamReset:
+                event.stream.owner.on_reset()
+            elif type(event) is StreamWritable:
+                event.stream.owner.wake()
+            elif type(event) is PingAcknowledged:
+                self.ping_sent = None
 
     def settle(self) -> None:
-        """Dispatch what the last command caused (a stream reset, an outbox drained)."""
-        for event in self.h2.take_events():
-            self.dispatch(event)
+        """Handle what the last command caused (a stream reset, an outbox drained)."""
+        events = self.h2.take_events()
+        if events:
+            self.handle(events)
 
     def connection_made(self, transport: Any) -> None:
         address = transport.get_extra_info("peername")
@@ -210,7 +212,6 @@ class GrpcCall:
     __slots__ = (
         "compressed",
         "conn",
-        "context",
         "deadline",
         "drained",
         "encoding",
@@ -218,19 +219,22 @@ class GrpcCall:
         "headers_sent",
         "held",
         "messages",
+        "metadata",
         "method",
         "reader",
         "request",
-        "state",
+        "stream_id",
         "task",
     )
 
     def __init__(self, conn: GrpcConnection, state: StreamState, method: Method, metadata: Metadata) -> None:
+        # The stream's state points to the call (its ``owner``), not the other way: the call
+        # looks its state up (``stream``), so that no cycle keeps an ended call alive.
         self.conn = conn
-        self.state = state
+        self.stream_id = state.id
         state.owner = self
         self.method = method
-        self.context = BuiltinContext(self, metadata)
+        self.metadata = metadata
         self.encoding = 0  # zlib wbits of grpc-encoding, 0: identity
         self.framer: MessageFramer | None = None  # bytes of a message not yet complete
         self.request: bytes | None = None  # a unary call's message
@@ -243,9 +247,18 @@ class GrpcCall:
         self.deadline: asyncio.TimerHandle | None = None
         self.headers_sent = False
 
+    def stream(self) -> StreamState | None:
+        """The call's stream while it is open (None once it has ended)."""
+        return self.conn.h2.streams.get(self.stream_id)
+
+    def sending(self) -> bool:
+        """Whether the call may still send (its reply is not over)."""
+        state = self.conn.h2.streams.get(self.stream_id)
+        return state is not None and state.local_open
+
     # ------------------------------------------------------------------ from HTTP/2
 
-    def on_data(self, data: bytes) -> None:
+    def on_data(self, state: StreamState, data: bytes) -> None:
         conn = self.conn
         if self.method.streaming:
             # The window comes back as the handler reads (``_release``), and at most READ_AHEAD
@@ -258,15 +271,15 @@ class GrpcCall:
             self._parse()
             self._release()
             return
-        conn.h2.consumed(self.state, len(data))  # a unary call's one message: bounded by the message limit
+        conn.h2.consumed(state, len(data))  # a unary call's one message: bounded by the message limit
         if self.framer is None:
-            try:
-                whole = whole_message(data, conn.max_receive)
-            except CallAborted as e:
-                self.finish(e.status, e.details)
-                return
-            if whole is not None:
-                self._message(*whole)
+            size = len(data) - 5
+            if size >= 0 and data[0] <= 1 and int.from_bytes(data[1:5], "big") == size:
+                if size > conn.max_receive:
+                    error = too_large(size, conn.max_receive)
+                    self.finish(error.status, error.details)
+                else:
+                    self._message(data[0] == 1, data[5:])  # one message in one frame: one copy, no buffer
                 return
             self.framer = MessageFramer(conn.max_receive)
         self.framer.feed(data)
@@ -283,7 +296,7 @@ class GrpcCall:
                 if message is None:
                     return
                 self._message(*message)
-                if not self.state.local_open:
+                if not self.sending():
                     return
         except CallAborted as e:
             self.finish(e.status, e.details)
@@ -293,7 +306,9 @@ class GrpcCall:
         then is read, or an incomplete message, which must arrive whole anyway."""
         if not self.messages and self.held:
             held, self.held = self.held, 0
-            self.conn.h2.consumed(self.state, held)
+            state = self.stream()
+            if state is not None:
+                self.conn.h2.consumed(state, held)
 
     def _message(self, compressed: bool, message: bytes) -> None:
         if compressed and not self.encoding:
@@ -313,13 +328,13 @@ class GrpcCall:
         self.request = message
         self.compressed = compressed
 
-    def on_end(self) -> None:
+    def on_end(self, state: StreamState) -> None:
         if self.method.streaming:
             reader = self.reader
             if reader is not None and not reader.done():
                 reader.set_result(None)
             return
-        if self.task is not None or not self.state.local_open:
+        if self.task is not None or not state.local_open:
             return
         if self.request is None:
             self.finish(Status.UNIMPLEMENTED, "the request message is missing")
@@ -352,7 +367,8 @@ class GrpcCall:
         messages = self.messages
         assert messages is not None
         while not messages:
-            if not self.state.remote_open:
+            state = self.stream()
+            if state is None or not state.remote_open:
                 return None
             self.reader = self.conn.loop.create_future()
             await self.reader
@@ -376,28 +392,35 @@ class GrpcCall:
             return True
         framed = b"\x00" + len(data).to_bytes(4, "big") + data
         h2 = conn.h2
+        state = h2.streams.get(self.stream_id)
+        if state is None:  # the call has ended: nothing goes out
+            return not conn.protocol.write_paused
         if last:
-            h2.send_reply(self.state, REPLY_HEADERS, framed, OK_TRAILERS)
-            conn.settle()
+            h2.send_reply(state, REPLY_HEADERS, framed, OK_TRAILERS)
+            events = h2.take_events()
+            if events:  # the client had not finished sending: its stream was reset
+                conn.handle(events)
             return True
         if not self.headers_sent:
             self.headers_sent = True
-            h2.send_headers(self.state, REPLY_HEADERS)
-        sent = h2.send_data(self.state, framed)
+            h2.send_headers(state, REPLY_HEADERS)
+        sent = h2.send_data(state, framed)
         conn.settle()
         return sent and not conn.protocol.write_paused
 
     async def until_drained(self) -> None:
         """Until the stream's outbox is sent and the transport takes writes (or the call ended)."""
         conn = self.conn
-        state = self.state
-        while (state.outbox is not None or conn.protocol.write_paused) and state.local_open:
+        while (state := self.stream()) is not None and state.local_open:
+            if state.outbox is None and not conn.protocol.write_paused:
+                return
             self.drained = conn.loop.create_future()
             await self.drained
 
     def finish(self, status: Status, details: str) -> None:
         """End the call with a status (trailers, or a trailers-only reply)."""
-        if not self.state.local_open:
+        state = self.stream()
+        if state is None or not state.local_open:
             return
         if self.deadline is not None:
             self.deadline.cancel()
@@ -408,34 +431,9 @@ class GrpcCall:
         block = status_trailers(
             int(status), details if status != Status.OK else "", trailers_only=not self.headers_sent
         )
-        self.conn.h2.send_headers(self.state, block, end_stream=True)
+        self.conn.h2.send_headers(state, block, end_stream=True)
         self.conn.settle()
 
     def expire(self) -> None:
         self.deadline = None
         self.finish(Status.DEADLINE_EXCEEDED, "Deadline Exceeded")
-
-
-class BuiltinContext:
-    """The builtin server's ``CallContext``: the call's metadata and peer, and (for a stream)
-    its request messages, which the context also iterates."""
-
-    __slots__ = ("_call", "metadata")
-
-    def __init__(self, call: GrpcCall, metadata: Metadata) -> None:
-        self._call = call
-        self.metadata = metadata
-
-    def peer(self) -> str:
-        return self._call.conn.peer
-
-    async def read(self) -> Any:
-        return await self._call.read()
-
-    def __aiter__(self) -> AsyncIterator[Any]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[Any]:
-        read = self._call.read
-        while (message := await read()) is not None:
-            yield message

@@ -97,16 +97,6 @@ class MessageFramer:
         return flag == 1, message
 
 
-def whole_message(data: bytes, limit: int) -> tuple[bool, bytes] | None:
-    """``data`` when it is exactly one message (a unary request in one DATA frame, nearly
-    always): taken with one copy and no buffer. None when it is not."""
-    if len(data) >= 5 and data[0] <= 1 and int.from_bytes(data[1:5], "big") == len(data) - 5:
-        if len(data) - 5 > limit:
-            raise too_large(len(data) - 5, limit)
-        return data[0] == 1, data[5:]
-    return None
-
-
 async def inflate_message(message: bytes, wbits: int, limit: int) -> bytes:
     """A compressed message inflated within the message limit (``limits.inflate_bounded``)."""
     try:

@@ -1,12 +1,13 @@
 """The task that runs a call's handler: a unary handler's one reply, a streaming handler's
 replies as the client's window takes them, and the status the call ends with for whatever the
-handler raised."""
+handler raised; and the builtin server's ``CallContext``, which the handler is given."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from seqserve.api.transport.grpc_context import CallAborted, Status
@@ -26,7 +27,7 @@ async def run_unary(call: GrpcCall) -> None:
         deserialize = call.method.deserialize
         if deserialize is not None:
             request = deserialize(request)
-        reply = await call.method.behaviour(request, call.context)
+        reply = await call.method.behaviour(request, BuiltinContext(call))
         call.send_message(reply, last=True)
     except (Exception, asyncio.CancelledError) as e:
         end_by(call, e)
@@ -36,13 +37,13 @@ async def run_unary(call: GrpcCall) -> None:
 
 
 async def run_stream(call: GrpcCall) -> None:
-    context = call.context
+    context = BuiltinContext(call)
     replies = call.method.behaviour(context, context)
     try:
         async for reply in replies:
             if not call.send_message(reply, last=False):
                 await call.until_drained()
-            if not call.state.local_open:
+            if not call.sending():
                 break
         call.finish(Status.OK, "")
     except (Exception, asyncio.CancelledError) as e:
@@ -67,3 +68,28 @@ def end_by(call: GrpcCall, e: BaseException) -> None:
     else:
         log.exception("gRPC %s failed", call.method.behaviour)
         call.finish(Status.UNKNOWN, f"Unexpected error in RPC handler: {type(e).__name__}")
+
+
+class BuiltinContext:
+    """The builtin server's ``CallContext``: the call's metadata and peer, and (for a stream)
+    its request messages, which the context also iterates."""
+
+    __slots__ = ("_call", "metadata")
+
+    def __init__(self, call: GrpcCall) -> None:
+        self._call = call
+        self.metadata = call.metadata
+
+    def peer(self) -> str:
+        return self._call.conn.peer
+
+    async def read(self) -> Any:
+        return await self._call.read()
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Any]:
+        read = self._call.read
+        while (message := await read()) is not None:
+            yield message

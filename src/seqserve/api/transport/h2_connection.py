@@ -4,15 +4,14 @@
 and bytes out (``data_to_send``). The asyncio adapter (``h2_protocol``) owns the socket and the
 timers; the gRPC call layer (``grpc_calls``) handles the events. Tests: test_h2_connection.py.
 
-It implements what a gRPC server needs and nothing else: no server push, no priorities (parsed
-and ignored), reply header blocks that never insert into the dynamic table (every block leaves
-through ``_header_frames``, the one place a dynamic table size update would be prefixed), HPACK
-decoding by the ``hpack`` library. Every size is checked before it is kept:
+What a gRPC server needs and nothing else: no server push, no priorities (parsed and ignored),
+reply header blocks that never insert into the dynamic table (every block leaves through
+``Outbound.header_frames``, where a table size update would be prefixed), HPACK decoding by
+``hpack`` (``h2_hpack``). Every size is checked before it is kept:
 
 - a frame over ``MAX_FRAME_SIZE`` (advertised) is a FRAME_SIZE_ERROR;
 - a header block over ``MAX_HEADER_BLOCK`` (HEADERS plus CONTINUATION, compressed) ends the
-  connection, and a decoded one over ``max_header_list_bytes`` fails its stream (the layer
-  above checks it);
+  connection; a decoded one over ``max_header_list_bytes`` fails its stream (checked above);
 - a stream or the connection sending more than its window is a FLOW_CONTROL_ERROR; windows are
   given back as the layer above consumes what it was sent (``consumed``);
 - streams beyond ``max_concurrent_streams`` are refused (REFUSED_STREAM), and a client that
@@ -20,8 +19,7 @@ decoding by the ``hpack`` library. Every size is checked before it is kept:
 - at most ``FRAMES_PER_TURN`` frames are handled per ``receive_data``: the rest waits for the
   adapter's next turn (``backlog``), so one read of tiny frames cannot hold the event loop.
 
-Events that commands cause (a stream reset by this side, an outbox that emptied) are taken
-with ``take_events`` by whoever gave the command.
+Events that commands cause (a stream reset, an outbox emptied): ``take_events``, by the caller.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import hpack.exceptions
@@ -53,7 +51,6 @@ from seqserve.api.transport.h2_frames import (
     CONTROL_WINDOW_S,
     DATA,
     DEFAULT_FRAME_SIZE,
-    DEFAULT_WINDOW,
     END_HEADERS,
     END_STREAM,
     ENHANCE_YOUR_CALM,
@@ -82,9 +79,7 @@ from seqserve.api.transport.h2_frames import (
     RST_STREAM,
     S_ENABLE_PUSH,
     S_INITIAL_WINDOW_SIZE,
-    S_MAX_CONCURRENT_STREAMS,
     S_MAX_FRAME_SIZE,
-    S_MAX_HEADER_LIST_SIZE,
     SETTING,
     SETTINGS,
     STREAM_CLOSED,
@@ -95,6 +90,7 @@ from seqserve.api.transport.h2_frames import (
     RateWindow,
     frame,
     frame_header,
+    server_preface,
     unpad,
 )
 from seqserve.api.transport.h2_hpack import HeaderDecoder
@@ -148,19 +144,7 @@ class H2Connection:
 
     def initiate(self) -> None:
         """The server's preface: its SETTINGS, and the connection window raised."""
-        settings = b"".join(
-            SETTING.pack(k, v)
-            for k, v in (
-                (S_MAX_CONCURRENT_STREAMS, self.max_concurrent_streams),
-                (S_INITIAL_WINDOW_SIZE, STREAM_WINDOW),
-                (S_MAX_FRAME_SIZE, MAX_FRAME_SIZE),
-                (S_MAX_HEADER_LIST_SIZE, self.max_header_list_bytes),
-                (S_ENABLE_PUSH, 0),
-            )
-        )
-        self._write(
-            frame(SETTINGS, 0, 0, settings) + frame(WINDOW_UPDATE, 0, 0, U32.pack(CONNECTION_WINDOW - DEFAULT_WINDOW))
-        )
+        self._write(server_preface(self.max_concurrent_streams, self.max_header_list_bytes))
 
     def data_to_send(self) -> bytes:
         """What to send, joined once: the writes of one adapter turn cost one system call."""
@@ -179,8 +163,10 @@ class H2Connection:
         if len(out) == 1:
             self._on_output()
 
-    def take_events(self) -> list[Event]:
+    def take_events(self) -> Sequence[Event]:
         """The events that commands caused (streams reset or drained), oldest first."""
+        if not self._pending:
+            return ()
         events = list(self._pending)
         self._pending.clear()
         return events
@@ -268,11 +254,26 @@ class H2Connection:
                 if not self.settings_seen and kind != SETTINGS:
                     raise ProtocolError(PROTOCOL_ERROR, "the first frame must be SETTINGS")
                 if kind == DATA:
-                    yield from self._data(flags, sid, payload)
+                    delivery = self._data(flags, sid, payload)
+                    if delivery is not None:
+                        stream, data = delivery
+                        if data:
+                            yield DataReceived(stream, data, length)
+                        elif not flags & END_STREAM:
+                            self._control()  # an empty DATA frame carries nothing
+                        if flags & END_STREAM and sid in self.streams:
+                            stream.remote_open = False
+                            yield StreamEnded(stream)
+                            if not stream.local_open:
+                                self._discard(stream)
                 elif kind == HEADERS:
-                    yield from self._headers(flags, sid, payload)
+                    block = self._headers(flags, sid, payload)
+                    if block is not None:
+                        yield from self._header_block(sid, *block)
                 elif kind == CONTINUATION:
-                    yield from self._continuation_frame(flags, sid, payload)
+                    block = self._continued(flags, sid, payload)
+                    if block is not None:
+                        yield from self._header_block(sid, *block)
                 else:
                     self._control_frame(kind, flags, sid, payload)
                 while pending:
@@ -417,7 +418,8 @@ class H2Connection:
         if self._controls.add(self._clock(), n):
             raise ProtocolError(ENHANCE_YOUR_CALM, "too many control frames")
 
-    def _data(self, flags: int, sid: int, payload: bytes) -> Iterator[Event]:
+    def _data(self, flags: int, sid: int, payload: bytes) -> tuple[StreamState, bytes] | None:
+        """Account a DATA frame; its stream and payload (unpadded) when they are delivered."""
         if not sid:
             raise ProtocolError(PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
@@ -439,25 +441,18 @@ class H2Connection:
                 raise ProtocolError(PROTOCOL_ERROR, "DATA on an idle stream")
             if s is not None:
                 self.reset(s, STREAM_CLOSED)
-            return  # a stream reset or answered since: dropped
+            return None  # a stream reset or answered since: dropped
         s.progress = self._clock()
         s.recv_window -= size
         if s.recv_window < 0:
             self.reset(s, FLOW_CONTROL_ERROR)
-            return
+            return None
         if size > len(payload):
             self.consumed(s, size - len(payload))  # padding: counted against the window, consumed now
-        if payload:
-            yield DataReceived(s, payload, size)
-        elif not flags & END_STREAM:
-            self._control()  # an empty DATA frame carries nothing
-        if flags & END_STREAM and sid in self.streams:
-            s.remote_open = False
-            yield StreamEnded(s)
-            if not s.local_open:
-                self._discard(s)
+        return s, payload
 
-    def _headers(self, flags: int, sid: int, payload: bytes) -> Iterator[Event]:
+    def _headers(self, flags: int, sid: int, payload: bytes) -> tuple[int, bytes] | None:
+        """A HEADERS frame: (flags, header block) when the block is complete."""
         if not sid:
             raise ProtocolError(PROTOCOL_ERROR, "HEADERS on stream 0")
         if flags & PADDED:
@@ -470,10 +465,11 @@ class H2Connection:
             raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
         if not flags & END_HEADERS:
             self._continuation = (sid, flags, bytearray(payload))
-            return
-        yield from self._header_block(sid, flags, payload)
+            return None
+        return flags, payload
 
-    def _continuation_frame(self, flags: int, sid: int, payload: bytes) -> Iterator[Event]:
+    def _continued(self, flags: int, sid: int, payload: bytes) -> tuple[int, bytes] | None:
+        """A CONTINUATION frame: (the HEADERS' flags, header block) when the block is complete."""
         pending = self._continuation
         if pending is None or pending[0] != sid:
             raise ProtocolError(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
@@ -481,9 +477,10 @@ class H2Connection:
         block += payload
         if len(block) > MAX_HEADER_BLOCK:
             raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
-        if flags & END_HEADERS:
-            self._continuation = None
-            yield from self._header_block(sid, pending[1], bytes(block))
+        if not flags & END_HEADERS:
+            return None
+        self._continuation = None
+        return pending[1], bytes(block)
 
     def _header_block(self, sid: int, flags: int, block: bytes) -> Iterator[Event]:
         headers = self.decoder.decode(block)

@@ -82,6 +82,21 @@ def frame_header(kind: int, flags: int, stream_id: int, length: int) -> bytes:
     return FRAME_HEADER.pack(length >> 8, length & 0xFF, kind, flags, stream_id)
 
 
+def server_preface(max_concurrent_streams: int, max_header_list_bytes: int) -> bytes:
+    """The server's first frames: its SETTINGS, and the connection window raised."""
+    settings = b"".join(
+        SETTING.pack(k, v)
+        for k, v in (
+            (S_MAX_CONCURRENT_STREAMS, max_concurrent_streams),
+            (S_INITIAL_WINDOW_SIZE, STREAM_WINDOW),
+            (S_MAX_FRAME_SIZE, MAX_FRAME_SIZE),
+            (S_MAX_HEADER_LIST_SIZE, max_header_list_bytes),
+            (S_ENABLE_PUSH, 0),
+        )
+    )
+    return frame(SETTINGS, 0, 0, settings) + frame(WINDOW_UPDATE, 0, 0, U32.pack(CONNECTION_WINDOW - DEFAULT_WINDOW))
+
+
 def unpad(payload: bytes) -> bytes:
     if not payload:
         raise ProtocolError(PROTOCOL_ERROR, "padded frame without its pad length")

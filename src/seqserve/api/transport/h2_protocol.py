@@ -23,8 +23,8 @@ CLOSE_TIMEOUT_S = 5.0
 class EventHandler(Protocol):
     """The layer above one connection (the gRPC calls)."""
 
-    def dispatch(self, event: Event) -> None:
-        """Act on one event, before the next frame is handled."""
+    def handle(self, events: Iterable[Event]) -> None:
+        """Act on each event in turn: each before the next frame is handled."""
 
     def connection_made(self, transport: Any) -> None: ...
 
@@ -77,7 +77,7 @@ class H2Protocol(asyncio.Protocol):
             self._turn_handle.cancel()
         if self._abort_handle is not None:
             self._abort_handle.cancel()
-        self.dispatch(h2.take_events())
+        self.handler.handle(h2.take_events())
         self.handler.connection_lost()
 
     def pause_writing(self) -> None:
@@ -149,7 +149,7 @@ class H2Protocol(asyncio.Protocol):
     def _handle(self, events: Iterable[Event]) -> None:
         h2 = self.h2
         try:
-            self.dispatch(events)
+            self.handler.handle(events)
         except Exception:  # a bug: this connection ends, the server goes on
             log.exception("gRPC connection failed")
             h2.close(INTERNAL_ERROR, "internal error")
@@ -157,8 +157,3 @@ class H2Protocol(asyncio.Protocol):
         if h2.backlog:  # frames left for the next turn of the loop
             self._pause_reading("turn")
             self._turn_handle = self.loop.call_soon(self._next_turn)
-
-    def dispatch(self, events: Iterable[Event]) -> None:
-        dispatch = self.handler.dispatch
-        for event in events:
-            dispatch(event)
