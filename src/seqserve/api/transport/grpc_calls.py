@@ -156,15 +156,15 @@ class GrpcConnection:
         method = self.methods.get(path)
         call = GrpcCall(self, self.h2.accept(stream_id, end_stream), method or _UNKNOWN, tuple(metadata))
         if method is None:
-            call.finish(Status.UNIMPLEMENTED, f"Method not found: {path[:200].decode('latin-1')}")
+            call.refuse(Status.UNIMPLEMENTED, f"Method not found: {path[:200].decode('latin-1')}")
             return
         if size > MAX_HEADER_LIST_BYTES:
-            call.finish(Status.RESOURCE_EXHAUSTED, f"metadata of {size} bytes over {MAX_HEADER_LIST_BYTES}")
+            call.refuse(Status.RESOURCE_EXHAUSTED, f"metadata of {size} bytes over {MAX_HEADER_LIST_BYTES}")
             return
         if encoding is not None and encoding != b"identity":
             wbits = ENCODINGS.get(encoding)
             if wbits is None:
-                call.finish(
+                call.refuse(
                     Status.UNIMPLEMENTED,
                     f"Compression algorithm '{encoding[:40].decode('latin-1')}' is not supported",
                 )
@@ -186,10 +186,10 @@ class GrpcConnection:
         for s in list(self.h2.streams.values()):
             if s.progress > stalled:
                 continue
-            call: GrpcCall = s.owner
+            call = s.owner
             if s.outbox is not None:
                 self.reset(s, CANCEL)
-            elif s.remote_open and not call.method.streaming:
+            elif s.remote_open and isinstance(call, GrpcCall) and not call.method.streaming:
                 call.finish(Status.DEADLINE_EXCEEDED, f"the request did not arrive within {STALL_S:g} s")
 
     def expired(self, now: float, keepalive_timeout_s: float) -> bool:
@@ -223,16 +223,14 @@ class GrpcCall:
         "method",
         "reader",
         "request",
-        "stream_id",
+        "state",
         "task",
     )
 
     def __init__(self, conn: GrpcConnection, state: StreamState, method: Method, metadata: Metadata) -> None:
-        # The stream's state points to the call (its ``owner``), not the other way: the call
-        # looks its state up (``stream``), so that no cycle keeps an ended call alive.
         self.conn = conn
-        self.stream_id = state.id
-        state.owner = self
+        self.state = state
+        state.owner = self  # until the call's task ends (``release``)
         self.method = method
         self.metadata = metadata
         self.encoding = 0  # zlib wbits of grpc-encoding, 0: identity
@@ -247,14 +245,11 @@ class GrpcCall:
         self.deadline: asyncio.TimerHandle | None = None
         self.headers_sent = False
 
-    def stream(self) -> StreamState | None:
-        """The call's stream while it is open (None once it has ended)."""
-        return self.conn.h2.streams.get(self.stream_id)
-
-    def sending(self) -> bool:
-        """Whether the call may still send (its reply is not over)."""
-        state = self.conn.h2.streams.get(self.stream_id)
-        return state is not None and state.local_open
+    def release(self) -> None:
+        """The call's task has ended: what its stream still gets (a window that opens for its
+        queued trailers, a late reset) concerns nobody, and the stream no longer keeps the call
+        (nor the call, through the stream, itself) alive."""
+        self.state.owner = ENDED
 
     # ------------------------------------------------------------------ from HTTP/2
 
@@ -296,7 +291,7 @@ class GrpcCall:
                 if message is None:
                     return
                 self._message(*message)
-                if not self.sending():
+                if not self.state.local_open:
                     return
         except CallAborted as e:
             self.finish(e.status, e.details)
@@ -306,9 +301,7 @@ class GrpcCall:
         then is read, or an incomplete message, which must arrive whole anyway."""
         if not self.messages and self.held:
             held, self.held = self.held, 0
-            state = self.stream()
-            if state is not None:
-                self.conn.h2.consumed(state, held)
+            self.conn.h2.consumed(self.state, held)
 
     def _message(self, compressed: bool, message: bytes) -> None:
         if compressed and not self.encoding:
@@ -350,6 +343,8 @@ class GrpcCall:
         reader = self.reader
         if reader is not None and not reader.done():
             reader.set_result(None)
+        if task is None:  # no handler runs (a task releases the call when it ends)
+            self.release()
 
     def wake(self) -> None:
         waiter = self.drained
@@ -367,8 +362,7 @@ class GrpcCall:
         messages = self.messages
         assert messages is not None
         while not messages:
-            state = self.stream()
-            if state is None or not state.remote_open:
+            if not self.state.remote_open:
                 return None
             self.reader = self.conn.loop.create_future()
             await self.reader
@@ -392,9 +386,7 @@ class GrpcCall:
             return True
         framed = b"\x00" + len(data).to_bytes(4, "big") + data
         h2 = conn.h2
-        state = h2.streams.get(self.stream_id)
-        if state is None:  # the call has ended: nothing goes out
-            return not conn.protocol.write_paused
+        state = self.state
         if last:
             h2.send_reply(state, REPLY_HEADERS, framed, OK_TRAILERS)
             events = h2.take_events()
@@ -411,16 +403,15 @@ class GrpcCall:
     async def until_drained(self) -> None:
         """Until the stream's outbox is sent and the transport takes writes (or the call ended)."""
         conn = self.conn
-        while (state := self.stream()) is not None and state.local_open:
-            if state.outbox is None and not conn.protocol.write_paused:
-                return
+        state = self.state
+        while (state.outbox is not None or conn.protocol.write_paused) and state.local_open:
             self.drained = conn.loop.create_future()
             await self.drained
 
     def finish(self, status: Status, details: str) -> None:
         """End the call with a status (trailers, or a trailers-only reply)."""
-        state = self.stream()
-        if state is None or not state.local_open:
+        state = self.state
+        if not state.local_open:
             return
         if self.deadline is not None:
             self.deadline.cancel()
@@ -434,6 +425,32 @@ class GrpcCall:
         self.conn.h2.send_headers(state, block, end_stream=True)
         self.conn.settle()
 
+    def refuse(self, status: Status, details: str) -> None:
+        """End the call before its handler runs (it never will)."""
+        self.finish(status, details)
+        self.release()
+
     def expire(self) -> None:
         self.deadline = None
         self.finish(Status.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+
+class EndedCall:
+    """The owner of a stream whose call has ended: the events that still come are dropped."""
+
+    __slots__ = ()
+
+    def on_data(self, state: StreamState, data: bytes) -> None:
+        pass
+
+    def on_end(self, state: StreamState) -> None:
+        pass
+
+    def on_reset(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass
+
+
+ENDED = EndedCall()

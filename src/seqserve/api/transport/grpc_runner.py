@@ -34,6 +34,7 @@ async def run_unary(call: GrpcCall) -> None:
     finally:
         if call.deadline is not None:
             call.deadline.cancel()
+        call.release()
 
 
 async def run_stream(call: GrpcCall) -> None:
@@ -43,7 +44,7 @@ async def run_stream(call: GrpcCall) -> None:
         async for reply in replies:
             if not call.send_message(reply, last=False):
                 await call.until_drained()
-            if not call.sending():
+            if not call.state.local_open:
                 break
         call.finish(Status.OK, "")
     except (Exception, asyncio.CancelledError) as e:
@@ -53,6 +54,7 @@ async def run_stream(call: GrpcCall) -> None:
             call.deadline.cancel()
         with contextlib.suppress(BaseException):  # the handler's own cleanup, now, not at GC
             await replies.aclose()
+        call.release()
 
 
 def end_by(call: GrpcCall, e: BaseException) -> None:

@@ -130,6 +130,12 @@ class H2Connection:
         self._out: list[bytes] = []
         self._pending: collections.deque[Event] = collections.deque()
         self.outbound = Outbound(self._write, self._drained, self._local_end, clock)
+        # the send commands are the outbound half's own (no call in between on the hot path):
+        # a header block or trailers behind the stream's DATA; DATA within the windows, the
+        # rest queued (whether all of it went out); a whole reply, in one write when it fits
+        self.send_headers = self.outbound.headers
+        self.send_data = self.outbound.data
+        self.send_reply = self.outbound.reply
         self._preface = False
         self._continuation: tuple[int, int, bytearray] | None = None  # stream id, flags, block
         # streams reset by the client, or by us for what the client did: each frees a stream
@@ -537,18 +543,6 @@ class H2Connection:
             self._write(frame(WINDOW_UPDATE, 0, s.id, U32.pack(s.recv_unacked)))
             s.recv_window += s.recv_unacked
             s.recv_unacked = 0
-
-    def send_headers(self, s: StreamState, block: bytes, end_stream: bool = False) -> None:
-        """A header block (or trailers, with ``end_stream``) for a stream, behind its DATA."""
-        self.outbound.headers(s, block, end_stream)
-
-    def send_data(self, s: StreamState, data: bytes) -> bool:
-        """DATA as far as the windows allow, the rest queued; whether all of it went out."""
-        return self.outbound.data(s, data)
-
-    def send_reply(self, s: StreamState, headers: bytes, data: bytes, trailers: bytes) -> None:
-        """Headers, one DATA payload and trailers: a whole reply, in one write when it fits."""
-        self.outbound.reply(s, headers, data, trailers)
 
     def reset(self, s: StreamState, code: int) -> None:
         """End a stream with RST_STREAM (from our side)."""
