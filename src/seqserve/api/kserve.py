@@ -1,4 +1,4 @@
-"""What the two KServe v2 codecs share (``kserve_json`` for HTTP, ``grpc_codec`` for gRPC).
+"""What the two KServe v2 codecs share (``kserve_json`` for HTTP, ``grpc.codec`` for gRPC).
 
 The datatypes as the protocol names them (derived from ``seqserve.engine.tensors``), the raw
 tensor layout (HTTP's binary tensor extension and gRPC's ``raw_input_contents`` /

@@ -29,7 +29,7 @@ class EventHandler(Protocol):
     def connection_made(self, transport: Any) -> None: ...
 
     def connection_lost(self) -> None:
-        """The connection ended; the streams' resets were dispatched before."""
+        """The connection ended; the streams' resets were handled before."""
 
     def writable(self) -> None:
         """The transport takes writes again (its buffer drained below the low mark)."""
