@@ -1,7 +1,7 @@
 """gRPC floor on seqserve's builtin server: ``python bench/floors/grpc_builtin.py PORT [--host H]``.
 
 The servicer is :class:`bench.floors.grpc_stream.FloorServicer` (decode, echo, encode), served
-the way seqserve serves gRPC by default: ``seqserve.api.grpc_builtin.BuiltinGrpcServer`` (HTTP/2
+the way seqserve serves gRPC by default: ``seqserve.api.transport.grpc_server.BuiltinGrpcServer`` (HTTP/2
 on the event loop) on uvloop, with its default limits, so the floor's CPU per step compares with
 seqserve's and with grpc.aio's floor (``grpc-stream``).
 """
@@ -22,11 +22,11 @@ from bench.floors import common
 async def serve(host: str, port: int) -> None:
     from bench.floors.grpc_stream import FloorServicer
     from seqserve._proto import grpc_service_pb2 as pb
-    from seqserve.api.grpc_builtin import BuiltinGrpcServer, Method, methods_of
+    from seqserve.api.grpc.methods import methods_of
     from seqserve.api.limits import GrpcLimits
+    from seqserve.api.transport.grpc_server import BuiltinGrpcServer
 
-    methods: dict[bytes, Method] = {}
-    methods_of(FloorServicer(), pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], methods, ())
+    methods = methods_of(FloorServicer(), pb.DESCRIPTOR.services_by_name["GRPCInferenceService"])
     server = BuiltinGrpcServer(methods, GrpcLimits())
     await server.start(socket.create_server((host, port), backlog=1024))
     stop = common.stop_on_signal()

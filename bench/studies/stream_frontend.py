@@ -21,11 +21,10 @@ from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 from typing import Any
 
-import grpc
 import numpy as np
 
 from seqserve._proto import grpc_service_pb2 as pb
-from seqserve.api.grpc import InferenceServicer
+from seqserve.api.grpc.servicer import InferenceServicer
 from seqserve.engine import InferRequest, InferResult
 
 
@@ -53,8 +52,8 @@ def _nothing() -> None:
 
 
 class _Context:
-    """A grpc.aio servicer context for one stream: ``read`` blocks until the previous reply was
-    taken (closed loop), then returns the next request, and ``grpc.aio.EOF`` after ``steps``."""
+    """A call context (``CallContext``) for one stream: ``read`` blocks until the previous reply
+    was taken (closed loop), then returns the next request, and None after ``steps``."""
 
     def __init__(self, requests: list[bytes]) -> None:
         self._requests = requests
@@ -62,8 +61,10 @@ class _Context:
         self._turn: asyncio.Event = asyncio.Event()
         self._turn.set()
 
-    def invocation_metadata(self) -> tuple[()]:
-        return ()
+    metadata = ()
+
+    def peer(self) -> str:
+        return ""
 
     def replied(self) -> None:
         self._turn.set()
@@ -72,12 +73,12 @@ class _Context:
         await self._turn.wait()
         self._turn.clear()
         if self._next == len(self._requests):
-            return grpc.aio.EOF
+            return None
         self._next += 1
         return self._requests[self._next - 1]
 
     async def iterate(self) -> AsyncIterator[bytes]:
-        while (item := await self.read()) is not grpc.aio.EOF:
+        while (item := await self.read()) is not None:
             yield item
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from seqserve.api.grpc_stream import DRAIN_HANDOFF_MESSAGE, SHUTDOWN_MESSAGE
+from seqserve.api.grpc.stream import DRAIN_HANDOFF_MESSAGE, SHUTDOWN_MESSAGE
 from tests.support.checks import wait_until_sync
 from tests.support.clients import SyncStream, grpc_input, http_request, new_int_id
 from tests.support.process import ServerProcess

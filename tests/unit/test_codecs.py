@@ -8,7 +8,7 @@ import asyncio
 import gzip
 import json
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,11 +17,12 @@ import orjson
 import pytest
 
 from seqserve._proto import grpc_service_pb2 as pb
-from seqserve.api import grpc_codec
-from seqserve.api.grpc_stream import StreamSession
+from seqserve.api.grpc import codec as grpc_codec
+from seqserve.api.grpc.stream import StreamSession
 from seqserve.api.http import kserve_json
 from seqserve.api.kserve import NUMPY_DTYPES, raw_bytes
 from seqserve.engine import Code, InferenceError, InferRequest, InferResult, OrderedRelease, tensors
+from tests.unit import grpc_oracle
 
 # ----------------------------------------------------------------------------- HTTP
 
@@ -177,7 +178,7 @@ def test_grpc_parameter_errors(key: str, kind: str, value: Any, expected: str) -
 
 def test_grpc_encode_puts_every_output_in_raw_contents() -> None:
     outputs = {"O1": np.array([[1, 2]], dtype=np.int64), "O2": np.array([b"x", b""], dtype=object)}
-    resp = grpc_codec.encode_response(InferResult("m", "1", "r1", outputs, {"sequence_id": 2**64 - 1}))
+    resp = grpc_oracle.encode_response(InferResult("m", "1", "r1", outputs, {"sequence_id": 2**64 - 1}))
     described = [(o.name, o.datatype, list(o.shape)) for o in resp.outputs]
     assert described == [("O1", "INT64", [1, 2]), ("O2", "BYTES", [2])]
     assert list(resp.raw_output_contents) == [raw_bytes(outputs["O1"]), raw_bytes(outputs["O2"])]
@@ -235,10 +236,11 @@ def _result(rid: str) -> InferResult:
 
 
 async def _drain(session: StreamSession, n: int) -> list[Any]:
-    out = []
-    it = session.replies().__aiter__()
-    for _ in range(n):
-        out.append(await asyncio.wait_for(it.__anext__(), 1))
+    out: list[Any] = []
+    while len(out) < n:
+        batch = await asyncio.wait_for(session.next_replies(), 1)
+        assert batch is not None
+        out += batch
     return out
 
 
@@ -263,25 +265,26 @@ async def test_stream_replies_in_request_order_except_decoupled() -> None:
     assert server.cancelled == ["2"]
 
 
-async def test_stream_read_ends_the_replies_once_every_request_is_answered() -> None:
-    """Requests read from an iterator (serialized, as grpc.aio hands them) or by calling a read
-    function until its end marker: the replies end only after the input has ended and every
-    request read has its last reply, and a bare final flag writes nothing."""
-
-    async def requests() -> AsyncIterator[bytes]:
-        for rid in ("1", "2"):
-            yield pb.ModelInferRequest(model_name="m", id=rid).SerializeToString()
-
-    eof = object()
-    pending = [pb.ModelInferRequest(model_name="m", id="3").SerializeToString(), eof]
-
+def _reader(items: list[object]) -> Callable[[], Awaitable[object]]:
     async def read() -> object:
-        return pending.pop(0)
+        return items.pop(0)
 
-    for start in (lambda s: s.read(requests()), lambda s: s.read_calls(read, eof)):
+    return read
+
+
+async def test_stream_read_ends_the_replies_once_every_request_is_answered() -> None:
+    """Requests read by calling a read function (serialized, as the servers hand them, or as
+    messages) until it returns None: the replies end only after the input has ended and every
+    request read has its last reply, and a bare final flag writes nothing."""
+    serialized = [pb.ModelInferRequest(model_name="m", id=rid).SerializeToString() for rid in ("1", "2")]
+    messages = [pb.ModelInferRequest(model_name="m", id="3")]
+
+    for requests in (serialized, messages):
+        read = _reader([*requests, None])
+
         server = _FakeServer()
         session = StreamSession(server, grpc_errors=False)  # type: ignore[arg-type]
-        await start(session)
+        await session.read_calls(read)
         batches = session.next_replies()
         waiting = asyncio.ensure_future(batches)
         await asyncio.sleep(0)

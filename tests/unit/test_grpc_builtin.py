@@ -1,6 +1,7 @@
-"""The builtin gRPC server (api/grpc_builtin.py over api/http2.py), driven frame by frame by a
-client made with the ``h2`` library: gRPC's framing, statuses, deadlines, compression and
-cancellation, HTTP/2 flow control, and the limits a hostile client meets. The servicers' own
+"""The builtin gRPC server (api/transport: grpc_server, grpc_calls over h2_protocol and the
+sans-IO h2_connection), driven over a socket frame by frame by a client made with the ``h2``
+library: gRPC's framing, statuses, deadlines, compression and cancellation, HTTP/2 flow
+control, and the limits a hostile client meets. The servicers' own
 behaviour runs against this server in every integration test (it is the default)."""
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import h2.events
 import h2.settings
 import pytest
 
-from seqserve.api import grpc_builtin, http2
-from seqserve.api.grpc_builtin import BuiltinGrpcServer, Method
 from seqserve.api.limits import GrpcLimits
+from seqserve.api.transport import grpc_calls, h2_connection
+from seqserve.api.transport import h2_frames as http2
+from seqserve.api.transport.grpc_context import CallAborted, Method, Status
+from seqserve.api.transport.grpc_server import BuiltinGrpcServer
 
 SVC = "/test.Svc/"
 
@@ -33,11 +36,11 @@ class Handlers:
         self.metadata: tuple[Any, ...] = ()
 
     async def echo(self, request: bytes, context: Any) -> bytes:
-        self.metadata = context.invocation_metadata()
+        self.metadata = context.metadata
         return request
 
     async def meta(self, request: bytes, context: Any) -> bytes:
-        return str(dict(context.invocation_metadata()).get("x-k")).encode()
+        return str(dict(context.metadata).get("x-k")).encode()
 
     async def big(self, request: bytes, context: Any) -> bytes:
         return b"x" * int(request)
@@ -51,14 +54,13 @@ class Handlers:
         return b""
 
     async def fail(self, request: bytes, context: Any) -> bytes:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.decode())
-        return b""
+        raise CallAborted(Status.INVALID_ARGUMENT, request.decode())
 
     async def crash(self, request: bytes, context: Any) -> bytes:
         raise RuntimeError("secret detail")
 
     async def stream(self, requests: Any, context: Any) -> AsyncIterator[bytes]:
-        while (m := await context.read()) is not grpc.aio.EOF:
+        while (m := await context.read()) is not None:
             yield m.upper()
 
 
@@ -369,7 +371,7 @@ async def test_connection_errors(served: Any) -> None:
 
 async def test_rapid_reset_is_sent_away(served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     _, _, port = served
-    monkeypatch.setattr(http2, "MAX_RESETS_PER_S", 5)
+    monkeypatch.setattr(h2_connection, "MAX_RESETS_PER_S", 5)
     c = await Client.open(port)
     for _ in range(30):
         sid = c.request("slow", msg(b""))
@@ -426,7 +428,7 @@ async def test_resets_the_client_provokes_count_as_resets(served: Any, monkeypat
     """DATA after END_STREAM makes the server reset the stream (STREAM_CLOSED) and cancel its
     handler: as costly as a reset by the client, and counted with them."""
     _, _, port = served
-    monkeypatch.setattr(http2, "MAX_RESETS_PER_S", 5)
+    monkeypatch.setattr(h2_connection, "MAX_RESETS_PER_S", 5)
     out = http2.PREFACE + _SETTINGS
     for i in range(30):
         sid = 2 * i + 1
@@ -438,7 +440,7 @@ async def test_early_replies_are_not_resets(served: Any, monkeypatch: pytest.Mon
     """Calls the server answers before their client has sent everything (a message over the
     limit) end with RST_STREAM NO_ERROR: the calls are over, so these do not count as resets."""
     _, _, port = served
-    monkeypatch.setattr(http2, "MAX_RESETS_PER_S", 5)
+    monkeypatch.setattr(h2_connection, "MAX_RESETS_PER_S", 5)
     c = await Client.open(port)
     for _ in range(30):
         sid = c.conn.get_next_available_stream_id()
@@ -473,7 +475,7 @@ async def test_late_frames_on_a_stream_the_server_reset_are_ignored(served: Any)
 
 async def test_a_request_that_stops_arriving_ends(served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     _, _, port = served
-    monkeypatch.setattr(grpc_builtin, "STALL_S", 0.3)
+    monkeypatch.setattr(grpc_calls, "STALL_S", 0.3)
     c = await Client.open(port)
     sid = c.conn.get_next_available_stream_id()
     c.conn.send_headers(sid, _headers("echo"))
@@ -585,7 +587,7 @@ async def test_connection_cap() -> None:
 
 
 async def test_repeated_header_blocks_follow_the_hpack_table(served: Any) -> None:
-    """Header blocks the client repeats are decoded once (``Http2Connection._decode``); a block
+    """Header blocks the client repeats are decoded once (``h2_hpack.HeaderDecoder``); a block
     whose meaning changed with the table (insertions, evictions) must not be taken from before."""
     _, h, port = served
     c = await Client.open(port)

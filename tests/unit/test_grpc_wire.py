@@ -1,4 +1,5 @@
-"""grpc_wire's hand-encoded replies decode to the messages grpc_codec builds with protobuf."""
+"""api/grpc/wire.py's hand-encoded replies decode to the messages the oracle builds with
+protobuf (tests/unit/grpc_oracle.py); the servicer on raw bytes through both servers' tables."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import numpy as np
 import pytest
 
 from seqserve._proto import grpc_service_pb2 as pb
-from seqserve.api import grpc_codec, grpc_wire
+from seqserve.api.grpc import wire as grpc_wire
+from seqserve.api.transport.grpc_context import CallAborted, Status
 from seqserve.engine import Code, InferenceError, InferResult
+from tests.unit import grpc_oracle
 
 _OUTPUTS: list[dict[str, np.ndarray]] = [
     {},
@@ -38,7 +41,7 @@ def _result(outputs: dict[str, np.ndarray], parameters: dict[str, Any], rid: str
 def test_infer_response_matches_protobuf(outputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> None:
     result = _result(outputs, parameters)
     ours = pb.ModelInferResponse.FromString(grpc_wire.infer_response(result))
-    assert ours == grpc_codec.encode_response(result)
+    assert ours == grpc_oracle.encode_response(result)
 
 
 @pytest.mark.parametrize("outputs", _OUTPUTS[:3])
@@ -49,13 +52,13 @@ def test_stream_response_matches_protobuf(
 ) -> None:
     result = _result(outputs, parameters)
     ours = pb.ModelStreamInferResponse.FromString(grpc_wire.stream_response(result, final))
-    assert ours == grpc_codec.stream_response(result, final)
+    assert ours == grpc_oracle.stream_response(result, final)
     assert ours.infer_response.parameters[grpc_wire.FINAL_KEY].bool_param is final
 
 
 def test_empty_strings_are_left_out_as_protobuf_does() -> None:
     result = InferResult("", "", "", {"OUTPUT": np.array([1], np.int32)})
-    assert grpc_wire.infer_response(result) == grpc_codec.encode_response(result).SerializeToString()
+    assert grpc_wire.infer_response(result) == grpc_oracle.encode_response(result).SerializeToString()
 
 
 @pytest.mark.parametrize("final", [None, True, False])
@@ -63,11 +66,11 @@ def test_empty_strings_are_left_out_as_protobuf_does() -> None:
 def test_stream_reply_matches_protobuf(final: bool | None, rid: str) -> None:
     err = InferenceError(Code.NOT_FOUND, "Request for unknown model: 'x'")
     ours = pb.ModelStreamInferResponse.FromString(grpc_wire.stream_reply(rid, "x", "", final, err.message))
-    assert ours == grpc_codec.stream_error(rid, "x", "", err, final)
+    assert ours == grpc_oracle.stream_error(rid, "x", "", err, final)
     assert ours.HasField("infer_response")
     if final:
         empty = pb.ModelStreamInferResponse.FromString(grpc_wire.stream_reply(rid, "m", "1", True))
-        assert empty == grpc_codec.stream_empty_final(rid, "m", "1")
+        assert empty == grpc_oracle.stream_empty_final(rid, "m", "1")
         assert empty.error_message == ""
 
 
@@ -102,22 +105,22 @@ class _Registry:
 class _Context:
     def __init__(self, metadata: tuple[tuple[str, str], ...] = ()) -> None:
         self.metadata = metadata
-        self.aborted: tuple[Any, str] | None = None
 
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self.metadata
+    def peer(self) -> str:
+        return "test"
 
-    async def abort(self, code: Any, message: str) -> None:
-        self.aborted = (code, message)
-        raise RuntimeError("aborted")
+    async def read(self) -> Any:
+        return None
 
 
 def test_every_rpc_is_served_by_the_generic_handler_and_the_hot_ones_take_bytes() -> None:
-    from seqserve.api.grpc import RAW_RPCS, InferenceServicer, add_service
+    from seqserve.api.grpc import aio
+    from seqserve.api.grpc.serve import INFERENCE_SERVICE, method_table
+    from seqserve.api.grpc.servicer import RAW_RPCS, HealthServicer, InferenceServicer
 
     registry = _Registry()
-    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-    add_service(registry, InferenceServicer(None), service)  # type: ignore[arg-type]
+    service = INFERENCE_SERVICE
+    aio.add_service(registry, service, method_table(InferenceServicer(None), HealthServicer(None)))  # type: ignore[arg-type]
     assert {"ModelInfer", "ModelStreamInfer"} == RAW_RPCS
     for method in service.methods:
         details = type("D", (), {"method": f"/{service.full_name}/{method.name}", "invocation_metadata": ()})()
@@ -131,9 +134,7 @@ def test_every_rpc_is_served_by_the_generic_handler_and_the_hot_ones_take_bytes(
 async def test_model_infer_on_bytes() -> None:
     import asyncio
 
-    import grpc
-
-    from seqserve.api.grpc import InferenceServicer
+    from seqserve.api.grpc.servicer import InferenceServicer
 
     seen: list[Any] = []
 
@@ -153,8 +154,7 @@ async def test_model_infer_on_bytes() -> None:
         assert (reply.id, reply.model_name, reply.outputs[0].name) == ("r1", "m", "OUT")
         assert np.frombuffer(reply.raw_output_contents[0], np.float32).tolist() == [2.0]
     assert seen[0].inputs["IN"].tolist() == [[1.5]]
-    ctx = _Context()
-    with pytest.raises(RuntimeError, match="aborted"):
-        await servicer.ModelInfer(b"\xff\xff\xff", ctx)
-    assert ctx.aborted is not None and ctx.aborted[0] == grpc.StatusCode.INVALID_ARGUMENT
-    assert ctx.aborted[1].startswith("failed to parse the ModelInferRequest message")
+    with pytest.raises(CallAborted) as aborted:
+        await servicer.ModelInfer(b"\xff\xff\xff", _Context())
+    assert aborted.value.status == Status.INVALID_ARGUMENT
+    assert aborted.value.details.startswith("failed to parse the ModelInferRequest message")

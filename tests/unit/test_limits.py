@@ -4,6 +4,7 @@ range, parameters for range; internal errors get a request id and a rate-limited
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import logging
@@ -16,8 +17,9 @@ import numpy as np
 import pytest
 
 from seqserve._proto import grpc_service_pb2 as pb
-from seqserve.api import errors, grpc_codec
-from seqserve.api.grpc_codec import Undecodable, safe_deserializer
+from seqserve.api import errors
+from seqserve.api.grpc import codec as grpc_codec
+from seqserve.api.grpc.codec import Undecodable, safe_deserializer
 from seqserve.api.http import kserve_json
 from seqserve.api.kserve import MAX_RANK, check_shape, set_parameter, tensor_from_raw
 from seqserve.api.limits import (
@@ -28,8 +30,9 @@ from seqserve.api.limits import (
     content_encoding,
     declared_size,
     inflate,
-    inflate_sync,
 )
+from seqserve.api.transport.grpc_context import CallAborted, Status
+from seqserve.api.transport.grpc_messages import ENCODINGS, inflate_message
 from seqserve.engine import Code, InferenceError, InferRequest
 
 MiB = 1 << 20
@@ -41,6 +44,10 @@ def _bomb(size: int, wbits: int) -> bytes:
 
 
 # ------------------------------------------------------------------------- inflate
+
+
+def inflate_sync(body: bytes, encoding: str, limit: int) -> bytes:
+    return asyncio.run(inflate(body, encoding, limit))
 
 
 @pytest.mark.parametrize(("encoding", "wbits"), [("gzip", 31), ("deflate", 15)])
@@ -58,7 +65,7 @@ def test_inflate_stops_just_past_the_limit(encoding: str, wbits: int) -> None:
     tracemalloc.start()
     try:
         with pytest.raises(TooLarge) as e:
-            Inflater(bomb, encoding, MiB).run()
+            Inflater(bomb, MiB).run()
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -67,7 +74,7 @@ def test_inflate_stops_just_past_the_limit(encoding: str, wbits: int) -> None:
 
 
 def test_inflate_steps_are_bounded() -> None:
-    inf = Inflater(_bomb(8 * MiB, 31), "gzip", 16 * MiB)
+    inf = Inflater(_bomb(8 * MiB, 31), 16 * MiB)
     assert inf.run(256 << 10) is False  # one bounded step: not done yet
     assert inf.run() is True
     assert len(inf.result()) == 8 * MiB
@@ -102,6 +109,28 @@ async def test_gzip_trailer_declaring_too_much_is_refused_before_inflating() -> 
     liar = honest[:-4] + struct.pack("<I", 100)
     with pytest.raises(TooLarge):  # a lying trailer is inflated, only up to the limit
         await inflate(liar, "gzip", MiB)
+
+
+@pytest.mark.parametrize(("encoding", "wbits"), [(b"gzip", 31), (b"deflate", 15)])
+async def test_grpc_messages_inflate_with_the_same_inflater(encoding: bytes, wbits: int) -> None:
+    """A gRPC message inflates within the message limit (RESOURCE_EXHAUSTED past it, INTERNAL
+    when corrupt), on the loop and then off it, as an HTTP body does."""
+    message = b"m" * (1 * MiB)
+    c = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    packed = c.compress(message) + c.flush()
+    assert await inflate_message(packed, ENCODINGS[encoding], 2 * MiB) == message
+    with pytest.raises(CallAborted) as e:
+        await inflate_message(packed, ENCODINGS[encoding], MiB - 1)
+    assert (e.value.status, e.value.details) == (
+        Status.RESOURCE_EXHAUSTED,
+        f"Received message larger than max (over {MiB - 1} decompressed)",
+    )
+    with pytest.raises(CallAborted) as e:
+        await inflate_message(packed[: len(packed) // 2], ENCODINGS[encoding], 2 * MiB)
+    assert (e.value.status, e.value.details) == (Status.INTERNAL, "the message did not decompress: it is truncated")
+    with pytest.raises(CallAborted) as e:
+        await inflate_message(b"not compressed", ENCODINGS[encoding], 2 * MiB)
+    assert e.value.status == Status.INTERNAL and e.value.details.startswith("the message did not decompress: ")
 
 
 @pytest.mark.parametrize(

@@ -7,18 +7,19 @@ import asyncio
 import itertools
 from typing import Any
 
-import grpc
 import pytest
 
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve._proto import health_pb2
 from seqserve.api import cli, security
 from seqserve.api.cli import arguments
-from seqserve.api.grpc import HealthServicer, InferenceServicer
+from seqserve.api.grpc.serve import method_table
+from seqserve.api.grpc.servicer import HealthServicer, InferenceServicer
 from seqserve.api.http.router import Route
 from seqserve.api.http.routes import INFER_PATH, HttpFrontend
 from seqserve.api.security import GRPC_API, HTTP_API, Restriction, RestrictionError, Restrictions, http_group
 from seqserve.api.transport.exchange import HttpReply, HttpRequest
+from seqserve.api.transport.grpc_context import CallAborted, Status
 
 TRITON_NAMES = [
     "health",
@@ -251,40 +252,40 @@ def test_http_guard() -> None:
 class _Context:
     def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
         self.metadata = metadata
-        self.aborted: tuple[Any, str] | None = None
 
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self.metadata
+    def peer(self) -> str:
+        return "test"
 
-    async def abort(self, code: Any, message: str) -> None:
-        self.aborted = (code, message)
-        raise RuntimeError("aborted")
+    async def read(self) -> Any:
+        return None
 
 
 def test_grpc_guard_wraps_only_restricted_rpcs() -> None:
-    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-    servicer = InferenceServicer(None)  # type: ignore[arg-type]
-    security.restrict_grpc(servicer, service, Restrictions())
-    rpcs = set(service.methods_by_name)
-    assert not vars(servicer).keys() & rpcs  # nothing configured: nothing wrapped
+    inference, health = InferenceServicer(None), HealthServicer(None)  # type: ignore[arg-type]
+
+    def guarded(table: dict[bytes, Any]) -> set[str]:
+        return {
+            p.decode().rsplit("/", 1)[1] for p, m in table.items() if m.behaviour.__qualname__.startswith("_guard_")
+        }
+
+    assert not guarded(method_table(inference, health, Restrictions()))  # nothing configured: nothing wrapped
     r = Restrictions.parse("grpc-restricted-protocol", ["health,inference:Key=v"])
-    security.restrict_grpc(servicer, service, r)
-    wrapped = set(vars(servicer)) & rpcs
-    assert wrapped == {"ServerLive", "ServerReady", "ModelReady", "ModelInfer", "ModelStreamInfer"}
-    health = HealthServicer(None)  # type: ignore[arg-type]
-    security.restrict_grpc(health, health_pb2.DESCRIPTOR.services_by_name["Health"], r)
-    assert "Check" in vars(health)
+    restricted = method_table(inference, health, r)
+    wrapped = guarded(restricted)
+    assert wrapped == {"ServerLive", "ServerReady", "ModelReady", "ModelInfer", "ModelStreamInfer", "Check"}
+    assert not vars(inference).keys() & set(pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name)
+    server_live = restricted[b"/inference.GRPCInferenceService/ServerLive"].behaviour
+    stream_infer = restricted[b"/inference.GRPCInferenceService/ModelStreamInfer"].behaviour
 
     async def unary() -> None:
-        ctx = _Context((("other", "v"),))
-        with pytest.raises(RuntimeError, match="aborted"):
-            await servicer.ServerLive(pb.ServerLiveRequest(), ctx)
-        assert ctx.aborted == (
-            grpc.StatusCode.PERMISSION_DENIED,
+        with pytest.raises(CallAborted) as aborted:
+            await server_live(pb.ServerLiveRequest(), _Context((("other", "v"),)))
+        assert (aborted.value.status, aborted.value.details) == (
+            Status.PERMISSION_DENIED,
             "This protocol is restricted, expecting header 'triton-grpc-protocol-Key'",
         )
-        servicer.server = type("S", (), {"is_live": lambda self: True})()
-        reply = await servicer.ServerLive(pb.ServerLiveRequest(), _Context((("triton-grpc-protocol-key", "v"),)))
+        inference.server = type("S", (), {"is_live": lambda self: True})()
+        reply = await server_live(pb.ServerLiveRequest(), _Context((("triton-grpc-protocol-key", "v"),)))
         assert reply.live
 
     async def stream() -> None:
@@ -294,8 +295,8 @@ def test_grpc_guard_wraps_only_restricted_rpcs() -> None:
             raise AssertionError("a refused stream reads no message")
             yield
 
-        with pytest.raises(RuntimeError, match="aborted"):
-            async for _ in servicer.ModelStreamInfer(nothing(), ctx):
+        with pytest.raises(CallAborted):
+            async for _ in stream_infer(nothing(), ctx):
                 pass
 
     asyncio.run(unary())

@@ -17,7 +17,7 @@ from typing import Any
 
 from seqserve import __version__
 from seqserve.api import security
-from seqserve.api.grpc_stream import StreamDrain
+from seqserve.api.grpc.stream import StreamDrain
 from seqserve.api.http.routes import HttpFrontend, close_when_exiting
 from seqserve.api.limits import shutdown_executor
 from seqserve.api.metrics import MetricsServer, start_metrics
@@ -306,7 +306,7 @@ def _reason(e: OSError) -> str:
 
 
 async def _start_grpc(server: Server, grpc: GrpcOptions, streams: StreamDrain | None = None) -> Any:
-    from seqserve.api.grpc import start_grpc
+    from seqserve.api.grpc.serve import start_grpc
 
     # gRPC's own failure says neither why nor in one line
     sock: socket.socket | None = _listen("gRPC", grpc.host, grpc.port)

@@ -1,4 +1,4 @@
-"""What the two KServe v2 codecs share (``kserve_json`` for HTTP, ``grpc_codec`` for gRPC).
+"""What the two KServe v2 codecs share (``kserve_json`` for HTTP, ``grpc.codec`` for gRPC).
 
 The datatypes as the protocol names them (derived from ``seqserve.engine.tensors``), the raw
 tensor layout (HTTP's binary tensor extension and gRPC's ``raw_input_contents`` /
@@ -15,6 +15,9 @@ from typing import Any
 import numpy as np
 
 from seqserve.engine import Code, DecoupledModelError, InferenceError, InferRequest, InferResult, Server, tensors
+
+#: why the shared-memory APIs and parameters are refused, on both front-ends
+NO_SHM = "seqserve does not implement shared memory: send tensor data in the request (raw_input_contents) instead"
 
 #: The protocol extensions the front-ends serve, reported by server metadata on HTTP and gRPC.
 EXTENSIONS = (

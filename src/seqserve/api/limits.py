@@ -40,8 +40,8 @@ DEFAULT_GRPC_KEEPALIVE_TIMEOUT_S = 20.0
 
 #: a request whose body (or whose BYTES data) is larger than this is decoded off the event loop
 OFFLOAD_BYTES = 1 << 20
-#: inflated on the loop before the rest of a compressed body moves to the executor
-_INLINE_INFLATE_BYTES = 256 << 10
+#: inflated on the loop before the rest of a compressed body or message moves to the executor
+INLINE_INFLATE_BYTES = 256 << 10
 #: one step of inflating in the executor (zlib releases the GIL while it works)
 _INFLATE_STEP_BYTES = 1 << 20
 
@@ -113,25 +113,37 @@ def content_encoding(header: str) -> str | None:
     return enc
 
 
+class InflateError(Exception):
+    """Compressed bytes that do not inflate (zlib's reason); ``truncated``: they end early."""
+
+    def __init__(self, why: str, *, truncated: bool = False) -> None:
+        super().__init__(why)
+        self.truncated = truncated
+
+
+#: zlib's window bits for data with a gzip or a zlib header (32 + 15), for gzip alone (16 +
+#: 15) and for zlib ("deflate" in HTTP and in gRPC)
+GZIP_OR_ZLIB, GZIP, ZLIB = 47, 16 + zlib.MAX_WBITS, zlib.MAX_WBITS
+
+
 class Inflater:
-    """Inflates a gzip or zlib ("deflate") body a step at a time, never past ``limit`` bytes of
-    output: a 1 MiB body that would inflate to 1 GiB stops at the limit (413) after inflating
-    just over it, and each step is bounded so the caller decides where it runs."""
+    """Inflates compressed bytes a step at a time, never past ``limit`` bytes of output: a
+    1 MiB body that would inflate to 1 GiB stops at the limit after inflating just over it,
+    and each step is bounded so the caller decides where it runs (``inflate_bounded``)."""
 
-    __slots__ = ("_d", "_done", "_out", "_pending", "_total", "encoding", "limit")
+    __slots__ = ("_d", "_done", "_out", "_pending", "_total", "limit")
 
-    def __init__(self, body: bytes, encoding: str, limit: int) -> None:
-        self._d = zlib.decompressobj(47)  # 32 + 15: a gzip or a zlib header
-        self._pending = body
+    def __init__(self, data: bytes, limit: int, wbits: int = GZIP_OR_ZLIB) -> None:
+        self._d = zlib.decompressobj(wbits)
+        self._pending = data
         self._out: list[bytes] = []
         self._total = 0
         self._done = False
-        self.encoding = encoding
         self.limit = limit
 
     def run(self, budget: int | None = None) -> bool:
-        """Inflate up to ``budget`` more bytes (None: to the end); True once the body is done.
-        Raises TooLarge past the limit, InferenceError (400) on a corrupt body."""
+        """Inflate up to ``budget`` more bytes (None: to the end); True once the data is done.
+        Raises TooLarge past the limit, InflateError on corrupt or truncated data."""
         step = _INFLATE_STEP_BYTES if budget is None else budget
         produced = 0
         d = self._d
@@ -147,20 +159,33 @@ class Inflater:
                 if self._total > self.limit:
                     raise TooLarge(None, self.limit, "decompressed request body")
                 if d.eof:
-                    if d.unused_data:
-                        raise _corrupt(self.encoding, "trailing data after the compressed stream")
                     self._done = True
                 elif not self._pending and not chunk:
-                    raise _corrupt(self.encoding, "the compressed stream is truncated")
+                    raise InflateError("the compressed stream is truncated", truncated=True)
                 if budget is not None and produced >= budget:
                     break
         except zlib.error as e:
-            raise _corrupt(self.encoding, str(e)) from None
+            raise InflateError(str(e)) from None
         return self._done
+
+    @property
+    def trailing_data(self) -> bool:
+        """Whether bytes followed the end of the compressed stream."""
+        return bool(self._d.unused_data)
 
     def result(self) -> bytes:
         out = self._out
         return out[0] if len(out) == 1 else b"".join(out)
+
+
+async def inflate_bounded(data: bytes, limit: int, wbits: int = GZIP_OR_ZLIB) -> Inflater:
+    """``data`` inflated within ``limit``: on the event loop for the first INLINE_INFLATE_BYTES
+    of output, the rest off it (zlib releases the GIL), whatever the compressed size. Both
+    front-ends inflate here (an HTTP body, a gRPC message)."""
+    inflater = Inflater(data, limit, wbits)
+    if not inflater.run(INLINE_INFLATE_BYTES):
+        await offload(inflater.run, background=True)
+    return inflater
 
 
 def _corrupt(encoding: str, why: str) -> InferenceError:
@@ -183,22 +208,20 @@ def declared_size(body: bytes) -> int | None:
 
 
 async def inflate(body: bytes, encoding: str, limit: int) -> bytes:
-    """The decompressed body: a small one on the loop, the rest of a large one on the executor.
-    A gzip body whose trailer declares more than the limit (a size its compressed bytes could
-    hold) is refused before any inflating; one whose trailer lies is inflated only up to the
-    limit. (A truncated gzip body over 64 KiB may therefore get 413 rather than 400.)"""
+    """An HTTP request body decompressed (gzip or zlib, told apart by their headers): TooLarge
+    (413) past ``limit``, InferenceError (400) when corrupt. A gzip body whose trailer
+    declares more than the limit (a size its compressed bytes could hold) is refused before
+    any inflating; one whose trailer lies is inflated only up to the limit. (A truncated gzip
+    body over 64 KiB may therefore get 413 rather than 400.)"""
     size = declared_size(body)
     if size is not None and size > limit:
         raise TooLarge(size, limit, "decompressed request body")
-    inflater = Inflater(body, encoding, limit)
-    if not inflater.run(_INLINE_INFLATE_BYTES):
-        await offload(inflater.run, background=True)
-    return inflater.result()
-
-
-def inflate_sync(body: bytes, encoding: str, limit: int) -> bytes:
-    inflater = Inflater(body, encoding, limit)
-    inflater.run()
+    try:
+        inflater = await inflate_bounded(body, limit)
+    except InflateError as e:
+        raise _corrupt(encoding, str(e)) from None
+    if inflater.trailing_data:
+        raise _corrupt(encoding, "trailing data after the compressed stream")
     return inflater.result()
 
 

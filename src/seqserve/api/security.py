@@ -31,10 +31,10 @@ from typing import Any
 
 import grpc
 import orjson
-from google.protobuf.descriptor import ServiceDescriptor
 
 from seqserve.api.http.router import template_regex
 from seqserve.api.transport.exchange import Handler, HttpReply, HttpRequest
+from seqserve.api.transport.grpc_context import CallAborted, CallContext, Status
 
 # ------------------------------------------------------------------------------ groups
 
@@ -62,7 +62,7 @@ GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 #: UNAVAILABLE is what retry policies and balancers retry by default (a refusal would be retried
 #: until attempts run out) and what this server uses for "try again elsewhere". The message is
 #: Triton's, so clients that match on it keep working.
-GRPC_REFUSAL = grpc.StatusCode.PERMISSION_DENIED
+GRPC_REFUSAL = Status.PERMISSION_DENIED
 HTTP_REFUSAL = 403
 
 # --------------------------------------------------------------------------- the tables
@@ -342,19 +342,18 @@ def grpc_refusal(r: Restriction) -> str:
     return f"This protocol is restricted, expecting header '{r.header}'"
 
 
-def restrict_grpc(servicer: Any, service: ServiceDescriptor, restrictions: Mapping[str, Restriction]) -> None:
-    """Guard the servicer's rpcs of restricted groups, before they are registered: each checks
-    the call's metadata and aborts with Triton's status and message. The other rpcs are left
-    as they are. Every method of ``service`` must be in GRPC_API (KeyError otherwise)."""
+def restrict_grpc(
+    behaviour: Callable[..., Any], path: str, streaming: bool, restrictions: Mapping[str, Restriction]
+) -> Callable[..., Any]:
+    """``behaviour`` (the rpc at ``path``) as the method table serves it: guarded when its
+    group is restricted (the call's metadata is checked and the call refused with Triton's
+    status and message), else as it is. ``path`` must be in GRPC_API (KeyError otherwise)."""
     if not restrictions:
-        return
-    for method in service.methods:
-        group = GRPC_API[f"/{service.full_name}/{method.name}"]
-        r = restrictions.get(group)
-        if r is None:
-            continue
-        guard = _guard_stream if method.server_streaming else _guard_unary  # by what the rpc returns
-        setattr(servicer, method.name, guard(getattr(servicer, method.name), r))
+        return behaviour
+    r = restrictions.get(GRPC_API[path])
+    if r is None:
+        return behaviour
+    return _guard_stream(behaviour, r) if streaming else _guard_unary(behaviour, r)
 
 
 def _allowed(r: Restriction, digest: bytes, metadata: Iterable[tuple[str, str | bytes]] | None) -> bool:
@@ -368,9 +367,9 @@ def _allowed(r: Restriction, digest: bytes, metadata: Iterable[tuple[str, str | 
 def _guard_unary(rpc: Callable[[Any, Any], Any], r: Restriction) -> Callable[[Any, Any], Any]:
     digest, message = r.digest, grpc_refusal(r)
 
-    async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if not _allowed(r, digest, context.invocation_metadata()):
-            await context.abort(GRPC_REFUSAL, message)
+    async def guarded(request: Any, context: CallContext) -> Any:
+        if not _allowed(r, digest, context.metadata):
+            raise CallAborted(GRPC_REFUSAL, message)
         return await rpc(request, context)
 
     return guarded
@@ -380,9 +379,9 @@ def _guard_stream(rpc: Callable[[Any, Any], AsyncGenerator[Any, None]], r: Restr
     # Like Triton, refuse the stream when it opens, before any message is read.
     digest, message = r.digest, grpc_refusal(r)
 
-    async def guarded(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        if not _allowed(r, digest, context.invocation_metadata()):
-            await context.abort(GRPC_REFUSAL, message)
+    async def guarded(requests: Any, context: CallContext) -> AsyncIterator[Any]:
+        if not _allowed(r, digest, context.metadata):
+            raise CallAborted(GRPC_REFUSAL, message)
         replies = rpc(requests, context)
         try:
             async for reply in replies:
@@ -455,7 +454,7 @@ def hypercorn_tls(cfg: Any, tls: TlsFiles) -> None:
 
 
 def builtin_tls(tls: TlsFiles, alpn: str = "http/1.1") -> ssl.SSLContext:
-    """The TLS context of the builtin servers (api/transport/http1_server.py, api/grpc_builtin.py): TLS 1.2 and
+    """The TLS context of the builtin servers (api/transport/http1_server.py, api/transport/grpc_server.py): TLS 1.2 and
     1.3, ``alpn`` (HTTP/1.1, or h2 for gRPC), client certificates required when there is a
     client CA (mutual TLS)."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -7,12 +7,12 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from seqserve._proto import grpc_service_pb2 as pb
-from seqserve.api import grpc_codec, grpc_wire
 from seqserve.api.errors import internal_error
+from seqserve.api.grpc import codec, wire
 from seqserve.api.limits import offload
 from seqserve.engine import (
     Code,
@@ -46,7 +46,7 @@ DRAIN_HANDOFF_MESSAGE = "server is draining: reopen the stream; its sequences co
 #: drained: every request the stream took was answered
 SHUTDOWN_MESSAGE = "server is shutting down: the stream is closed; requests that got no reply were not run"
 
-#: what the session writes: a serialized ModelStreamInferResponse (``grpc_wire``), or
+#: what the session writes: a serialized ModelStreamInferResponse (``wire``), or
 #: (``triton_grpc_error``) the error that ends the stream
 Reply = bytes | InferenceError
 #: a reply (None: nothing to write) and whether it is its request's last
@@ -82,9 +82,9 @@ class StreamStats:
 
 
 class StreamSession:
-    """``read`` submits the stream's requests in arrival order, so each sequence keeps its
-    order; ``replies`` yields what to write as the responses come: one per request for most
-    models, any number for decoupled ones.
+    """``read_calls`` submits the stream's requests in arrival order, so each sequence keeps
+    its order; ``next_replies`` hands out what to write as the responses come: one per request
+    for most models, any number for decoupled ones.
 
     As in Triton, the replies to non-decoupled requests (and refusals) are written in request
     order; a decoupled request's responses are written as they come. With ``completion_order``
@@ -93,7 +93,7 @@ class StreamSession:
     response is written (as an empty response) only for requests that set
     ``triton_enable_empty_final_response``. A failing request gets an ``error_message`` reply
     and the stream goes on, unless the client sent the ``triton_grpc_error: true`` header
-    (``grpc_errors``): then ``replies`` yields the first error as an ``InferenceError`` and the
+    (``grpc_errors``): then ``next_replies`` hands out the first error as an ``InferenceError`` and the
     servicer ends the stream with its status.
 
     ``close`` runs when the stream ends (the client half-closed and every reply was written,
@@ -105,7 +105,7 @@ class StreamSession:
     first UNAVAILABLE error) stops reading at once: a request read after it is not submitted
     and gets no reply. The requests submitted before it are answered as usual, except that an
     UNAVAILABLE error (the step was refused or never ran: it was not applied) is not written;
-    then ``replies`` ends and the servicer ends the stream with UNAVAILABLE. So when a stream
+    then ``next_replies`` ends and the servicer ends the stream with UNAVAILABLE. So when a stream
     ends that way, every request that got a result was run (a sequence's checkpoint in the
     store includes it), one that got an error reply failed as it would at any time, and one
     that got no reply was not run: the client sends exactly those again, in order, on a new
@@ -163,9 +163,9 @@ class StreamSession:
         self._reader: asyncio.Task[None] | None = None
         self._drain_reason: str | None = None  # set by drain(): the stream ends with UNAVAILABLE
 
-    def start_calls(self, read: Callable[[], Awaitable[bytes | object]], eof: object) -> None:
+    def start_calls(self, read: Callable[[], Awaitable[object]]) -> None:
         """Read the requests by calling ``read`` in a task of its own (see ``read_calls``)."""
-        self._reader = asyncio.create_task(self.read_calls(read, eof))
+        self._reader = asyncio.create_task(self.read_calls(read))
 
     @property
     def drain_reason(self) -> str | None:
@@ -174,7 +174,7 @@ class StreamSession:
 
     def drain(self, reason: str) -> None:
         """The server drains: submit nothing more (a request read from now on gets no reply and
-        must be sent again elsewhere), answer the requests submitted, then end (``replies``
+        must be sent again elsewhere), answer the requests submitted, then end (``next_replies``
         stops and the servicer ends the stream with UNAVAILABLE and ``reason``). Idempotent."""
         if self._drain_reason is not None:
             return
@@ -185,30 +185,25 @@ class StreamSession:
             self._reader.cancel()
         self._end_reading()  # the reader's own end may never come (cancelled before it started)
 
-    async def read(self, requests: AsyncIterator[bytes | pb.ModelInferRequest | grpc_codec.Undecodable]) -> None:
-        """Submit each request as it arrives: serialized (the rpc is registered without a
-        deserializer) or already a message. A request whose decoding grows with its size is
-        decoded off the event loop, and the next one waits for it: order is kept."""
-        await self.read_calls(requests.__aiter__().__anext__, _NO_EOF)
-
-    async def read_calls(self, read: Callable[[], Awaitable[bytes | object]], eof: object) -> None:
-        """``read`` with the requests taken by calling ``read`` (grpc.aio's ``context.read``)
-        until it returns ``eof`` (or raises StopAsyncIteration): one async generator less per
-        message than iterating the call's request iterator, which wraps the same ``read``."""
-        parse = grpc_codec.parse_infer_request
+    async def read_calls(self, read: Callable[[], Awaitable[object]]) -> None:
+        """Submit each request as it arrives, taken by calling ``read`` (the call context's)
+        until it returns None: serialized (the rpc is registered without a deserializer) or
+        already a message. A request whose decoding grows with its size is decoded off the
+        event loop, and the next one waits for it: order is kept."""
+        parse = codec.parse_infer_request
         try:
             while True:
                 item = await read()
-                if item is eof or self._drain_reason is not None:  # read after the drain began: not run
+                if item is None or self._drain_reason is not None:  # read after the drain began: not run
                     break
                 msg = parse(item) if type(item) is bytes else item
-                decoded: tuple[InferRequest, grpc_codec.GrpcReplyOptions] | Exception | None = None
-                if not isinstance(msg, grpc_codec.Undecodable):
+                decoded: tuple[InferRequest, codec.GrpcReplyOptions] | Exception | None = None
+                if not isinstance(msg, codec.Undecodable):
                     try:
-                        decoded = grpc_codec.decode_request(msg, inline=True)  # type: ignore[arg-type]
-                    except grpc_codec.DecodeOffLoop:
+                        decoded = codec.decode_request(msg, inline=True)  # type: ignore[arg-type]
+                    except codec.DecodeOffLoop:
                         try:
-                            decoded = await offload(grpc_codec.decode_request, msg)
+                            decoded = await offload(codec.decode_request, msg)
                         except Exception as e:
                             decoded = e
                     except Exception as e:  # refused: submit() orders its error reply
@@ -216,8 +211,6 @@ class StreamSession:
                 if self._drain_reason is not None:  # the drain began during an off-loop decode
                     break
                 self.submit(msg, decoded)  # type: ignore[arg-type]
-        except StopAsyncIteration:  # an iterator's end
-            pass
         except Exception as e:  # the call broke (the client went away): nothing more to read
             log.debug("stream request reader ended: %s: %s", type(e).__name__, e)
         finally:  # however reading ends, the replies end once the requests read are answered
@@ -225,14 +218,14 @@ class StreamSession:
 
     def submit(
         self,
-        msg: pb.ModelInferRequest | grpc_codec.Undecodable,
-        decoded: tuple[InferRequest, grpc_codec.GrpcReplyOptions] | Exception | None = None,
+        msg: pb.ModelInferRequest | codec.Undecodable,
+        decoded: tuple[InferRequest, codec.GrpcReplyOptions] | Exception | None = None,
     ) -> None:
         """Decode and queue one request; a refusal is its one (error) reply. A message that
         did not decode at all is refused too (with no request id to echo) and the stream goes
         on: gRPC's framing is intact, only that message's bytes are bad."""
         self._unfinished += 1
-        if isinstance(msg, grpc_codec.Undecodable):
+        if isinstance(msg, codec.Undecodable):
             req = _StreamRequest("", "", "")
             self._hold_place(req)
             err = msg.error()
@@ -245,7 +238,7 @@ class StreamSession:
             if model is not None and not model.decoupled:
                 self._hold_place(req)
             if decoded is None:
-                request, options = grpc_codec.decode_request(msg)
+                request, options = codec.decode_request(msg)
             elif isinstance(decoded, Exception):
                 raise decoded
             else:
@@ -262,15 +255,6 @@ class StreamSession:
             if not req.ordered and not self._completion_order:  # an unknown model: Triton orders its reply too
                 self._hold_place(req)
             self._put(req, self._error_reply(req, err, None), True)
-
-    async def replies(self) -> AsyncIterator[Reply]:
-        """What to write, until the request stream has ended and every request is answered."""
-        while True:
-            batch = await self.next_replies()
-            if batch is None:
-                return
-            for reply in batch:
-                yield reply
 
     async def next_replies(self) -> list[Reply] | None:
         """The replies ready to write now, in order (waiting for one if none is); None once the
@@ -328,8 +312,9 @@ class StreamSession:
 
     # ------------------------------------------------------------------ internals
 
-    def _respond(self, req: _StreamRequest, response: InferResult | InferenceError | None, final: bool) -> None:
-        """The engine's callback (on the event loop) for each of ``req``'s responses."""
+    def respond(self, req: _StreamRequest, response: InferResult | InferenceError | None, final: bool) -> None:
+        """The engine's callback (on the event loop) for each of ``req``'s responses, through
+        ``_StreamRequest.respond``."""
         if final:
             self._open.discard(req)
         reply: Reply | None
@@ -337,9 +322,9 @@ class StreamSession:
             reply = self._error_reply(req, response, final)
         elif response is not None:
             req.responded = True
-            reply = grpc_wire.stream_response(response, final)
+            reply = wire.stream_response(response, final)
         elif req.empty_final:  # a final flag alone, written only when the client asked for it
-            reply = grpc_wire.stream_reply(req.id, req.model, req.version, True)
+            reply = wire.stream_reply(req.id, req.model, req.version, True)
         else:  # a bare final flag: nothing to write
             reply = None
         self._put(req, reply, final)
@@ -447,14 +432,10 @@ class _StreamRequest:
 
     def respond(self, response: InferResult | InferenceError | None, final: bool) -> None:
         """The engine's callback: a bound method instead of a partial made per request."""
-        self.session._respond(self, response, final)  # type: ignore[union-attr]  # set before submit
+        self.session.respond(self, response, final)  # type: ignore[union-attr]  # set before submit
 
     def error(self, err: InferenceError, final: bool | None = None) -> bytes:
-        return grpc_wire.stream_reply(self.id, self.model, self.version, final, err.message)
-
-
-#: an end marker no request equals (``read`` ends on StopAsyncIteration instead)
-_NO_EOF = object()
+        return wire.stream_reply(self.id, self.model, self.version, final, err.message)
 
 
 def _nothing() -> None:

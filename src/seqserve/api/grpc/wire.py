@@ -5,11 +5,12 @@ an upb message field by field and serializing it costs about twice what joining 
 fields does, and the part that describes an output (name, datatype, shape) is the same step
 after step, so it is encoded once per (name, dtype, shape) and reused.
 
-The bytes decode to the same message ``grpc_codec.encode_response`` / ``stream_response``
-build (tests/unit/test_grpc_wire.py compares them field by field); only the order of map
-entries, which protobuf leaves open, may differ. Fields are written in field-number order, with
-proto3's rules: an empty string is left out, a oneof member (``InferParameter``) and every
-element of a repeated field are always written.
+The bytes decode to the same message that protobuf builds from the same result (the oracle in
+tests/unit/grpc_oracle.py; tests/unit/test_grpc_wire.py compares them field by field); only the
+order of map entries, which protobuf leaves open, may differ. Outputs always go in
+``raw_output_contents``, one entry per output: tritonclient reads nothing else. Fields are
+written in field-number order, with proto3's rules: an empty string is left out, a oneof
+member (``InferParameter``) and every element of a repeated field are always written.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def _string(tag: bytes, text: str) -> bytes:
 
 
 def _parameter(key: str, value: Any) -> bytes:
-    """One ``parameters`` map entry, its value typed as ``grpc_codec._set_param`` types it."""
+    """One ``parameters`` map entry, its value typed as the oracle's ``set_param`` types it."""
     if isinstance(value, bool):
         body = b"\x08\x01" if value else b"\x08\x00"  # bool_param = 1
     elif isinstance(value, int):  # int64_param = 2; a uint64 beyond int64 keeps its bits
@@ -134,7 +135,7 @@ def _response_parts(result: InferResult, parts: list[bytes], final: bool | None)
 
 
 def infer_response(result: InferResult) -> bytes:
-    """A serialized ModelInferResponse: what ``grpc_codec.encode_response`` builds."""
+    """A serialized ModelInferResponse: what the oracle's ``encode_response`` builds."""
     parts: list[bytes] = []
     _response_parts(result, parts, None)
     return b"".join(parts)
@@ -142,7 +143,7 @@ def infer_response(result: InferResult) -> bytes:
 
 def stream_response(result: InferResult, final: bool) -> bytes:
     """A serialized ModelStreamInferResponse carrying ``result`` and ``triton_final_response``:
-    what ``grpc_codec.stream_response`` builds."""
+    what the oracle's ``stream_response`` builds."""
     parts: list[bytes] = []
     _response_parts(result, parts, final)
     body = b"".join(parts)

@@ -1,11 +1,10 @@
-"""KServe v2 over gRPC: ModelInferRequest -> the engine's InferRequest, and results back into
-ModelInferResponse / ModelStreamInferResponse messages.
+"""KServe v2 over gRPC, the request side: ModelInferRequest -> the engine's InferRequest (the
+replies are written by ``wire``, without building messages).
 
 ``decode_request`` builds the ``InferRequest`` directly from the message; the one option that
 belongs to the gRPC stream alone (``triton_enable_empty_final_response``) comes back beside it
 in a ``GrpcReplyOptions``. Inputs arrive in ``raw_input_contents`` (tritonclient) or, from other
-KServe clients, in typed ``contents``. Outputs always go in ``raw_output_contents``, one entry
-per output: tritonclient reads nothing else.
+KServe clients, in typed ``contents``.
 """
 
 from __future__ import annotations
@@ -19,20 +18,17 @@ import numpy as np
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve.api.kserve import (
     MAX_RANK,
+    NO_SHM,
     NUMPY_DTYPES,
     bad,
     check_shape,
     clip,
     element_count,
-    raw_bytes,
     set_parameter,
     tensor_from_raw,
-    wire_datatype,
 )
 from seqserve.api.limits import OFFLOAD_BYTES
-from seqserve.engine import Code, InferenceError, InferRequest, InferResult
-
-NO_SHM = "seqserve does not implement shared memory: send tensor data in the request (raw_input_contents) instead"
+from seqserve.engine import Code, InferenceError, InferRequest
 
 EMPTY_FINAL = "triton_enable_empty_final_response"
 
@@ -106,7 +102,7 @@ def safe_deserializer(message_class: Any) -> Callable[[bytes], Any]:
     return deserialize
 
 
-#: a ModelInferRequest from its serialized bytes (the hot rpcs get bytes: ``grpc.RAW_RPCS``)
+#: a ModelInferRequest from its serialized bytes (the hot rpcs get bytes: ``servicer.RAW_RPCS``)
 parse_infer_request: Callable[[bytes], pb.ModelInferRequest | Undecodable] = safe_deserializer(pb.ModelInferRequest)
 
 
@@ -223,53 +219,3 @@ def _typed_contents(t: pb.ModelInferRequest.InferInputTensor, shape: list[int], 
         except OverflowError as e:  # e.g. int_contents beyond INT8
             raise bad(f"input '{clip(t.name)}': {e}") from None
     return arr.reshape(shape)
-
-
-# ------------------------------------------------------------------------ response
-
-
-def encode_response(result: InferResult) -> pb.ModelInferResponse:
-    resp = pb.ModelInferResponse(model_name=result.model_name, model_version=result.model_version, id=result.id)
-    raw = resp.raw_output_contents
-    for name, arr in result.outputs.items():
-        resp.outputs.add(name=name, datatype=wire_datatype(arr), shape=arr.shape)
-        raw.append(raw_bytes(arr))
-    for key, value in result.parameters.items():
-        _set_param(resp.parameters[key], value)
-    return resp
-
-
-def _set_param(p: pb.InferParameter, value: Any) -> None:
-    if isinstance(value, bool):
-        p.bool_param = value
-    elif isinstance(value, int):
-        p.int64_param = value if value < 2**63 else value - 2**64
-    elif isinstance(value, float):
-        p.double_param = value
-    else:
-        p.string_param = str(value)
-
-
-def stream_response(result: InferResult, final: bool) -> pb.ModelStreamInferResponse:
-    """One response on the stream; every one carries ``triton_final_response``."""
-    resp = encode_response(result)
-    resp.parameters["triton_final_response"].bool_param = final
-    return pb.ModelStreamInferResponse(infer_response=resp)
-
-
-def stream_empty_final(request_id: str, model: str, version: str) -> pb.ModelStreamInferResponse:
-    """A final flag that came without a response, for a request that set ``EMPTY_FINAL``."""
-    resp = pb.ModelInferResponse(id=request_id, model_name=model, model_version=version)
-    resp.parameters["triton_final_response"].bool_param = True
-    return pb.ModelStreamInferResponse(infer_response=resp)
-
-
-def stream_error(
-    request_id: str, model: str, version: str, err: InferenceError, final: bool | None = None
-) -> pb.ModelStreamInferResponse:
-    """An error on the stream (the stream stays open); ``final`` (for errors a model sent)
-    marks whether the request is over, as on every response."""
-    resp = pb.ModelInferResponse(id=request_id, model_name=model, model_version=version)
-    if final is not None:
-        resp.parameters["triton_final_response"].bool_param = final
-    return pb.ModelStreamInferResponse(error_message=err.message, infer_response=resp)
