@@ -38,7 +38,7 @@ from seqserve.engine.isolation import protocol as p
 from seqserve.engine.isolation.channel import ChannelClosed, Ends
 from seqserve.engine.isolation.child_process import (
     BACKOFF_BASE_S,
-    _Child,
+    ChildProcess,
     backoff_delay,
     exit_status,
 )
@@ -62,7 +62,7 @@ class _Open:
 
     __slots__ = ("child", "done", "factory", "finished", "open", "responders")
 
-    def __init__(self, child: _Child, factory: Callable[[int], Responder]) -> None:
+    def __init__(self, child: ChildProcess, factory: Callable[[int], Responder]) -> None:
         self.child = child
         self.factory = factory
         self.responders: dict[int, Responder] = {}
@@ -107,7 +107,7 @@ class IsolatedInstance(BackendInstance):
         env["PYTHONPATH"] = os.pathsep.join(x for x in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if x)
         self._env = env
         self._cond = threading.Condition(threading.Lock())
-        self._child: _Child | None = None  # serving child; None while restarting
+        self._child: ChildProcess | None = None  # serving child; None while restarting
         self._starting = False  # a (re)start is under way
         self._retry_at = 0.0  # while waiting to restart: when the next attempt starts
         self._last_failure = ""
@@ -116,11 +116,11 @@ class IsolatedInstance(BackendInstance):
         self._stop = threading.Event()
         self._streak = 0  # quick deaths in a row
         self._writer = batches.BatchWriter()
-        self._writer_child: _Child | None = None
+        self._writer_child: ChildProcess | None = None
         self._tokens = itertools.count(1)
         self._open: dict[int, _Open] = {}
         self._open_lock = threading.Lock()
-        self._children: list[_Child] = []  # every child not yet reaped, for the GC safety net
+        self._children: list[ChildProcess] = []  # every child not yet reaped, for the GC safety net
         # Dropped without finalize (a model whose load failed half way): kill the children.
         self._finalizer = weakref.finalize(self, _kill_all, self._children)
         self._first = self._spawn()
@@ -143,7 +143,7 @@ class IsolatedInstance(BackendInstance):
             f"({exit_status(child.proc.returncode)})",
         )
 
-    def _spawn(self) -> _Child:
+    def _spawn(self) -> ChildProcess:
         batch, events = Ends(), Ends()
         life_r, life_w = os.pipe()
         passed = (*batch.child_fds, *events.child_fds, life_r)
@@ -164,7 +164,7 @@ class IsolatedInstance(BackendInstance):
             os.close(life_r)
         batch.close_child_fds()
         events.close_child_fds()
-        child = _Child(proc, (batch, events), life_w, self._names)
+        child = ChildProcess(proc, (batch, events), life_w, self._names)
         self._children.append(child)
         me = weakref.ref(self)
         threading.Thread(target=_reap, args=(me, child), name=f"{self.name}-reaper", daemon=True).start()
@@ -173,7 +173,7 @@ class IsolatedInstance(BackendInstance):
             child.batch.send(self._init)
         return child
 
-    def _handshake(self, child: _Child) -> None:
+    def _handshake(self, child: ChildProcess) -> None:
         try:
             body, _ = child.batch.recv()
         except ChannelClosed:
@@ -194,7 +194,7 @@ class IsolatedInstance(BackendInstance):
             raise p.read_code_message(body)
         raise InferenceError(Code.INTERNAL, f"model '{self.model}' instance '{self.name}': unexpected message {kind}")
 
-    def _exited(self, child: _Child) -> None:
+    def _exited(self, child: ChildProcess) -> None:
         """Reaper thread, once the child has exited: record, log, fail, restart."""
         status = exit_status(child.proc.returncode)
         restart = False
@@ -236,7 +236,7 @@ class IsolatedInstance(BackendInstance):
                     return
                 self._starting = True
                 self._cond.notify_all()
-            child: _Child | None = None
+            child: ChildProcess | None = None
             try:
                 child = self._spawn()
                 self._handshake(child)
@@ -279,7 +279,7 @@ class IsolatedInstance(BackendInstance):
                 self._retry_at = time.monotonic() + delay
                 self._last_failure = f"model '{self.model}' instance '{self.name}' exited right after it restarted"
 
-    def _wait_for_child(self) -> _Child:
+    def _wait_for_child(self) -> ChildProcess:
         deadline = time.monotonic() + RESTART_WAIT_S
         with self._cond:
             while True:
@@ -315,7 +315,7 @@ class IsolatedInstance(BackendInstance):
         if message:
             raise RuntimeError(f"finalize of model '{self.model}' instance '{self.name}' failed: {message}")
 
-    def _release(self, child: _Child | None) -> None:
+    def _release(self, child: ChildProcess | None) -> None:
         """Close what the instance holds once nothing uses it (idempotent)."""
         for used in {child, self._writer_child, self._first} - {None}:
             used.close_batch()  # type: ignore[union-attr]
@@ -324,7 +324,7 @@ class IsolatedInstance(BackendInstance):
             self._open.clear()
         self._finalizer.detach()
 
-    def _retire(self, child: _Child, *, finalize: bool = False) -> str:
+    def _retire(self, child: ChildProcess, *, finalize: bool = False) -> str:
         """Stop a child on purpose: finalize (bounded) then exit, or kill."""
         child.retiring = True
         message = ""
@@ -409,7 +409,7 @@ class IsolatedInstance(BackendInstance):
             raise p.read_code_message(reply)
         raise self._out_of_step(child, f"unexpected message {kind}")
 
-    def _send(self, batch: ExecuteBatch) -> tuple[_Child, int, _Open | None]:
+    def _send(self, batch: ExecuteBatch) -> tuple[ChildProcess, int, _Open | None]:
         """Hand the batch to the serving child (waiting for one while it restarts)."""
         retried = False
         while True:
@@ -440,7 +440,7 @@ class IsolatedInstance(BackendInstance):
                     raise InferenceError(Code.UNAVAILABLE, child.death) from None
                 retried = True
 
-    def _out_of_step(self, child: _Child, why: str) -> InferenceError:
+    def _out_of_step(self, child: ChildProcess, why: str) -> InferenceError:
         child.killed_for = f"sent a malformed reply ({why}); it was killed"
         child.kill()
         child.wait_exit()
@@ -461,7 +461,7 @@ class IsolatedInstance(BackendInstance):
             if not entry.open:
                 self._open.pop(token, None)
 
-    def _on_event(self, child: _Child, body: memoryview, fds: list[int]) -> bytes:
+    def _on_event(self, child: ChildProcess, body: memoryview, fds: list[int]) -> bytes:
         if p.kind_of(body) == p.LOG:
             level, name, text = results.decode_log(body)
             logging.getLogger(name).log(level, "%s", text, extra={"instance": self.name, "child_pid": child.pid})
@@ -500,7 +500,7 @@ class IsolatedInstance(BackendInstance):
                 if not entry.open:
                     self._open.pop(token, None)
 
-    def _fail_open(self, child: _Child, err: InferenceError) -> None:
+    def _fail_open(self, child: ChildProcess, err: InferenceError) -> None:
         """A child died: the requests it still owed a final response get the error."""
         with self._open_lock:
             owed = [(t, e) for t, e in self._open.items() if e.child is child and e.done]
@@ -512,7 +512,7 @@ class IsolatedInstance(BackendInstance):
                     entry.responder(index).send(InferenceError(err.code, err.message), final=True)
 
 
-def _reap(ref: weakref.ref[IsolatedInstance], child: _Child) -> None:
+def _reap(ref: weakref.ref[IsolatedInstance], child: ChildProcess) -> None:
     """A child's reaper thread: wait for its exit (holding no reference to the instance)."""
     child.proc.wait()
     child.exited_now()
@@ -523,7 +523,7 @@ def _reap(ref: weakref.ref[IsolatedInstance], child: _Child) -> None:
     inst._exited(child)
 
 
-def _serve_events(ref: weakref.ref[IsolatedInstance], child: _Child) -> None:
+def _serve_events(ref: weakref.ref[IsolatedInstance], child: ChildProcess) -> None:
     """A child's event thread: answer its responders' messages until it exits."""
     try:
         _relay_events(ref, child)
@@ -531,7 +531,7 @@ def _serve_events(ref: weakref.ref[IsolatedInstance], child: _Child) -> None:
         child.close_events()
 
 
-def _relay_events(ref: weakref.ref[IsolatedInstance], child: _Child) -> None:
+def _relay_events(ref: weakref.ref[IsolatedInstance], child: ChildProcess) -> None:
     channel = child.events
     while True:
         try:
@@ -558,7 +558,7 @@ def _relay_events(ref: weakref.ref[IsolatedInstance], child: _Child) -> None:
             return
 
 
-def _kill_all(children: list[_Child]) -> None:
+def _kill_all(children: list[ChildProcess]) -> None:
     for child in list(children):
         child.retiring = True
         child.kill()
