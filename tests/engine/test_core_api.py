@@ -102,7 +102,7 @@ class _Core:
     def submit(self, handle: int, value: int, corrid: int | str, start: bool, end: bool) -> _core.Refusal | int:
         arr = np.array([[value]], np.int32)
         self.keep.append(arr)
-        return self.sched.submit(handle, (arr,), corrid, start, end)
+        return self.sched.submit(_core.RequestHeader(handle=handle, sequence_id=corrid, start=start, end=end), (arr,))
 
     def wait(self, n: int) -> None:
         for _ in range(n):
@@ -203,13 +203,13 @@ def test_close_leaves_a_hung_executor_behind() -> None:
     sched.start()
     keep = [np.array([1], np.int32) for _ in range(2)]
     try:
-        assert isinstance(sched.submit(1, (keep[0],)), int)  # accepted: its cancel() token
+        assert isinstance(sched.submit(_core.RequestHeader(handle=1), (keep[0],)), int)  # accepted: its cancel() token
         assert entered.wait(10)
         t0 = time.monotonic()
         assert sched.close(force=True, timeout_s=0.3) == ran_on  # the other instance was idle: joined
         assert 0.25 < time.monotonic() - t0 < 5
         assert sched.close(force=True, timeout_s=0.3) == []  # closed: nothing more to do
-        refusal = sched.submit(2, (keep[1],))
+        refusal = sched.submit(_core.RequestHeader(handle=2), (keep[1],))
         assert refusal is not None and refusal.code is _core.Code.UNAVAILABLE
     finally:
         release.set()

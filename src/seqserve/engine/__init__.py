@@ -17,7 +17,7 @@ from seqserve.engine.checkpoint import (
 )
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
-from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US
+from seqserve.engine.model.execution import DEFAULT_INLINE_MAX_BATCH_US
 from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
 from seqserve.engine.model_control import (
     DEFAULT_REPOSITORY_POLL_SECS,

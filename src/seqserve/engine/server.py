@@ -33,9 +33,9 @@ from seqserve.engine.config import (
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.drain import Drain
 from seqserve.engine.errors import Code, InferenceError
-from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US, check_mode
 from seqserve.engine.keyword_api import KeywordAPI
 from seqserve.engine.model import LoadedModel
+from seqserve.engine.model.execution import DEFAULT_INLINE_MAX_BATCH_US, check_mode
 from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
 from seqserve.engine.model_control import (
     DEFAULT_REPOSITORY_POLL_SECS,
