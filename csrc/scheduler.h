@@ -2,9 +2,11 @@
 // request pool, one executor thread per model instance (each with its reused batch area and
 // slot state), statistics and shutdown. A strategy (direct.cc, oldest.cc, dynamic.cc,
 // stateless.cc; the sequence ones over sequence_scheduler.h) supplies the queueing of a
-// request and the forming of one batch; executor.cc runs formed batches, on an instance's
-// executor thread or inline on the thread that already holds the Python runtime (the event
-// loop). Python is reached only through Hooks, which are never called with the lock held.
+// request and the forming of one batch, through a few hooks; what only sequences have (their
+// table, the sequence API, checkpoints) lives in SequenceScheduler. executor.cc runs formed
+// batches, on an instance's executor thread or inline on the thread that already holds the
+// Python runtime (the event loop; when is InlinePolicy's call). Python is reached only through
+// Hooks, which are never called with the lock held.
 #pragma once
 
 #include <algorithm>
@@ -149,7 +151,6 @@ class Scheduler {
   Stats stats();
   int64_t pending_requests();
 
-
   // Used by the Python batch view while the runner executes (executor thread, GIL held).
   void set_output_state(Instance& inst, size_t state_index, const uint8_t* data, size_t nbytes,
                         const int64_t* shape, int ndim);
@@ -208,6 +209,8 @@ class Scheduler {
   virtual void stop_helpers() {}         // after the executors joined; no lock held
   // Hands every request still queued to `take` (which recycles it) and forgets them.
   virtual void drain_locked(const std::function<void(Request*)>& take) = 0;
+  // What inflight_sequences() counts (a drain waits for it to reach 0): queued and running
+  // requests; the sequence strategies count live sequences.
   virtual int64_t inflight_locked();
   // cancel(): `r` (queued or running, now marked cancelled) leaves the queues. Requests the
   // strategy meets later are dropped as batches form; dropped requests go to cancelled_.
@@ -243,8 +246,8 @@ class Scheduler {
   void run_formed_batch(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold, bool more_work,
                         bool in_line = false);
   void report(Fails& fails, Code code);  // no lock held
-  // A dropped request joins the CANCELLED answers (lock held).
-  // `r` goes back to the pool here: the caller must not touch it afterwards.
+  // A dropped request joins the CANCELLED answers (lock held). `r` goes back to the pool
+  // here: the caller must not touch it afterwards.
   void cancelled_locked(Request* r, std::vector<uint64_t>& handles, int64_t now);
   // Reports cancelled_ (dropping the lock meanwhile); false when there was nothing to report.
   bool flush_cancelled(std::unique_lock<std::mutex>& lk);

@@ -8,6 +8,7 @@ child process, so a model that crashes, leaks or hangs takes down only itself.
 - ``batches``: a batch written into a slab for the child and read back there;
 - ``results``: a batch's results and responder messages written by the child and read back;
 - ``proxy``: the server side, ``IsolatedInstance`` (a ``BackendInstance``) and its supervision;
+- ``responses``: late responses (through responders) relayed from a child to the engine;
 - ``child_process``: starting a child and watching it (``ChildProcess``);
 - ``child``: the child's main loop (``python -m seqserve.engine.isolation.child``).
 
