@@ -2,6 +2,7 @@
 
 - ``execution``: how its instances execute (isolated or not, execute timeout, inline bound),
   read from the config's parameters;
+- ``instances``: the backend and its instances, started (in this process or isolated);
 - ``spec``: config -> the core's scheduler spec (once, at load);
 - ``validation``: one request checked against the config and laid out for the core (a
   ``RequestHeader`` and the input buffers);

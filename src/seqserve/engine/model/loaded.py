@@ -29,7 +29,7 @@ import numpy as np
 
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine._core import Batch, Code, InlineStats, Scheduler
-from seqserve.engine.backends import Backend, BackendInstance, InstanceContext, ModelContext, find_backend
+from seqserve.engine.backends import find_backend
 from seqserve.engine.backends.base import ragged_inputs
 from seqserve.engine.batch import ExecuteBatch, RaggedInput, StateViews
 from seqserve.engine.checkpoint import SequenceCheckpoint, SequenceReleasedError
@@ -40,8 +40,9 @@ from seqserve.engine.model.checkpoints import SequenceCheckpoints
 from seqserve.engine.model.delivery import Delivery, Pending, Reply
 from seqserve.engine.model.execution import DEFAULT_INLINE_MAX_BATCH_US, execution_settings
 from seqserve.engine.model.inline import InlineExecution, inline_eligible
+from seqserve.engine.model.instances import start_instances
 from seqserve.engine.model.reports import ModelReports
-from seqserve.engine.model.sequence_views import SequenceViews, log_expired
+from seqserve.engine.model.sequence_views import SequenceViews, expiry_log
 from seqserve.engine.model.spec import build_core_spec
 from seqserve.engine.model.validation import INTEGER_CORRID, RequestValidator
 from seqserve.engine.model.watchdog import ExecuteWatchdog
@@ -124,23 +125,10 @@ class LoadedModel:
         execution = execution_settings(
             cfg, python_backend=python_backend, default=python_isolation, inline_max_batch_us=inline_max_batch_us
         )
-        ctx = ModelContext(
-            name=self.name,
-            version=version,
-            config=cfg,
-            model_dir=model_dir,
-            version_dir=model_dir / str(version),
-            parameters={k: v.string_value for k, v in cfg.parameters.items()},
-        )
-        self.backend: Backend = (
-            IsolatedBackend(ctx, backend_cls, execute_timeout_s=execution.execute_timeout_s)
-            if execution.process
-            else backend_cls(ctx)
-        )
-        self.instance_names: list[str] = []
-        self._instances = self._create_instances(ctx)
-        if isinstance(self.backend, IsolatedBackend):
-            self.backend.wait_ready()  # the children load the model in parallel
+        started = start_instances(cfg, version=version, model_dir=model_dir, backend=backend_cls, execution=execution)
+        self.backend = started.backend
+        self._instances = started.instances
+        self.instance_names = started.names
 
         spec = build_core_spec(
             cfg, model_dir, len(self._instances), sessions, max_backlog_sequences=max_backlog_sequences
@@ -154,16 +142,12 @@ class LoadedModel:
             if execution.execute_timeout_s and not execution.process
             else None
         )
-        describe = (
-            cfg.model_transaction_policy.stateful_model_policy.timeout_action
-            == mc.ModelTransactionPolicy.StatefulModelPolicy.DESCRIBE
-        )
         self._core = Scheduler(
             spec.scheduler,
             runner=self._run,
             on_fail=self._on_fail,
             on_warning=lambda msg: log.warning("%s", msg),
-            on_expire=functools.partial(log_expired, self.name, version) if describe else None,
+            on_expire=expiry_log(cfg, version),
         )
         eligible = inline_eligible(
             python_backend=python_backend,
@@ -182,39 +166,6 @@ class LoadedModel:
         )
         self._checkpoints = SequenceCheckpoints(self.name, version, is_sequence=seq, core=core, spec=spec)
         self._core.start()
-
-    def _create_instances(self, ctx: ModelContext) -> list[BackendInstance]:
-        """One backend instance per (non-passive) instance_group count, named in
-        ``instance_names``; no GPUs here yet."""
-        instances: list[BackendInstance] = []
-        warned_gpu = False
-        for group in self.config.instance_group:
-            if group.passive:
-                continue
-            kind = group.kind
-            if kind == mc.ModelInstanceGroup.KIND_GPU and not warned_gpu:
-                log.warning(
-                    "model '%s': instance group '%s' asks for KIND_GPU but no GPU is available; running on CPU",
-                    self.name,
-                    group.name,
-                )
-                warned_gpu = True
-            elif kind == mc.ModelInstanceGroup.KIND_CPU and group.gpus:
-                log.warning(
-                    "model '%s': instance group '%s' is KIND_CPU; its 'gpus' %s are ignored",
-                    self.name,
-                    group.name,
-                    list(group.gpus),
-                )
-            device = "model" if kind == mc.ModelInstanceGroup.KIND_MODEL else "cpu"
-            for j in range(max(1, group.count)):
-                iname = f"{group.name}_{j}"
-                self.instance_names.append(iname)
-                ictx = InstanceContext(ctx, len(instances), iname, device)
-                instances.append(self.backend.create_instance(ictx))
-        if not instances:
-            raise InferenceError(Code.INVALID_ARG, f"model '{self.name}' has no (non-passive) instances")
-        return instances
 
     # ------------------------------------------------------------------ sequence API
 

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 
 import orjson
 
+from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine._core import ExpiredSequence, Scheduler
 from seqserve.engine._core import SequenceInfo as CoreSequenceInfo
 from seqserve.engine.errors import Code, InferenceError
@@ -104,3 +107,12 @@ def log_expired(model: str, version: int, x: ExpiredSequence) -> None:
         "slot": x.slot,
     }
     log.info("sequence expired %s", orjson.dumps(info).decode())
+
+
+def expiry_log(cfg: mc.ModelConfig, version: int) -> Callable[[ExpiredSequence], None] | None:
+    """The core's on_expire hook: ``log_expired`` for a model whose stateful_model_policy is
+    DESCRIBE, else None (the core then describes nothing)."""
+    policy = cfg.model_transaction_policy.stateful_model_policy
+    if policy.timeout_action != mc.ModelTransactionPolicy.StatefulModelPolicy.DESCRIBE:
+        return None
+    return functools.partial(log_expired, cfg.name, version)
