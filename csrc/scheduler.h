@@ -72,7 +72,7 @@ struct Instance {
   std::thread thread;
   std::condition_variable cv;
   Batch batch;
-  SlotState state;
+  SlotState state;  // its sequence slots' implicit state (empty without sequences)
   int64_t t_form = 0, t_gathered = 0, t_executed = 0;
   bool executing = false;
   bool exited = false;    // its executor thread has finished (close() waits for this, bounded)

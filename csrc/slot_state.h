@@ -87,8 +87,8 @@ class SlotState {
   // next scatter() or finish(): the two stores of a state trade places.
   uint8_t* fixed_row(size_t k, int slot) const { return store_[k].data() + slot * row_bytes_[k]; }
 
-  // Checkpoints (sequence_scheduler.cc), under the scheduler lock, for a slot no running batch of this
-  // instance reads or writes as a real row. check: why `values` do not fit the specs ("" when
+  // Checkpoints (SequenceScheduler), under the scheduler lock, for a slot no running batch of
+  // this instance reads or writes as a real row. check: why `values` do not fit the specs ("" when
   // they do). read: the slot's state (a staged value when one waits) to `sink`. write: the
   // slot holds `values` now (the instance is not executing); stage: it will, once the batch
   // this instance runs now is done (apply_staged(), from batch_done_locked): the batch may read

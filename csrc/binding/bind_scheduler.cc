@@ -107,14 +107,23 @@ class PyScheduler {
   // Hot path (event loop, GIL held): raw pointers to the input buffers go to the core; the
   // caller keeps the arrays alive until the handle completes. The header is copied; `inputs`
   // is borrowed for this call only.
-  py::object submit(const PyRequestHeader& header, py::tuple inputs) {
+  py::object submit(py::handle header_obj, py::tuple inputs) {
+    const RequestHeaderObject* header = as_request_header(header_obj);
+    if (header == nullptr) throw py::type_error("submit() takes a RequestHeader");
+    std::string_view string_id;
+    if (header->string_id) {
+      Py_ssize_t n = 0;
+      const char* s = PyUnicode_AsUTF8AndSize(header->string_id, &n);  // cached by the str
+      if (s == nullptr) throw py::error_already_set();
+      string_id = std::string_view(s, static_cast<size_t>(n));
+    }
     const ModelSpec& spec = sched_->spec();
     if (static_cast<size_t>(inputs.size()) != spec.inputs.size())
       throw py::value_error("expected " + std::to_string(spec.inputs.size()) + " inputs, got " +
                             std::to_string(inputs.size()));
     Request* r = sched_->new_request();  // lent by the pool: back through submit() or recycle()
     try {
-      r->take_header(header.fixed, header.string_id);
+      r->take_header(header->fixed, string_id);
       r->inputs.resize(spec.inputs.size());
       for (size_t k = 0; k < spec.inputs.size(); ++k) fill_input(r->inputs[k], inputs[k]);
     } catch (...) {
@@ -122,7 +131,7 @@ class PyScheduler {
       throw;
     }
     const uint32_t token = r->index;  // r may be answered and reused once the lock is dropped
-    SubmitResult res = sched_->submit(r, header.fixed.priority);
+    SubmitResult res = sched_->submit(r, header->fixed.priority);
     if (res.accepted) return py::int_(token);
     return py::cast(std::move(res));
   }

@@ -42,12 +42,15 @@ struct BatchView {
   }
 };
 
-// A RequestHeader as Python builds it, with a string sequence id's bytes beside it (in a ring
-// record they would follow the header).
-struct PyRequestHeader {
+// A RequestHeader as Python builds it (bind_request.cc): the fixed header, and a string
+// sequence id kept as the caller's str (in a ring record its bytes would follow the header).
+struct RequestHeaderObject {
+  PyObject_HEAD
   RequestHeader fixed;
-  std::string string_id;
+  PyObject* string_id;  // a reference to the str id, or nullptr for a numeric id
 };
+// `obj` as a RequestHeader, or nullptr when it is not one.
+const RequestHeaderObject* as_request_header(py::handle obj);
 
 // Checkpoints (bind_checkpoint.cc). checkpoint: None (not live), a Refusal, or (steps,
 // session, [(bytes, shape) per state]). restore: None, or a Refusal.

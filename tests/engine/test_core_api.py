@@ -216,3 +216,37 @@ def test_close_leaves_a_hung_executor_behind() -> None:
     # the detached executor comes back to a scheduler that still exists, finishes and exits
     wait_until_sync(lambda: sched.stats().execution_count == 1, "the left-behind batch is counted")
     assert failed == []
+
+
+def test_request_header_names_its_fields() -> None:
+    h = _core.RequestHeader(handle=7, sequence_id="seq-a", start=True, session=True, timeout_us=5, rows=2, priority=3)
+    assert (h.handle, h.sequence_id, h.start, h.end, h.session) == (7, "seq-a", True, False, True)
+    assert (h.timeout_us, h.rows, h.priority) == (5, 2, 3)
+    kw: dict[str, Any] = {"handle": 1}
+    d = _core.RequestHeader(**kw)
+    assert (d.sequence_id, d.start, d.end, d.session, d.timeout_us, d.rows, d.priority) == (
+        0,
+        False,
+        False,
+        False,
+        0,
+        1,
+        0,
+    )
+    assert repr(d).startswith("RequestHeader(handle=1, sequence_id=0, start=False")
+    assert _core.RequestHeader.__new__(_core.RequestHeader, handle=2, sequence_id=5).sequence_id == 5  # tp_new
+    with pytest.raises(TypeError, match="keyword arguments only"):
+        _core.RequestHeader(1)  # type: ignore[misc]
+    with pytest.raises(TypeError, match="'handle'"):
+        _core.RequestHeader()  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'prio'"):
+        _core.RequestHeader(handle=1, prio=2)  # type: ignore[call-arg]
+    with pytest.raises(OverflowError):
+        _core.RequestHeader(handle=1, priority=2**31)
+    with pytest.raises(TypeError, match="RequestHeader"):
+        _core.Scheduler(
+            _core.ModelSpec(name="m", strategy=_core.Strategy.STATELESS, inputs=[]),
+            runner=lambda b: True,
+            on_fail=lambda *a: None,
+            on_warning=lambda m: None,
+        ).submit(object(), ())  # type: ignore[arg-type]

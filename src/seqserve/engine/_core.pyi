@@ -6,7 +6,7 @@ dtype table (``engine/tensors.py``); an object dtype means BYTES. Times are micr
 
 import enum
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, final
 
 import numpy as np
 
@@ -229,12 +229,14 @@ class ModelSpec(metaclass=_Pybind11Type):
     def max_backlog_sequences(self) -> int:
         """Sequences: how many may wait in the backlog; a START beyond it is refused (0: no bound)."""
 
-class RequestHeader(metaclass=_Pybind11Type):
+@final
+class RequestHeader:
     """A request's scalars for ``Scheduler.submit``, by name; its tensors go apart. A fixed
-    layout in the core, so that it can cross a process boundary as a ring record's head."""
+    layout in the core, so that it can cross a process boundary as a ring record's head. A
+    plain CPython type (built once per request: a cheap constructor), not a pybind11 class."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         handle: int,
         sequence_id: int | str = 0,
@@ -244,7 +246,7 @@ class RequestHeader(metaclass=_Pybind11Type):
         timeout_us: int = 0,
         rows: int = 1,
         priority: int = 0,
-    ) -> None: ...
+    ) -> RequestHeader: ...
     @property
     def handle(self) -> int:
         """The caller's name for the request: answers and cancel() use it."""
