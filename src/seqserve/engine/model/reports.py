@@ -1,4 +1,5 @@
-"""What one model version reports about itself: metadata, statistics, metrics counters."""
+"""What one model version reports about itself: metadata, statistics, metrics counters, the
+slot table for diagnostics, inline execution."""
 
 from __future__ import annotations
 
