@@ -24,14 +24,16 @@ if sanitize:
     compile_args += [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-g"]
     link_args += [f"-fsanitize={sanitize}"]
 
-# The core (no Python), then its binding; headers listed so that editing one rebuilds.
-core = ["batch", "state_store", "sequence_table", "scheduler", "executor", "sequence_scheduler", "direct", "oldest", "dynamic", "stateless", "checkpoint"]
-binding = ["module", "bind_spec", "bind_batch", "bind_checkpoint"]
-headers = ["common", "spec", "request", "batch", "state_store", "tombstones", "sequence_table", "scheduler", "sequence_scheduler", "binding"]
+# The core (no Python) in csrc/, its binding in csrc/binding/; headers listed so that editing one
+# rebuilds.
+core = ["batch", "slot_state", "sequence_table", "scheduler", "inline_policy", "executor", "sequence_scheduler", "direct", "oldest", "dynamic", "stateless"]
+binding = ["module", "bind_spec", "bind_request", "bind_batch", "bind_scheduler", "bind_checkpoint"]
+headers = ["common", "spec", "request", "batch", "slot_state", "tombstones", "sequence_table", "inline_policy", "scheduler", "sequence_scheduler", "binding/binding"]
 
 ext = Pybind11Extension(
     "seqserve.engine._core",
-    sources=[f"csrc/{n}.cc" for n in core + binding],
+    sources=[f"csrc/{n}.cc" for n in core] + [f"csrc/binding/{n}.cc" for n in binding],
+    include_dirs=["csrc"],
     depends=[f"csrc/{n}.h" for n in headers],
     cxx_std=17,
     extra_compile_args=compile_args + ["-Wall", "-Wno-sign-compare"],

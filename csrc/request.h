@@ -1,9 +1,12 @@
-// A request as the core holds it: raw pointers to the caller's input buffers (the Python
-// request object that owns them stays alive until its completion), pooled so that a
-// steady-state step allocates nothing.
+// A request on its way into the core (RequestHeader + one TensorRef per input), and as the
+// core holds it (Request): raw pointers to the caller's input buffers (the Python request
+// object that owns them stays alive until its completion), pooled so that a steady-state step
+// allocates nothing.
 #pragma once
 
 #include <memory>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
@@ -18,6 +21,36 @@ struct TensorRef {
   int ndim = 0;
   int64_t shape[kMaxRank] = {};
 };
+
+// The scalars of one request as a front-end hands it to the core, by name. Fixed layout, plain
+// fields, trivially copyable: it is meant to cross a process boundary by copy. A front-end
+// worker process (issue 27) writes it as the fixed head of one record in a shared-memory
+// request ring, followed by a string sequence id's bytes (string_id_bytes of them) and by
+// input_count tensor descriptors whose data lie in shared-memory slabs. Tensors are never part
+// of the header: in-process they are TensorRefs onto the caller's buffers. The binding fills a
+// header from Python's RequestHeader; Request::take_header reads it, once.
+enum RequestFlag : uint32_t {
+  kFlagStart = 1u << 0,     // the sequence's START
+  kFlagEnd = 1u << 1,       // the sequence's END
+  kFlagSession = 1u << 2,   // named by a session: START is implied when the id is not live
+  kFlagStringId = 1u << 3,  // the sequence id is a string (its bytes follow the header)
+};
+
+struct RequestHeader {
+  uint64_t handle = 0;           // the caller's name for the request: answers and cancel() use it
+  uint64_t sequence_id = 0;      // a numeric sequence id (0: none); unused with kFlagStringId
+  uint64_t timeout_us = 0;       // queue timeout (0: the queue policy's default)
+  int64_t rows = 1;              // batch rows the request occupies
+  int32_t priority = 0;          // priority level (0: the model's default)
+  uint32_t flags = 0;            // RequestFlag bits
+  uint32_t string_id_bytes = 0;  // length of a string sequence id
+  uint32_t input_count = 0;      // tensor descriptors that go with it (one per configured input)
+
+  bool has(RequestFlag f) const { return (flags & f) != 0; }
+};
+static_assert(std::is_trivially_copyable<RequestHeader>::value && std::is_standard_layout<RequestHeader>::value,
+              "a RequestHeader is copied byte for byte across processes");
+static_assert(sizeof(RequestHeader) == 48, "the ring's record layout assumes a 48-byte header");
 
 // kForceEnd: idle expiry frees the slot silently; kNotify: idle expiry runs one final END step.
 enum ReqKind : uint8_t { kNormal = 0, kForceEnd = 1, kNotify = 2 };
@@ -40,6 +73,20 @@ struct Request {
   int slot = -1;             // kOldest: the instance-local slot it came from
   int64_t handoff_ns = 0;    // kOldest: when it reached the instance's batcher
   std::vector<TensorRef> inputs;
+
+  // Takes the header's scalars (a string sequence id's bytes given apart); the pool's request
+  // keeps its index and its inputs' storage.
+  void take_header(const RequestHeader& h, std::string_view string_id) {
+    handle = h.handle;
+    start = h.has(kFlagStart);
+    end = h.has(kFlagEnd);
+    session = h.has(kFlagSession);
+    timeout_ns = static_cast<int64_t>(h.timeout_us) * 1000;
+    rows = h.rows;
+    id.is_str = h.has(kFlagStringId);
+    id.num = id.is_str ? 0 : h.sequence_id;
+    id.str.assign(id.is_str ? string_id : std::string_view());
+  }
 };
 
 // One row of a batch: a request, or padding (nullptr) in a sequence slot's position.

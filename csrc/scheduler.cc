@@ -101,7 +101,7 @@ SubmitResult Scheduler::submit(Request* r, int priority) {
       res = enqueue_locked(r, priority, wake, warning);
       // Inline mode: the event loop runs the work (run_ready_inline); waking the executor is
       // the hand-off inline execution saves.
-      if (wake && res.accepted && inline_mode_.load(std::memory_order_relaxed)) {
+      if (wake && res.accepted && inline_.active()) {
         inline_queued_locked(*wake, now);
         wake = nullptr;
       }
@@ -132,10 +132,10 @@ void Scheduler::run_formed_batch(Instance& inst, std::unique_lock<std::mutex>& l
                                  bool more_work, bool in_line) {
   inst.executing = true;
   inst.inline_batch = in_line;
-  inst.recorded = false;  // under the lock: a checkpoint reads it (checkpoint.cc)
+  inst.recorded = false;  // under the lock: a checkpoint reads it (sequence_scheduler.cc)
   inst.t_form = now_ns();
   Instance* idle = more_work ? idle_instance_locked() : nullptr;  // more work in a shared queue
-  const int64_t bound = inline_.max_batch_ns;  // 0: nobody asks what batches cost
+  const int64_t bound = inline_.bound();  // 0: nobody asks what batches cost
   const ThreadUsage usage = bound ? ThreadUsage::now() : ThreadUsage{};
   lk.unlock();
   if (idle) idle->cv.notify_one();
@@ -173,7 +173,7 @@ void Scheduler::set_output_state(Instance& inst, size_t k, const uint8_t* data, 
 
 void Scheduler::record_batch(Instance& inst, bool ok) {
   // The state is final before the batch is recorded: its replies go out next, and a client
-  // that has one may checkpoint its sequence at once (checkpoint.cc reads the store then).
+  // that has one may checkpoint its sequence at once (and read its slot's state then).
   if (sequences_) inst.state.finish(inst.batch.rows);
   std::lock_guard<std::mutex> lk(mu_);
   record_batch_locked(inst, ok);
@@ -275,19 +275,6 @@ bool Scheduler::cancel(uint32_t token, uint64_t handle) {
   return true;
 }
 
-bool Scheduler::end_owned_sequence(const CorrId& id, uint64_t owner, const std::string& why) {
-  std::unique_lock<std::mutex> lk(mu_);
-  if (closed_ || force_) return false;  // during the drain it may still free a slot
-  const bool ended = end_owned_sequence_locked(id, owner, why);
-  flush_cancelled(lk);
-  return ended;
-}
-
-int Scheduler::slot_of(const CorrId& id) {
-  std::lock_guard<std::mutex> lk(mu_);
-  return slot_of_locked(id);
-}
-
 void Scheduler::stop_accepting() {
   std::lock_guard<std::mutex> lk(mu_);
   accepting_ = false;
@@ -309,21 +296,6 @@ int64_t Scheduler::pending_requests() {
   return counts_.queued + counts_.backlogged;
 }
 
-int64_t Scheduler::free_slots() {
-  std::lock_guard<std::mutex> lk(mu_);
-  return free_slots_locked();
-}
-
-int64_t Scheduler::backlog_sequences() {
-  std::lock_guard<std::mutex> lk(mu_);
-  return backlog_sequences_locked();
-}
-
-void Scheduler::describe_slots(std::vector<std::pair<std::string, int>>& out) {
-  std::lock_guard<std::mutex> lk(mu_);
-  describe_locked(out);
-}
-
 void Scheduler::observe_latency_locked(int64_t ns) {
   const double ms = static_cast<double>(ns) / 1e6;
   const auto& bounds = spec_.latency_buckets_ms;
@@ -337,34 +309,8 @@ Stats Scheduler::stats() {
   std::lock_guard<std::mutex> lk(mu_);
   Stats s = stats_;
   s.pending_requests = counts_.queued + counts_.backlogged;
-  sequence_gauges_locked(s);
+  gauges_locked(s);
   return s;
-}
-
-int64_t Scheduler::list_sequences(std::vector<SequenceInfo>& out, size_t limit) {
-  std::lock_guard<std::mutex> lk(mu_);
-  return list_sequences_locked(out, limit);
-}
-
-bool Scheduler::find_sequence(const CorrId& id, SequenceInfo& out) {
-  std::lock_guard<std::mutex> lk(mu_);
-  return find_sequence_locked(id, out);
-}
-
-bool Scheduler::end_sequence(const CorrId& id, SequenceInfo& out) {
-  Fails fails;
-  bool ended;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    ended = !closing_ && end_sequence_locked(id, out, fails);
-  }
-  report(fails, kCancelled);
-  return ended;
-}
-
-std::string Scheduler::session_gone(const CorrId& id) {
-  std::lock_guard<std::mutex> lk(mu_);
-  return session_gone_locked(id);
 }
 
 std::vector<int> Scheduler::close(bool force, int64_t timeout_ns) {

@@ -1,10 +1,12 @@
 // The scheduler of one model: what every batching strategy shares. It owns the lock, the
 // request pool, one executor thread per model instance (each with its reused batch area and
-// state store), statistics and shutdown. A strategy (direct.cc, oldest.cc, dynamic.cc,
+// slot state), statistics and shutdown. A strategy (direct.cc, oldest.cc, dynamic.cc,
 // stateless.cc; the sequence ones over sequence_scheduler.h) supplies the queueing of a
-// request and the forming of one batch; executor.cc runs formed batches, on an instance's
-// executor thread or inline on the thread that already holds the Python runtime (the event
-// loop). Python is reached only through Hooks, which are never called with the lock held.
+// request and the forming of one batch, through a few hooks; what only sequences have (their
+// table, the sequence API, checkpoints) lives in SequenceScheduler. executor.cc runs formed
+// batches, on an instance's executor thread or inline on the thread that already holds the
+// Python runtime (the event loop; when is InlinePolicy's call). Python is reached only through
+// Hooks, which are never called with the lock held.
 #pragma once
 
 #include <algorithm>
@@ -19,7 +21,8 @@
 #include "common.h"
 #include "request.h"
 #include "spec.h"
-#include "state_store.h"
+#include "inline_policy.h"
+#include "slot_state.h"
 
 namespace seqserve {
 
@@ -64,24 +67,12 @@ struct Stats {
   uint64_t state_bytes = 0;
 };
 
-// One live sequence as the sequence API shows it.
-struct SequenceInfo {
-  CorrId id;
-  bool backlogged = false;  // waiting for a slot
-  bool session = false;     // named by a session (START may be implied; ends are remembered)
-  int instance = -1, slot = -1;
-  double age_s = 0, idle_s = 0;  // since its START arrived; since its last request arrived
-  uint64_t steps = 0;            // steps handed to the model
-  uint64_t state_bytes = 0;      // implicit state it holds
-  int64_t queued = 0;            // requests waiting in its slot's queue or in the backlog
-};
-
 struct Instance {
   int index = 0;
   std::thread thread;
   std::condition_variable cv;
   Batch batch;
-  StateStore state;
+  SlotState state;  // its sequence slots' implicit state (empty without sequences)
   int64_t t_form = 0, t_gathered = 0, t_executed = 0;
   bool executing = false;
   bool exited = false;    // its executor thread has finished (close() waits for this, bounded)
@@ -93,26 +84,6 @@ struct Instance {
   bool inline_batch = false;
   bool waits_for_inline = false;
   int64_t inline_due_ns = 0;
-};
-
-// This thread's CPU time and voluntary context switches (executor.cc): a batch that overran
-// its bound without ever blocking was preempted, and is judged by the CPU time it used.
-struct ThreadUsage {
-  int64_t cpu_ns = 0;
-  long blocked = 0;
-  static ThreadUsage now();
-  // What a batch that took `wall_ns` since `start` cost: its CPU time if it never blocked.
-  static int64_t cost(const ThreadUsage& start, int64_t wall_ns);
-};
-
-// Inline execution's policy and counters (Scheduler::configure_inline, inline_stats).
-struct InlineStats {
-  int64_t max_batch_ns = 0;  // a batch costing more is not cheap (0: inline never)
-  int promote_after = 0;     // cheap executor batches in a row before inline mode
-  bool active = false;       // inline mode now
-  uint64_t inline_batches = 0, thread_batches = 0, promotions = 0, demotions = 0;
-  uint64_t slow_batches = 0;  // batches over the bound in inline mode (not all demote: executor.cc)
-  int64_t last_batch_ns = 0;  // the cost of the latest batch (gather, runner, replies)
 };
 
 // Hooks into the Python layer. Both are called without the scheduler lock and must take the
@@ -142,34 +113,31 @@ struct SubmitResult {
   bool busy = false, released = false;
 };
 
-// Receives a checkpoint's state k (called under the scheduler lock; it must not call back into
-// the scheduler).
-using StateSink = std::function<void(size_t k, const std::vector<int64_t>& shape, const uint8_t* data, size_t nbytes)>;
-
 class Scheduler {
  public:
-  // The scheduler for spec.strategy.
+  // The scheduler for spec.strategy. The caller owns it; it calls `hooks` until close() has
+  // returned (and, from an executor close() detached, later: see close()).
   static std::unique_ptr<Scheduler> create(ModelSpec spec, Hooks hooks);
   virtual ~Scheduler() = default;
 
   const ModelSpec& spec() const { return spec_; }
   void start();
+  // Ownership of a Request: the pool owns every Request for the scheduler's life; callers only
+  // borrow one. new_request() lends one to the caller, who fills it and hands it back through
+  // exactly one of submit() or recycle(). After submit() the caller must not touch it again,
+  // accepted or not (a refused one is recycled here; an accepted one may be answered and
+  // reused by another thread as soon as the lock is dropped).
+  //
   // Enqueue a request; on failure nothing is queued and the caller answers the client.
   SubmitResult submit(Request* r, int priority = 0);
-  Request* new_request();  // from the pool; caller fills it, then submit() or recycle()
-  void recycle(Request* r);
+  Request* new_request();
+  void recycle(Request* r);  // gives back a request new_request() lent and submit() never took
 
   // The client of a queued request is gone: it is dropped before it runs (a sequence's request
   // takes its whole sequence with it, as in Triton) and answered CANCELLED. `token` is the
   // request's pool index (what the binding's submit returns). False when it is no longer queued
   // or running.
   bool cancel(uint32_t token, uint64_t handle);
-  // Ends sequence `id` now, as idle expiry does (a final END step under TIMEOUT_COMPLETE), if
-  // its latest START had handle `owner` (0: whoever started it). Its queued requests are
-  // answered CANCELLED with `why`. False when no such sequence is live.
-  bool end_owned_sequence(const CorrId& id, uint64_t owner, const std::string& why);
-  // Where sequence `id` is: its global slot, -1 in the backlog, -2 unknown (or ended).
-  int slot_of(const CorrId& id);
 
   void stop_accepting();
   int64_t inflight_sequences();
@@ -182,33 +150,11 @@ class Scheduler {
   std::vector<int> close(bool force, int64_t timeout_ns = -1);
   Stats stats();
   int64_t pending_requests();
-  int64_t free_slots();
-  int64_t backlog_sequences();
-  void describe_slots(std::vector<std::pair<std::string, int>>& out);
-  // The sequence API. list: up to `limit` live sequences (in no particular order); returns how
-  // many there are. find: one sequence, false when it is not live. end: ends a live sequence as
-  // idle expiry does (a final END step with TIMEOUT_COMPLETE), or drops a backlogged one and
-  // fails its requests (CANCELLED); false when it is not live. gone: why a session id that is
-  // not live is refused, or "" (sessions it does not remember).
-  int64_t list_sequences(std::vector<SequenceInfo>& out, size_t limit);
-  bool find_sequence(const CorrId& id, SequenceInfo& out);
-  bool end_sequence(const CorrId& id, SequenceInfo& out);
-  std::string session_gone(const CorrId& id);
-  // Checkpoints (checkpoint.cc; sequence strategies only). checkpoint: copies the live
-  // sequence `id`'s implicit state to `sink` (state by state) and fills `info`; with `release`
-  // the sequence then leaves its slot without an END step or a tombstone (it moved). Accepted
-  // with *found false when `id` is not live; refused UNAVAILABLE+busy while it has a request
-  // queued or running (or waits in the backlog), UNSUPPORTED for a model without implicit
-  // state or sequences. restore: claims a free slot for `id` holding `states` and `steps`, so
-  // its next non-START request continues from there; refused ALREADY_EXISTS when `id` is live,
-  // UNAVAILABLE when no slot is free, INVALID_ARG when the states do not fit the spec.
-  SubmitResult checkpoint_sequence(const CorrId& id, bool release, const StateSink& sink, SequenceInfo& info,
-                                   bool& found);
-  SubmitResult restore_sequence(const CorrId& id, bool session, uint64_t steps, const std::vector<StateValue>& states);
 
   // Used by the Python batch view while the runner executes (executor thread, GIL held).
   void set_output_state(Instance& inst, size_t state_index, const uint8_t* data, size_t nbytes,
                         const int64_t* shape, int ndim);
+  // The scheduler owns its instances for its whole life; callers only borrow them.
   std::vector<std::unique_ptr<Instance>>& instances() { return instances_; }
   // Records the current batch's statistics (once); the runner calls it before replying so a
   // client that reads statistics after its reply sees its request counted.
@@ -234,7 +180,9 @@ class Scheduler {
 
   // --- what a strategy supplies (lock held unless noted)
   // Queues `r` (closing_ already checked, arrival stamped). Sets `wake` to an instance to
-  // notify once the lock is dropped, `warning` to a message to log.
+  // notify once the lock is dropped, `warning` to a message to log. Accepted: the strategy
+  // holds `r` (still the pool's) until a batch or a drop recycles it. Refused: it keeps no
+  // reference, and submit() recycles `r`.
   virtual SubmitResult enqueue_locked(Request* r, int priority, Instance*& wake, std::string& warning) = 0;
   class RuntimeHold;
   // What forming a batch of `inst` came to (see form_locked).
@@ -259,30 +207,20 @@ class Scheduler {
   virtual Next form_locked(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold) = 0;
   virtual void start_helpers() {}        // lock held
   virtual void stop_helpers() {}         // after the executors joined; no lock held
-  // Hands every request still queued to `take` and forgets them.
+  // Hands every request still queued to `take` (which recycles it) and forgets them.
   virtual void drain_locked(const std::function<void(Request*)>& take) = 0;
+  // What inflight_sequences() counts (a drain waits for it to reach 0): queued and running
+  // requests; the sequence strategies count live sequences.
   virtual int64_t inflight_locked();
-  virtual int64_t free_slots_locked() { return 0; }
   // cancel(): `r` (queued or running, now marked cancelled) leaves the queues. Requests the
   // strategy meets later are dropped as batches form; dropped requests go to cancelled_.
+  // `r` stays the pool's: the strategy only unlinks it.
   virtual void cancel_locked(Request*) {}
-  virtual bool end_owned_sequence_locked(const CorrId&, uint64_t, const std::string&) { return false; }
-  virtual int slot_of_locked(const CorrId&) { return -2; }
-  // A batch has run; its rows are still in inst.batch.
+  // A batch has run; its rows are still in inst.batch (their requests go back to the pool
+  // after this).
   virtual void batch_done_locked(Instance&) {}
-  virtual int64_t backlog_sequences_locked() { return 0; }
-  virtual void describe_locked(std::vector<std::pair<std::string, int>>&) {}
-  // Sequence strategies: the table's gauges, and the sequence API (see the public methods).
-  virtual void sequence_gauges_locked(Stats&) {}
-  virtual int64_t list_sequences_locked(std::vector<SequenceInfo>&, size_t) { return 0; }
-  virtual bool find_sequence_locked(const CorrId&, SequenceInfo&) { return false; }
-  virtual bool end_sequence_locked(const CorrId&, SequenceInfo&, Fails&) { return false; }
-  virtual std::string session_gone_locked(const CorrId&) { return {}; }
-  // Checkpoints (see the public methods); the default: not a sequence model.
-  virtual SubmitResult checkpoint_locked(const CorrId& id, bool release, const StateSink& sink, SequenceInfo& info,
-                                         bool& found, std::vector<Instance*>& wake);
-  virtual SubmitResult restore_locked(const CorrId& id, bool session, uint64_t steps,
-                                      const std::vector<StateValue>& states);
+  // stats(): the strategy's gauges (sequence slots, backlog) into the snapshot.
+  virtual void gauges_locked(Stats&) {}
 
   // --- shared by the strategies (lock held unless noted)
   static SubmitResult refuse(Code code, std::string message) { return {false, code, std::move(message)}; }
@@ -308,7 +246,8 @@ class Scheduler {
   void run_formed_batch(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold, bool more_work,
                         bool in_line = false);
   void report(Fails& fails, Code code);  // no lock held
-  // A dropped request joins the CANCELLED answers (lock held).
+  // A dropped request joins the CANCELLED answers (lock held). `r` goes back to the pool
+  // here: the caller must not touch it afterwards.
   void cancelled_locked(Request* r, std::vector<uint64_t>& handles, int64_t now);
   // Reports cancelled_ (dropping the lock meanwhile); false when there was nothing to report.
   bool flush_cancelled(std::unique_lock<std::mutex>& lk);
@@ -335,15 +274,11 @@ class Scheduler {
   // executor.cc
   void executor_loop(Instance& inst);
   void idle_wait(Instance& inst, std::unique_lock<std::mutex>& lk);
-  void note_batch_cost_locked(bool in_line, int64_t cost_ns);  // promotes / demotes
+  void note_batch_cost_locked(bool in_line, int64_t cost_ns);  // the policy's verdict, acted on
   // Submit in inline mode: `inst` is due to run what was just queued (lock held).
   void inline_queued_locked(Instance& inst, int64_t now);
 
-  InlineStats inline_;                  // policy and counters (lock held)
-  std::atomic<bool> inline_mode_{false};  // read without the lock by run_ready_inline's first check
-  int cheap_streak_ = 0;                // cheap batches in a row
-  uint32_t slow_window_ = 0;            // in inline mode, bit k: the batch k batches ago was over the bound
-  int inline_penalty_ = 0;              // demotions lately: promotion needs promote_after << penalty
+  InlinePolicy inline_;  // when batches run on the event loop (inline_policy.h)
 
   const bool sequences_;
 };

@@ -149,13 +149,9 @@ bool SequenceScheduler::end_owned_sequence_locked(const CorrId& id, uint64_t own
   return true;
 }
 
-int SequenceScheduler::slot_of_locked(const CorrId& id) {
-  auto it = table_.find(id);
-  return table_.found(it) ? it->second.gslot : -2;
-}
 
 void SequenceScheduler::batch_done_locked(Instance& inst) {
-  inst.state.apply_staged();  // restores that waited for this batch (checkpoint.cc)
+  inst.state.apply_staged();  // restores that waited for this batch (restore_locked)
   // A START has been answered: its sequence's idle clock starts now.
   int64_t now = 0;
   for (const Row& row : inst.batch.rows) {
@@ -247,7 +243,49 @@ void SequenceScheduler::end_in_slot_locked(SequenceTable::Seqs::iterator it, int
   if (!inst.executing) inst.cv.notify_one();
 }
 
-void SequenceScheduler::sequence_gauges_locked(Stats& s) {
+// ------------------------------------------------------------------------- sequence API
+
+bool SequenceScheduler::end_owned_sequence(const CorrId& id, uint64_t owner, const std::string& why) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (closed_ || force_) return false;  // during the drain it may still free a slot
+  const bool ended = end_owned_sequence_locked(id, owner, why);
+  flush_cancelled(lk);
+  return ended;
+}
+
+int SequenceScheduler::slot_of(const CorrId& id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = table_.find(id);
+  return table_.found(it) ? it->second.gslot : -2;
+}
+
+int64_t SequenceScheduler::free_slots() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return table_.free_slots();
+}
+
+int64_t SequenceScheduler::backlog_sequences() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return table_.backlog_sequences();
+}
+
+void SequenceScheduler::describe_slots(std::vector<std::pair<std::string, int>>& out) {
+  std::lock_guard<std::mutex> lk(mu_);
+  table_.describe(out);
+}
+
+bool SequenceScheduler::end_sequence(const CorrId& id, SequenceInfo& out) {
+  Fails fails;
+  bool ended;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ended = !closing_ && end_sequence_locked(id, out, fails);
+  }
+  report(fails, kCancelled);
+  return ended;
+}
+
+void SequenceScheduler::gauges_locked(Stats& s) {
   const int64_t slots = static_cast<int64_t>(spec_.instance_count) * spec_.slots_per_instance;
   s.sequence_slots = slots;
   s.sequences_active = slots - table_.free_slots();
@@ -280,7 +318,8 @@ void SequenceScheduler::info_locked(const CorrId& id, const SeqEntry& e, int64_t
   out.queued = static_cast<int64_t>(sl.queue.size());
 }
 
-int64_t SequenceScheduler::list_sequences_locked(std::vector<SequenceInfo>& out, size_t limit) {
+int64_t SequenceScheduler::list_sequences(std::vector<SequenceInfo>& out, size_t limit) {
+  std::lock_guard<std::mutex> lk(mu_);
   const int64_t now = now_ns();
   for (const auto& kv : table_.seqs()) {
     if (out.size() >= limit) break;
@@ -290,7 +329,8 @@ int64_t SequenceScheduler::list_sequences_locked(std::vector<SequenceInfo>& out,
   return static_cast<int64_t>(table_.seqs().size());
 }
 
-bool SequenceScheduler::find_sequence_locked(const CorrId& id, SequenceInfo& out) {
+bool SequenceScheduler::find_sequence(const CorrId& id, SequenceInfo& out) {
+  std::lock_guard<std::mutex> lk(mu_);
   auto it = table_.find(id);
   if (!table_.found(it)) return false;
   info_locked(id, it->second, now_ns(), out);
@@ -324,7 +364,8 @@ bool SequenceScheduler::end_sequence_locked(const CorrId& id, SequenceInfo& out,
   return true;
 }
 
-std::string SequenceScheduler::session_gone_locked(const CorrId& id) {
+std::string SequenceScheduler::session_gone(const CorrId& id) {
+  std::lock_guard<std::mutex> lk(mu_);
   const int64_t now = now_ns();
   if (released_ids_.find(id, now)) return "it was checkpointed and released from this server (it moved)";
   const Tombstone* t = table_.tombstones().find(id, now);
@@ -340,6 +381,137 @@ void SequenceScheduler::drain_locked(const std::function<void(Request*)>& take) 
     drain_instance_locked(*inst, take);
   }
   table_.clear(take);
+}
+
+// ------------------------------------------------------------------------- checkpoints
+//
+// Checkpoints: a live sequence's implicit state copied out of its slot (and, on release, the
+// slot freed without an END step: the sequence moved, it did not end), and a sequence restored
+// into a free slot from such a copy, so that its next non-START request continues there.
+//
+// Who touches a slot's state: the instance's executor while it runs a batch (inst.executing),
+// everyone else only under the scheduler lock. A checkpoint reads a slot that is in no batch
+// (the sequence is not busy), so it may read while the instance runs another batch. A restore
+// writes a free slot at once when the instance is idle, else stages the value until the
+// running batch is done (the batch may read the slot as a padding row, or write it as the END
+// row of the slot's previous sequence), which is before any batch of the restored sequence.
+
+namespace {
+
+// Whether a request of slot `index` is in the batch `inst` runs now.
+bool in_running_batch(const Instance& inst, int index) {
+  if (!inst.executing) return false;
+  for (const Row& row : inst.batch.rows)
+    if (row.req && row.slot == index) return true;
+  return false;
+}
+
+}  // namespace
+
+SubmitResult SequenceScheduler::checkpoint_sequence(const CorrId& id, bool release, const StateSink& sink,
+                                                    SequenceInfo& info, bool& found) {
+  std::vector<Instance*> wake;
+  SubmitResult res;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    found = false;
+    if (closed_) return refuse(kUnavailable, kStopping);
+    res = checkpoint_locked(id, release, sink, info, found, wake);
+  }
+  for (Instance* inst : wake) inst->cv.notify_one();
+  return res;
+}
+
+SubmitResult SequenceScheduler::restore_sequence(const CorrId& id, bool session, uint64_t steps,
+                                                 const std::vector<StateValue>& states) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (closing_ || !accepting_) return refuse(kUnavailable, kStopping);
+  return restore_locked(id, session, steps, states);
+}
+
+bool SequenceScheduler::slot_busy_locked(int g) {
+  const Slot& sl = table_.slot(g);
+  if (!sl.queue.empty()) return true;
+  // A step of the batch the instance runs is done once the batch is recorded: its state is
+  // written and its reply is on its way, so a client that has its reply can move the sequence
+  // at once (the executor has yet to tidy up). Oldest: in flight is also a request handed to the
+  // batcher that has not run yet.
+  if (in_running_batch(*instances_[sl.instance], sl.index)) return !instances_[sl.instance]->recorded;
+  return sl.in_flight;
+}
+
+SubmitResult SequenceScheduler::checkpoint_locked(const CorrId& id, bool release, const StateSink& sink,
+                                                  SequenceInfo& info, bool& found, std::vector<Instance*>& wake) {
+  if (spec_.states.empty())
+    return refuse(kUnsupported, "model '" + spec_.name +
+                                    "' keeps its sequences' state itself (its config has no implicit state): its "
+                                    "sequences cannot be checkpointed, only finished where they run");
+  auto it = table_.find(id);
+  if (!table_.found(it)) return {};
+  found = true;
+  const int g = it->second.gslot;
+  if (g < 0 || slot_busy_locked(g)) {
+    SubmitResult busy = refuse(kUnavailable, "sequence " + id.repr() + " of model '" + spec_.name + "' " +
+                                                 (g < 0 ? "is waiting for a slot" : "has a request queued or running") +
+                                                 ": checkpoint it after its step");
+    busy.busy = true;
+    return busy;
+  }
+  const int64_t now = now_ns();
+  Slot& sl = table_.slot(g);
+  Instance& inst = *instances_[sl.instance];
+  info_locked(id, it->second, now, info);
+  // The batch the instance runs may hold this slot as a padding row (read() keeps clear of it).
+  inst.state.read(sl.index, sink, inst.executing && !inst.recorded ? &inst.batch.rows : nullptr);
+  if (!release) return {};
+  // It moved: no END step, no tombstone, not counted as ended; remembered as released so that
+  // a request for it here is not taken for a new sequence.
+  ++stats_.sequences_released;
+  released_ids_.record(id, Tombstone::kEnded, 0, now);
+  table_.erase(it);
+  inst.state.discard_staged(sl.index);
+  table_.release(sl.instance, sl.index);  // a backlogged sequence may take the slot at once
+  if (!sl.queue.empty()) {
+    slot_queued_locked(inst, sl.index);
+    if (!inst.executing) wake.push_back(&inst);
+  }
+  return {};
+}
+
+SubmitResult SequenceScheduler::restore_locked(const CorrId& id, bool session, uint64_t steps,
+                                               const std::vector<StateValue>& states) {
+  const std::string name = "sequence " + id.repr() + " of model '" + spec_.name + "'";
+  if (spec_.states.empty())
+    return refuse(kUnsupported, "model '" + spec_.name +
+                                    "' keeps its sequences' state itself (its config has no implicit state): it "
+                                    "cannot restore a sequence from a checkpoint");
+  if (id.none())
+    return refuse(kInvalidArg, "a checkpoint's sequence id must be a non-zero integer or a non-empty string");
+  if (table_.found(table_.find(id))) return refuse(kAlreadyExists, name + " is already live here: not restored");
+  // Every instance has the same specs: instance 0's store checks them.
+  const std::string bad = instances_[0]->state.check(states);
+  if (!bad.empty()) return refuse(kInvalidArg, "the checkpoint of " + name + " does not fit the model: " + bad);
+  const int64_t now = now_ns();
+  // Oldest: a free slot whose previous sequence's END is still with the batcher waits for it,
+  // unless that END is in the batch running now and recorded (its state written): the value is
+  // then staged until the batch is done, as for any slot of a running instance.
+  const int g = table_.claim_restored(id, session, steps, now, [this](int i, int s) {
+    return !table_.slot(i, s).in_flight || (in_running_batch(*instances_[i], s) && instances_[i]->recorded);
+  });
+  if (g < 0) {
+    SubmitResult full = refuse(kUnavailable, "no sequence slot of model '" + spec_.name + "' is free to restore " +
+                                                 name + " (" + std::to_string(table_.backlog_sequences()) +
+                                                 " sequences wait in the backlog); retry later");
+    full.backlog_full = true;  // worth retrying later
+    return full;
+  }
+  Slot& sl = table_.slot(g);
+  Instance& inst = *instances_[sl.instance];
+  if (inst.executing) inst.state.stage(sl.index, states);
+  else inst.state.write(sl.index, states);
+  if (!released_ids_.empty()) released_ids_.erase(id);
+  ++stats_.sequences_restored;
+  return {};
 }
 
 }  // namespace seqserve

@@ -1,7 +1,9 @@
 // What the two sequence strategies (Direct, Oldest) share: a request is routed through the
 // sequence table (its slot, a free slot, or the backlog, which admission control bounds), a
 // reaper thread expires idle sequences and timed-out backlogged ones, and sequences end early
-// when a request of theirs is cancelled or their owner ends them.
+// when a request of theirs is cancelled or their owner ends them. The sequence API (list, find,
+// end, checkpoint, restore) is theirs alone: the binding finds it with a dynamic_cast, and
+// answers for a model without sequences itself.
 #pragma once
 
 #include "scheduler.h"
@@ -9,7 +11,54 @@
 
 namespace seqserve {
 
+// One live sequence as the sequence API shows it.
+struct SequenceInfo {
+  CorrId id;
+  bool backlogged = false;  // waiting for a slot
+  bool session = false;     // named by a session (START may be implied; ends are remembered)
+  int instance = -1, slot = -1;
+  double age_s = 0, idle_s = 0;  // since its START arrived; since its last request arrived
+  uint64_t steps = 0;            // steps handed to the model
+  uint64_t state_bytes = 0;      // implicit state it holds
+  int64_t queued = 0;            // requests waiting in its slot's queue or in the backlog
+};
+
+// Receives a checkpoint's state k (called under the scheduler lock; it must not call back into
+// the scheduler).
+using StateSink = std::function<void(size_t k, const std::vector<int64_t>& shape, const uint8_t* data, size_t nbytes)>;
+
 class SequenceScheduler : public Scheduler {
+ public:
+  // Ends sequence `id` now, as idle expiry does (a final END step under TIMEOUT_COMPLETE), if
+  // its latest START had handle `owner` (0: whoever started it). Its queued requests are
+  // answered CANCELLED with `why`. False when no such sequence is live.
+  bool end_owned_sequence(const CorrId& id, uint64_t owner, const std::string& why);
+  // Where sequence `id` is: its global slot, -1 in the backlog, -2 unknown (or ended).
+  int slot_of(const CorrId& id);
+  int64_t free_slots();
+  int64_t backlog_sequences();
+  void describe_slots(std::vector<std::pair<std::string, int>>& out);
+  // list: up to `limit` live sequences (in no particular order); returns how many there are.
+  // find: one sequence, false when it is not live. end: ends a live sequence as idle expiry
+  // does (a final END step with TIMEOUT_COMPLETE), or drops a backlogged one and fails its
+  // requests (CANCELLED); false when it is not live. gone: why a session id that is not live
+  // is refused, or "" (sessions it does not remember).
+  int64_t list_sequences(std::vector<SequenceInfo>& out, size_t limit);
+  bool find_sequence(const CorrId& id, SequenceInfo& out);
+  bool end_sequence(const CorrId& id, SequenceInfo& out);
+  std::string session_gone(const CorrId& id);
+  // Checkpoints. checkpoint: copies the live sequence `id`'s implicit state to `sink` (state by
+  // state) and fills `info`; with `release` the sequence then leaves its slot without an END
+  // step or a tombstone (it moved). Accepted with *found false when `id` is not live; refused
+  // UNAVAILABLE+busy while it has a request queued or running (or waits in the backlog),
+  // UNSUPPORTED for a model without implicit state. restore: claims a free slot for `id`
+  // holding `states` and `steps`, so its next non-START request continues from there; refused
+  // ALREADY_EXISTS when `id` is live, UNAVAILABLE when no slot is free, INVALID_ARG when the
+  // states do not fit the spec. The states are copied: the caller keeps its buffers.
+  SubmitResult checkpoint_sequence(const CorrId& id, bool release, const StateSink& sink, SequenceInfo& info,
+                                   bool& found);
+  SubmitResult restore_sequence(const CorrId& id, bool session, uint64_t steps, const std::vector<StateValue>& states);
+
  protected:
   // How long and how many released sequences are remembered (released_ids_).
   static constexpr int64_t kReleasedTtlNs = 3600LL * 1000000000LL;
@@ -27,23 +76,15 @@ class SequenceScheduler : public Scheduler {
   void stop_helpers() override;
   void drain_locked(const std::function<void(Request*)>& take) override;
   int64_t inflight_locked() override { return table_.active_sequences(); }
-  int64_t free_slots_locked() override { return table_.free_slots(); }
-  int64_t backlog_sequences_locked() override { return table_.backlog_sequences(); }
-  void describe_locked(std::vector<std::pair<std::string, int>>& out) override { table_.describe(out); }
   void cancel_locked(Request* r) override;
-  bool end_owned_sequence_locked(const CorrId& id, uint64_t owner, const std::string& why) override;
-  int slot_of_locked(const CorrId& id) override;
   void batch_done_locked(Instance& inst) override;
-  void sequence_gauges_locked(Stats& s) override;
-  int64_t list_sequences_locked(std::vector<SequenceInfo>& out, size_t limit) override;
-  bool find_sequence_locked(const CorrId& id, SequenceInfo& out) override;
-  bool end_sequence_locked(const CorrId& id, SequenceInfo& out, Fails& fails) override;
-  std::string session_gone_locked(const CorrId& id) override;
-  // Checkpoints (checkpoint.cc).
+  void gauges_locked(Stats& s) override;
+  // The locked halves of the public sequence API.
+  bool end_owned_sequence_locked(const CorrId& id, uint64_t owner, const std::string& why);
+  bool end_sequence_locked(const CorrId& id, SequenceInfo& out, Fails& fails);
   SubmitResult checkpoint_locked(const CorrId& id, bool release, const StateSink& sink, SequenceInfo& info,
-                                 bool& found, std::vector<Instance*>& wake) override;
-  SubmitResult restore_locked(const CorrId& id, bool session, uint64_t steps,
-                              const std::vector<StateValue>& states) override;
+                                 bool& found, std::vector<Instance*>& wake);
+  SubmitResult restore_locked(const CorrId& id, bool session, uint64_t steps, const std::vector<StateValue>& states);
   // Whether the sequence in global slot `g` has a request queued or in a batch being formed or run.
   bool slot_busy_locked(int g);
 
@@ -60,6 +101,7 @@ class SequenceScheduler : public Scheduler {
   void forget_locked(SequenceTable::Seqs::iterator it, Tombstone::Reason reason, int64_t now);
   // The message for the requests of a sequence cancelled because one of them was.
   std::string cancelled_message(const CorrId& id) const;
+  // A marker request (kForceEnd, kNotify) lent by the pool; it goes back like any request.
   Request* take_marker_locked(uint8_t kind, const CorrId& id, int64_t now);
 
   SequenceTable table_;

@@ -163,4 +163,33 @@ void SequenceTable::describe(std::vector<std::pair<std::string, int>>& out) cons
   for (auto& kv : seqs_) out.emplace_back(kv.first.repr(), kv.second.gslot);
 }
 
+int SequenceTable::claim_restored(const CorrId& id, bool session, uint64_t steps, int64_t now,
+                                  const std::function<bool(int, int)>& usable) {
+  // The slot a START would get (the lowest free index across instances), unless it is unusable.
+  for (auto f = free_.begin(); f != free_.end(); ++f) {
+    const auto [s, i] = *f;
+    if (!usable(i, s)) continue;
+    free_.erase(f);
+    Slot& sl = slot(i, s);
+    sl.occupied = true;
+    sl.steps = steps;
+    sl.start_ns = now;
+    sl.begun = true;  // its START ran elsewhere: an expiry under TIMEOUT_COMPLETE gives it a final END step
+    max_active_[i] = std::max(max_active_[i], s);
+    tomb_.erase(id);
+    SeqEntry e;
+    e.gslot = gslot(i, s);
+    e.last_arrival_ns = now;
+    e.start_ns = now;
+    e.session = session;
+    e.serial = next_serial_++;
+    e.owner = 0;  // no request of this server started it: no scope owns it
+    e.started = true;  // the idle clock runs from the restore
+    auto it = seqs_.emplace(id, e).first;
+    push_idle(id, it->second);
+    return e.gslot;
+  }
+  return -1;
+}
+
 }  // namespace seqserve

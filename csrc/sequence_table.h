@@ -1,7 +1,12 @@
 // The sequence table of one model: its slots (each with a FIFO of queued requests), the
 // free-slot min-heap across instances, the id -> sequence map, the backlog of sequences waiting
-// for a slot (bounded: admission control), and the timer heaps of the idle reaper. Plain data and bookkeeping: every method
-// runs under the scheduler lock, and what to do with expired work is the caller's business.
+// for a slot (bounded: admission control), and the timer heaps of the idle reaper. Plain data
+// and bookkeeping: every method runs under the scheduler lock, and what to do with expired
+// work is the caller's business.
+//
+// Requests: the table holds Request pointers it does not own (the scheduler's pool does). A
+// request queued here stays until batch forming takes it or a method hands it back through an
+// `out` vector, after which the caller recycles it.
 #pragma once
 
 #include <algorithm>
@@ -106,7 +111,7 @@ class SequenceTable {
   Tombstones& tombstones() { return tomb_; }
   const Seqs& seqs() const { return seqs_; }
 
-  // Restore (checkpoint.cc): the lowest free slot that `usable(instance, index)` accepts
+  // Restore (sequence_scheduler.cc): the lowest free slot that `usable(instance, index)` accepts
   // becomes sequence `id`'s, its START handed to the model elsewhere `steps` steps ago, its
   // idle clock running from `now`. Returns the global slot, or -1 when no free slot is usable.
   int claim_restored(const CorrId& id, bool session, uint64_t steps, int64_t now,

@@ -266,6 +266,7 @@ def core_rep(sched: Any, wl: Workload, rec: list[Any], q: queue.SimpleQueue[Any]
     last = steps - 1
     arrs = wl.arrs
     submit = sched.submit
+    header = _core.RequestHeader
     q_get = q.get
     t_sub = [0] * n
     c0 = time.process_time_ns()
@@ -274,7 +275,8 @@ def core_rep(sched: Any, wl: Workload, rec: list[Any], q: queue.SimpleQueue[Any]
         for k in range(first):
             h = s * steps + k + 1
             t_sub[h - 1] = perf()
-            if type(submit(h, (arrs[h - 1],), s + 1, k == 0, k == last, 0, 1)) is not int:  # a Refusal
+            head = header(handle=h, sequence_id=s + 1, start=k == 0, end=k == last)
+            if type(submit(head, (arrs[h - 1],))) is not int:  # a Refusal
                 raise RuntimeError("submit refused")
     next_step = [first] * nseq
     done = 0
@@ -288,7 +290,8 @@ def core_rep(sched: Any, wl: Workload, rec: list[Any], q: queue.SimpleQueue[Any]
                 if k < steps:
                     h2 = s * steps + k + 1
                     t_sub[h2 - 1] = perf()
-                    if type(submit(h2, (arrs[h2 - 1],), s + 1, k == 0, k == last, 0, 1)) is not int:
+                    head = header(handle=h2, sequence_id=s + 1, start=k == 0, end=k == last)
+                    if type(submit(head, (arrs[h2 - 1],))) is not int:
                         raise RuntimeError("submit refused")
                     next_step[s] = k + 1
     wall = perf() - t0
@@ -354,7 +357,7 @@ def drain_once(
     gc.collect()
     t0 = perf()
     for h, tup, cid, st, en in calls:
-        submit(h, tup, cid, st, en, 0, 1)
+        submit(_core.RequestHeader(handle=h, sequence_id=cid, start=st, end=en), tup)
     submit_ns = (perf() - t0) / len(calls)
     sched.start()
     if not done.wait(60):

@@ -82,10 +82,13 @@ def _scheduler(**kw: Any) -> tuple[Any, threading.Event]:
 
 
 def listing(live: int, reps: int) -> None:
+    from seqserve.engine import _core
+
     s, go = _scheduler()
     arr = np.array([[1]], np.int32)
     for i in range(live):
-        assert isinstance(s.submit(i + 1, (arr,), f"seq-{i:08d}", True, False, 0, 1, 0, False), int)  # accepted
+        header = _core.RequestHeader(handle=i + 1, sequence_id=f"seq-{i:08d}", start=True)
+        assert isinstance(s.submit(header, (arr,)), int)  # accepted
     print(f"listing: {live} live sequences")
     for limit in (1000, 10_000):
         us = median_us(functools.partial(s.list_sequences, limit), reps)
@@ -95,6 +98,8 @@ def listing(live: int, reps: int) -> None:
 
 
 def memory_child(live: int, session: bool) -> None:
+    from seqserve.engine import _core
+
     s, go = _scheduler(max_tombstones=live)
     go.set()
     arr = np.array([[1]], np.int32)
@@ -105,7 +110,7 @@ def memory_child(live: int, session: bool) -> None:
 
     base = rss()
     for i in range(live):
-        s.submit(i + 1, (arr,), ids[i], True, True, 0, 1, 0, session)
+        s.submit(_core.RequestHeader(handle=i + 1, sequence_id=ids[i], start=True, end=True, session=session), (arr,))
         if i % 1000 == 0:
             while s.pending_requests() > 100:
                 time.sleep(0.001)

@@ -149,7 +149,8 @@ def test_core_submit_from_many_threads(busy_switching: None) -> None:
                 with keep_lock:
                     keep[h] = arr
                     meta[h] = (j, step)
-                err = sched.submit(h, (arr,), seq_id(j), step == 0, step == STEPS - 1)
+                header = _core.RequestHeader(handle=h, sequence_id=seq_id(j), start=step == 0, end=step == STEPS - 1)
+                err = sched.submit(header, (arr,))
                 assert isinstance(err, int), (h, err)  # accepted: its cancel() token
 
     try:

@@ -102,7 +102,7 @@ class _Core:
     def submit(self, handle: int, value: int, corrid: int | str, start: bool, end: bool) -> _core.Refusal | int:
         arr = np.array([[value]], np.int32)
         self.keep.append(arr)
-        return self.sched.submit(handle, (arr,), corrid, start, end)
+        return self.sched.submit(_core.RequestHeader(handle=handle, sequence_id=corrid, start=start, end=end), (arr,))
 
     def wait(self, n: int) -> None:
         for _ in range(n):
@@ -203,16 +203,50 @@ def test_close_leaves_a_hung_executor_behind() -> None:
     sched.start()
     keep = [np.array([1], np.int32) for _ in range(2)]
     try:
-        assert isinstance(sched.submit(1, (keep[0],)), int)  # accepted: its cancel() token
+        assert isinstance(sched.submit(_core.RequestHeader(handle=1), (keep[0],)), int)  # accepted: its cancel() token
         assert entered.wait(10)
         t0 = time.monotonic()
         assert sched.close(force=True, timeout_s=0.3) == ran_on  # the other instance was idle: joined
         assert 0.25 < time.monotonic() - t0 < 5
         assert sched.close(force=True, timeout_s=0.3) == []  # closed: nothing more to do
-        refusal = sched.submit(2, (keep[1],))
+        refusal = sched.submit(_core.RequestHeader(handle=2), (keep[1],))
         assert refusal is not None and refusal.code is _core.Code.UNAVAILABLE
     finally:
         release.set()
     # the detached executor comes back to a scheduler that still exists, finishes and exits
     wait_until_sync(lambda: sched.stats().execution_count == 1, "the left-behind batch is counted")
     assert failed == []
+
+
+def test_request_header_names_its_fields() -> None:
+    h = _core.RequestHeader(handle=7, sequence_id="seq-a", start=True, session=True, timeout_us=5, rows=2, priority=3)
+    assert (h.handle, h.sequence_id, h.start, h.end, h.session) == (7, "seq-a", True, False, True)
+    assert (h.timeout_us, h.rows, h.priority) == (5, 2, 3)
+    kw: dict[str, Any] = {"handle": 1}
+    d = _core.RequestHeader(**kw)
+    assert (d.sequence_id, d.start, d.end, d.session, d.timeout_us, d.rows, d.priority) == (
+        0,
+        False,
+        False,
+        False,
+        0,
+        1,
+        0,
+    )
+    assert repr(d).startswith("RequestHeader(handle=1, sequence_id=0, start=False")
+    assert _core.RequestHeader.__new__(_core.RequestHeader, handle=2, sequence_id=5).sequence_id == 5  # tp_new
+    with pytest.raises(TypeError, match="keyword arguments only"):
+        _core.RequestHeader(1)  # type: ignore[misc]
+    with pytest.raises(TypeError, match="'handle'"):
+        _core.RequestHeader()  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'prio'"):
+        _core.RequestHeader(handle=1, prio=2)  # type: ignore[call-arg]
+    with pytest.raises(OverflowError):
+        _core.RequestHeader(handle=1, priority=2**31)
+    with pytest.raises(TypeError, match="RequestHeader"):
+        _core.Scheduler(
+            _core.ModelSpec(name="m", strategy=_core.Strategy.STATELESS, inputs=[]),
+            runner=lambda b: True,
+            on_fail=lambda *a: None,
+            on_warning=lambda m: None,
+        ).submit(object(), ())  # type: ignore[arg-type]

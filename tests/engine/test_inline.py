@@ -400,11 +400,11 @@ def test_the_executor_takes_work_the_loop_never_came_for() -> None:
     keep = [np.ones((1, 1), np.float32) for _ in range(4)]
     try:
         for h in (1, 2):  # two cheap batches on the executor: promoted
-            sched.submit(h, (keep[h],))
+            sched.submit(_core.RequestHeader(handle=h), (keep[h],))
             assert done.acquire(timeout=10)
         wait_until_sync(lambda: sched.inline_stats().active, "promotion")
         t0 = time.perf_counter()
-        sched.submit(3, (keep[3],))  # nobody calls run_ready_inline
+        sched.submit(_core.RequestHeader(handle=3), (keep[3],))  # nobody calls run_ready_inline
         assert done.acquire(timeout=10)
         assert time.perf_counter() - t0 >= 0.005  # it waited for the loop first
         st = sched.inline_stats()

@@ -55,7 +55,8 @@ class Core:
         self.handle += 1
         arr = np.array([[1]], np.int32)
         self.keep.append(arr)
-        return self.sched.submit(self.handle, (arr,), corrid, start, end, 0, 1, 0, session)
+        header = _core.RequestHeader(handle=self.handle, sequence_id=corrid, start=start, end=end, session=session)
+        return self.sched.submit(header, (arr,))
 
     def step(self, corrid: int | str, **kw: Any) -> None:
         assert isinstance(self.submit(corrid, **kw), int)  # accepted

@@ -16,7 +16,7 @@ from __future__ import annotations
 from seqserve.engine.batch import ExecuteBatch, RaggedInput
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
-from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US
+from seqserve.engine.model.execution import DEFAULT_INLINE_MAX_BATCH_US
 from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
 from seqserve.engine.ordering import OrderedRelease
 from seqserve.engine.replicas.checkpoint import (

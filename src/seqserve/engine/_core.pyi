@@ -6,7 +6,7 @@ dtype table (``engine/tensors.py``); an object dtype means BYTES. Times are micr
 
 import enum
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, final
 
 import numpy as np
 
@@ -30,7 +30,7 @@ class ControlKind(enum.IntEnum):
     CORRID = 3
 
 class Code(enum.IntEnum):
-    """Why the core refused or failed a request (as engine.errors.Code)."""
+    """Why a request failed or was refused: the one status vocabulary (engine.errors re-exports it)."""
 
     UNKNOWN = 0
     INTERNAL = 1
@@ -228,6 +228,48 @@ class ModelSpec(metaclass=_Pybind11Type):
     @property
     def max_backlog_sequences(self) -> int:
         """Sequences: how many may wait in the backlog; a START beyond it is refused (0: no bound)."""
+
+@final
+class RequestHeader:
+    """A request's scalars for ``Scheduler.submit``, by name; its tensors go apart. A fixed
+    layout in the core, so that it can cross a process boundary as a ring record's head. A
+    plain CPython type (built once per request: a cheap constructor), not a pybind11 class."""
+
+    def __new__(
+        cls,
+        *,
+        handle: int,
+        sequence_id: int | str = 0,
+        start: bool = False,
+        end: bool = False,
+        session: bool = False,
+        timeout_us: int = 0,
+        rows: int = 1,
+        priority: int = 0,
+    ) -> RequestHeader: ...
+    @property
+    def handle(self) -> int:
+        """The caller's name for the request: answers and cancel() use it."""
+    @property
+    def sequence_id(self) -> int | str:
+        """Its sequence's id (0: none)."""
+    @property
+    def start(self) -> bool: ...
+    @property
+    def end(self) -> bool: ...
+    @property
+    def session(self) -> bool:
+        """Named by a session: START is implied when the sequence is not live, unless it is a
+        session that ended or expired."""
+    @property
+    def timeout_us(self) -> int:
+        """Queue timeout (0: the queue policy's default)."""
+    @property
+    def rows(self) -> int:
+        """Batch rows the request occupies."""
+    @property
+    def priority(self) -> int:
+        """Priority level (0: the model's default)."""
 
 class Refusal(metaclass=_Pybind11Type):
     """Why submit() did not queue a request. NOT_FOUND: a session request whose session ended
@@ -480,21 +522,9 @@ class Scheduler(metaclass=_Pybind11Type):
         on_expire: Callable[[ExpiredSequence], None] | None = None,
     ) -> None: ...
     def start(self) -> None: ...
-    def submit(
-        self,
-        handle: int,
-        inputs: tuple[_InputArg, ...],
-        corrid: int | str = 0,
-        start: bool = False,
-        end: bool = False,
-        timeout_us: int = 0,
-        rows: int = 1,
-        priority: int = 0,
-        session: bool = False,
-    ) -> int | Refusal:
-        """Queue a request. Returns its cancel() token (an int) when accepted, else the Refusal.
-        ``session``: START is implied when the sequence is not live, unless it is a session that
-        ended or expired."""
+    def submit(self, header: RequestHeader, inputs: tuple[_InputArg, ...]) -> int | Refusal:
+        """Queue a request: its header and one buffer per configured input. Returns its cancel() token
+        (an int) when accepted, else the Refusal."""
     def cancel(self, token: int, handle: int) -> bool:
         """Drop a queued request whose client is gone (a sequence's takes its sequence); it is answered
         CANCELLED. False when it is no longer queued or running."""

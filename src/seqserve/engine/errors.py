@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import enum
+from seqserve.engine._core import Code
 
+__all__ = ["Code", "DecoupledModelError", "InferenceError", "ModelConfigError"]
 
-class Code(enum.IntEnum):
-    """Failure category; the front-ends map it to an HTTP / gRPC status."""
-
-    UNKNOWN = 0
-    INTERNAL = 1
-    NOT_FOUND = 2
-    INVALID_ARG = 3
-    UNAVAILABLE = 4
-    UNSUPPORTED = 5
-    ALREADY_EXISTS = 6
-    CANCELLED = 7
+# ``Code``, the failure category the front-ends map to an HTTP / gRPC status, is defined once,
+# in the compiled core (csrc/common.h, an enum.IntEnum in Python): the core's refusals and
+# failures carry it as they are.
 
 
 class InferenceError(Exception):

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+import seqserve.engine._core as _core
 from seqserve._proto.model_config_pb2 import DataType as _DT
-from seqserve.engine import _core
 
 
 @dataclass(frozen=True, slots=True)

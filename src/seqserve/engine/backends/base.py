@@ -17,7 +17,7 @@ import numpy as np
 
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.batch import ExecuteBatch
-from seqserve.engine.errors import InferenceError
+from seqserve.engine.errors import Code, InferenceError
 
 
 @dataclass(slots=True)
@@ -103,8 +103,35 @@ class Backend(ABC):
         the graph) before defaults are applied and the config is validated. Called for every
         load of a model this backend serves; the default does nothing."""
 
+    @classmethod
+    def check(cls, cfg: mc.ModelConfig) -> None:
+        """Refuse (INVALID_ARG) a config that asks for what this backend cannot do: implicit
+        state, ragged batching, decoupled responses."""
+        backend = cfg.backend or cfg.platform
+        if cfg.sequence_batching.state and not cls.supports_implicit_state:
+            raise InferenceError(Code.INVALID_ARG, f"backend '{backend}' does not support implicit state")
+        ragged = ragged_inputs(cfg)
+        if ragged and not cls.supports_ragged_batch:
+            raise InferenceError(
+                Code.INVALID_ARG,
+                f"model '{cfg.name}': input '{ragged[0]}' has allow_ragged_batch, which backend "
+                f"'{backend}' does not support (it would need Triton's batch_input "
+                "tensors to find each request's extent); the python backend supports it",
+            )
+        if cfg.model_transaction_policy.decoupled and not cls.supports_decoupled:
+            raise InferenceError(
+                Code.INVALID_ARG,
+                f"backend '{backend}' does not support decoupled models "
+                "(model_transaction_policy { decoupled: true }); the python backend does",
+            )
+
     @abstractmethod
     def create_instance(self, ictx: InstanceContext) -> BackendInstance: ...
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.names[0] if self.names else type(self).__name__}
+
+
+def ragged_inputs(cfg: mc.ModelConfig) -> list[str]:
+    """The inputs batched ragged (``allow_ragged_batch`` on a batched model)."""
+    return [t.name for t in cfg.input if t.allow_ragged_batch] if cfg.max_batch_size > 0 else []

@@ -11,9 +11,9 @@ from seqserve.engine.batch import ExecuteBatch, RaggedInput
 
 # message kinds: parent -> child (batch channel)
 from seqserve.engine.isolation.protocol import (
-    _CODE,
-    _EXEC,
+    DTYPE_CODE,
     EXEC,
+    EXEC_HEAD,
     OBJECT,
     X_ROWS,
     X_SLAB,
@@ -96,17 +96,17 @@ class BatchWriter:
             tail["ragged"] = {name: r.shapes for name, r in batch.ragged.items()}
         if not self._layout_sent:
             tail["layout"] = (
-                [(k, _CODE_OF(a)) for k, a in inputs.items()],
-                [(k, _CODE_OF(a)) for k, a in states.items()],
-                [(k, _CODE_OF(a)) for k, a in controls.items()],
+                [(k, _dtype_code(a)) for k, a in inputs.items()],
+                [(k, _dtype_code(a)) for k, a in states.items()],
+                [(k, _dtype_code(a)) for k, a in controls.items()],
             )
             self._layout_sent = True
         if tail:
             flags |= X_TAIL
             blob = marshal.dumps(tail)
-            head = _EXEC.pack(EXEC, flags, described, len(ints), len(blob), token)
+            head = EXEC_HEAD.pack(EXEC, flags, described, len(ints), len(blob), token)
             return head + ints_struct(len(ints)).pack(*ints) + blob, fds
-        return _EXEC.pack(EXEC, flags, described, len(ints), 0, token) + ints_struct(len(ints)).pack(*ints), fds
+        return EXEC_HEAD.pack(EXEC, flags, described, len(ints), 0, token) + ints_struct(len(ints)).pack(*ints), fds
 
     def _place(self, arrays: list[np.ndarray], ints: list[int]) -> list[int]:
         """Copy the batch's arrays into the request slab (grown when they do not fit) and
@@ -149,8 +149,8 @@ class BatchWriter:
         self.slab.close()
 
 
-def _CODE_OF(arr: np.ndarray) -> int:
-    return OBJECT if arr.dtype.kind in "OSU" else _CODE[arr.dtype.str]
+def _dtype_code(arr: np.ndarray) -> int:
+    return OBJECT if arr.dtype.kind in "OSU" else DTYPE_CODE[arr.dtype.str]
 
 
 def _total(arrays: list[np.ndarray]) -> int:
@@ -177,8 +177,8 @@ class BatchReader:
 
     def decode(self, body: memoryview, fds: list[int], instance: int, batched: bool) -> tuple[int, ExecuteBatch]:
         """(token, the batch; its ``responder`` is for the caller to set)."""
-        _kind, flags, described, nints, ntail, token = _EXEC.unpack_from(body)
-        pos = _EXEC.size
+        _kind, flags, described, nints, ntail, token = EXEC_HEAD.unpack_from(body)
+        pos = EXEC_HEAD.size
         ints = ints_struct(nints).unpack_from(body, pos)
         pos += nints * 8
         if flags & X_SLAB:
@@ -195,7 +195,7 @@ class BatchReader:
         size, nreq = ints[0], ints[1]
         p = described
         # Views onto the slab depend only on the descriptors: reuse them batch after batch.
-        key = body[_EXEC.size + 16 : _EXEC.size + p * 8].tobytes()
+        key = body[EXEC_HEAD.size + 16 : EXEC_HEAD.size + p * 8].tobytes()
         cached = None if flags & X_STR_CORRID else self._views.get(key)
         if cached is None:
             cached = self._tensors(ints, 2, layout, bool(flags & X_STR_CORRID))

@@ -37,7 +37,7 @@ def backoff_delay(streak: int) -> float:
     return float(min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (streak - 2)))
 
 
-class _Child:
+class ChildProcess:
     """One child process and the server's ends of its channels."""
 
     def __init__(self, proc: subprocess.Popen[bytes], ends: tuple[Ends, Ends], life_w: int, names: tuple[str, ...]):

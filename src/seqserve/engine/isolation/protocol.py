@@ -69,20 +69,20 @@ OBJECT = len(DTYPES) - 1
 #: entries follow; an entry that is None
 LIST = OBJECT + 1
 NONE = OBJECT + 2
-_CODE = {d.str: i for i, d in enumerate(DTYPES)}
+DTYPE_CODE = {d.str: i for i, d in enumerate(DTYPES)}
 #: the native, fixed-size ones by dtype: the fast path of results
-_FAST_CODE = {d: i for i, d in enumerate(DTYPES) if d.kind != "O" and d.isnative}
+NATIVE_DTYPE_CODE = {d: i for i, d in enumerate(DTYPES) if d.kind != "O" and d.isnative}
 
-_KIND = struct.Struct("<B")
-_EXEC = struct.Struct("<BBHIIQ")  # kind, flags, ints that describe tensors, nints, ntail, token
-_RESULT = struct.Struct("<BBHII")  # kind, flags, -, nints, ntext
-_CODE_MSG = struct.Struct("<BB")  # kind, code (then utf-8 text)
-_SEND = struct.Struct("<BBBBIIQ")  # kind, final, outcome kind, code, nints, index, token (then ints, text)
-_BOOL = struct.Struct("<BB")
+KIND_HEAD = struct.Struct("<B")
+EXEC_HEAD = struct.Struct("<BBHIIQ")  # kind, flags, ints that describe tensors, nints, ntail, token
+RESULT_HEAD = struct.Struct("<BBHII")  # kind, flags, -, nints, ntext
+CODE_HEAD = struct.Struct("<BB")  # kind, code (then utf-8 text)
+SEND_HEAD = struct.Struct("<BBBBIIQ")  # kind, final, outcome kind, code, nints, index, token (then ints, text)
+BOOL_HEAD = struct.Struct("<BB")
 _INTS: dict[int, struct.Struct] = {}
 
 #: the most tensors, requests or dimensions a child may describe in one message
-_MAX_COUNT = 1 << 20
+MAX_COUNT = 1 << 20
 
 
 class ProtocolError(Exception):
@@ -107,18 +107,18 @@ def result_names(cfg: mc.ModelConfig) -> tuple[str, ...]:
 
 
 def code_message(kind: int, code: int, message: str) -> bytes:
-    return _CODE_MSG.pack(kind, int(code)) + message.encode("utf-8", "surrogateescape")
+    return CODE_HEAD.pack(kind, int(code)) + message.encode("utf-8", "surrogateescape")
 
 
 def read_code_message(body: memoryview) -> InferenceError:
-    if len(body) < _CODE_MSG.size:
+    if len(body) < CODE_HEAD.size:
         raise ProtocolError("short error message")
-    _kind, code = _CODE_MSG.unpack_from(body)
+    _kind, code = CODE_HEAD.unpack_from(body)
     try:
         c = Code(code)
     except ValueError:
         c = Code.INTERNAL
-    return InferenceError(c, bytes(body[_CODE_MSG.size :]).decode("utf-8", "replace"))
+    return InferenceError(c, bytes(body[CODE_HEAD.size :]).decode("utf-8", "replace"))
 
 
 def kind_of(body: memoryview) -> int:
@@ -130,7 +130,7 @@ def kind_of(body: memoryview) -> int:
 # --------------------------------------------------------------------------- tensors out
 
 
-def _prepared(value: Any) -> tuple[int, Any, int, tuple[int, ...]]:
+def prepared(value: Any) -> tuple[int, Any, int, tuple[int, ...]]:
     """(dtype code, data: array or bytes, nbytes, shape) of one tensor to place in a slab."""
     arr = np.asarray(value)
     if arr.dtype.kind in "OSU":
@@ -138,7 +138,7 @@ def _prepared(value: Any) -> tuple[int, Any, int, tuple[int, ...]]:
         return OBJECT, data, len(data), arr.shape
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
-    code = _CODE.get(arr.dtype.str)
+    code = DTYPE_CODE.get(arr.dtype.str)
     if code is None:
         raise TypeError(f"tensors of dtype {arr.dtype} cannot be returned by an isolated model")
     if not arr.flags.c_contiguous:
@@ -186,17 +186,17 @@ class SlabWriter:
             self.slab = None
 
 
-def _describe(ints: list[int], name_id: int, item: tuple[int, Any, int, tuple[int, ...]], off: int) -> None:
+def describe_tensor(ints: list[int], name_id: int, item: tuple[int, Any, int, tuple[int, ...]], off: int) -> None:
     code, _data, n, shape = item
     ints += (name_id, code, n, off, len(shape), *shape)
 
 
-def _describe_entry(ints: list[int], item: tuple[int, Any, int, tuple[int, ...]], off: int) -> None:
+def describe_entry(ints: list[int], item: tuple[int, Any, int, tuple[int, ...]], off: int) -> None:
     code, _data, n, shape = item
     ints += (code, n, off, len(shape), *shape)
 
 
-_NONE_ITEM: tuple[int, Any, int, tuple[int, ...]] = (NONE, b"", 0, ())
+NONE_ITEM: tuple[int, Any, int, tuple[int, ...]] = (NONE, b"", 0, ())
 
 
 # ---------------------------------------------------------------------------- tensors in
@@ -260,19 +260,19 @@ class SlabReader:
         self._views = {}
 
 
-def _read_tensors(
+def read_tensors(
     reader: SlabReader, ints: tuple[int, ...], pos: int, count: int, names: tuple[str, ...]
 ) -> tuple[dict[str, Any], int]:
     """Described tensors by name: an array, or for a list (one array per request) a list."""
     out: dict[str, Any] = {}
-    if not 0 <= count <= _MAX_COUNT:
+    if not 0 <= count <= MAX_COUNT:
         raise ProtocolError("bad tensor count")
     for _ in range(count):
         name_id, code, n, off, ndim = ints[pos : pos + 5]
         if not 0 <= name_id < len(names) or not 0 <= ndim <= 64:
             raise ProtocolError("bad tensor descriptor")
         if code == LIST:  # n entries follow, each (code, nbytes, offset, ndim, *shape)
-            if not 0 <= n <= _MAX_COUNT:
+            if not 0 <= n <= MAX_COUNT:
                 raise ProtocolError("bad list length")
             pos += 5
             entries: list[Any] = []

@@ -6,7 +6,8 @@ waits for ``RESULT`` with the GIL released); a reaper per child, blocked in ``wa
 notices every exit (even while idle), wakes a waiting ``execute``, logs the death once,
 fails the requests the child still owed responses to, and restarts the instance (with a
 backoff when it keeps dying); an event thread per child whose model answers through
-responders, relaying its responses to the engine's real ``Responder``s.
+responders, relaying its responses to the engine's real ``Responder``s (``LateResponses``,
+responses.py).
 
 The implicit state never leaves the server's core: the child gets it with each batch and
 returns the next one. A child that dies fails its batch and nothing else; its sequences
@@ -25,7 +26,6 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -38,11 +38,12 @@ from seqserve.engine.isolation import protocol as p
 from seqserve.engine.isolation.channel import ChannelClosed, Ends
 from seqserve.engine.isolation.child_process import (
     BACKOFF_BASE_S,
-    _Child,
+    ChildProcess,
     backoff_delay,
     exit_status,
 )
-from seqserve.engine.responses import DEFERRED, Responder
+from seqserve.engine.isolation.responses import BatchResponders, LateResponses
+from seqserve.engine.responses import DEFERRED
 
 log = logging.getLogger("seqserve.model")
 
@@ -54,27 +55,6 @@ QUICK_DEATH_S = 10.0
 FINALIZE_TIMEOUT_S = 30.0
 
 _PACKAGE_ROOT = str(Path(seqserve.__file__).resolve().parent.parent)
-_CLOSED_SENDER = "Unable to send response. Response sender has been closed."
-
-
-class _Open:
-    """The responders of one batch whose model answers (some of) its requests late."""
-
-    __slots__ = ("child", "done", "factory", "finished", "open", "responders")
-
-    def __init__(self, child: _Child, factory: Callable[[int], Responder]) -> None:
-        self.child = child
-        self.factory = factory
-        self.responders: dict[int, Responder] = {}
-        self.finished: set[int] = set()  # requests that got their final response
-        self.open: set[int] = set()  # requests still owed a final response, once done
-        self.done = False  # execute has returned (or failed)
-
-    def responder(self, index: int) -> Responder:
-        r = self.responders.get(index)
-        if r is None:
-            r = self.responders[index] = self.factory(index)
-        return r
 
 
 class IsolatedInstance(BackendInstance):
@@ -107,7 +87,7 @@ class IsolatedInstance(BackendInstance):
         env["PYTHONPATH"] = os.pathsep.join(x for x in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if x)
         self._env = env
         self._cond = threading.Condition(threading.Lock())
-        self._child: _Child | None = None  # serving child; None while restarting
+        self._child: ChildProcess | None = None  # serving child; None while restarting
         self._starting = False  # a (re)start is under way
         self._retry_at = 0.0  # while waiting to restart: when the next attempt starts
         self._last_failure = ""
@@ -116,11 +96,10 @@ class IsolatedInstance(BackendInstance):
         self._stop = threading.Event()
         self._streak = 0  # quick deaths in a row
         self._writer = batches.BatchWriter()
-        self._writer_child: _Child | None = None
+        self._writer_child: ChildProcess | None = None
         self._tokens = itertools.count(1)
-        self._open: dict[int, _Open] = {}
-        self._open_lock = threading.Lock()
-        self._children: list[_Child] = []  # every child not yet reaped, for the GC safety net
+        self._late = LateResponses()  # batches whose model may still answer through responders
+        self._children: list[ChildProcess] = []  # every child not yet reaped, for the GC safety net
         # Dropped without finalize (a model whose load failed half way): kill the children.
         self._finalizer = weakref.finalize(self, _kill_all, self._children)
         self._first = self._spawn()
@@ -143,7 +122,7 @@ class IsolatedInstance(BackendInstance):
             f"({exit_status(child.proc.returncode)})",
         )
 
-    def _spawn(self) -> _Child:
+    def _spawn(self) -> ChildProcess:
         batch, events = Ends(), Ends()
         life_r, life_w = os.pipe()
         passed = (*batch.child_fds, *events.child_fds, life_r)
@@ -164,7 +143,7 @@ class IsolatedInstance(BackendInstance):
             os.close(life_r)
         batch.close_child_fds()
         events.close_child_fds()
-        child = _Child(proc, (batch, events), life_w, self._names)
+        child = ChildProcess(proc, (batch, events), life_w, self._names)
         self._children.append(child)
         me = weakref.ref(self)
         threading.Thread(target=_reap, args=(me, child), name=f"{self.name}-reaper", daemon=True).start()
@@ -173,7 +152,7 @@ class IsolatedInstance(BackendInstance):
             child.batch.send(self._init)
         return child
 
-    def _handshake(self, child: _Child) -> None:
+    def _handshake(self, child: ChildProcess) -> None:
         try:
             body, _ = child.batch.recv()
         except ChannelClosed:
@@ -194,7 +173,7 @@ class IsolatedInstance(BackendInstance):
             raise p.read_code_message(body)
         raise InferenceError(Code.INTERNAL, f"model '{self.model}' instance '{self.name}': unexpected message {kind}")
 
-    def _exited(self, child: _Child) -> None:
+    def _exited(self, child: ChildProcess) -> None:
         """Reaper thread, once the child has exited: record, log, fail, restart."""
         status = exit_status(child.proc.returncode)
         restart = False
@@ -221,7 +200,7 @@ class IsolatedInstance(BackendInstance):
                 log.error("%s in %.1f s", child.death, delay)
             else:
                 log.error("%s", child.death)
-        self._fail_open(child, InferenceError(Code.UNAVAILABLE, child.death))
+        self._late.fail(child, InferenceError(Code.UNAVAILABLE, child.death))
         with contextlib.suppress(ValueError):
             self._children.remove(child)
         if restart:
@@ -236,7 +215,7 @@ class IsolatedInstance(BackendInstance):
                     return
                 self._starting = True
                 self._cond.notify_all()
-            child: _Child | None = None
+            child: ChildProcess | None = None
             try:
                 child = self._spawn()
                 self._handshake(child)
@@ -279,7 +258,7 @@ class IsolatedInstance(BackendInstance):
                 self._retry_at = time.monotonic() + delay
                 self._last_failure = f"model '{self.model}' instance '{self.name}' exited right after it restarted"
 
-    def _wait_for_child(self) -> _Child:
+    def _wait_for_child(self) -> ChildProcess:
         deadline = time.monotonic() + RESTART_WAIT_S
         with self._cond:
             while True:
@@ -315,16 +294,15 @@ class IsolatedInstance(BackendInstance):
         if message:
             raise RuntimeError(f"finalize of model '{self.model}' instance '{self.name}' failed: {message}")
 
-    def _release(self, child: _Child | None) -> None:
+    def _release(self, child: ChildProcess | None) -> None:
         """Close what the instance holds once nothing uses it (idempotent)."""
         for used in {child, self._writer_child, self._first} - {None}:
             used.close_batch()  # type: ignore[union-attr]
         self._writer.close()
-        with self._open_lock:
-            self._open.clear()
+        self._late.clear()
         self._finalizer.detach()
 
-    def _retire(self, child: _Child, *, finalize: bool = False) -> str:
+    def _retire(self, child: ChildProcess, *, finalize: bool = False) -> str:
         """Stop a child on purpose: finalize (bounded) then exit, or kill."""
         child.retiring = True
         message = ""
@@ -376,13 +354,13 @@ class IsolatedInstance(BackendInstance):
         try:
             reply, rfds = child.batch.recv(self._timeout_s)
         except ChannelClosed:
-            self._settle(token, entry, None)
+            self._late.settle(token, entry, None)
             child.wait_exit()
             if self._aborted:  # left behind by the unload: nobody will finalize this instance
                 self._release(child)
             raise InferenceError(Code.UNAVAILABLE, child.death) from None
         except TimeoutError:
-            self._settle(token, entry, None)
+            self._late.settle(token, entry, None)
             child.killed_for = f"did not finish execute within {round((self._timeout_s or 0) * 1000)} ms; it was killed"
             child.kill()
             child.wait_exit()
@@ -392,7 +370,7 @@ class IsolatedInstance(BackendInstance):
             try:
                 batched, outcomes = child.results.decode(reply, rfds)
             except p.ProtocolError as e:
-                self._settle(token, entry, None)
+                self._late.settle(token, entry, None)
                 raise self._out_of_step(child, str(e)) from None
             if entry is not None:
                 if outcomes is not None:
@@ -402,14 +380,14 @@ class IsolatedInstance(BackendInstance):
                 else:
                     owed = set()
                 wanted = batch.request_outputs
-                self._settle(token, entry, {i for i in owed if i < len(wanted) and wanted[i] is not None})
+                self._late.settle(token, entry, {i for i in owed if i < len(wanted) and wanted[i] is not None})
             return batched if outcomes is None else RequestResults(outcomes, batched)
-        self._settle(token, entry, None)
+        self._late.settle(token, entry, None)
         if kind == p.FAILED:
             raise p.read_code_message(reply)
         raise self._out_of_step(child, f"unexpected message {kind}")
 
-    def _send(self, batch: ExecuteBatch) -> tuple[_Child, int, _Open | None]:
+    def _send(self, batch: ExecuteBatch) -> tuple[ChildProcess, int, BatchResponders | None]:
         """Hand the batch to the serving child (waiting for one while it restarts)."""
         retried = False
         while True:
@@ -422,11 +400,9 @@ class IsolatedInstance(BackendInstance):
                 self._writer.reset()
                 self._writer_child = child
             token = next(self._tokens)
-            entry: _Open | None = None
+            entry: BatchResponders | None = None
             if child.uses_responders and batch.responder is not None:
-                entry = _Open(child, batch.responder)
-                with self._open_lock:
-                    self._open[token] = entry
+                entry = self._late.open(token, child, batch.responder)
             body, fds = self._writer.encode(batch, token)
             try:
                 child.batch.send(body, fds)
@@ -434,13 +410,13 @@ class IsolatedInstance(BackendInstance):
             except ChannelClosed:
                 # Its end was closed before the batch went out: it died idle and never saw
                 # this batch, which can run on the restarted child.
-                self._settle(token, entry, None)
+                self._late.settle(token, entry, None)
                 child.wait_exit()
                 if retried:
                     raise InferenceError(Code.UNAVAILABLE, child.death) from None
                 retried = True
 
-    def _out_of_step(self, child: _Child, why: str) -> InferenceError:
+    def _out_of_step(self, child: ChildProcess, why: str) -> InferenceError:
         child.killed_for = f"sent a malformed reply ({why}); it was killed"
         child.kill()
         child.wait_exit()
@@ -448,71 +424,18 @@ class IsolatedInstance(BackendInstance):
 
     # -------------------------------------------------------------------------- responders
 
-    def _settle(self, token: int, entry: _Open | None, owed: set[int] | None) -> None:
-        """Execute is over: keep the batch's responders while the model owes responses (made
-        now, so that the engine counts those requests as open until they are answered)."""
-        if entry is None:
-            return
-        with self._open_lock:
-            entry.done = True
-            entry.open = (owed or set()) - entry.finished
-            for index in entry.open:
-                entry.responder(index)
-            if not entry.open:
-                self._open.pop(token, None)
-
-    def _on_event(self, child: _Child, body: memoryview, fds: list[int]) -> bytes:
+    def _on_event(self, child: ChildProcess, body: memoryview, fds: list[int]) -> bytes:
+        """A message on ``child``'s event channel (its event thread): a log line, or a late
+        response or cancellation query; returns the answer."""
         if p.kind_of(body) == p.LOG:
             level, name, text = results.decode_log(body)
             logging.getLogger(name).log(level, "%s", text, extra={"instance": self.name, "child_pid": child.pid})
             return results.encode_ok()
         kind, token, index, final, outcome = child.event_reader.decode(body, fds)
-        with self._open_lock:
-            entry = self._open.get(token)
-            if entry is not None and entry.child is not child:
-                entry = None
-            responder = None
-            if entry is not None:
-                try:
-                    responder = entry.responder(index)
-                except IndexError:
-                    responder = None
-        if kind == p.CANCELLED:
-            return results.encode_bool(responder is None or responder.is_cancelled())
-        if responder is None:
-            return p.code_message(p.ERR, Code.INTERNAL, _CLOSED_SENDER)
-        try:
-            responder.send(outcome, final=final)
-        except InferenceError as e:
-            return p.code_message(p.ERR, e.code, e.message)
-        finally:
-            if final:
-                self._finished(token, entry, index)
-        return results.encode_ok()
-
-    def _finished(self, token: int, entry: _Open | None, index: int) -> None:
-        if entry is None:
-            return
-        with self._open_lock:
-            entry.finished.add(index)
-            if entry.done:
-                entry.open.discard(index)
-                if not entry.open:
-                    self._open.pop(token, None)
-
-    def _fail_open(self, child: _Child, err: InferenceError) -> None:
-        """A child died: the requests it still owed a final response get the error."""
-        with self._open_lock:
-            owed = [(t, e) for t, e in self._open.items() if e.child is child and e.done]
-            for t, _e in owed:
-                del self._open[t]
-        for _t, entry in owed:
-            for index in sorted(entry.open):
-                with contextlib.suppress(InferenceError):  # already answered
-                    entry.responder(index).send(InferenceError(err.code, err.message), final=True)
+        return self._late.relay(child, kind, token, index, final, outcome)
 
 
-def _reap(ref: weakref.ref[IsolatedInstance], child: _Child) -> None:
+def _reap(ref: weakref.ref[IsolatedInstance], child: ChildProcess) -> None:
     """A child's reaper thread: wait for its exit (holding no reference to the instance)."""
     child.proc.wait()
     child.exited_now()
@@ -523,7 +446,7 @@ def _reap(ref: weakref.ref[IsolatedInstance], child: _Child) -> None:
     inst._exited(child)
 
 
-def _serve_events(ref: weakref.ref[IsolatedInstance], child: _Child) -> None:
+def _serve_events(ref: weakref.ref[IsolatedInstance], child: ChildProcess) -> None:
     """A child's event thread: answer its responders' messages until it exits."""
     try:
         _relay_events(ref, child)
@@ -531,7 +454,7 @@ def _serve_events(ref: weakref.ref[IsolatedInstance], child: _Child) -> None:
         child.close_events()
 
 
-def _relay_events(ref: weakref.ref[IsolatedInstance], child: _Child) -> None:
+def _relay_events(ref: weakref.ref[IsolatedInstance], child: ChildProcess) -> None:
     channel = child.events
     while True:
         try:
@@ -558,7 +481,7 @@ def _relay_events(ref: weakref.ref[IsolatedInstance], child: _Child) -> None:
             return
 
 
-def _kill_all(children: list[_Child]) -> None:
+def _kill_all(children: list[ChildProcess]) -> None:
     for child in list(children):
         child.retiring = True
         child.kill()

@@ -12,18 +12,16 @@ from seqserve.engine.errors import Code, InferenceError
 
 # message kinds: parent -> child (batch channel)
 from seqserve.engine.isolation.protocol import (
-    _BOOL,
-    _FAST_CODE,
-    _KIND,
-    _MAX_COUNT,
-    _NONE_ITEM,
-    _RESULT,
-    _SEND,
     BOOL,
+    BOOL_HEAD,
     CANCELLED,
     ERR,
+    KIND_HEAD,
     LIST,
     LOG,
+    MAX_COUNT,
+    NATIVE_DTYPE_CODE,
+    NONE_ITEM,
     O_DEFERRED,
     O_ERROR,
     O_NONE,
@@ -32,17 +30,19 @@ from seqserve.engine.isolation.protocol import (
     R_REQUESTS,
     R_SLAB,
     RESULT,
+    RESULT_HEAD,
     SEND,
+    SEND_HEAD,
     ProtocolError,
     SlabReader,
     SlabWriter,
-    _describe,
-    _describe_entry,
-    _prepared,
-    _read_tensors,
+    describe_entry,
+    describe_tensor,
     ints_struct,
     kind_of,
+    prepared,
     read_code_message,
+    read_tensors,
 )
 from seqserve.engine.isolation.slab import Slab
 from seqserve.engine.responses import DEFERRED
@@ -77,10 +77,10 @@ class ResultWriter:
                 continue
             if isinstance(value, list | tuple):  # one array per request (ragged outputs)
                 names.append((nid, len(value)))
-                items.extend(_NONE_ITEM if v is None else _prepared(v) for v in value)
+                items.extend(NONE_ITEM if v is None else prepared(v) for v in value)
             else:
                 names.append((nid, -1))
-                items.append(_prepared(value))
+                items.append(prepared(value))
         flags = 0
         per_request: list[tuple[int, Any]] = []  # (kind, payload)
         outcomes = getattr(produced, "outcomes", None)
@@ -98,7 +98,7 @@ class ResultWriter:
                     for name, value in outcome.items():
                         nid = ids.get(name)
                         if nid is not None and value is not None:
-                            items.append(_prepared(value))
+                            items.append(prepared(value))
                             mine.append(nid)
                     per_request.append((O_TENSORS, mine))
         offsets, fds = self.slab.place(items)
@@ -108,12 +108,12 @@ class ResultWriter:
         k = 0
         for nid, entries in names:
             if entries < 0:
-                _describe(ints, nid, items[k], offsets[k])
+                describe_tensor(ints, nid, items[k], offsets[k])
                 k += 1
                 continue
             ints += (nid, LIST, entries, 0, 0)
             for _ in range(entries):
-                _describe_entry(ints, items[k], offsets[k])
+                describe_entry(ints, items[k], offsets[k])
                 k += 1
         text: list[bytes] = []
         if flags & R_REQUESTS:
@@ -127,10 +127,10 @@ class ResultWriter:
                 elif kind == O_TENSORS:
                     ints.append(len(payload))
                     for nid in payload:
-                        _describe(ints, nid, items[k], offsets[k])
+                        describe_tensor(ints, nid, items[k], offsets[k])
                         k += 1
         blob = b"".join(text)
-        return _RESULT.pack(RESULT, flags, 0, len(ints), len(blob)) + ints_struct(len(ints)).pack(*ints) + blob, fds
+        return RESULT_HEAD.pack(RESULT, flags, 0, len(ints), len(blob)) + ints_struct(len(ints)).pack(*ints) + blob, fds
 
     def _encode_plain(self, produced: dict[str, Any], slab: Slab) -> bytes | None:
         """The common case in one pass: a dict of native numeric arrays that fit the slab as
@@ -146,7 +146,7 @@ class ResultWriter:
                 continue
             if value.__class__ is not np.ndarray:
                 return None
-            code = _FAST_CODE.get(value.dtype)
+            code = NATIVE_DTYPE_CODE.get(value.dtype)
             n = value.nbytes
             if code is None or off + n > cap:
                 return None
@@ -159,7 +159,7 @@ class ResultWriter:
             off = (off + n + 63) & -64
             count += 1
         ints[0] = count
-        return _RESULT.pack(RESULT, 0, 0, len(ints), 0) + ints_struct(len(ints)).pack(*ints)
+        return RESULT_HEAD.pack(RESULT, 0, 0, len(ints), 0) + ints_struct(len(ints)).pack(*ints)
 
     def close(self) -> None:
         self.slab.close()
@@ -183,26 +183,26 @@ class ResultReader:
 
     def decode(self, body: memoryview, fds: list[int]) -> tuple[dict[str, np.ndarray], list[Any] | None]:
         """(batched tensors, per-request outcomes or None)."""
-        if len(body) < _RESULT.size:
+        if len(body) < RESULT_HEAD.size:
             raise ProtocolError("short result")
-        _kind, flags, _pad, nints, ntext = _RESULT.unpack_from(body)
+        _kind, flags, _pad, nints, ntext = RESULT_HEAD.unpack_from(body)
         key = body.tobytes() if flags == 0 else b""
         if key and not fds:
             hit = self._plain.get(key)
             if hit is not None:
                 return dict(hit), None
-        if _RESULT.size + nints * 8 + ntext != len(body):
+        if RESULT_HEAD.size + nints * 8 + ntext != len(body):
             raise ProtocolError("result size mismatch")
         if flags & R_SLAB:
             if not fds:
                 raise ProtocolError("a new reply slab was announced without its descriptor")
             self.reader.take(fds)
             self._plain = {}
-        ints = ints_struct(nints).unpack_from(body, _RESULT.size)
-        text = body[_RESULT.size + nints * 8 :]
+        ints = ints_struct(nints).unpack_from(body, RESULT_HEAD.size)
+        text = body[RESULT_HEAD.size + nints * 8 :]
         names = self._names
         try:
-            batched, pos = _read_tensors(self.reader, ints, 1, ints[0], names)
+            batched, pos = read_tensors(self.reader, ints, 1, ints[0], names)
             if not flags & R_REQUESTS:
                 if (
                     key
@@ -214,7 +214,7 @@ class ResultReader:
                 return batched, None
             count = ints[pos]
             pos += 1
-            if not 0 <= count <= _MAX_COUNT:
+            if not 0 <= count <= MAX_COUNT:
                 raise ProtocolError("bad outcome count")
             outcomes: list[Any] = []
             tpos = 0
@@ -237,7 +237,7 @@ class ResultReader:
                     except ValueError:
                         outcomes.append(InferenceError(Code.INTERNAL, msg))
                 elif kind == O_TENSORS:
-                    tensors, pos = _read_tensors(self.reader, ints, pos + 1, ints[pos], names)
+                    tensors, pos = read_tensors(self.reader, ints, pos + 1, ints[pos], names)
                     outcomes.append(tensors)
                 else:
                     raise ProtocolError(f"unknown outcome kind {kind}")
@@ -265,22 +265,22 @@ class ResponseWriter:
 
     def encode(self, token: int, index: int, outcome: Any, final: bool) -> tuple[bytes, list[int]]:
         if outcome is None:
-            return _SEND.pack(SEND, final, O_NONE, 0, 0, index, token), []
+            return SEND_HEAD.pack(SEND, final, O_NONE, 0, 0, index, token), []
         if isinstance(outcome, InferenceError):
             msg = outcome.message.encode("utf-8", "surrogateescape")
-            return _SEND.pack(SEND, final, O_ERROR, int(outcome.code), 0, index, token) + msg, []
+            return SEND_HEAD.pack(SEND, final, O_ERROR, int(outcome.code), 0, index, token) + msg, []
         items = []
         nids = []
         for name, value in outcome.items():
             nid = self._ids.get(name)
             if nid is not None and value is not None:
-                items.append(_prepared(value))
+                items.append(prepared(value))
                 nids.append(nid)
         offsets, fds = self.slab.place(items)
         ints: list[int] = [len(nids)]
         for k, nid in enumerate(nids):
-            _describe(ints, nid, items[k], offsets[k])
-        head = _SEND.pack(SEND, final, O_TENSORS, 1 if fds else 0, len(ints), index, token)
+            describe_tensor(ints, nid, items[k], offsets[k])
+        head = SEND_HEAD.pack(SEND, final, O_TENSORS, 1 if fds else 0, len(ints), index, token)
         return head + ints_struct(len(ints)).pack(*ints), fds
 
     def close(self) -> None:
@@ -288,7 +288,7 @@ class ResponseWriter:
 
 
 def encode_cancelled_query(token: int, index: int) -> bytes:
-    return _SEND.pack(CANCELLED, 0, 0, 0, 0, index, token)
+    return SEND_HEAD.pack(CANCELLED, 0, 0, 0, 0, index, token)
 
 
 _LOG = struct.Struct("<BIH")  # kind, level, name length (then the name and the text, utf-8)
@@ -319,9 +319,9 @@ class EventReader:
     def decode(self, body: memoryview, fds: list[int]) -> tuple[int, int, int, bool, Any]:
         """(kind, token, index, final, outcome): outcome is None, an InferenceError or a dict
         of views onto the response slab."""
-        if len(body) < _SEND.size:
+        if len(body) < SEND_HEAD.size:
             raise ProtocolError("short event")
-        kind, final, okind, code, nints, index, token = _SEND.unpack_from(body)
+        kind, final, okind, code, nints, index, token = SEND_HEAD.unpack_from(body)
         if kind == CANCELLED:
             return kind, token, index, False, None
         if kind != SEND:
@@ -333,17 +333,17 @@ class EventReader:
                 c = Code(code)
             except ValueError:
                 c = Code.INTERNAL
-            text = bytes(body[_SEND.size :]).decode("utf-8", "replace")
+            text = bytes(body[SEND_HEAD.size :]).decode("utf-8", "replace")
             return kind, token, index, bool(final), InferenceError(c, text)
-        if okind != O_TENSORS or _SEND.size + nints * 8 != len(body) or nints < 1:
+        if okind != O_TENSORS or SEND_HEAD.size + nints * 8 != len(body) or nints < 1:
             raise ProtocolError("malformed response")
         if code:  # a new response slab
             if not fds:
                 raise ProtocolError("a new response slab was announced without its descriptor")
             self.reader.take(fds)
-        ints = ints_struct(nints).unpack_from(body, _SEND.size)
+        ints = ints_struct(nints).unpack_from(body, SEND_HEAD.size)
         try:
-            tensors, pos = _read_tensors(self.reader, ints, 1, ints[0], self._names)
+            tensors, pos = read_tensors(self.reader, ints, 1, ints[0], self._names)
         except (IndexError, ValueError) as e:
             raise ProtocolError(f"malformed response: {e}") from None
         if pos != nints:
@@ -355,11 +355,11 @@ class EventReader:
 
 
 def encode_ok() -> bytes:
-    return _KIND.pack(OK)
+    return KIND_HEAD.pack(OK)
 
 
 def encode_bool(value: bool) -> bytes:
-    return _BOOL.pack(BOOL, bool(value))
+    return BOOL_HEAD.pack(BOOL, bool(value))
 
 
 def decode_reply(body: memoryview) -> bool | InferenceError:

@@ -1,22 +1,21 @@
 """Checkpoint and restore of one model version's sequences (see docs/checkpoints.md).
 
-Part of ``LoadedModel`` (through ``SequenceViews``). The core does the work under its lock
-(csrc/checkpoint.cc); this side turns its answers into ``SequenceCheckpoint`` objects and
+The core does the work under its lock (``SequenceScheduler::checkpoint_sequence`` and
+``restore_sequence``, csrc/sequence_scheduler.cc); this side turns its answers into ``SequenceCheckpoint`` objects and
 errors with status codes, and checks a checkpoint against the model before the core sees it.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from seqserve._proto import model_config_pb2 as mc
-from seqserve.engine import tensors
-from seqserve.engine._core import Code as CoreCode
 from seqserve.engine._core import Refusal, Scheduler, StateSpec
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.model.spec import CoreSpec
 from seqserve.engine.model.validation import INTEGER_CORRID, MAX_STRING_ID
 from seqserve.engine.replicas.checkpoint import (
     RETRY_AFTER_S,
@@ -27,9 +26,7 @@ from seqserve.engine.replicas.checkpoint import (
     check_fields,
 )
 from seqserve.engine.request import SequenceId
-
-if TYPE_CHECKING:
-    from seqserve.engine.model.spec import CoreSpec
+from seqserve.engine.tensors import deserialize_bytes, numpy_wire_name, serialize_bytes, wire_dtype_name
 
 log = logging.getLogger("seqserve.model")
 
@@ -38,13 +35,14 @@ _ALL = 1 << 62
 
 
 class SequenceCheckpoints:
-    """Part of ``LoadedModel``."""
+    """Checkpoints of one model version's sequences, and restores into its free slots."""
 
-    name: str
-    version: int
-    is_sequence: bool
-    _core: Scheduler
-    _spec: CoreSpec
+    def __init__(self, name: str, version: int, *, is_sequence: bool, core: Scheduler, spec: CoreSpec) -> None:
+        self.name = name
+        self.version = version
+        self.is_sequence = is_sequence
+        self._core = core
+        self._spec = spec
 
     def slot_sequences(self) -> list[tuple[SequenceId, float]]:
         """(sequence id, idle seconds) of every live sequence that holds a slot (not the
@@ -76,14 +74,14 @@ class SequenceCheckpoints:
         if isinstance(got, Refusal):
             if got.busy:
                 raise SequenceBusyError(got.message)
-            if got.code == CoreCode.UNSUPPORTED:
+            if got.code is Code.UNSUPPORTED:
                 raise CheckpointUnsupportedError(got.message)
-            raise InferenceError(Code(got.code), got.message)
+            raise InferenceError(got.code, got.message)
         steps, session, raw = got
         states: dict[str, np.ndarray] = {}
         for spec, (data, shape) in zip(self._spec.scheduler.states, raw, strict=True):
             if spec.dtype.kind == "O":
-                arr = tensors.deserialize_bytes(data, shape)
+                arr = deserialize_bytes(data, shape)
             else:
                 arr = np.frombuffer(data, dtype=spec.dtype).reshape(shape)
             arr.flags.writeable = False
@@ -122,7 +120,7 @@ class SequenceCheckpoints:
         if got is None:
             log.debug("model '%s' version %d: sequence %r restored", self.name, self.version, ckpt.sequence_id)
             return
-        code = Code(got.code)
+        code = got.code
         if code is Code.UNSUPPORTED:
             raise CheckpointUnsupportedError(got.message)
         raise InferenceError(code, got.message, retry_after_s=RETRY_AFTER_S if code is Code.UNAVAILABLE else None)
@@ -143,7 +141,7 @@ class SequenceCheckpoints:
             raise InferenceError(
                 Code.INVALID_ARG,
                 f"the checkpoint of sequence {sid!r} has a {'string' if is_str else 'integer'} id, the CORRID "
-                f"control of model '{self.name}' is {tensors.wire_dtype_name(cd)}",
+                f"control of model '{self.name}' is {wire_dtype_name(cd)}",
             )
 
     def _state_values(self, ckpt: SequenceCheckpoint, specs: list[StateSpec]) -> list[tuple[Any, list[int]]]:
@@ -164,13 +162,13 @@ class SequenceCheckpoints:
                     raise InferenceError(
                         Code.INVALID_ARG, f"{who}: state '{spec.input_name}' is {arr.dtype}, the model's is BYTES"
                     )
-                values.append((tensors.serialize_bytes(np.ascontiguousarray(arr, dtype=object)), list(arr.shape)))
+                values.append((serialize_bytes(np.ascontiguousarray(arr, dtype=object)), list(arr.shape)))
                 continue
             if arr.dtype != spec.dtype:
                 raise InferenceError(
                     Code.INVALID_ARG,
-                    f"{who}: state '{spec.input_name}' is {tensors.numpy_wire_name(arr.dtype)}, the model's is "
-                    f"{tensors.numpy_wire_name(spec.dtype)}",
+                    f"{who}: state '{spec.input_name}' is {numpy_wire_name(arr.dtype)}, the model's is "
+                    f"{numpy_wire_name(spec.dtype)}",
                 )
             values.append((np.ascontiguousarray(arr).reshape(-1).view(np.uint8), list(arr.shape)))
         return values

@@ -23,6 +23,7 @@ import numpy as np
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends.base import RequestResults
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.model.validation import CheckedRequest
 from seqserve.engine.ordering import OrderedRelease
 from seqserve.engine.responses import DEFERRED, InferResult, Outcome, Responder, ResponseCallback
 from seqserve.engine.tensors import to_numpy_dtype, wire_dtype_name
@@ -36,13 +37,11 @@ Reply = dict[str, np.ndarray] | InferenceError
 class Pending:
     """A queued request, from submit until it is answered for good."""
 
+    #: the request as the model accepted it; its buffers stay alive while the core reads them
+    checked: CheckedRequest
     future: asyncio.Future[InferResult] | None  # None for streaming submits
     on_response: ResponseCallback | None  # streaming submits: gets every response
-    request_id: str
-    outputs: tuple[str, ...]
-    keep: tuple[Any, ...]  # keeps the input buffers alive until the batch is gathered
     parameters: dict[str, Any] | None  # response parameters (a generated sequence id)
-    rows: int  # rows this request occupies in a batch
     ordered: bool  # answered in submit order (preserve_ordering)
     outcome: Any = None  # preserve_ordering: the result or error, once known
     # Responder bookkeeping (under Delivery._lock):
@@ -143,7 +142,7 @@ class Delivery:
             return self._split_requests(recs, produced.outcomes)
         arrays: dict[str, np.ndarray] = {}
         per_request: dict[str, list[np.ndarray]] = {}
-        needed = {o for r in recs if r is not None for o in r.outputs}
+        needed = {o for r in recs if r is not None for o in r.checked.outputs}
         for o in needed:
             value = produced.get(o)
             if value is None:
@@ -161,7 +160,7 @@ class Delivery:
             arrays[o] = arr
         if self.max_batch_size == 0:  # one request, no batch dimension
             return [
-                (rec, {o: per_request[o][i] if o in per_request else arrays[o] for o in rec.outputs})
+                (rec, {o: per_request[o][i] if o in per_request else arrays[o] for o in rec.checked.outputs})
                 for i, rec in enumerate(recs)
                 if rec is not None
             ]
@@ -171,9 +170,9 @@ class Delivery:
             if rec is None:  # padding or a final END step: one row, no reply
                 row += 1
                 continue
-            end = row + rec.rows
+            end = row + rec.checked.rows
             replies.append(
-                (rec, {o: per_request[o][i] if o in per_request else arrays[o][row:end] for o in rec.outputs})
+                (rec, {o: per_request[o][i] if o in per_request else arrays[o][row:end] for o in rec.checked.outputs})
             )
             row = end
         return replies
@@ -189,15 +188,15 @@ class Delivery:
             )
         out: list[Any] = []
         for rec, value in zip(recs, values, strict=True):
-            if rec is None or name not in rec.outputs:  # padding, or not asked for: not checked
+            if rec is None or name not in rec.checked.outputs:  # padding, or not asked for: not checked
                 out.append(None)
                 continue
             arr = self._owned_output(name, value)
-            if self.max_batch_size > 0 and (arr.ndim == 0 or arr.shape[0] != rec.rows):
+            if self.max_batch_size > 0 and (arr.ndim == 0 or arr.shape[0] != rec.checked.rows):
                 raise InferenceError(
                     Code.INTERNAL,
                     f"model '{self.name}' produced output '{name}' with shape {list(arr.shape)} for a request "
-                    f"of {rec.rows} row(s); expected batch dimension {rec.rows}",
+                    f"of {rec.checked.rows} row(s); expected batch dimension {rec.checked.rows}",
                 )
             out.append(arr)
         return out
@@ -222,7 +221,7 @@ class Delivery:
 
     def _request_reply(self, rec: Pending, outcome: Mapping[str, np.ndarray] | None, *, copy: bool = False) -> Reply:
         outs: dict[str, np.ndarray] = {}
-        for o in rec.outputs:
+        for o in rec.checked.outputs:
             value = None if outcome is None else outcome.get(o)
             if value is None:  # not produced: left out of the reply, as Triton does
                 continue
@@ -329,7 +328,7 @@ class Delivery:
 
     def _on_response(self, rec: Pending, reply: Reply | None, final: bool) -> None:
         result: InferResult | InferenceError | None = (
-            InferResult(self.name, self.version, rec.request_id, reply, rec.parameters or {})
+            InferResult(self.name, self.version, rec.checked.request.id, reply, rec.parameters or {})
             if isinstance(reply, dict)
             else reply
         )
@@ -349,7 +348,7 @@ class Delivery:
             if isinstance(outs, InferenceError):
                 self._settle(rec, outs)
                 continue
-            self._settle(rec, InferResult(self.name, self.version, rec.request_id, outs, rec.parameters or {}))
+            self._settle(rec, InferResult(self.name, self.version, rec.checked.request.id, outs, rec.parameters or {}))
         if self.preserve_ordering:
             self._ordered.release_ready()
 

@@ -5,14 +5,14 @@ instead of waking the instance's executor thread and handing the GIL over (and t
 back) for every batch. The loop reaches the core through one callback per loop iteration and
 model, scheduled after a submit, so requests submitted in the same iteration batch together.
 The core decides whether the model runs inline at all: only once its batches have proved
-cheap, and not after a few that were not (until they prove cheap again: csrc/executor.cc).
+cheap, and not after a few that were not (until they prove cheap again: csrc/inline_policy.h).
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from seqserve.engine import _core
+from seqserve.engine._core import Scheduler
 
 #: cheap batches in a row (on the executor) before a model runs inline
 PROMOTE_AFTER = 8
@@ -31,7 +31,7 @@ class InlineExecution:
 
     __slots__ = ("_core", "_loop", "_scheduled")
 
-    def __init__(self, core: _core.Scheduler, loop: asyncio.AbstractEventLoop, max_batch_us: int) -> None:
+    def __init__(self, core: Scheduler, loop: asyncio.AbstractEventLoop, max_batch_us: int) -> None:
         core.configure_inline(max_batch_us, PROMOTE_AFTER)  # before the core starts
         self._core = core
         self._loop = loop

@@ -1,13 +1,15 @@
 """One loaded model version: its backend instances, its core scheduler, and the path of a
 request through them.
 
-``submit`` (event loop): validate against the config, hand the buffers to the core, return a
-future (or take a callback, for streaming). The core calls ``_run`` with the GIL held, once per
-batch: on the instance's executor thread, or, for a cheap in-process Python model, inline on
-the event loop (``InlineExecution``, a callback scheduled after submit; see docs/architecture.md,
-"Inline execution"). Replies go back to the loop through ``Delivery``. A request
-whose client goes away (its future cancelled, or the cancel() of a streaming submit called)
-leaves the core's queues before it runs.
+``submit`` (event loop): validate against the config (``CheckedRequest``: the request laid
+out for the core), hand its header and buffers to the core, return a future (or take a
+callback, for streaming). The core calls ``_run`` with the GIL held, once per batch: on the
+instance's executor thread, or, for a cheap in-process Python model, inline on the event loop
+(``InlineExecution``, a callback scheduled after submit; see docs/architecture.md, "Inline
+execution"). ``_run`` goes in phases: build the batch, execute it, scatter its outputs into
+replies, finish (replies go back to the loop through ``Delivery``). A request whose client
+goes away (its future cancelled, or the cancel() of a streaming submit called) leaves the
+core's queues before it runs.
 """
 
 from __future__ import annotations
@@ -19,36 +21,38 @@ import logging
 import secrets
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from seqserve._proto import model_config_pb2 as mc
-from seqserve.engine import _core
-from seqserve.engine.backends import BackendInstance, InstanceContext, ModelContext, find_backend
+from seqserve.engine._core import Batch, Code, InlineStats, Scheduler
+from seqserve.engine.backends import find_backend
+from seqserve.engine.backends.base import ragged_inputs
 from seqserve.engine.batch import ExecuteBatch, RaggedInput, StateViews
-from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
-from seqserve.engine.isolation import IsolatedBackend, execution_settings
-from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US
-from seqserve.engine.model.delivery import Delivery, Pending
+from seqserve.engine.counters import ModelCounters
+from seqserve.engine.errors import DecoupledModelError, InferenceError
+from seqserve.engine.isolation import IsolatedBackend
+from seqserve.engine.model.checkpoints import SequenceCheckpoints
+from seqserve.engine.model.delivery import Delivery, Pending, Reply
+from seqserve.engine.model.execution import DEFAULT_INLINE_MAX_BATCH_US, execution_settings
 from seqserve.engine.model.inline import InlineExecution, inline_eligible
+from seqserve.engine.model.instances import start_instances
 from seqserve.engine.model.reports import ModelReports
-from seqserve.engine.model.sequence_views import SequenceViews
+from seqserve.engine.model.sequence_views import SequenceViews, expiry_log
 from seqserve.engine.model.spec import build_core_spec
 from seqserve.engine.model.validation import INTEGER_CORRID, RequestValidator
 from seqserve.engine.model.watchdog import ExecuteWatchdog
-from seqserve.engine.replicas.checkpoint import SequenceReleasedError
+from seqserve.engine.replicas.checkpoint import SequenceCheckpoint, SequenceReleasedError
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
-from seqserve.engine.sessions import SessionGoneError, SessionPolicy
+from seqserve.engine.sessions import EndedSequence, SequenceInfo, SequenceList, SessionGoneError, SessionPolicy
 
 log = logging.getLogger("seqserve.model")
 
 _handles = itertools.count(1)
-_MAX_PRIORITY = 2**31 - 1  # the core's priority is an int
-_MAX_TIMEOUT_US = 2**62 // 1000  # ns on the core's steady clock, added to now: 146 years
 
 #: what a client refused by admission control is told to wait before it tries again (Retry-After)
 BACKLOG_RETRY_AFTER_S = 1.0
@@ -76,8 +80,11 @@ class RequestFuture(asyncio.Future[InferResult]):
         return True
 
 
-class LoadedModel(ModelReports, SequenceViews):
-    """A model version ready to serve: scheduler started, instances initialized."""
+class LoadedModel:
+    """A model version ready to serve: scheduler started, instances initialized. A façade
+    over the parts it owns: the backend and its instances, the validator (a request laid out
+    for the core), the core scheduler, the delivery of replies, and the views that read them
+    (reports, the sequence API, checkpoints)."""
 
     def __init__(
         self,
@@ -110,50 +117,18 @@ class LoadedModel(ModelReports, SequenceViews):
         self._running: dict[int, list[Pending | None]] = {}
         self._close_lock = threading.Lock()
         self._closed = False
+        self._has_ragged = bool(ragged_inputs(cfg))
 
         backend_cls = find_backend(cfg)
-        if cfg.sequence_batching.state and not backend_cls.supports_implicit_state:
-            raise InferenceError(
-                Code.INVALID_ARG, f"backend '{cfg.backend or cfg.platform}' does not support implicit state"
-            )
-        ragged = [t.name for t in cfg.input if t.allow_ragged_batch] if cfg.max_batch_size > 0 else []
-        if ragged and not backend_cls.supports_ragged_batch:
-            raise InferenceError(
-                Code.INVALID_ARG,
-                f"model '{cfg.name}': input '{ragged[0]}' has allow_ragged_batch, which backend "
-                f"'{cfg.backend or cfg.platform}' does not support (it would need Triton's batch_input "
-                "tensors to find each request's extent); the python backend supports it",
-            )
-        self._has_ragged = bool(ragged)
-        if self.decoupled and not backend_cls.supports_decoupled:
-            raise InferenceError(
-                Code.INVALID_ARG,
-                f"backend '{cfg.backend or cfg.platform}' does not support decoupled models "
-                "(model_transaction_policy { decoupled: true }); the python backend does",
-            )
-        # parameters `isolation` and `execute_timeout_ms` (seqserve.engine.isolation.settings)
+        backend_cls.check(cfg)
         python_backend = "python" in backend_cls.names
         execution = execution_settings(
             cfg, python_backend=python_backend, default=python_isolation, inline_max_batch_us=inline_max_batch_us
         )
-        ctx = ModelContext(
-            name=self.name,
-            version=version,
-            config=cfg,
-            model_dir=model_dir,
-            version_dir=model_dir / str(version),
-            parameters={k: v.string_value for k, v in cfg.parameters.items()},
-        )
-        self.backend = (
-            IsolatedBackend(ctx, backend_cls, execute_timeout_s=execution.execute_timeout_s)
-            if execution.process
-            else backend_cls(ctx)
-        )
-        self._instances: list[BackendInstance] = []
-        self.instance_names: list[str] = []
-        self._create_instances(ctx)
-        if isinstance(self.backend, IsolatedBackend):
-            self.backend.wait_ready()  # the children load the model in parallel
+        started = start_instances(cfg, version=version, model_dir=model_dir, backend=backend_cls, execution=execution)
+        self.backend = started.backend
+        self._instances = started.instances
+        self.instance_names = started.names
 
         spec = build_core_spec(
             cfg, model_dir, len(self._instances), sessions, max_backlog_sequences=max_backlog_sequences
@@ -167,16 +142,12 @@ class LoadedModel(ModelReports, SequenceViews):
             if execution.execute_timeout_s and not execution.process
             else None
         )
-        describe = (
-            cfg.model_transaction_policy.stateful_model_policy.timeout_action
-            == mc.ModelTransactionPolicy.StatefulModelPolicy.DESCRIBE
-        )
-        self._core = _core.Scheduler(
+        self._core = Scheduler(
             spec.scheduler,
             runner=self._run,
             on_fail=self._on_fail,
             on_warning=lambda msg: log.warning("%s", msg),
-            on_expire=self._describe_expired if describe else None,
+            on_expire=expiry_log(cfg, version),
         )
         eligible = inline_eligible(
             python_backend=python_backend,
@@ -186,37 +157,15 @@ class LoadedModel(ModelReports, SequenceViews):
             max_batch_us=execution.inline_max_batch_us,
         )
         self._inline = InlineExecution(self._core, loop, execution.inline_max_batch_us) if eligible else None
+        self._reports = ModelReports(
+            cfg, self.version_str, core=self._core, spec=spec, validator=self._validator, delivery=self._delivery
+        )
+        core, seq = self._core, self.is_sequence
+        self._views = SequenceViews(
+            self.name, version, is_sequence=seq, core=core, spec=spec, instance_names=self.instance_names
+        )
+        self._checkpoints = SequenceCheckpoints(self.name, version, is_sequence=seq, core=core, spec=spec)
         self._core.start()
-
-    def _create_instances(self, ctx: ModelContext) -> None:
-        """One backend instance per (non-passive) instance_group count; no GPUs here yet."""
-        warned_gpu = False
-        for group in self.config.instance_group:
-            if group.passive:
-                continue
-            kind = group.kind
-            if kind == mc.ModelInstanceGroup.KIND_GPU and not warned_gpu:
-                log.warning(
-                    "model '%s': instance group '%s' asks for KIND_GPU but no GPU is available; running on CPU",
-                    self.name,
-                    group.name,
-                )
-                warned_gpu = True
-            elif kind == mc.ModelInstanceGroup.KIND_CPU and group.gpus:
-                log.warning(
-                    "model '%s': instance group '%s' is KIND_CPU; its 'gpus' %s are ignored",
-                    self.name,
-                    group.name,
-                    list(group.gpus),
-                )
-            device = "model" if kind == mc.ModelInstanceGroup.KIND_MODEL else "cpu"
-            for j in range(max(1, group.count)):
-                iname = f"{group.name}_{j}"
-                self.instance_names.append(iname)
-                ictx = InstanceContext(ctx, len(self._instances), iname, device)
-                self._instances.append(self.backend.create_instance(ictx))
-        if not self._instances:
-            raise InferenceError(Code.INVALID_ARG, f"model '{self.name}' has no (non-passive) instances")
 
     # ------------------------------------------------------------------ sequence API
 
@@ -240,24 +189,58 @@ class LoadedModel(ModelReports, SequenceViews):
         running = [r for recs in list(self._running.values()) for r in recs if r is not None]
         return len(self._pending) + len(running) + self._delivery.open_responses_besides(running)
 
-    def scheduler_state(self) -> dict[str, Any]:
-        """Live view of the slot table, for diagnostics."""
-        stats = self._core.stats()
-        return {
-            "free_slots": self._core.free_slots(),
-            "backlog_sequences": self._core.backlog_sequences(),
-            "max_backlog_sequences": self._spec.scheduler.max_backlog_sequences,
-            "pending_requests": self._core.pending_requests(),
-            "sequences": dict(self._core.sequences()),
-            "backlog_full": stats.backlog_full,
-            "cancelled": stats.fail_canceled,
-        }
-
     def sequence_slot(self, sequence_id: SequenceId) -> int | None:
         """Where a live sequence is: its global slot, -1 while it waits in the backlog; None when
         it is not live."""
         slot = self._core.slot_of(sequence_id)
         return None if slot == -2 else slot
+
+    def end_owned_sequence(self, sequence_id: SequenceId, owner: int = 0, reason: str = "") -> bool:
+        """End a live sequence now, as idle expiry does: its slot is freed (after one final END
+        step under TIMEOUT_COMPLETE), its queued requests are answered CANCELLED with ``reason``
+        after the sequence's name. ``owner``: only if its latest START was that request handle.
+        False when it is not live (ended, expired, or someone else's)."""
+        why = f"sequence {sequence_id} of model '{self.name}' was ended: {reason}" if reason else ""
+        return self._core.end_owned_sequence(sequence_id, owner, why)
+
+    def sequences(self, limit: int) -> SequenceList:
+        return self._views.sequences(limit)
+
+    def sequence(self, sequence_id: SequenceId) -> SequenceInfo:
+        return self._views.sequence(sequence_id)
+
+    def end_sequence(self, sequence_id: SequenceId) -> EndedSequence:
+        return self._views.end_sequence(sequence_id)
+
+    def slot_sequences(self) -> list[tuple[SequenceId, float]]:
+        return self._checkpoints.slot_sequences()
+
+    def checkpoint_sequence(self, sequence_id: SequenceId, *, release: bool) -> SequenceCheckpoint | None:
+        return self._checkpoints.checkpoint_sequence(sequence_id, release=release)
+
+    def restore_sequence(self, ckpt: SequenceCheckpoint) -> None:
+        self._checkpoints.restore_sequence(ckpt)
+
+    # ------------------------------------------------------------------------- reports
+
+    def metadata(self) -> dict[str, Any]:
+        return self._reports.metadata()
+
+    def statistics(self) -> dict[str, Any]:
+        return self._reports.statistics()
+
+    def counters(self) -> ModelCounters:
+        return self._reports.counters(rejected_here=self._rejected)
+
+    def scheduler_state(self) -> dict[str, Any]:
+        """Live view of the slot table, for diagnostics."""
+        return self._reports.scheduler_state()
+
+    @property
+    def inline_stats(self) -> InlineStats:
+        """Inline execution: its bound (0: never inline), whether it is on now, and how many
+        batches ran inline and on executor threads (docs/architecture.md, "Inline execution")."""
+        return self._reports.inline_stats()
 
     # ------------------------------------------------------------------------- request
 
@@ -305,14 +288,6 @@ class LoadedModel(ModelReports, SequenceViews):
         """Take request ``handle`` out of the core's queues if it is still there (event loop)."""
         self._core.cancel(token, handle)
 
-    def end_owned_sequence(self, sequence_id: SequenceId, owner: int = 0, reason: str = "") -> bool:
-        """End a live sequence now, as idle expiry does: its slot is freed (after one final END
-        step under TIMEOUT_COMPLETE), its queued requests are answered CANCELLED with ``reason``
-        after the sequence's name. ``owner``: only if its latest START was that request handle.
-        False when it is not live (ended, expired, or someone else's)."""
-        why = f"sequence {sequence_id} of model '{self.name}' was ended: {reason}" if reason else ""
-        return self._core.end_owned_sequence(sequence_id, owner, why)
-
     def _queue(
         self,
         request: InferRequest,
@@ -322,51 +297,32 @@ class LoadedModel(ModelReports, SequenceViews):
     ) -> Pending:
         checked = self._validator.check(request)
         handle = next(_handles)
-        in_order = self._delivery.preserve_ordering and not self.decoupled  # a decoupled request's responses stream
         rec = Pending(
-            fut,
-            on_response,
-            request.id,
-            checked.outputs,
-            checked.buffers,
-            response_parameters,
-            checked.rows,
-            in_order,
+            checked=checked,
+            future=fut,
+            on_response=on_response,
+            parameters=response_parameters,
+            # a decoupled request's responses stream: they are not held for submit order
+            ordered=self._delivery.preserve_ordering and not self.decoupled,
         )
         self._pending[handle] = rec
-        priority = request.priority
-        timeout_us = request.timeout_us
         try:
-            token = self._core.submit(
-                handle,
-                rec.keep,
-                checked.corrid,
-                request.sequence_start,
-                request.sequence_end,
-                # the longest timeout is what the core's clock can add without overflowing, and a
-                # priority level the model does not have means its default level (Triton's rule)
-                timeout_us if 0 <= timeout_us <= _MAX_TIMEOUT_US else max(0, min(timeout_us, _MAX_TIMEOUT_US)),
-                checked.rows,
-                priority if 0 <= priority <= _MAX_PRIORITY else 0,
-                request.session,
-            )
+            token = self._core.submit(checked.core_header(handle), checked.buffers)
         except BaseException:
             del self._pending[handle]  # refused by the binding: nothing of it stays behind
             raise
         if not isinstance(token, int):  # a Refusal
             del self._pending[handle]
             self._validator.failures += 1
-            if token.code == _core.Code.NOT_FOUND:  # a session that ended or expired
+            if token.code is Code.NOT_FOUND:  # a session that ended or expired
                 raise SessionGoneError(token.message)
             if token.released:  # checkpointed and released from here: it moved (a coordinator looks it up)
                 raise SequenceReleasedError(token.message)
-            if token.code == _core.Code.UNAVAILABLE:
+            if token.code is Code.UNAVAILABLE:
                 self._rejected += 1
             # Sequence-batcher errors carry no request id in Triton; the others do.
             msg = token.message if self.is_sequence else f"[request id: {request.id or '<id_unknown>'}] {token.message}"
-            raise InferenceError(
-                Code(token.code), msg, retry_after_s=BACKLOG_RETRY_AFTER_S if token.backlog_full else None
-            )
+            raise InferenceError(token.code, msg, retry_after_s=BACKLOG_RETRY_AFTER_S if token.backlog_full else None)
         rec.handle = handle
         rec.token = token
         if self._inline is not None:
@@ -384,38 +340,19 @@ class LoadedModel(ModelReports, SequenceViews):
 
     # ------------------------------------------------------------------ executor side
 
-    def _run(self, cb: _core.Batch) -> bool:
+    def _run(self, cb: Batch) -> bool:
         """Executor thread or, inline, the event loop; GIL held: run the model on one batch and
-        deliver the replies (inline: at once, on this thread; else posted to the loop)."""
+        deliver the replies (inline: at once, on this thread; else posted to the loop). In
+        phases: build the batch, execute it, scatter its outputs into replies, finish."""
         pending = self._pending
         recs = [pending.pop(h, None) if h else None for h in cb.handles]
-        delivery = self._delivery
         running = self._running
         # Whoever pops the instance's entry answers these requests: this thread once execute
         # returns, or close() when it left this thread behind in execute.
         running[cb.instance] = recs
         try:
-            batch = ExecuteBatch(
-                size=cb.size,
-                instance=cb.instance,
-                inputs=cb.inputs(),
-                states=StateViews(self._spec.state_names, cb) if self._spec.state_names else {},
-                controls=cb.controls(),
-                start=cb.start,
-                end=cb.end,
-                ready=cb.ready,
-                corrid=cb.corrid,
-                request_rows=[r.rows if r is not None else 1 for r in recs],
-                request_outputs=[r.outputs if r is not None else None for r in recs],
-                request_ids=[r.request_id if r is not None else "" for r in recs],
-                ragged={k: RaggedInput(v) for k, v in cb.ragged().items()} if self._has_ragged else {},
-                batched=self.max_batch_size > 0,
-            )
-            instance = self._instances[cb.instance]
-            if instance.uses_responders:
-                batch.responder = functools.partial(delivery.responder, recs)
-            watchdog = self._watchdog
-            produced = instance.execute(batch) if watchdog is None else watchdog.call(instance.execute, batch, recs)
+            batch = self._build(cb, recs)
+            produced = self._execute(batch, recs, cb.instance)
         except Exception as e:  # the model's failure fails this batch only
             if running.pop(cb.instance, None) is None:
                 cb.finish(False)
@@ -425,24 +362,65 @@ class LoadedModel(ModelReports, SequenceViews):
             cb.finish(False)
             return False
         try:
-            cb.mark_executed()
-            if self.decoupled:
-                produced = delivery.decoupled_results(recs, produced)
-            for index, out_name in self._spec.state_outputs:
-                value = produced.get(out_name)
-                if value is not None:
-                    cb.set_state(index, np.asarray(value))
-            replies = delivery.replies(recs, cb.size, produced, responders=batch.responder is not None)
+            replies = self._scatter(cb, recs, produced, responders=batch.responder is not None)
         except Exception as e:
             return self._batch_failed(cb, recs, e)
-        cb.finish(True)  # statistics first: a client that sees its reply sees them counted
-        if cb.inline:
-            delivery.deliver(replies)
-        else:
-            delivery.post(replies)
+        self._finish(cb, replies)
         return True
 
-    def _batch_failed(self, cb: _core.Batch, recs: list[Pending | None], e: Exception) -> bool:
+    def _build(self, cb: Batch, recs: list[Pending | None]) -> ExecuteBatch:
+        """The batch as the model sees it: the core's arrays and each request's rows, outputs, id."""
+        checked = [r.checked if r is not None else None for r in recs]
+        batch = ExecuteBatch(
+            size=cb.size,
+            instance=cb.instance,
+            inputs=cb.inputs(),
+            states=StateViews(self._spec.state_names, cb) if self._spec.state_names else {},
+            controls=cb.controls(),
+            start=cb.start,
+            end=cb.end,
+            ready=cb.ready,
+            corrid=cb.corrid,
+            request_rows=[c.rows if c is not None else 1 for c in checked],
+            request_outputs=[c.outputs if c is not None else None for c in checked],
+            request_ids=[c.request.id if c is not None else "" for c in checked],
+            ragged={k: RaggedInput(v) for k, v in cb.ragged().items()} if self._has_ragged else {},
+            batched=self.max_batch_size > 0,
+        )
+        if self._instances[cb.instance].uses_responders:
+            batch.responder = functools.partial(self._delivery.responder, recs)
+        return batch
+
+    def _execute(self, batch: ExecuteBatch, recs: list[Pending | None], instance: int) -> Mapping[str, np.ndarray]:
+        """The model's ``execute`` (under the watchdog, when the model has an execute timeout)."""
+        execute = self._instances[instance].execute
+        watchdog = self._watchdog
+        return execute(batch) if watchdog is None else watchdog.call(execute, batch, recs)
+
+    def _scatter(
+        self, cb: Batch, recs: list[Pending | None], produced: Mapping[str, np.ndarray], *, responders: bool
+    ) -> list[tuple[Pending, Reply]]:
+        """The batch has run: output states back into the core, outputs split into replies."""
+        cb.mark_executed()
+        delivery = self._delivery
+        if self.decoupled:
+            produced = delivery.decoupled_results(recs, produced)
+        for index, out_name in self._spec.state_outputs:
+            value = produced.get(out_name)
+            if value is not None:
+                cb.set_state(index, np.asarray(value))
+        return delivery.replies(recs, cb.size, produced, responders=responders)
+
+    def _finish(self, cb: Batch, replies: list[tuple[Pending, Reply]]) -> None:
+        """Statistics first (a client that sees its reply sees them counted), then the replies:
+        now when the batch ran inline on the loop, else posted to it."""
+        cb.finish(True)
+        if cb.inline:
+            self._delivery.deliver(replies)
+        else:
+            self._delivery.post(replies)
+
+    def _batch_failed(self, cb: Batch, recs: list[Pending | None], e: Exception) -> bool:
         err = (
             e
             if isinstance(e, InferenceError)
@@ -452,9 +430,9 @@ class LoadedModel(ModelReports, SequenceViews):
         self._delivery.batch_failed(recs, err)
         return False
 
-    def _on_fail(self, handles: list[int], code: _core.Code, message: str) -> None:
+    def _on_fail(self, handles: list[int], code: Code, message: str) -> None:
         recs = [r for r in (self._pending.pop(h, None) for h in handles) if r is not None]
-        self._delivery.refused(recs, InferenceError(Code(code), message))
+        self._delivery.refused(recs, InferenceError(code, message))
 
     # -------------------------------------------------------------------------- lifecycle
 

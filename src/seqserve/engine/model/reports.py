@@ -1,12 +1,12 @@
-"""What one model version reports about itself: metadata, statistics, metrics counters."""
+"""What one model version reports about itself: metadata, statistics, metrics counters, the
+slot table for diagnostics, inline execution."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from seqserve._proto import model_config_pb2 as mc
-from seqserve.engine import _core
-from seqserve.engine._core import InlineStats, Scheduler
+from seqserve.engine._core import Duration, InlineStats, Scheduler
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.model.delivery import Delivery
 from seqserve.engine.model.spec import CoreSpec
@@ -15,18 +15,28 @@ from seqserve.engine.tensors import wire_dtype_name
 
 
 class ModelReports:
-    """Part of ``LoadedModel``."""
+    """Reads what one model version's parts counted (the core, the validator, the delivery)
+    and reports it; it counts nothing itself."""
 
-    config: mc.ModelConfig
-    name: str
-    version_str: str
-    max_batch_size: int
-    is_sequence: bool
-    _core: Scheduler
-    _spec: CoreSpec
-    _validator: RequestValidator
-    _delivery: Delivery
-    _rejected: int
+    def __init__(
+        self,
+        cfg: mc.ModelConfig,
+        version_str: str,
+        *,
+        core: Scheduler,
+        spec: CoreSpec,
+        validator: RequestValidator,
+        delivery: Delivery,
+    ) -> None:
+        self.config = cfg
+        self.name = cfg.name
+        self.version_str = version_str
+        self.max_batch_size = cfg.max_batch_size
+        self.is_sequence = cfg.HasField("sequence_batching")
+        self._core = core
+        self._spec = spec
+        self._validator = validator
+        self._delivery = delivery
 
     def metadata(self) -> dict[str, Any]:
         batch = [-1] if self.max_batch_size > 0 else []
@@ -42,6 +52,19 @@ class ModelReports:
                 {"name": t.name, "datatype": wire_dtype_name(t.data_type), "shape": [*batch, *t.dims]}
                 for t in self.config.output
             ],
+        }
+
+    def scheduler_state(self) -> dict[str, Any]:
+        """Live view of the slot table, for diagnostics."""
+        stats = self._core.stats()
+        return {
+            "free_slots": self._core.free_slots(),
+            "backlog_sequences": self._core.backlog_sequences(),
+            "max_backlog_sequences": self._spec.scheduler.max_backlog_sequences,
+            "pending_requests": self._core.pending_requests(),
+            "sequences": dict(self._core.sequences()),
+            "backlog_full": stats.backlog_full,
+            "cancelled": stats.fail_canceled,
         }
 
     def statistics(self) -> dict[str, Any]:
@@ -71,13 +94,14 @@ class ModelReports:
             ],
         }
 
-    def counters(self) -> ModelCounters:
-        """Everything a metrics exporter reports for this version, read now (one core call)."""
+    def counters(self, *, rejected_here: int) -> ModelCounters:
+        """Everything a metrics exporter reports for this version, read now (one core call).
+        ``rejected_here``: requests the core refused as UNAVAILABLE (queue full, stopping)."""
         s = self._core.stats()
         inline = self._core.inline_stats()
         refused = self._validator.failures
         alone = self._delivery.request_failures
-        rejected = s.fail_rejected + self._rejected
+        rejected = s.fail_rejected + rejected_here
         backend = s.fail_backend + alone
         fail = s.fail.count + refused + alone
         cumulative = 0
@@ -124,12 +148,11 @@ class ModelReports:
             inline_demotions=inline.demotions,
         )
 
-    @property
     def inline_stats(self) -> InlineStats:
         """Inline execution: its bound (0: never inline), whether it is on now, and how many
         batches ran inline and on executor threads (docs/architecture.md, "Inline execution")."""
         return self._core.inline_stats()
 
 
-def _duration(d: _core.Duration, extra: int = 0) -> dict[str, int]:
+def _duration(d: Duration, extra: int = 0) -> dict[str, int]:
     return {"count": d.count + extra, "ns": d.ns}

@@ -1,25 +1,37 @@
-"""The sequence API of one model version: list, show and end its sequences (and, through
-``SequenceCheckpoints``, checkpoint and restore them)."""
+"""The sequence API of one model version: list, show and end its sequences (checkpoints are
+``checkpoints.SequenceCheckpoints``'), and the DESCRIBE line of a sequence that expired."""
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 
 import orjson
 
-from seqserve.engine import _core
+from seqserve._proto import model_config_pb2 as mc
+from seqserve.engine._core import ExpiredSequence, Scheduler
+from seqserve.engine._core import SequenceInfo as CoreSequenceInfo
 from seqserve.engine.errors import Code, InferenceError
-from seqserve.engine.model.checkpoints import SequenceCheckpoints
+from seqserve.engine.model.spec import CoreSpec
 from seqserve.engine.request import SequenceId
 from seqserve.engine.sessions import EndedSequence, SequenceInfo, SequenceList
 
 log = logging.getLogger("seqserve.model")
 
 
-class SequenceViews(SequenceCheckpoints):
-    """Part of ``LoadedModel``."""
+class SequenceViews:
+    """One model version's live sequences, as the core holds them, for the sequence API."""
 
-    instance_names: list[str]  # LoadedModel's: instance index -> its name
+    def __init__(
+        self, name: str, version: int, *, is_sequence: bool, core: Scheduler, spec: CoreSpec, instance_names: list[str]
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.is_sequence = is_sequence
+        self._core = core
+        self._spec = spec
+        self._instance_names = instance_names  # instance index -> its name
 
     def sequences(self, limit: int) -> SequenceList:
         """The live sequences (holding a slot or backlogged): how many, and up to ``limit`` of
@@ -55,28 +67,13 @@ class SequenceViews(SequenceCheckpoints):
             cancelled_requests=info.queued if info.backlogged else 0,
         )
 
-    def _describe_expired(self, x: _core.ExpiredSequence) -> None:
-        """stateful_model_policy DESCRIBE: one structured line per expired sequence."""
-        info = {
-            "model": self.name,
-            "version": self.version,
-            "sequence_id": x.sequence_id,
-            "age_s": x.age_s,
-            "idle_s": x.idle_s,
-            "steps": x.steps,
-            "state_bytes": x.state_bytes,
-            "instance": x.instance,
-            "slot": x.slot,
-        }
-        log.info("sequence expired %s", orjson.dumps(info).decode())
-
-    def _sequence_info(self, x: _core.SequenceInfo) -> SequenceInfo:
+    def _sequence_info(self, x: CoreSequenceInfo) -> SequenceInfo:
         held = not x.backlogged
         return SequenceInfo(
             sequence_id=x.sequence_id,
             backlogged=x.backlogged,
             session=x.session,
-            instance=self.instance_names[x.instance] if held else None,
+            instance=self._instance_names[x.instance] if held else None,
             slot=x.slot if held else None,
             age_s=x.age_s,
             idle_s=x.idle_s,
@@ -94,3 +91,28 @@ class SequenceViews(SequenceCheckpoints):
             if gone:
                 msg += f": {gone}"
         return InferenceError(Code.NOT_FOUND, msg)
+
+
+def log_expired(model: str, version: int, x: ExpiredSequence) -> None:
+    """stateful_model_policy DESCRIBE: one structured line per expired sequence."""
+    info = {
+        "model": model,
+        "version": version,
+        "sequence_id": x.sequence_id,
+        "age_s": x.age_s,
+        "idle_s": x.idle_s,
+        "steps": x.steps,
+        "state_bytes": x.state_bytes,
+        "instance": x.instance,
+        "slot": x.slot,
+    }
+    log.info("sequence expired %s", orjson.dumps(info).decode())
+
+
+def expiry_log(cfg: mc.ModelConfig, version: int) -> Callable[[ExpiredSequence], None] | None:
+    """The core's on_expire hook: ``log_expired`` for a model whose stateful_model_policy is
+    DESCRIBE, else None (the core then describes nothing)."""
+    policy = cfg.model_transaction_policy.stateful_model_policy
+    if policy.timeout_action != mc.ModelTransactionPolicy.StatefulModelPolicy.DESCRIBE:
+        return None
+    return functools.partial(log_expired, cfg.name, version)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from seqserve._proto import model_config_pb2 as mc
-from seqserve.engine import _core
+from seqserve.engine._core import ControlKind, ControlSpec, InputSpec, ModelSpec, QueuePolicy, StateSpec, Strategy
 from seqserve.engine.config import read_initial_state
 from seqserve.engine.sessions import SessionPolicy
 from seqserve.engine.tensors import BY_CONFIG
@@ -20,10 +20,10 @@ from seqserve.engine.tensors import BY_CONFIG
 log = logging.getLogger("seqserve.model")
 
 _CONTROL_KIND = {
-    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START: _core.ControlKind.START,
-    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_READY: _core.ControlKind.READY,
-    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END: _core.ControlKind.END,
-    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID: _core.ControlKind.CORRID,
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START: ControlKind.START,
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_READY: ControlKind.READY,
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END: ControlKind.END,
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID: ControlKind.CORRID,
 }
 
 
@@ -31,7 +31,7 @@ _CONTROL_KIND = {
 class CoreSpec:
     """What the core is built from, plus what the Python side needs to know of it."""
 
-    scheduler: _core.ModelSpec
+    scheduler: ModelSpec
     strategy_name: str  # direct, oldest, reusable_batch, dynamic, default
     preserve_ordering: bool  # replies leave in submit order (dynamic batcher's preserve_ordering)
     #: (state index, output name) of each implicit state: execute returns its next value
@@ -69,8 +69,8 @@ def build_core_spec(
     sessions = sessions or SessionPolicy()
     is_sequence = cfg.HasField("sequence_batching")
     sb = cfg.sequence_batching
-    controls: list[_core.ControlSpec] = []
-    states: list[_core.StateSpec] = []
+    controls: list[ControlSpec] = []
+    states: list[StateSpec] = []
     state_outputs: list[tuple[int, str]] = []
     corrid_dtype: int | None = None
     corrid_name = ""
@@ -80,7 +80,7 @@ def build_core_spec(
     batching = _batching_spec(cfg, is_sequence, instance_count)
     strategy_name = batching.pop("strategy_name")
     preserve_ordering = bool(batching.pop("preserve_ordering"))
-    scheduler = _core.ModelSpec(
+    scheduler = ModelSpec(
         name=cfg.name,
         max_batch_size=cfg.max_batch_size,
         instance_count=instance_count,
@@ -88,7 +88,7 @@ def build_core_spec(
         max_queue_delay_us=sb.direct.max_queue_delay_microseconds,
         min_slot_utilization=sb.direct.minimum_slot_utilization,
         inputs=[
-            _core.InputSpec(
+            InputSpec(
                 name=t.name,
                 dtype=core_dtype(t.data_type),
                 must_match=any(d < 0 for d in t.dims) and not t.allow_ragged_batch,
@@ -155,7 +155,7 @@ def _batching_spec(cfg: mc.ModelConfig, is_sequence: bool, instance_count: int) 
         which = sb.WhichOneof("strategy_choice")
         if which == "oldest":
             spec.update(
-                strategy=_core.Strategy.OLDEST,
+                strategy=Strategy.OLDEST,
                 strategy_name="oldest",
                 slots_per_instance=sb.oldest.max_candidate_sequences or max(1, mbs),
                 preferred_batch_sizes=list(sb.oldest.preferred_batch_size),
@@ -164,7 +164,7 @@ def _batching_spec(cfg: mc.ModelConfig, is_sequence: bool, instance_count: int) 
         elif which == "reusable_batch":
             # Oldest-like batches across sequences; the delay comes from dynamic_batching.
             spec.update(
-                strategy=_core.Strategy.OLDEST,
+                strategy=Strategy.OLDEST,
                 strategy_name="reusable_batch",
                 slots_per_instance=sb.reusable_batch.max_size,
                 preferred_batch_sizes=list(sb.reusable_batch.candidate_batch_size),
@@ -176,17 +176,17 @@ def _batching_spec(cfg: mc.ModelConfig, is_sequence: bool, instance_count: int) 
                     "model '%s': Direct strategy; dynamic_batching settings do not apply to sequences",
                     cfg.name,
                 )
-            spec.update(strategy=_core.Strategy.DIRECT, strategy_name="direct", slots_per_instance=max(1, mbs))
+            spec.update(strategy=Strategy.DIRECT, strategy_name="direct", slots_per_instance=max(1, mbs))
         return spec
     slots = {"slots_per_instance": 1}
     if not has_dyn:
-        return spec | slots | {"strategy": _core.Strategy.STATELESS, "strategy_name": "default"}
+        return spec | slots | {"strategy": Strategy.STATELESS, "strategy_name": "default"}
     levels = max(1, dyn.priority_levels)
     policies = []
     for level in range(1, levels + 1):
         qp = dyn.priority_queue_policy.get(level, dyn.default_queue_policy)
         policies.append(
-            _core.QueuePolicy(
+            QueuePolicy(
                 delay_on_timeout=qp.timeout_action == mc.ModelQueuePolicy.DELAY,
                 default_timeout_us=qp.default_timeout_microseconds,
                 allow_override=qp.allow_timeout_override,
@@ -197,7 +197,7 @@ def _batching_spec(cfg: mc.ModelConfig, is_sequence: bool, instance_count: int) 
         spec
         | slots
         | {
-            "strategy": _core.Strategy.DYNAMIC,
+            "strategy": Strategy.DYNAMIC,
             "strategy_name": "dynamic",
             "preferred_batch_sizes": list(dyn.preferred_batch_size),
             "batch_delay_us": dyn.max_queue_delay_microseconds,
@@ -209,16 +209,16 @@ def _batching_spec(cfg: mc.ModelConfig, is_sequence: bool, instance_count: int) 
     )
 
 
-def _control_specs(sb: mc.ModelSequenceBatching) -> tuple[list[_core.ControlSpec], int | None, str]:
-    out: list[_core.ControlSpec] = []
+def _control_specs(sb: mc.ModelSequenceBatching) -> tuple[list[ControlSpec], int | None, str]:
+    out: list[ControlSpec] = []
     corrid_dtype: int | None = None
     corrid_name = ""
     for ci in sb.control_input:
-        spec: _core.ControlSpec | None = None
+        spec: ControlSpec | None = None
         for c in ci.control:  # several kinds on one tensor: the later one wins, as in Triton
             kind = _CONTROL_KIND[c.kind]
-            if kind == _core.ControlKind.CORRID:
-                spec = _core.ControlSpec(name=ci.name, kind=kind, dtype=core_dtype(c.data_type))
+            if kind == ControlKind.CORRID:
+                spec = ControlSpec(name=ci.name, kind=kind, dtype=core_dtype(c.data_type))
                 corrid_dtype = c.data_type
                 corrid_name = ci.name
                 continue
@@ -228,7 +228,7 @@ def _control_specs(sb: mc.ModelSequenceBatching) -> tuple[list[_core.ControlSpec
                 data_type, values = mc.TYPE_FP32, [float(v) for v in c.fp32_false_true]
             else:
                 data_type, values = mc.TYPE_BOOL, [float(v) for v in c.bool_false_true]
-            spec = _core.ControlSpec(
+            spec = ControlSpec(
                 name=ci.name, kind=kind, dtype=core_dtype(data_type), false_value=values[0], true_value=values[1]
             )
         if spec is not None:
@@ -238,8 +238,8 @@ def _control_specs(sb: mc.ModelSequenceBatching) -> tuple[list[_core.ControlSpec
 
 def _state_specs(
     model: str, sb: mc.ModelSequenceBatching, model_dir: Path, max_batch_size: int
-) -> tuple[list[_core.StateSpec], list[tuple[int, str]]]:
-    out: list[_core.StateSpec] = []
+) -> tuple[list[StateSpec], list[tuple[int, str]]]:
+    out: list[StateSpec] = []
     outputs: list[tuple[int, str]] = []
     seen: set[str] = set()
     for st in sb.state:
@@ -252,7 +252,7 @@ def _state_specs(
         data, dims = read_initial_state(model_dir, st, max_batch_size)
         outputs.append((len(out), out_name))
         out.append(
-            _core.StateSpec(
+            StateSpec(
                 input_name=in_name,
                 output_name=out_name,
                 dtype=core_dtype(st.data_type),

@@ -1,5 +1,7 @@
 """Checks of one request against its model's config, with Triton's messages, and the
-buffers the core reads: one per configured input, in config order."""
+request laid out for the core: a header of named scalars (``_core.RequestHeader``) and the
+buffers the core reads, one per configured input in config order, kept apart (the header is
+what a shared-memory ring would carry; the buffers would lie in shared-memory slabs)."""
 
 from __future__ import annotations
 
@@ -10,12 +12,15 @@ from typing import Any
 import numpy as np
 
 from seqserve._proto import model_config_pb2 as mc
+from seqserve.engine._core import RequestHeader
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.model.spec import CoreSpec
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.tensors import numpy_wire_name, serialize_bytes, to_numpy_dtype, wire_dtype_name
 
 MAX_STRING_ID = 128
+_MAX_PRIORITY = 2**31 - 1  # the core's priority is an int32
+_MAX_TIMEOUT_US = 2**62 // 1000  # ns on the core's steady clock, added to now: 146 years
 INTEGER_CORRID = frozenset({mc.TYPE_UINT64, mc.TYPE_INT64, mc.TYPE_UINT32, mc.TYPE_INT32})
 
 _BATCH_DIM_NOTE = (
@@ -40,10 +45,29 @@ class _Input:
 class CheckedRequest:
     """A request the model accepts, laid out for the core."""
 
+    request: InferRequest
     buffers: tuple[Any, ...]  # per configured input: a C-contiguous array, or (BYTES wire data, shape)
     rows: int  # batch rows the request occupies
     outputs: tuple[str, ...]  # the outputs it gets
     corrid: SequenceId  # its sequence's id (0 for models without a sequence batcher)
+
+    def core_header(self, handle: int) -> RequestHeader:
+        """The request's scalars for the core, under the caller's ``handle``. The longest
+        timeout is what the core's clock can add without overflowing, and a priority level
+        the model does not have means its default level (Triton's rule)."""
+        request = self.request
+        timeout_us = request.timeout_us
+        priority = request.priority
+        return RequestHeader(
+            handle=handle,
+            sequence_id=self.corrid,
+            start=request.sequence_start,
+            end=request.sequence_end,
+            session=request.session,
+            timeout_us=timeout_us if 0 <= timeout_us <= _MAX_TIMEOUT_US else max(0, min(timeout_us, _MAX_TIMEOUT_US)),
+            rows=self.rows,
+            priority=priority if 0 <= priority <= _MAX_PRIORITY else 0,
+        )
 
 
 class RequestValidator:
@@ -157,7 +181,9 @@ class RequestValidator:
         if self.is_sequence:
             corrid = request.sequence_id
             self._check_sequence(request, corrid, batch)
-        return CheckedRequest(tuple(ordered), batch if batch > 0 else 1, outputs, corrid)
+        return CheckedRequest(
+            request=request, buffers=tuple(ordered), rows=batch if batch > 0 else 1, outputs=outputs, corrid=corrid
+        )
 
     def _check_sequence(self, request: InferRequest, corrid: SequenceId, batch: int) -> None:
         is_str = isinstance(corrid, str)

@@ -25,8 +25,8 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.config import config_to_json
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, InferenceError
-from seqserve.engine.isolation.settings import DEFAULT_INLINE_MAX_BATCH_US, check_mode
 from seqserve.engine.model import LoadedModel
+from seqserve.engine.model.execution import DEFAULT_INLINE_MAX_BATCH_US, check_mode
 from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
 from seqserve.engine.replicas.checkpoint import SequenceCheckpoint
 from seqserve.engine.replicas.coordinator import ReplicaCoordinator

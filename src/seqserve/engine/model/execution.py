@@ -1,5 +1,5 @@
-"""The per-model settings of how a model's instances execute, read from the config's
-``parameters``:
+"""How a model's instances execute: in this process or isolated, with or without a timeout,
+on executor threads or inline on the event loop. Read from the config's ``parameters``:
 
 - ``isolation``: ``thread`` (in the server process, on the instance's executor thread) or
   ``process`` (each instance in its own child process); unset: the server's default for

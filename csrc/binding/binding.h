@@ -1,11 +1,12 @@
-// Declarations shared by the files of the pybind11 binding (module.cc, bind_spec.cc,
-// bind_batch.cc). The typed description of what Python sees is src/seqserve/engine/_core.pyi.
+// Declarations shared by the files of the pybind11 binding of the core (module.cc and the
+// bind_*.cc files beside it). The typed description of what Python sees is
+// src/seqserve/engine/_core.pyi.
 #pragma once
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
-#include "scheduler.h"
+#include "sequence_scheduler.h"
 
 namespace seqserve::binding {
 
@@ -41,12 +42,24 @@ struct BatchView {
   }
 };
 
+// A RequestHeader as Python builds it (bind_request.cc): the fixed header, and a string
+// sequence id kept as the caller's str (in a ring record its bytes would follow the header).
+struct RequestHeaderObject {
+  PyObject_HEAD
+  RequestHeader fixed;
+  PyObject* string_id;  // a reference to the str id, or nullptr for a numeric id
+};
+// `obj` as a RequestHeader, or nullptr when it is not one.
+const RequestHeaderObject* as_request_header(py::handle obj);
+
 // Checkpoints (bind_checkpoint.cc). checkpoint: None (not live), a Refusal, or (steps,
 // session, [(bytes, shape) per state]). restore: None, or a Refusal.
-py::object checkpoint_sequence(Scheduler& sched, py::handle corrid, bool release);
-py::object restore_sequence(Scheduler& sched, py::handle corrid, bool session, uint64_t steps, py::list states);
+py::object checkpoint_sequence(SequenceScheduler& sched, py::handle corrid, bool release);
+py::object restore_sequence(SequenceScheduler& sched, py::handle corrid, bool session, uint64_t steps, py::list states);
 
 void bind_spec(py::module_& m);   // enums, spec classes, statistics, Refusal, ExpiredSequence
 void bind_batch(py::module_& m);  // Batch, serialize_bytes, deserialize_bytes
+void bind_request(py::module_& m);    // RequestHeader
+void bind_scheduler(py::module_& m);  // Scheduler, InlineStats
 
 }  // namespace seqserve::binding

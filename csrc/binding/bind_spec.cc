@@ -57,7 +57,7 @@ void bind_enums(py::module_& m) {
       .value("END", kCtlEnd)
       .value("CORRID", kCtlCorrid)
       .finalize();
-  py::native_enum<Code>(m, "Code", "enum.IntEnum", "Why the core refused or failed a request (as engine.errors.Code).")
+  py::native_enum<Code>(m, "Code", "enum.IntEnum", "Why a request failed or was refused: the one status vocabulary (engine.errors re-exports it).")
       .value("UNKNOWN", kUnknown)
       .value("INTERNAL", kInternal)
       .value("NOT_FOUND", kNotFound)

@@ -1,5 +1,5 @@
-// Binding of the checkpoint calls (checkpoint.cc): a live sequence's implicit state to Python
-// as bytes per state, and back. Called with the GIL held; the scheduler lock is taken under it
+// Binding of the checkpoint calls (SequenceScheduler::checkpoint_sequence, restore_sequence):
+// a live sequence's implicit state to Python as bytes per state, and back. Called with the GIL held; the scheduler lock is taken under it
 // (the lock order), so the state is copied straight into Python bytes, once.
 #include <pybind11/stl.h>
 
@@ -7,7 +7,7 @@
 
 namespace seqserve::binding {
 
-py::object checkpoint_sequence(Scheduler& sched, py::handle corrid, bool release) {
+py::object checkpoint_sequence(SequenceScheduler& sched, py::handle corrid, bool release) {
   const CorrId id = corrid_from(corrid);
   // Under the scheduler lock only bytes objects are made: they are not tracked by the garbage
   // collector, so no collection (and no finalizer that might call back into this scheduler)
@@ -32,7 +32,7 @@ py::object checkpoint_sequence(Scheduler& sched, py::handle corrid, bool release
   return py::make_tuple(info.steps, info.session, states);
 }
 
-py::object restore_sequence(Scheduler& sched, py::handle corrid, bool session, uint64_t steps, py::list states) {
+py::object restore_sequence(SequenceScheduler& sched, py::handle corrid, bool session, uint64_t steps, py::list states) {
   const CorrId id = corrid_from(corrid);
   std::vector<py::buffer_info> keep;
   std::vector<StateValue> values;

@@ -1,8 +1,10 @@
-// pybind11 binding of the seqserve core: seqserve.engine._core. The API is deliberately small;
-// its typed description is src/seqserve/engine/_core.pyi. This file binds the Scheduler and
-// its Python hooks; bind_spec.cc the values that cross the boundary; bind_batch.cc the batch.
+// Binding of the Scheduler: its Python hooks (runner, on_fail, on_warning, on_expire), submit,
+// and the sequence API, which only the sequence strategies have (a model without sequences
+// answers here: nothing live, nothing to checkpoint).
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
+
+#include <optional>
 
 #include "binding.h"
 
@@ -72,6 +74,7 @@ class PyScheduler {
       };
     }
     sched_ = Scheduler::create(std::move(spec), std::move(h));
+    sequences_ = dynamic_cast<SequenceScheduler*>(sched_.get());
   }
 
   ~PyScheduler() { close(true); }
@@ -102,30 +105,25 @@ class PyScheduler {
   }
 
   // Hot path (event loop, GIL held): raw pointers to the input buffers go to the core; the
-  // caller keeps the arrays alive until the handle completes.
-  py::object submit(uint64_t handle, py::tuple inputs, py::object corrid, bool start, bool end,
-                    uint64_t timeout_us, int64_t rows, int priority, bool session) {
+  // caller keeps the arrays alive until the handle completes. The header is copied; `inputs`
+  // is borrowed for this call only.
+  py::object submit(py::handle header_obj, py::tuple inputs) {
+    const RequestHeaderObject* header = as_request_header(header_obj);
+    if (header == nullptr) throw py::type_error("submit() takes a RequestHeader");
+    std::string_view string_id;
+    if (header->string_id) {
+      Py_ssize_t n = 0;
+      const char* s = PyUnicode_AsUTF8AndSize(header->string_id, &n);  // cached by the str
+      if (s == nullptr) throw py::error_already_set();
+      string_id = std::string_view(s, static_cast<size_t>(n));
+    }
     const ModelSpec& spec = sched_->spec();
     if (static_cast<size_t>(inputs.size()) != spec.inputs.size())
       throw py::value_error("expected " + std::to_string(spec.inputs.size()) + " inputs, got " +
                             std::to_string(inputs.size()));
-    Request* r = sched_->new_request();
-    r->handle = handle;
-    r->start = start;
-    r->end = end;
-    r->session = session;
-    r->timeout_ns = static_cast<int64_t>(timeout_us) * 1000;
-    r->rows = rows;
+    Request* r = sched_->new_request();  // lent by the pool: back through submit() or recycle()
     try {
-      if (py::isinstance<py::str>(corrid)) {
-        r->id.is_str = true;
-        r->id.num = 0;
-        r->id.str = corrid.cast<std::string>();
-      } else {
-        r->id.is_str = false;
-        r->id.str.clear();
-        r->id.num = corrid.cast<uint64_t>();
-      }
+      r->take_header(header->fixed, string_id);
       r->inputs.resize(spec.inputs.size());
       for (size_t k = 0; k < spec.inputs.size(); ++k) fill_input(r->inputs[k], inputs[k]);
     } catch (...) {
@@ -133,7 +131,7 @@ class PyScheduler {
       throw;
     }
     const uint32_t token = r->index;  // r may be answered and reused once the lock is dropped
-    SubmitResult res = sched_->submit(r, priority);
+    SubmitResult res = sched_->submit(r, header->fixed.priority);
     if (res.accepted) return py::int_(token);
     return py::cast(std::move(res));
   }
@@ -141,12 +139,10 @@ class PyScheduler {
   // Called on the event loop with the GIL: the scheduler lock is taken under it (the lock
   // order), and cancelled requests are reported from here.
   bool cancel(uint32_t token, uint64_t handle) { return sched_->cancel(token, handle); }
-  bool end_owned_sequence(py::handle corrid, uint64_t owner, const std::string& why) {
-    return sched_->end_owned_sequence(corrid_from(corrid), owner, why);
-  }
-  int slot_of(py::handle corrid) { return sched_->slot_of(corrid_from(corrid)); }
 
   Scheduler& sched() { return *sched_; }
+  // The sequence API's owner, or nullptr for a strategy without sequences.
+  SequenceScheduler* sequences() { return sequences_; }
 
  private:
   static void fill_input(TensorRef& t, py::handle item) {
@@ -173,21 +169,19 @@ class PyScheduler {
 
   Dtypes dtypes_;
   std::unique_ptr<Scheduler> sched_;
+  SequenceScheduler* sequences_ = nullptr;  // sched_ itself when it has sequences
   py::function runner_, on_fail_, on_warning_;
   py::object on_expire_;
 };
 
+// The Refusal a checkpoint or restore gets from a model without sequences.
+py::object not_a_sequence_model(Scheduler& sched, const std::string& what) {
+  return py::cast(SubmitResult{false, kUnsupported, "model '" + sched.spec().name + "' is not a sequence model: " + what});
+}
+
 }  // namespace
 
-}  // namespace seqserve::binding
-
-PYBIND11_MODULE(_core, m) {
-  using namespace seqserve;
-  using namespace seqserve::binding;
-  m.doc() = "seqserve compiled core: sequence slots, backlog, idle reaper, batch assembly, state.";
-  bind_spec(m);
-  bind_batch(m);
-
+void bind_scheduler(py::module_& m) {
   py::class_<InlineStats>(m, "InlineStats", "Inline execution of one model: its policy and counters.")
       .def_property_readonly("max_batch_us", [](const InlineStats& s) { return s.max_batch_ns / 1000.0; })
       .def_readonly("promote_after", &InlineStats::promote_after)
@@ -204,18 +198,28 @@ PYBIND11_MODULE(_core, m) {
            py::kw_only(), py::arg("runner"), py::arg("on_fail"), py::arg("on_warning"),
            py::arg("on_expire") = py::none())
       .def("start", [](PyScheduler& s) { s.sched().start(); })
-      .def("submit", &PyScheduler::submit, py::arg("handle"), py::arg("inputs"), py::arg("corrid") = 0,
-           py::arg("start") = false, py::arg("end") = false, py::arg("timeout_us") = 0, py::arg("rows") = 1,
-           py::arg("priority") = 0, py::arg("session") = false,
-           "Queue a request. Returns its cancel() token (an int) when accepted, else the Refusal.")
+      .def("submit", &PyScheduler::submit, py::arg("header"), py::arg("inputs"),
+           "Queue a request: its header and one buffer per configured input. Returns its cancel() token\n"
+           "(an int) when accepted, else the Refusal.")
       .def("cancel", &PyScheduler::cancel, py::arg("token"), py::arg("handle"),
            "Drop a queued request whose client is gone (a sequence's takes its sequence); it is answered "
            "CANCELLED. False when it is no longer queued or running.")
-      .def("end_owned_sequence", &PyScheduler::end_owned_sequence, py::arg("corrid"), py::arg("owner") = 0,
-           py::arg("reason") = "",
+      .def(
+          "end_owned_sequence",
+          [](PyScheduler& s, py::handle corrid, uint64_t owner, const std::string& why) {
+            SequenceScheduler* q = s.sequences();
+            return q != nullptr && q->end_owned_sequence(corrid_from(corrid), owner, why);
+          },
+          py::arg("corrid"), py::arg("owner") = 0, py::arg("reason") = "",
            "End a live sequence now, as idle expiry does, if its latest START had handle `owner` (0: any); "
            "its queued requests are answered CANCELLED with `reason`.")
-      .def("slot_of", &PyScheduler::slot_of, py::arg("corrid"),
+      .def(
+          "slot_of",
+          [](PyScheduler& s, py::handle corrid) {
+            SequenceScheduler* q = s.sequences();
+            return q ? q->slot_of(corrid_from(corrid)) : -2;
+          },
+          py::arg("corrid"),
            "The global slot of a live sequence, -1 while it is backlogged, -2 when it is unknown.")
       .def(
           "configure_inline",
@@ -244,12 +248,14 @@ PYBIND11_MODULE(_core, m) {
       .def("stop_accepting", [](PyScheduler& s) { s.sched().stop_accepting(); })
       .def("inflight_sequences", [](PyScheduler& s) { return s.sched().inflight_sequences(); })
       .def("pending_requests", [](PyScheduler& s) { return s.sched().pending_requests(); })
-      .def("free_slots", [](PyScheduler& s) { return s.sched().free_slots(); })
-      .def("backlog_sequences", [](PyScheduler& s) { return s.sched().backlog_sequences(); })
+      .def("free_slots",
+           [](PyScheduler& s) { return s.sequences() ? s.sequences()->free_slots() : int64_t{0}; })
+      .def("backlog_sequences",
+           [](PyScheduler& s) { return s.sequences() ? s.sequences()->backlog_sequences() : int64_t{0}; })
       .def("sequences",
            [](PyScheduler& s) {
              std::vector<std::pair<std::string, int>> out;
-             s.sched().describe_slots(out);
+             if (s.sequences()) s.sequences()->describe_slots(out);
              return out;
            })
       .def("stats", [](PyScheduler& s) { return s.sched().stats(); })
@@ -257,7 +263,7 @@ PYBIND11_MODULE(_core, m) {
           "list_sequences",
           [](PyScheduler& s, size_t limit) {
             std::vector<SequenceInfo> out;
-            const int64_t total = s.sched().list_sequences(out, limit);
+            const int64_t total = s.sequences() ? s.sequences()->list_sequences(out, limit) : 0;
             return py::make_tuple(total, py::cast(std::move(out)));
           },
           py::arg("limit"), "(how many live sequences, up to `limit` of them in no particular order).")
@@ -265,7 +271,8 @@ PYBIND11_MODULE(_core, m) {
           "find_sequence",
           [](PyScheduler& s, py::object corrid) -> py::object {
             SequenceInfo info;
-            if (!s.sched().find_sequence(corrid_from(corrid), info)) return py::none();
+            SequenceScheduler* q = s.sequences();
+            if (!q || !q->find_sequence(corrid_from(corrid), info)) return py::none();
             return py::cast(std::move(info));
           },
           py::arg("corrid"), "The live sequence `corrid`, or None.")
@@ -273,7 +280,8 @@ PYBIND11_MODULE(_core, m) {
           "end_sequence",
           [](PyScheduler& s, py::object corrid) -> py::object {
             SequenceInfo info;
-            if (!s.sched().end_sequence(corrid_from(corrid), info)) return py::none();
+            SequenceScheduler* q = s.sequences();
+            if (!q || !q->end_sequence(corrid_from(corrid), info)) return py::none();
             return py::cast(std::move(info));
           },
           py::arg("corrid"),
@@ -281,22 +289,27 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "session_gone",
           [](PyScheduler& s, py::object corrid) -> py::object {
-            std::string why = s.sched().session_gone(corrid_from(corrid));
+            if (!s.sequences()) return py::none();
+            std::string why = s.sequences()->session_gone(corrid_from(corrid));
             if (why.empty()) return py::none();
             return py::str(why);
           },
           py::arg("corrid"), "Why a session that is not live would be refused, or None.")
       .def(
           "checkpoint_sequence",
-          [](PyScheduler& s, py::object corrid, bool release) { return checkpoint_sequence(s.sched(), corrid, release); },
+          [](PyScheduler& s, py::object corrid, bool release) -> py::object {
+            if (!s.sequences()) return not_a_sequence_model(s.sched(), "it has no sequences to checkpoint");
+            return checkpoint_sequence(*s.sequences(), corrid, release);
+          },
           py::arg("corrid"), py::kw_only(), py::arg("release"),
           "Copy the live sequence's implicit state out: (steps, session, [(bytes, shape) per state]); None\n"
           "when it is not live; a Refusal while it is busy (UNAVAILABLE, busy) or for a model without\n"
           "implicit state (UNSUPPORTED). release: it then leaves its slot without an END step (it moved).")
       .def(
           "restore_sequence",
-          [](PyScheduler& s, py::object corrid, bool session, uint64_t steps, py::list states) {
-            return restore_sequence(s.sched(), corrid, session, steps, states);
+          [](PyScheduler& s, py::object corrid, bool session, uint64_t steps, py::list states) -> py::object {
+            if (!s.sequences()) return not_a_sequence_model(s.sched(), "it cannot restore a sequence");
+            return restore_sequence(*s.sequences(), corrid, session, steps, states);
           },
           py::arg("corrid"), py::kw_only(), py::arg("session"), py::arg("steps"), py::arg("states"),
           "Claim a free slot for the sequence, holding `states` ([(data, shape)] in spec order) and `steps`;\n"
@@ -315,3 +328,5 @@ PYBIND11_MODULE(_core, m) {
           "Waits up to timeout_s (None: without limit) for the executor threads; returns the indices\n"
           "of the instances whose executor was still running then (left behind, never joined).");
 }
+
+}  // namespace seqserve::binding

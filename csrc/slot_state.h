@@ -44,7 +44,7 @@ struct StateValue {
   size_t nbytes = 0;
 };
 
-class StateStore {
+class SlotState {
  public:
   // `gather_fixed`: batch rows are not slot indices (Oldest), so fixed states are gathered
   // unless the batch's slots are consecutive and in order.
@@ -87,8 +87,8 @@ class StateStore {
   // next scatter() or finish(): the two stores of a state trade places.
   uint8_t* fixed_row(size_t k, int slot) const { return store_[k].data() + slot * row_bytes_[k]; }
 
-  // Checkpoints (checkpoint.cc), under the scheduler lock, for a slot no running batch of this
-  // instance reads or writes as a real row. check: why `values` do not fit the specs ("" when
+  // Checkpoints (SequenceScheduler), under the scheduler lock, for a slot no running batch of
+  // this instance reads or writes as a real row. check: why `values` do not fit the specs ("" when
   // they do). read: the slot's state (a staged value when one waits) to `sink`. write: the
   // slot holds `values` now (the instance is not executing); stage: it will, once the batch
   // this instance runs now is done (apply_staged(), from batch_done_locked): the batch may read
@@ -103,7 +103,7 @@ class StateStore {
   void discard_staged(int slot);
 
  private:
-  struct SlotState {
+  struct PerSlot {
     bool ready = false;  // has had a state created at least once
     Shapes shape;        // per variable state
     std::vector<Buffer> data;
@@ -111,13 +111,13 @@ class StateStore {
   };
   // Slot `slot`'s value of fixed-shape state k for a checkpoint (read()); `tmp` may hold it.
   const uint8_t* fixed_value(size_t k, int slot, const std::vector<Row>* running, std::string& tmp) const;
-  void set_slot(SlotState& sl, size_t k, const std::vector<int64_t>& shape, const uint8_t* data, size_t n);
+  void set_slot(PerSlot& sl, size_t k, const std::vector<int64_t>& shape, const uint8_t* data, size_t n);
   void commit_alt(size_t k, const std::vector<Row>& rows);
   void copy_rows(size_t k, const std::vector<Row>& rows, const uint8_t* data, size_t rb);
 
   const std::vector<StateSpec>* specs_ = nullptr;
   bool has_variable_ = false, has_fixed_ = false, gather_fixed_ = false;
-  std::vector<SlotState> slots_;
+  std::vector<PerSlot> slots_;
   std::vector<Buffer> store_;      // fixed states: [slots, row bytes]
   std::vector<Buffer> alt_;        // fixed states: the second store (allocated on first use)
   std::vector<Buffer> gather_;     // states gathered per batch ([B, ...])
@@ -127,7 +127,7 @@ class StateStore {
   std::vector<uint8_t> gathered_;  // per state: always gathered (variable-shape, BYTES)
   std::vector<uint8_t> same_buffer_;
   std::vector<uint8_t> in_batch_;  // per slot: a real row of the current batch (commit_alt)
-  size_t ready_count_ = 0;         // slots that hold a state (SlotState::ready)
+  size_t ready_count_ = 0;         // slots that hold a state (PerSlot::ready)
   size_t ready_end_ = 0;           // 1 + the highest such slot
   // Per batch: the slot of row 0 where state k is a view of the store, else -1 (gathered).
   std::vector<int64_t> base_;

@@ -55,10 +55,10 @@ py::array view_array(py::object base, const py::dtype& dt, bool is_bytes, const 
 }
 
 // The buffer for the batch's next value of the state whose input name is `name` (see
-// StateStore::next_buffer), or None where the model must return a new array.
+// SlotState::next_buffer), or None where the model must return a new array.
 py::object next_state(py::object self, const std::string& name) {
   BatchView& v = self.cast<BatchView&>();
-  StateStore& st = v.get().state;
+  SlotState& st = v.get().state;
   const std::vector<StateSpec>& states = v.sched->spec().states;
   for (size_t k = 0; k < states.size(); ++k) {
     if (states[k].input_name != name) continue;
@@ -198,7 +198,7 @@ void bind_batch(py::module_& m) {
       .def("states",
            [](py::object self) {
              BatchView& v = self.cast<BatchView&>();
-             StateStore& st = v.get().state;
+             SlotState& st = v.get().state;
              const ModelSpec& spec = v.sched->spec();
              py::dict out;
              for (size_t k = 0; k < spec.states.size(); ++k)
@@ -215,7 +215,7 @@ void bind_batch(py::module_& m) {
           "state",
           [](py::object self, const std::string& name) {
             BatchView& v = self.cast<BatchView&>();
-            StateStore& st = v.get().state;
+            SlotState& st = v.get().state;
             const std::vector<StateSpec>& states = v.sched->spec().states;
             for (size_t k = 0; k < states.size(); ++k)
               if (states[k].input_name == name)

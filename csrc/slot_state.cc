@@ -1,18 +1,20 @@
-#include "state_store.h"
+#include "slot_state.h"
 
 #include <algorithm>
+#include <cstring>
+#include <string>
 #include <stdexcept>
 
 namespace seqserve {
 
-void StateStore::init(const std::vector<StateSpec>& specs, int slots, bool gather_fixed) {
+void SlotState::init(const std::vector<StateSpec>& specs, int slots, bool gather_fixed) {
   specs_ = &specs;
   const size_t n = specs.size();
   has_variable_ = std::any_of(specs.begin(), specs.end(), [](const StateSpec& s) { return is_var_state(s); });
   has_fixed_ = std::any_of(specs.begin(), specs.end(), [](const StateSpec& s) { return !is_var_state(s); });
   gather_fixed_ = gather_fixed;
   slots_.resize(slots);
-  for (SlotState& sl : slots_) {
+  for (PerSlot& sl : slots_) {
     sl.shape.resize(n);
     sl.data.resize(n);
     sl.bytes.resize(n);
@@ -44,8 +46,8 @@ void StateStore::init(const std::vector<StateSpec>& specs, int slots, bool gathe
   }
 }
 
-void StateStore::shapes_of(int slot, const Request* r, Shapes& out) const {
-  const SlotState& sl = slots_[slot];
+void SlotState::shapes_of(int slot, const Request* r, Shapes& out) const {
+  const PerSlot& sl = slots_[slot];
   for (size_t k = 0; k < specs_->size(); ++k) {
     const StateSpec& st = (*specs_)[k];
     if (!is_var_state(st)) continue;
@@ -54,8 +56,8 @@ void StateStore::shapes_of(int slot, const Request* r, Shapes& out) const {
   }
 }
 
-bool StateStore::shapes_match(int slot, const Request* r, const Shapes& rep) const {
-  const SlotState& sl = slots_[slot];
+bool SlotState::shapes_match(int slot, const Request* r, const Shapes& rep) const {
+  const PerSlot& sl = slots_[slot];
   for (size_t k = 0; k < specs_->size(); ++k) {
     const StateSpec& st = (*specs_)[k];
     if (!is_var_state(st)) continue;
@@ -65,7 +67,7 @@ bool StateStore::shapes_match(int slot, const Request* r, const Shapes& rep) con
   return true;
 }
 
-void StateStore::set_slot(SlotState& sl, size_t k, const std::vector<int64_t>& shape, const uint8_t* data,
+void SlotState::set_slot(PerSlot& sl, size_t k, const std::vector<int64_t>& shape, const uint8_t* data,
                           size_t n) {
   sl.shape[k] = shape;
   sl.data[k].reserve(n);
@@ -73,12 +75,12 @@ void StateStore::set_slot(SlotState& sl, size_t k, const std::vector<int64_t>& s
   __atomic_store_n(&sl.bytes[k], n, __ATOMIC_RELAXED);
 }
 
-void StateStore::reset(const std::vector<Row>& rows) {
+void SlotState::reset(const std::vector<Row>& rows) {
   const std::vector<StateSpec>& specs = *specs_;
   if (specs.empty()) return;
   for (const Row& row : rows) {
     if (!row.req) continue;
-    SlotState& sl = slots_[row.slot];
+    PerSlot& sl = slots_[row.slot];
     if (!row.req->start && sl.ready) continue;
     for (size_t k = 0; k < specs.size(); ++k) {
       const StateSpec& st = specs[k];
@@ -97,7 +99,7 @@ void StateStore::reset(const std::vector<Row>& rows) {
   }
 }
 
-void StateStore::gather(const std::vector<Row>& rows, int64_t B, bool batched) {
+void SlotState::gather(const std::vector<Row>& rows, int64_t B, bool batched) {
   const std::vector<StateSpec>& specs = *specs_;
   rows_ = &rows;
   open_ = true;
@@ -136,7 +138,7 @@ void StateStore::gather(const std::vector<Row>& rows, int64_t B, bool batched) {
       continue;
     }
     // The first real row's slot fixes the shape; padding rows are zeros (empty strings) of it.
-    const SlotState* rep = &slots_[rows[0].slot];
+    const PerSlot* rep = &slots_[rows[0].slot];
     for (const Row& row : rows)
       if (row.req) { rep = &slots_[row.slot]; break; }
     const auto& item = rep->shape[k];
@@ -152,7 +154,7 @@ void StateStore::gather(const std::vector<Row>& rows, int64_t B, bool batched) {
     size_t off = 0;
     for (const Row& row : rows) {
       if (row.req) {
-        const SlotState& sl = slots_[row.slot];
+        const PerSlot& sl = slots_[row.slot];
         std::memcpy(buf.data() + off, sl.data[k].data(), sl.bytes[k]);
         off += sl.bytes[k];
       } else {
@@ -165,7 +167,7 @@ void StateStore::gather(const std::vector<Row>& rows, int64_t B, bool batched) {
   gen_.fetch_add(1, std::memory_order_release);  // odd: padding rows saved, the model may write them
 }
 
-void StateStore::scatter(size_t k, const std::vector<Row>& rows, int64_t B, bool batched, const uint8_t* data,
+void SlotState::scatter(size_t k, const std::vector<Row>& rows, int64_t B, bool batched, const uint8_t* data,
                          size_t nbytes, const int64_t* shape, int ndim) {
   // Rows are written back only for real requests: padding never touches a sequence's state.
   if (k >= specs_->size()) throw std::out_of_range("state index");
@@ -214,7 +216,7 @@ void StateStore::scatter(size_t k, const std::vector<Row>& rows, int64_t B, bool
   }
 }
 
-void StateStore::copy_rows(size_t k, const std::vector<Row>& rows, const uint8_t* data, size_t rb) {
+void SlotState::copy_rows(size_t k, const std::vector<Row>& rows, const uint8_t* data, size_t rb) {
   uint8_t* store = store_[k].data();
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& row = rows[i];
@@ -222,7 +224,7 @@ void StateStore::copy_rows(size_t k, const std::vector<Row>& rows, const uint8_t
   }
 }
 
-void StateStore::commit_alt(size_t k, const std::vector<Row>& rows) {
+void SlotState::commit_alt(size_t k, const std::vector<Row>& rows) {
   // The model wrote the batch's next state into the second store, at the rows' own slots. Either
   // the stores trade places, after the rows the batch did not update (padding, other slots that
   // hold a state) are carried over, or the real rows are copied: whichever copies fewer rows.
@@ -245,7 +247,7 @@ void StateStore::commit_alt(size_t k, const std::vector<Row>& rows) {
   }
 }
 
-uint8_t* StateStore::data(size_t k) {
+uint8_t* SlotState::data(size_t k) {
   if (base_[k] >= 0) return store_[k].data() + base_[k] * row_bytes_[k];
   if (pending_[k]) {  // a fixed-shape state out of slot order: its rows are copied now
     pending_[k] = 0;
@@ -259,7 +261,7 @@ uint8_t* StateStore::data(size_t k) {
   return gather_[k].data();
 }
 
-uint8_t* StateStore::next_buffer(size_t k) {
+uint8_t* SlotState::next_buffer(size_t k) {
   if (gathered_[k]) return nullptr;  // variable-shape or BYTES: the model returns a new array
   handed_[k] = 1;
   if (same_buffer_[k]) return data(k);
@@ -271,7 +273,7 @@ uint8_t* StateStore::next_buffer(size_t k) {
   return scratch_[k].data();
 }
 
-void StateStore::finish(const std::vector<Row>& rows) {
+void SlotState::finish(const std::vector<Row>& rows) {
   // Runs when the batch is recorded (before its replies go out: a client that has its reply
   // may checkpoint the sequence at once) and again after the model call; the first one counts.
   if (!open_) return;
@@ -293,12 +295,169 @@ void StateStore::finish(const std::vector<Row>& rows) {
   gen_.fetch_add(1, std::memory_order_release);  // even: the store is the state again
 }
 
-uint64_t StateStore::slot_bytes(int slot) const {
-  const SlotState& sl = slots_[slot];
+uint64_t SlotState::slot_bytes(int slot) const {
+  const PerSlot& sl = slots_[slot];
   uint64_t n = 0;
   for (size_t k = 0; k < specs_->size(); ++k)
     n += is_var_state((*specs_)[k]) ? __atomic_load_n(&sl.bytes[k], __ATOMIC_RELAXED) : (*specs_)[k].initial.size();
   return n;
+}
+
+// ------------------------------------------------------------- checkpoints and restores
+
+namespace {
+
+bool mul_ok(size_t a, size_t b, size_t* out) { return !__builtin_mul_overflow(a, b, out); }
+
+// How many bytes `count` serialized BYTES elements take at the front of [p, p+n), or npos.
+size_t bytes_elements(const uint8_t* p, size_t n, size_t count) {
+  size_t off = 0;
+  for (size_t e = 0; e < count; ++e) {
+    if (n - off < 4) return std::string::npos;
+    uint32_t len;
+    std::memcpy(&len, p + off, 4);
+    off += 4;
+    if (n - off < len) return std::string::npos;
+    off += len;
+  }
+  return off;
+}
+
+}  // namespace
+
+std::string SlotState::check(const std::vector<StateValue>& values) const {
+  const std::vector<StateSpec>& specs = *specs_;
+  if (values.size() != specs.size())
+    return "the checkpoint has " + std::to_string(values.size()) + " states, the model " +
+           std::to_string(specs.size());
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const StateSpec& st = specs[k];
+    const StateValue& v = values[k];
+    const std::string what = "state '" + st.input_name + "': ";
+    if (v.shape.size() != st.dims.size() || v.shape.size() > static_cast<size_t>(kMaxRank))
+      return what + "the checkpoint's shape has " + std::to_string(v.shape.size()) + " dims, the model's " +
+             std::to_string(st.dims.size());
+    size_t elems = 1;
+    for (size_t d = 0; d < v.shape.size(); ++d) {
+      const int64_t got = v.shape[d];
+      if (got < 0 || (st.dims[d] >= 0 && got != st.dims[d]))
+        return what + "dim " + std::to_string(d) + " is " + std::to_string(got) + ", the model's " +
+               std::to_string(st.dims[d]);
+      if (!mul_ok(elems, static_cast<size_t>(got), &elems)) return what + "its shape is too large";
+    }
+    if (st.type.is_bytes) {
+      if (bytes_elements(v.data, v.nbytes, elems) != v.nbytes)
+        return what + "its " + std::to_string(v.nbytes) + " bytes are not " + std::to_string(elems) +
+               " serialized BYTES elements";
+      continue;
+    }
+    size_t need;
+    if (!mul_ok(elems, st.type.itemsize, &need) || need != v.nbytes)
+      return what + "it has " + std::to_string(v.nbytes) + " bytes, its shape needs " +
+             std::to_string(elems * st.type.itemsize);
+  }
+  return {};
+}
+
+void SlotState::read(int slot,
+                      const std::function<void(size_t, const std::vector<int64_t>&, const uint8_t*, size_t)>& sink,
+                      const std::vector<Row>* running) const {
+  const std::vector<StateSpec>& specs = *specs_;
+  for (const Staged& sg : staged_) {
+    if (sg.slot != slot) continue;
+    for (size_t k = 0; k < specs.size(); ++k)
+      sink(k, sg.shapes[k], reinterpret_cast<const uint8_t*>(sg.data[k].data()), sg.data[k].size());
+    return;
+  }
+  const PerSlot& sl = slots_[slot];
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const StateSpec& st = specs[k];
+    const auto* init = reinterpret_cast<const uint8_t*>(st.initial.data());
+    if (!sl.ready) {  // never written (cannot happen to a sequence that ran a step): its initial value
+      sink(k, is_var_state(st) ? st.initial_dims : st.dims, init, st.initial.size());
+    } else if (is_var_state(st)) {
+      sink(k, sl.shape[k], sl.data[k].data(), sl.bytes[k]);
+    } else {
+      std::string tmp;
+      sink(k, st.dims, fixed_value(k, slot, running, tmp), st.initial.size());
+    }
+  }
+}
+
+const uint8_t* SlotState::fixed_value(size_t k, int slot, const std::vector<Row>* running,
+                                       std::string& tmp) const {
+  const uint8_t* row = current_[k].load(std::memory_order_acquire) + slot * row_bytes_[k];
+  if (!running || !same_buffer_[k]) return row;
+  // A same_buffer batch may write its padding rows in place until finish() puts them back, and
+  // an idle sequence's slot can be one of them (Direct): gather() saved it in pad_ first. The
+  // batch runs without the scheduler lock, so whether the model may be writing is told by gen_
+  // (odd from the save to the restore): a copy of the store row is kept only if no model call
+  // began or ended while it was made, else the saved row is read (pad_ is this batch's until
+  // the next batch is formed, under the lock this caller holds).
+  size_t j = 0;
+  bool padding = false;
+  for (const Row& r : *running) {
+    if (r.req) continue;
+    if (r.slot == slot) { padding = true; break; }
+    ++j;
+  }
+  if (!padding) return row;
+  const uint32_t g1 = gen_.load(std::memory_order_acquire);
+  if (!(g1 & 1)) {
+    tmp.assign(reinterpret_cast<const char*>(row), row_bytes_[k]);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (gen_.load(std::memory_order_relaxed) == g1) return reinterpret_cast<const uint8_t*>(tmp.data());
+  }
+  return pad_[k].data() + j * row_bytes_[k];
+}
+
+void SlotState::write(int slot, const std::vector<StateValue>& values) {
+  const std::vector<StateSpec>& specs = *specs_;
+  PerSlot& sl = slots_[slot];
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const StateValue& v = values[k];
+    if (is_var_state(specs[k])) {
+      set_slot(sl, k, v.shape, v.data, v.nbytes);
+    } else {
+      std::memcpy(store_[k].data() + slot * v.nbytes, v.data, v.nbytes);
+    }
+  }
+  if (!sl.ready) {  // a slot that holds a state: a later swap of the stores carries it over
+    ++ready_count_;
+    ready_end_ = std::max(ready_end_, static_cast<size_t>(slot) + 1);
+  }
+  sl.ready = true;  // the next non-START step reads this, not the initial state
+}
+
+void SlotState::stage(int slot, const std::vector<StateValue>& values) {
+  discard_staged(slot);
+  Staged sg;
+  sg.slot = slot;
+  for (const StateValue& v : values) {
+    sg.shapes.push_back(v.shape);
+    sg.data.emplace_back(reinterpret_cast<const char*>(v.data), v.nbytes);
+  }
+  staged_.push_back(std::move(sg));
+}
+
+void SlotState::apply_staged() {
+  if (staged_.empty()) return;
+  std::vector<StateValue> values;
+  for (const Staged& sg : staged_) {
+    values.clear();
+    for (size_t k = 0; k < sg.data.size(); ++k)
+      values.push_back(StateValue{sg.shapes[k], reinterpret_cast<const uint8_t*>(sg.data[k].data()), sg.data[k].size()});
+    write(sg.slot, values);
+  }
+  staged_.clear();
+}
+
+void SlotState::discard_staged(int slot) {
+  for (size_t i = 0; i < staged_.size(); ++i) {
+    if (staged_[i].slot != slot) continue;
+    staged_.erase(staged_.begin() + i);
+    return;
+  }
 }
 
 }  // namespace seqserve
