@@ -114,14 +114,14 @@ def test_config_path_inside_is_fine(tmp_path: Path) -> None:
 
 
 def test_onnx_session_path_parameters(tmp_path: Path) -> None:
-    from seqserve.engine.backends.onnxrt import _session_entry_value
+    from seqserve.engine.backends.onnxrt import session_entry_value
 
     key = "session.model_external_initializers_file_folder_path"
-    assert _session_entry_value(key, "weights", tmp_path, "m") == str(tmp_path / "weights")
-    assert _session_entry_value("session.intra_op.allow_spinning", "0", tmp_path, "m") == "0"
+    assert session_entry_value(key, "weights", tmp_path, "m") == str(tmp_path / "weights")
+    assert session_entry_value("session.intra_op.allow_spinning", "0", tmp_path, "m") == "0"
     for bad in ("/var/lib/weights", "../other"):
         with pytest.raises(ModelConfigError, match=f"parameter '{key}'"):
-            _session_entry_value(key, bad, tmp_path, "m")
+            session_entry_value(key, bad, tmp_path, "m")
 
 
 # ---------------------------------------------------------------------------- uploads

@@ -104,7 +104,7 @@ def _model_path(version_dir: Path, cfg: mc.ModelConfig) -> Path:
 _PATH_WORDS = frozenset({"file", "filename", "filepath", "path", "folder", "dir", "directory"})
 
 
-def _session_entry_value(key: str, value: str, version_dir: Path, model: str) -> str:
+def session_entry_value(key: str, value: str, version_dir: Path, model: str) -> str:
     """A ``session.*`` parameter goes to ONNX Runtime as is, except one that names a file or a
     folder (ONNX Runtime reads or writes it): that must be a path inside the model's version
     folder (``seqserve.engine.paths``), and is handed over as that absolute path."""
@@ -164,7 +164,7 @@ def _session_options(ort: Any, cfg: mc.ModelConfig, params: Mapping[str, str], v
         ro.add_run_config_entry("memory.enable_memory_arena_shrinkage", shrink)
     for key, value in params.items():
         if key.startswith("session."):
-            so.add_session_config_entry(key, _session_entry_value(key, value, version_dir, name))
+            so.add_session_config_entry(key, session_entry_value(key, value, version_dir, name))
 
     level = cfg.optimization.graph.level if cfg.optimization.HasField("graph") else 0
     so.graph_optimization_level = {
