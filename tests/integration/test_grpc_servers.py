@@ -1,7 +1,7 @@
 """Both gRPC servers (``--grpc-server builtin``, the default, and ``grpcio``) with tritonclient's
 gRPC clients: compressed requests, tensors larger than every HTTP/2 window, unary calls and
 streams side by side on one connection. The builtin server's protocol details are unit-tested
-(tests/unit/test_grpc_builtin.py); every other integration test runs on the default."""
+(tests/integration/test_grpc_builtin_server.py); every other integration test runs on the default."""
 
 from __future__ import annotations
 

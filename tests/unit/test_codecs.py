@@ -22,7 +22,7 @@ from seqserve.api.grpc.stream import StreamSession
 from seqserve.api.http import kserve_json
 from seqserve.api.kserve import NUMPY_DTYPES, raw_bytes
 from seqserve.engine import Code, InferenceError, InferRequest, InferResult, OrderedRelease, tensors
-from tests.unit import grpc_oracle
+from tests.support import grpc_oracle
 
 # ----------------------------------------------------------------------------- HTTP
 

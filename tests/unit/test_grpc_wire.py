@@ -1,5 +1,5 @@
 """api/grpc/wire.py's hand-encoded replies decode to the messages the oracle builds with
-protobuf (tests/unit/grpc_oracle.py); the servicer on raw bytes through both servers' tables."""
+protobuf (tests/support/grpc_oracle.py); the servicer on raw bytes through both servers' tables."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from seqserve._proto import grpc_service_pb2 as pb
 from seqserve.api.grpc import wire as grpc_wire
 from seqserve.api.transport.grpc_context import CallAborted, Status
 from seqserve.engine import Code, InferenceError, InferResult
-from tests.unit import grpc_oracle
+from tests.support import grpc_oracle
 
 _OUTPUTS: list[dict[str, np.ndarray]] = [
     {},

@@ -6,7 +6,7 @@ fields does, and the part that describes an output (name, datatype, shape) is th
 after step, so it is encoded once per (name, dtype, shape) and reused.
 
 The bytes decode to the same message that protobuf builds from the same result (the oracle in
-tests/unit/grpc_oracle.py; tests/unit/test_grpc_wire.py compares them field by field); only the
+tests/support/grpc_oracle.py; tests/unit/test_grpc_wire.py compares them field by field); only the
 order of map entries, which protobuf leaves open, may differ. Outputs always go in
 ``raw_output_contents``, one entry per output: tritonclient reads nothing else. Fields are
 written in field-number order, with proto3's rules: an empty string is left out, a oneof
