@@ -14,7 +14,7 @@ constexpr uint64_t kPenaltyDecay = 1024;  // cheap inline batches that forgive o
 // were over the bound, or at once when one is over kAtOnceFactor times the bound. A cheap
 // model's batch runs over now and then on a loaded machine (the GIL handed to another thread
 // mid-batch, a garbage-collection pass): demoting on each such batch kept the demo model on its
-// threads for 87% of its batches under a 16-sequence gRPC stream load (bench/README.md,
+// threads for 87% of its batches under a 16-sequence gRPC stream load (bench/docs/engine.md,
 // "Inline execution: slow batches in a window").
 constexpr int kSlowInWindow = 4;
 constexpr int64_t kAtOnceFactor = 8;

@@ -1,7 +1,7 @@
 """HTTP floor on granian: ``python bench/floors/http_granian.py PORT [--host H]``.
 
-The app is :mod:`bench.floors.asgi_app`, served the way seqserve serves its ASGI app when
-granian is installed: granian's embedded server (``ASGINL`` interface) on a uvloop loop in this
+The app is :mod:`bench.floors.asgi_app`, served the way seqserve serves its routes with
+``--http-server granian``: granian's embedded server (``ASGINL`` interface) on a uvloop loop in this
 one process, so the floor's CPU per step compares with seqserve's.
 """
 

@@ -4,7 +4,7 @@ The least an HTTP/1.1 server on the event loop can cost per request: an asyncio 
 uvloop whose httptools parser calls back as the request arrives, and the echo reply of
 :mod:`bench.floors.asgi_app` written in one ``write`` when the request is complete. No ASGI
 scope, no task, no routing table, no limits: seqserve's builtin server (``http_builtin.py``)
-is this plus ASGI and the limits of docs/security.md.
+is this plus a task per request, the routing table and the limits of docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """HTTP floor on hypercorn (uvloop): ``python bench/floors/http_hypercorn.py PORT [--host H]``.
-The app is :mod:`bench.floors.asgi_app`; hypercorn is configured as seqserve configures it."""
+The app is :mod:`bench.floors.asgi_app`, served by ``hypercorn.asyncio.serve`` (seqserve runs
+hypercorn's per-connection server behind its own accept loop: api/transport/hypercorn.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 #!/bin/bash
 # seqserve on each of its HTTP or gRPC servers, then the floors of the same servers (seqserve's app
 # or servicer replaced by a bare echo), in alternating rounds; server CPU per step, median (min-max)
-# over the rounds (bench/docs/servers.md). http_servers.sh and grpc_servers.sh call this with their
-# protocol. Run from the checkout root:  bench/results/servers_ab.sh grpc|http ROUNDS OUTDIR
+# over the rounds (bench/docs/front-ends.md, "HTTP: the builtin server" and "gRPC: the builtin
+# server"). http_servers.sh and grpc_servers.sh call this with their protocol. Run from the
+# checkout root:  bench/results/servers_ab.sh grpc|http ROUNDS OUTDIR
 set -eu
 PROTO=$1; ROUNDS=$2; OUT=$3; mkdir -p "$OUT"
 PY=${PY:-.venv/bin/python}

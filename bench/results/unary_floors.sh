@@ -2,7 +2,7 @@
 # gRPC unary: Triton 2.51, seqserve and the floor of each way to serve gRPC from Python, in
 # alternating rounds (bench/docs/front-ends.md, "gRPC unary: the floors of each way to serve it").
 # Triton's accum_py runs with 2 instances (16 slots, as seqserve's accumulator and as
-# bench.side_by_side's default). Run from the checkout root:
+# bench.vs_triton's default). Run from the checkout root:
 #   bench/results/unary_floors.sh 3 OUTDIR
 set -eu
 ROUNDS=$1; OUT=$2; mkdir -p "$OUT"

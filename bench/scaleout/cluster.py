@@ -1,7 +1,7 @@
 """A scaled-out seqserve on loopback: redis-server, HAProxy configured from the shipped
 deploy/haproxy/haproxy.cfg, and N `seqserve serve` replicas sharing the Redis state store.
 
-Shared by tests/integration/test_scaleout.py and bench/scaleout/run.py. Every process is
+Shared by tests/bench/test_scaleout.py and bench/scaleout/run.py. Every process is
 started on free loopback ports and stopped by `Cluster.close()` (a context manager), so nothing
 outlives the test or the bench run.
 """

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         "--instances",
         type=int,
         default=4,
-        help="accumulator instances per replica, 8 slots each (default 4, as tests/integration/test_scaleout.py: "
+        help="accumulator instances per replica, 8 slots each (default 4, as tests/bench/test_scaleout.py: "
         "room for a drained peer's sessions)",
     )
     ap.add_argument("--restart-pace", type=float, default=0.05, help="seconds between a session's steps")

@@ -1,7 +1,7 @@
 """The shipped deployment (deploy/, issue 15) parses and hangs together: the Kubernetes manifests'
 names, labels, ports and flags agree with each other, the HAProxy config in the ConfigMap is
 deploy/haproxy/haproxy.cfg but for how it finds its servers, and HAProxy accepts both configs.
-(tests/integration/test_scaleout.py runs deploy/haproxy/haproxy.cfg against real replicas.)"""
+(tests/bench/test_scaleout.py runs deploy/haproxy/haproxy.cfg against real replicas.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The sequence API's documents: what ``GET|DELETE /v2/models/{m}[/versions/{v}]/sequences[/{id}]``
-answer (``http.py`` routes them; the restrictable API group ``sequence``). See
+answer (``api/http/routes.py`` routes them; the restrictable API group ``sequence``). See
 docs/sequence-api.md.
 
 A sequence id in a path is a uint64 when the segment is decimal digits and a string otherwise;

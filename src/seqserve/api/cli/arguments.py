@@ -74,8 +74,9 @@ def _front_end_tls(args: argparse.Namespace) -> tuple[security.TlsFiles | None, 
 
 
 def _http_server(args: argparse.Namespace, tls: security.TlsFiles | None) -> str:
-    """--http-server; 'auto' becomes hypercorn where mutual TLS needs client certificates that
-    this granian cannot ask for."""
+    """--http-server; granian is refused where mutual TLS needs client certificates that this
+    granian cannot ask for, and an 'auto' that resolved to granian would become hypercorn ('auto'
+    is the builtin server now, which can ask for them)."""
     if (
         args.http_port is not None
         and tls is not None

@@ -184,7 +184,7 @@ def _add_server_flags(s: argparse.ArgumentParser) -> None:
         "--http-server",
         choices=["auto", "builtin", "hypercorn", "granian"],
         default="auto",
-        help="HTTP server for the ASGI app: 'auto' (default) picks 'builtin', seqserve's own HTTP/1.1 server on "
+        help="HTTP server: 'auto' (default) picks 'builtin', seqserve's own HTTP/1.1 server on "
         "the event loop (httptools); 'granian' and 'hypercorn' select those servers",
     )
     s.add_argument(

@@ -71,8 +71,8 @@ def add_service(g: grpc.aio.Server, service: ServiceDescriptor, methods: Mapping
     ``add_*_to_server`` does, but as a generic handler only, none as a "registered method":
     grpc.aio keeps a pending request-call future per registered method and runs ``asyncio.wait``
     over them and the generic one for every incoming call: registering none measured 6% less
-    server CPU per unary call than registering ModelInfer and ModelStreamInfer (bench/README.md,
-    "Where a unary call's time goes")."""
+    server CPU per unary call than registering ModelInfer and ModelStreamInfer
+    (bench/docs/front-ends.md, "Where a unary call's time goes")."""
     prefix = f"/{service.full_name}/".encode()
     handlers = {}
     for path, m in methods.items():

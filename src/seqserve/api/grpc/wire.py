@@ -1,9 +1,9 @@
 """ModelInferResponse / ModelStreamInferResponse written straight to protobuf's wire format.
 
-The hot gRPC paths (ModelInfer, ModelStreamInfer) hand grpcio bytes instead of messages: building
-an upb message field by field and serializing it costs about twice what joining the encoded
-fields does, and the part that describes an output (name, datatype, shape) is the same step
-after step, so it is encoded once per (name, dtype, shape) and reused.
+The hot gRPC paths (ModelInfer, ModelStreamInfer) hand either gRPC server bytes instead of
+messages: building an upb message field by field and serializing it costs about twice what
+joining the encoded fields does, and the part that describes an output (name, datatype,
+shape) is the same step after step, so it is encoded once per (name, dtype, shape) and reused.
 
 The bytes decode to the same message that protobuf builds from the same result (the oracle in
 tests/support/grpc_oracle.py; tests/unit/test_grpc_wire.py compares them field by field); only the

@@ -4,7 +4,8 @@ extension (both directions), and body compression.
 ``decode_request`` builds the engine's ``InferRequest`` directly from the body; how the reply
 is to carry each output (binary or JSON data) is HTTP's own business and comes back beside
 it in an ``HttpReplyOptions``, which ``encode_response`` reads. Kept free of framework
-objects: the HTTP front-end (``http.py``) owns headers, status codes and routing.
+objects: the HTTP front-end (``routes``, ``router``, ``status``) owns headers, status codes and
+routing.
 """
 
 from __future__ import annotations

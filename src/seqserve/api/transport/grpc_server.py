@@ -4,8 +4,8 @@ HTTP/2 core on the event loop, serving a method table (``Method`` by path) that
 
 Why a server of our own: grpc.aio runs HTTP/2 on grpc core's threads and hands every call to
 the loop and its reply back, with Python objects and a completion-queue round trip per call; a
-unary call cost more there than all of Triton's server (bench/README.md, "gRPC: the builtin
-server"). Here a call costs one ``data_received`` on the loop's own thread, a task for the
+unary call cost more there than all of Triton's server (bench/docs/front-ends.md, "gRPC: the
+builtin server"). Here a call costs one ``data_received`` on the loop's own thread, a task for the
 handler and one ``write`` for its reply. The connection limits are grpc.aio's: idle GOAWAY,
 keepalive pings, concurrent streams, and a cap on connections.
 """

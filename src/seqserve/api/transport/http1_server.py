@@ -5,8 +5,8 @@ connection state machine in ``http1`` (transport, timers, flow control, tasks), 
 Why a server of our own: granian's embedded server runs its HTTP stack on Rust threads and
 hands every request to the loop and every reply back (two thread hops and the GIL each way),
 and hypercorn parses HTTP in Python. Here a request costs one ``data_received`` on the loop's
-own thread, a task for the handler, and one ``write`` for the reply; bench/README.md ("HTTP:
-the builtin server") has the measurements.
+own thread, a task for the handler, and one ``write`` for the reply; bench/docs/front-ends.md
+("HTTP: the builtin server") has the measurements.
 
 Its limits beyond those of the connection (``http1``'s docstring):
 

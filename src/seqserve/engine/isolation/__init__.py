@@ -2,7 +2,7 @@
 child process, so a model that crashes, leaks or hangs takes down only itself.
 
 - ``slab``: shared memory (anonymous, grown by replacement) that tensors cross through;
-- ``channel``: framed messages with descriptors over a Unix socketpair;
+- ``channel``: framed messages over pipes, descriptors over a Unix socket beside them;
 - ``protocol``: the messages' vocabulary (kinds, codes, item tags), and tensors in and out of
   slabs (no pickling);
 - ``batches``: a batch written into a slab for the child and read back there;
