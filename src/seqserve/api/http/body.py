@@ -74,8 +74,7 @@ async def read_body(source: BodySource, length: str | None, limit: int, watch: B
     ClientGone on a disconnect."""
     if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
         raise TooLarge(int(length), limit)
-    chunks: list[bytes] = []
-    total = 0
+    body = _Body(limit)
     task = asyncio.current_task()
     if task is None:  # not run by a task: a deadline per receive
         while True:
@@ -83,31 +82,12 @@ async def read_body(source: BodySource, length: str | None, limit: int, watch: B
                 got = await asyncio.wait_for(source.receive(), watch.timeout_s)
             except asyncio.TimeoutError:
                 raise BodyTimeout(watch.timeout_s) from None
-            if got is None:
-                raise ClientGone
-            chunk, more = got
-            if chunk:
-                total += len(chunk)
-                if total > limit:
-                    raise TooLarge(total, limit)
-                chunks.append(chunk)
-            if not more:
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if not body.add(got):
+                return body.joined()
     loop = task.get_loop()
     watch.begin(task, loop.time())
     try:
-        while True:
-            got = await source.receive()
-            if got is None:
-                raise ClientGone
-            chunk, more = got
-            if chunk:
-                total += len(chunk)
-                if total > limit:
-                    raise TooLarge(total, limit)
-                chunks.append(chunk)
-            if not more:
-                break
+        while body.add(await source.receive()):
             watch.reading[task] = loop.time()  # the deadline is for progress
     except asyncio.CancelledError:
         if watch.timed_out(task):
@@ -115,4 +95,28 @@ async def read_body(source: BodySource, length: str | None, limit: int, watch: B
         raise
     finally:
         watch.reading.pop(task, None)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return body.joined()
+
+
+class _Body:
+    """The chunks read so far, within the limit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.total = 0
+        self.chunks: list[bytes] = []
+
+    def add(self, got: tuple[bytes, bool] | None) -> bool:
+        """Takes what one receive gave; whether more is to come (ClientGone on a disconnect)."""
+        if got is None:
+            raise ClientGone
+        chunk, more = got
+        if chunk:
+            self.total += len(chunk)
+            if self.total > self.limit:
+                raise TooLarge(self.total, self.limit)
+            self.chunks.append(chunk)
+        return more
+
+    def joined(self) -> bytes:
+        return self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
