@@ -317,6 +317,9 @@ class StreamSession:
         ``_StreamRequest.respond``."""
         if final:
             self._open.discard(req)
+            # Nothing left to cancel: dropping the engine's canceller breaks the request <->
+            # pending-record cycle, so both are freed now, not by the cyclic collector.
+            req.cancel = _nothing
         reply: Reply | None
         if isinstance(response, InferenceError):
             reply = self._error_reply(req, response, final)
