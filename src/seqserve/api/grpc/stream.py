@@ -14,6 +14,7 @@ from seqserve._proto import grpc_service_pb2 as pb
 from seqserve.api.errors import internal_error
 from seqserve.api.grpc import codec, wire
 from seqserve.api.limits import offload
+from seqserve.api.tensor_extensions import NOT_ON_STREAMS
 from seqserve.engine import (
     Code,
     InferenceError,
@@ -243,6 +244,8 @@ class StreamSession:
                 raise decoded
             else:
                 request, options = decoded
+            if options.extensions is not None:
+                raise InferenceError(Code.UNSUPPORTED, NOT_ON_STREAMS)
             req.empty_final = options.empty_final
             req.sequence_id = request.sequence_id
             req.start = request.sequence_start

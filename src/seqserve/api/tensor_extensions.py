@@ -1,0 +1,69 @@
+"""What one infer request asks of the tensor extensions, on either front-end: inputs read from
+and outputs written into shared-memory regions (``shared_memory``), and outputs returned as
+their top classes (``classification``). The codecs collect it (``TensorExtensions``) while they
+decode; the front-end fills the inputs before the request is queued (``prepare``) and places
+the outputs once it is answered (``finish``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from seqserve.api import classification
+from seqserve.api.kserve import wire_datatype
+from seqserve.api.shared_memory import SharedMemoryRegistry, TensorPlace
+from seqserve.engine import InferRequest, InferResult, Server
+
+#: the refusal of both extensions on a ModelStreamInfer stream (UNIMPLEMENTED)
+NOT_ON_STREAMS = (
+    "shared memory tensors and classification are not supported on ModelStreamInfer streams yet: "
+    "use ModelInfer or HTTP for them"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedOutput:
+    """An output written into a region: what its reply entry says instead of its data."""
+
+    datatype: str
+    shape: list[int]
+    place: TensorPlace
+    byte_size: int  # the bytes written
+
+
+@dataclass(slots=True)
+class TensorExtensions:
+    """The shared-memory inputs and outputs and the class counts of one request."""
+
+    #: input name -> (datatype, shape, where its bytes are)
+    inputs: dict[str, tuple[str, list[int], TensorPlace]] = field(default_factory=dict)
+    #: output name -> where its bytes go
+    outputs: dict[str, TensorPlace] = field(default_factory=dict)
+    #: output name -> class count (> 0)
+    classes: dict[str, int] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.inputs or self.outputs or self.classes)
+
+    def prepare(self, server: Server, request: InferRequest, registry: SharedMemoryRegistry) -> None:
+        """Before the request is queued: its shared-memory inputs copied in, its class counts
+        checked against the model's outputs (a refusal here runs nothing)."""
+        for name, (datatype, shape, place) in self.inputs.items():
+            request.inputs[name] = registry.read_input(name, datatype, shape, place)
+        if self.classes:
+            classification.check_classifiable(server, request.model, request.version, self.classes)
+        for place in self.outputs.values():
+            registry.region(place.region)  # a region that is not registered: refused now
+
+    def finish(self, server: Server, result: InferResult, registry: SharedMemoryRegistry) -> dict[str, PlacedOutput]:
+        """Once answered: outputs classified, then the shared-memory outputs written into their
+        regions and taken out of ``result`` (their reply entries carry no data)."""
+        if self.classes:
+            classification.classify(server, result, self.classes)
+        placed: dict[str, PlacedOutput] = {}
+        for name, place in self.outputs.items():
+            arr = result.outputs.pop(name, None)
+            if arr is None:
+                continue
+            size = registry.write_output(name, arr, place)
+            placed[name] = PlacedOutput(wire_datatype(arr), list(arr.shape), place, size)
+        return placed
