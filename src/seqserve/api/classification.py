@@ -19,29 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from seqserve._proto import model_config_pb2 as mc
 from seqserve.api.kserve import bad, clip, wire_datatype
-from seqserve.engine import InferResult, Server
+from seqserve.engine import InferResult, Server, tensors
 
 #: the request parameter (HTTP ``outputs[].parameters``, gRPC ``InferRequestedOutputTensor.parameters``)
 CLASSIFICATION_PARAM = "classification"
 #: the most elements of one batch entry that are ranked (Triton's bound)
 MAX_CLASSIFICATION_ELEMENTS = 1_000_000
-#: the config datatypes that can be ranked, as Triton ranks them
-CLASSIFIABLE = frozenset(
-    {
-        "TYPE_UINT8",
-        "TYPE_UINT16",
-        "TYPE_UINT32",
-        "TYPE_UINT64",
-        "TYPE_INT8",
-        "TYPE_INT16",
-        "TYPE_INT32",
-        "TYPE_INT64",
-        "TYPE_FP32",
-        "TYPE_FP64",
-    }
-)
+#: the datatypes that can be ranked, as Triton ranks them
+CLASSIFIABLE = frozenset({"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP32", "FP64"})
 #: the most bytes of a label file read
 MAX_LABEL_FILE_BYTES = 64 << 20
 
@@ -62,12 +48,9 @@ def check_classifiable(server: Server, model: str, version: str, counts: Mapping
         data_type = types.get(name)
         if data_type is None:
             continue
-        type_name = mc.DataType.Name(data_type)
-        if type_name not in CLASSIFIABLE:
-            raise bad(
-                f"class result not available for output '{clip(name)}' due to unsupported type "
-                f"'{type_name.removeprefix('TYPE_')}'"
-            )
+        datatype = tensors.wire_dtype_name(data_type)
+        if datatype not in CLASSIFIABLE:
+            raise bad(f"class result not available for output '{clip(name)}' due to unsupported type '{datatype}'")
 
 
 def classify(server: Server, result: InferResult, counts: Mapping[str, int]) -> None:
@@ -86,13 +69,12 @@ def classify(server: Server, result: InferResult, counts: Mapping[str, int]) -> 
 
 def top_classes(name: str, arr: np.ndarray, count: int, batched: bool, labels: tuple[str, ...]) -> np.ndarray:
     """The top ``count`` classes of each batch entry of ``arr`` as BYTES strings."""
-    if arr.dtype.kind not in "iuf" or arr.dtype == np.float16:
-        raise bad(
-            f"class result not available for output '{clip(name)}' due to unsupported type '{wire_datatype(arr)}'"
-        )
+    datatype = wire_datatype(arr)
+    if datatype not in CLASSIFIABLE:
+        raise bad(f"class result not available for output '{clip(name)}' due to unsupported type '{datatype}'")
     batch = int(arr.shape[0]) if batched and arr.ndim else 0
-    rows = arr.reshape(batch, -1) if batch else arr.reshape(1, -1)
-    width = rows.shape[1]
+    width = int(np.prod(arr.shape[1:] if batch else arr.shape, dtype=np.int64))
+    rows = arr.reshape(max(batch, 1), width)
     if width > MAX_CLASSIFICATION_ELEMENTS:
         raise bad(f"output '{clip(name)}': classification output tensor too large")
     k = min(count, width)
