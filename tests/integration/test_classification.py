@@ -137,7 +137,8 @@ def test_classification_refused_on_streams(server: ServerProcess) -> None:
         x.set_data_from_numpy(np.ones((1, 4), np.float32))
         y = grpcclient.InferInput("INPUT1", [1, 4], "FP32")
         y.set_data_from_numpy(np.ones((1, 4), np.float32))
-        client.async_stream_infer("add_sub", [x, y], outputs=[grpcclient.InferRequestedOutput("OUTPUT0", class_count=1)])
+        ranked = grpcclient.InferRequestedOutput("OUTPUT0", class_count=1)
+        client.async_stream_infer("add_sub", [x, y], outputs=[ranked])
     finally:
         client.stop_stream()
     (error,) = results
