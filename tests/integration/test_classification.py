@@ -128,18 +128,19 @@ def test_bad_class_count_is_400(scores_server: ServerProcess, value: Any) -> Non
     assert r.status == 400 and "Unable to parse 'classification'" in r.error()
 
 
-def test_classification_refused_on_streams(server: ServerProcess) -> None:
+def test_classification_on_a_stream(server: ServerProcess) -> None:
     results: list[Any] = []
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: results.append(error or result))
     try:
         x = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
-        x.set_data_from_numpy(np.ones((1, 4), np.float32))
+        x.set_data_from_numpy(np.array([[1, 5, 2, 3]], np.float32))
         y = grpcclient.InferInput("INPUT1", [1, 4], "FP32")
         y.set_data_from_numpy(np.ones((1, 4), np.float32))
-        ranked = grpcclient.InferRequestedOutput("OUTPUT0", class_count=1)
-        client.async_stream_infer("add_sub", [x, y], outputs=[ranked])
+        ranked = grpcclient.InferRequestedOutput("OUTPUT0", class_count=2)
+        client.async_stream_infer("add_sub", [x, y], outputs=[ranked, grpcclient.InferRequestedOutput("OUTPUT1")])
     finally:
         client.stop_stream()
-    (error,) = results
-    assert isinstance(error, InferenceServerException) and "not supported on ModelStreamInfer" in error.message()
+    (result,) = results
+    assert result.as_numpy("OUTPUT0").tolist() == [[b"6.000000:1", b"4.000000:3"]]
+    assert result.as_numpy("OUTPUT1").tolist() == [[0, 4, 1, 2]]

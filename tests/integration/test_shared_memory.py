@@ -1,10 +1,11 @@
 """Triton's system shared-memory extension with tritonclient's own utilities
 (``tritonclient.utils.shared_memory``), over HTTP and gRPC: regions registered, inputs read from
 and outputs written into them, a sequence's state kept across steps whose tensors all travel
-through shared memory, and the refusals (an unknown key, sizes beyond a region)."""
+through shared memory, on unary calls and on a stream, and the refusals (an unknown key, sizes beyond a region)."""
 
 from __future__ import annotations
 
+import queue
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -167,18 +168,50 @@ def test_raw_http_routes(server: ServerProcess) -> None:
     assert cuda.status == 501 and "CUDA shared memory" in cuda.error()
 
 
-def test_shared_memory_refused_on_streams(server: ServerProcess, regions: Regions) -> None:
-    name, key, _ = regions.create(32)
+def test_a_sequence_on_a_stream_through_shared_memory(server: ServerProcess, regions: Regions) -> None:
+    in_name, in_key, in_handle = regions.create(4)
+    out_name, out_key, out_handle = regions.create(4)
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    client.register_system_shared_memory(name, key, 32)
-    results: list[Any] = []
-    client.start_stream(callback=lambda result, error: results.append(error or result))
+    client.register_system_shared_memory(in_name, in_key, 4)
+    client.register_system_shared_memory(out_name, out_key, 4)
+    replies: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: replies.put(error or result))
+    seq = 8_900 + uuid.uuid4().int % 50
+    sums = []
     try:
-        x, y = grpcclient.InferInput("INPUT0", [1, 4], "FP32"), grpcclient.InferInput("INPUT1", [1, 4], "FP32")
-        x.set_shared_memory(name, 16)
-        y.set_shared_memory(name, 16, offset=16)
-        client.async_stream_infer("add_sub", [x, y])
+        for step, value in enumerate([1.0, 2.0, 4.0]):
+            shm.set_shared_memory_region(in_handle, [np.array([[value]], dtype=np.float32)])
+            x = grpcclient.InferInput("INPUT", [1, 1], "FP32")
+            x.set_shared_memory(in_name, 4)
+            out = grpcclient.InferRequestedOutput("OUTPUT")
+            out.set_shared_memory(out_name, 4)
+            client.async_stream_infer(
+                "accumulator", [x], outputs=[out], sequence_id=seq, sequence_start=step == 0, sequence_end=step == 2
+            )
+            reply = replies.get(timeout=60)
+            assert not isinstance(reply, InferenceServerException), reply
+            assert list(reply.get_output("OUTPUT").shape) == [1, 1]
+            sums.append(float(shm.get_contents_as_numpy(out_handle, np.float32, [1, 1])[0, 0]))
     finally:
         client.stop_stream()
-    (error,) = results
-    assert isinstance(error, InferenceServerException) and "not supported on ModelStreamInfer" in error.message()
+    assert sums == [1.0, 3.0, 7.0]
+
+
+def test_a_stream_request_naming_no_region_is_refused_and_the_stream_goes_on(server: ServerProcess) -> None:
+    replies: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: replies.put(error or result))
+    try:
+        x, y = grpcclient.InferInput("INPUT0", [1, 4], "FP32"), grpcclient.InferInput("INPUT1", [1, 4], "FP32")
+        x.set_shared_memory("not-registered", 16)
+        y.set_shared_memory("not-registered", 16, offset=16)
+        client.async_stream_infer("add_sub", [x, y])
+        error = replies.get(timeout=60)
+        assert isinstance(error, InferenceServerException)
+        assert "Unable to find system shared memory region: 'not-registered'" in error.message()
+        for t in (x, y):
+            t.set_data_from_numpy(np.ones((1, 4), np.float32))
+        client.async_stream_infer("add_sub", [x, y])
+        assert replies.get(timeout=60).as_numpy("OUTPUT0").tolist() == [[2, 2, 2, 2]]
+    finally:
+        client.stop_stream()

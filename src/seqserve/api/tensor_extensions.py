@@ -13,12 +13,6 @@ from seqserve.api.kserve import wire_datatype
 from seqserve.api.shared_memory import SharedMemoryRegistry, TensorPlace
 from seqserve.engine import InferRequest, InferResult, Server
 
-#: the refusal of both extensions on a ModelStreamInfer stream (UNIMPLEMENTED)
-NOT_ON_STREAMS = (
-    "shared memory tensors and classification are not supported on ModelStreamInfer streams yet: "
-    "use ModelInfer or HTTP for them"
-)
-
 
 @dataclass(frozen=True, slots=True)
 class PlacedOutput:

@@ -251,6 +251,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             completion_order=completion_order,
             scope=SequenceScope(_STREAM_CLOSED) if scoped else None,
             stats=stats,
+            shared_memory=self.shared_memory,
         )
         self.streams.add(session)
         try:

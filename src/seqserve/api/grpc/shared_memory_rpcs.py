@@ -47,6 +47,16 @@ class SharedMemoryRpcs:
         return pb.SystemSharedMemoryUnregisterResponse()
 
 
+def placed_stream_entries(placed: dict[str, PlacedOutput]) -> bytes:
+    """``placed_entries`` inside a ModelStreamInferResponse's ``infer_response``: appended to a
+    serialized stream response, they merge into its response the same way."""
+    if not placed:
+        return b""
+    resp = pb.ModelStreamInferResponse()
+    resp.infer_response.MergeFromString(placed_entries(placed))
+    return resp.SerializeToString()
+
+
 def placed_entries(placed: dict[str, PlacedOutput]) -> bytes:
     """The ``outputs`` entries of the outputs written into shared memory, serialized as a
     ModelInferResponse that holds only them: appended to a serialized response, they follow its
