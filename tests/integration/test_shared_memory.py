@@ -145,6 +145,30 @@ def test_refusals(server: ServerProcess, regions: Regions, protocol: str) -> Non
     assert client.is_server_live()
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_output_region_too_small_is_refused_before_the_step_runs(
+    server: ServerProcess, regions: Regions, protocol: str
+) -> None:
+    mod, client = CLIENTS[protocol], _client(protocol, server)
+    name, key, handle = regions.create(8)
+    client.register_system_shared_memory(name, key, 8)
+    seq = 8_700 + len(protocol) * 10 + uuid.uuid4().int % 10
+
+    def step(value: float, out_size: int, start: bool = False, end: bool = False) -> Any:
+        x = mod.InferInput("INPUT", [1, 1], "FP32")
+        x.set_data_from_numpy(np.array([[value]], dtype=np.float32))
+        out = mod.InferRequestedOutput("OUTPUT")
+        out.set_shared_memory(name, out_size, offset=4)
+        return client.infer("accumulator", [x], outputs=[out], sequence_id=seq, sequence_start=start, sequence_end=end)
+
+    step(2.0, 4, start=True)
+    with pytest.raises(InferenceServerException) as ei:
+        step(100.0, 2)
+    assert ei.value.status() in BAD_REQUEST and "should be at least 4 bytes" in ei.value.message()
+    step(5.0, 4, end=True)
+    assert shm.get_contents_as_numpy(handle, np.float32, [1, 1], offset=4).tolist() == [[7.0]]  # 100 never ran
+
+
 def test_a_destroyed_region_leaves_the_status(server: ServerProcess) -> None:
     client = _client("grpc", server)
     tag = uuid.uuid4().hex[:12]

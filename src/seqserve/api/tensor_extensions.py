@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from seqserve.api import classification
-from seqserve.api.kserve import wire_datatype
+from seqserve.api.kserve import bad, clip, wire_datatype
 from seqserve.api.shared_memory import SharedMemoryRegistry, TensorPlace
-from seqserve.engine import InferRequest, InferResult, Server
+from seqserve.engine import InferRequest, InferResult, Server, tensors
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,34 @@ class TensorExtensions:
             classification.check_classifiable(server, request.model, request.version, self.classes)
         for place in self.outputs.values():
             registry.region(place.region)  # a region that is not registered: refused now
+        if self.outputs:
+            self._check_output_room(server, request)
+
+    def _check_output_room(self, server: Server, request: InferRequest) -> None:
+        """Refuse, before the request runs, a shared-memory output too small for what the config
+        says the output will be (fixed dims and a fixed-size datatype; the batch from the first
+        input). Other outputs are checked when written."""
+        cfg = server.model_config(request.model, request.version)
+        batch = 1
+        if cfg.max_batch_size > 0:
+            first = next(iter(request.inputs.values()), None)
+            if first is None or not first.ndim:
+                return
+            batch = int(first.shape[0])
+        configured = {o.name: o for o in cfg.output}
+        for name, place in self.outputs.items():
+            out = configured.get(name)
+            datatype = None if out is None else tensors.BY_CONFIG.get(out.data_type)
+            if out is None or datatype is None or not datatype.itemsize or name in self.classes:
+                continue
+            if any(d < 0 for d in out.dims):
+                continue
+            need = batch * datatype.itemsize * int(np.prod(list(out.dims), dtype=np.int64))
+            if place.byte_size < need:
+                raise bad(
+                    f"shared memory size specified with the request for output '{clip(name)}' "
+                    f"({place.byte_size} bytes) should be at least {need} bytes to hold the results"
+                )
 
     def finish(self, server: Server, result: InferResult, registry: SharedMemoryRegistry) -> dict[str, PlacedOutput]:
         """Once answered: outputs classified, then the shared-memory outputs written into their
