@@ -99,7 +99,7 @@ def decode_request(
     if not isinstance(specs, list):
         raise bad("the inference request must have an 'inputs' array")
     offset = 0
-    extensions = TensorExtensions()
+    extensions: TensorExtensions | None = None  # made when a tensor uses one
     for spec in specs:
         if not isinstance(spec, dict):
             raise bad("each input must be a JSON object")
@@ -107,7 +107,7 @@ def decode_request(
         datatype = spec.get("datatype")
         if not isinstance(name, str) or not isinstance(datatype, str):
             raise bad("each input needs a string 'name' and 'datatype'")
-        if name in inputs or name in extensions.inputs:
+        if name in inputs or (extensions is not None and name in extensions.inputs):
             raise bad(f"input '{clip(name)}' already exists in request")
         count = check_shape(name, spec.get("shape"))
         shape: list[int] = spec["shape"]
@@ -121,6 +121,7 @@ def decode_request(
                 raise bad(f"input '{clip(name)}' has shared memory and data of its own")
             place = tensor_place(name, iparams)
             assert place is not None
+            extensions = extensions if extensions is not None else TensorExtensions()
             extensions.inputs[name] = (datatype, shape, place)
         elif "binary_data_size" in iparams:
             size = iparams["binary_data_size"]
@@ -144,7 +145,7 @@ def decode_request(
 
     outputs = doc.get("outputs")
     if outputs is None or outputs == []:  # absent or []: every output
-        if extensions:
+        if extensions is not None:
             return request, HttpReplyOptions(binary_default, None, extensions)
         return request, _ALL_BINARY if binary_default else _ALL_JSON
     if not isinstance(outputs, list):
@@ -157,7 +158,7 @@ def decode_request(
         if not isinstance(oparams, dict):
             raise bad(f"output '{clip(o['name'])}': 'parameters' must be a JSON object")
         if oparams:
-            _output_extensions(o["name"], oparams, extensions)
+            extensions = _output_extensions(o["name"], oparams, extensions)
         flag = oparams.get("binary_data")
         if flag is not None and not isinstance(flag, bool):
             raise bad(f"output '{clip(o['name'])}': Unable to parse 'binary_data'")
@@ -166,15 +167,21 @@ def decode_request(
     return request, HttpReplyOptions(binary_default, binary, extensions or None)
 
 
-def _output_extensions(name: str, params: dict[str, Any], extensions: TensorExtensions) -> None:
-    """A requested output's shared-memory place and class count, into ``extensions``."""
+def _output_extensions(
+    name: str, params: dict[str, Any], extensions: TensorExtensions | None
+) -> TensorExtensions | None:
+    """A requested output's shared-memory place and class count, into ``extensions`` (made
+    when the output uses one of them)."""
     place = tensor_place(name, params)
+    count = class_count(name, params[CLASSIFICATION_PARAM]) if CLASSIFICATION_PARAM in params else 0
+    if place is None and not count:
+        return extensions
+    extensions = extensions if extensions is not None else TensorExtensions()
     if place is not None:
         extensions.outputs[name] = place
-    if CLASSIFICATION_PARAM in params:
-        count = class_count(name, params[CLASSIFICATION_PARAM])
-        if count:
-            extensions.classes[name] = count
+    if count:
+        extensions.classes[name] = count
+    return extensions
 
 
 def loads(raw: bytes | memoryview) -> Any:
