@@ -71,12 +71,13 @@ def test_missing_key_and_sizes_beyond_the_object(make_object: MakeObject) -> Non
 
 
 def test_names_and_bounds(make_object: MakeObject) -> None:
-    reg = SharedMemoryRegistry(max_regions=2, max_bytes=100)
+    reg = SharedMemoryRegistry(max_regions=2, max_input_bytes=100)
     reg.register("a", make_object(40), 0, 40)
     _refused(Code.ALREADY_EXISTS, "already in manager", lambda: reg.register("a", make_object(8), 0, 8))
-    _refused(Code.UNAVAILABLE, "bound of 100", lambda: reg.register("b", make_object(80), 0, 80))
     reg.register("b", make_object(8), 0, 8)
     _refused(Code.UNAVAILABLE, "2 shared memory regions", lambda: reg.register("c", make_object(8), 0, 8))
+    reg.check_input_bytes([TensorPlace("a", 60), TensorPlace("b", 40)])
+    _refused(Code.INVALID_ARG, "bound of 100 bytes", lambda: reg.check_input_bytes([TensorPlace("a", 101)]))
     reg.unregister("nothing")  # not registered: no error, as in Triton
     reg.unregister("a")
     reg.register("c", make_object(8), 0, 8)

@@ -3,17 +3,16 @@ POSIX shared-memory object (``/dev/shm/<key>``), and the input and output tensor
 region instead of carrying their bytes.
 
 Regions are global to the server, as in Triton: registered over HTTP, usable over gRPC, and not
-tied to the connection that registered them. They are bounded (``MAX_REGIONS`` regions and
-``MAX_MAPPED_BYTES`` mapped in all), a region whose object its client removed (tritonclient's
-``destroy_shared_memory_region`` unlinks it) is dropped at the next register or status call,
-and every region is unmapped when the server stops (``close``). Every offset and size is
-checked against the region, and the region against its object's current size, before a byte
-is read or written: a mapping read past the end of its file would kill the process (SIGBUS).
+tied to the connection that registered them. They are bounded (``MAX_REGIONS``, each an open
+file), a region whose object its client removed (tritonclient's ``destroy_shared_memory_region``
+unlinks it) is dropped at the next register or status call, and every region is closed when the
+server stops (``close``). Every offset and size is checked against the region, and the region
+against its object's current size, before a byte is read or written; the inputs of one request
+copy at most ``MAX_REQUEST_INPUT_BYTES`` out of shared memory (HTTP bodies have their own bound).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import stat
 from dataclasses import dataclass
@@ -24,10 +23,10 @@ import numpy as np
 from seqserve.api.kserve import bad, clip, raw_bytes, tensor_from_raw
 from seqserve.engine import Code, InferenceError
 
-#: the most regions registered at once (Triton has no bound; a forgotten region costs a mapping)
+#: the most regions registered at once (Triton has no bound; a forgotten region keeps a file open)
 MAX_REGIONS = 256
-#: the most bytes mapped by all regions together (address space: the memory is the client's)
-MAX_MAPPED_BYTES = 64 << 30
+#: the most bytes the inputs of one request copy out of shared memory into the server's memory
+MAX_REQUEST_INPUT_BYTES = 1 << 30
 #: where Linux keeps POSIX shared-memory objects (what shm_open opens)
 SHM_DIR = "/dev/shm"
 #: the longest key (NAME_MAX, with its leading "/")
@@ -75,9 +74,11 @@ def tensor_place(tensor: str, params: dict[str, Any]) -> TensorPlace | None:
 
 
 class Region:
-    """One registered region: the mapping of ``byte_size`` bytes from ``offset`` of the object."""
+    """One registered region: ``byte_size`` bytes from ``offset`` of the object, read and written
+    with pread / pwrite on the object's open file rather than through a mapping: a client that
+    shrinks its object then gets a short read, where a mapping would kill the server (SIGBUS)."""
 
-    __slots__ = ("_fd", "_map", "byte_size", "inode", "key", "name", "offset")
+    __slots__ = ("_fd", "byte_size", "inode", "key", "name", "offset")
 
     def __init__(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self.name = name
@@ -98,8 +99,6 @@ class Region:
                     f"shared memory region '{clip(name)}': offset {offset} and byte_size {byte_size} exceed the "
                     f"{info.st_size} bytes of '{clip(key)}'"
                 )
-            # mmap's offset must be page-aligned: map from 0 and index past ``offset``
-            self._map = mmap.mmap(fd, offset + byte_size) if offset + byte_size else None
         except BaseException:
             os.close(fd)
             raise
@@ -133,7 +132,10 @@ class Region:
 
     def read(self, tensor: str, place: TensorPlace) -> bytes:
         start, end = self.span(tensor, place)
-        return b"" if self._map is None else self._map[start:end]
+        data = os.pread(self._fd, end - start, start) if end > start else b""
+        if len(data) != end - start:  # shrunk since span() looked
+            raise bad(f"shared memory region '{clip(self.name)}': its object '{clip(self.key)}' has been shrunk")
+        return data
 
     def write(self, tensor: str, place: TensorPlace, data: bytes) -> None:
         start, end = self.span(tensor, place)
@@ -142,13 +144,12 @@ class Region:
                 f"shared memory size specified with the request for output '{clip(tensor)}' ({end - start} bytes) "
                 f"should be at least {len(data)} bytes to hold the results"
             )
-        if self._map is not None and data:
-            self._map[start : start + len(data)] = data
+        view = memoryview(data)
+        while view:  # pwrite may write less than asked
+            written = os.pwrite(self._fd, view, start)
+            view, start = view[written:], start + written
 
     def close(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
         os.close(self._fd)
 
 
@@ -164,12 +165,12 @@ def object_path(key: str) -> str:
 class SharedMemoryRegistry:
     """The registered system shared-memory regions of one server, by name."""
 
-    __slots__ = ("_regions", "max_bytes", "max_regions")
+    __slots__ = ("_regions", "max_input_bytes", "max_regions")
 
-    def __init__(self, *, max_regions: int = MAX_REGIONS, max_bytes: int = MAX_MAPPED_BYTES) -> None:
+    def __init__(self, *, max_regions: int = MAX_REGIONS, max_input_bytes: int = MAX_REQUEST_INPUT_BYTES) -> None:
         self._regions: dict[str, Region] = {}
         self.max_regions = max_regions
-        self.max_bytes = max_bytes
+        self.max_input_bytes = max_input_bytes
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         if not name:
@@ -182,13 +183,6 @@ class SharedMemoryRegistry:
                 Code.UNAVAILABLE,
                 f"{self.max_regions} shared memory regions are registered, the most this server holds: "
                 "unregister one first",
-            )
-        mapped = sum(r.offset + r.byte_size for r in self._regions.values())
-        if mapped + offset + byte_size > self.max_bytes:
-            raise InferenceError(
-                Code.UNAVAILABLE,
-                f"registering '{clip(name)}' would map {mapped + offset + byte_size} bytes of shared memory, "
-                f"over this server's bound of {self.max_bytes}",
             )
         self._regions[name] = Region(name, key, offset, byte_size)
 
@@ -213,7 +207,7 @@ class SharedMemoryRegistry:
         return region
 
     def close(self) -> None:
-        """Unmap every region (the server stops)."""
+        """Close every region (the server stops)."""
         self.unregister()
 
     def __len__(self) -> int:
@@ -224,6 +218,15 @@ class SharedMemoryRegistry:
             self.unregister(name)
 
     # ---------------------------------------------------------------- tensors
+
+    def check_input_bytes(self, places: list[TensorPlace]) -> None:
+        """Refuse a request whose shared-memory inputs add up to more than ``max_input_bytes``."""
+        total = sum(p.byte_size for p in places)
+        if total > self.max_input_bytes:
+            raise bad(
+                f"the request's shared memory inputs hold {total} bytes, over this server's bound of "
+                f"{self.max_input_bytes} bytes per request"
+            )
 
     def read_input(self, name: str, datatype: str, shape: list[int], place: TensorPlace) -> np.ndarray:
         """An input's bytes from its region, copied (the client may write the region again while

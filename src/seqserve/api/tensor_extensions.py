@@ -43,6 +43,7 @@ class TensorExtensions:
     def prepare(self, server: Server, request: InferRequest, registry: SharedMemoryRegistry) -> None:
         """Before the request is queued: its shared-memory inputs copied in, its class counts
         checked against the model's outputs (a refusal here runs nothing)."""
+        registry.check_input_bytes([place for _, _, place in self.inputs.values()])
         for name, (datatype, shape, place) in self.inputs.items():
             request.inputs[name] = registry.read_input(name, datatype, shape, place)
         if self.classes:
