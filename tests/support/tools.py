@@ -4,8 +4,10 @@ cannot pass by skipping what it exists to run (.ci/run installs them when it run
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -14,28 +16,31 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"
 
 
-def missing_programs(*programs: str) -> list[str]:
-    return [p for p in programs if shutil.which(p) is None]
-
-
-def require_programs(*programs: str, install: str) -> None:
-    """Skip (fail under CI=true) unless every one of `programs` is on PATH; `install` says how to
-    get them (an apt-get line)."""
-    missing = missing_programs(*programs)
-    if not missing:
-        return
-    why = f"{' and '.join(missing)} not on PATH ({install})"
+def unavailable(why: str) -> None:
+    """Skip the test because of `why`, or fail it under CI=true."""
     if in_ci():
         pytest.fail(f"CI=true but {why}: .ci/run installs it when it runs as root")
     pytest.skip(why)
 
 
+def require_programs(*programs: str, install: str) -> None:
+    """Skip (fail under CI=true) unless every one of `programs` is on PATH; `install` says how to
+    get them (an apt-get line)."""
+    missing = [p for p in programs if shutil.which(p) is None]
+    if missing:
+        unavailable(f"{' and '.join(missing)} not on PATH ({install})")
+
+
+def require_paths(*paths: Path, install: str) -> None:
+    """`require_programs` for files or folders a package installs (Go sources, say)."""
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        unavailable(f"{' and '.join(missing)} missing ({install})")
+
+
 def require_python_module(module: str, install: str) -> None:
     """`require_programs` for an importable Python module (a test extra)."""
     try:
-        __import__(module)
+        importlib.import_module(module)
     except ImportError:
-        why = f"Python module {module} is not installed ({install})"
-        if in_ci():
-            pytest.fail(f"CI=true but {why}")
-        pytest.skip(why)
+        unavailable(f"Python module {module} is not installed ({install})")
