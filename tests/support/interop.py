@@ -111,3 +111,21 @@ def first_output(resp: pb.ModelInferResponse, dtype: type[np.generic] = np.float
     """The first raw output as a flat list."""
     assert resp.raw_output_contents, f"a reply without raw outputs: {resp}"
     return [float(x) for x in np.frombuffer(resp.raw_output_contents[0], dtype)]
+
+
+def many_metadata(entries: int) -> list[tuple[str, str]]:
+    """`entries` metadata entries of about 30 bytes each (61 toward the header list size of
+    RFC 9113 §6.5.2): 120 of them are 4.5 KiB on the wire, under the advertised 16 KiB."""
+    return [(f"x-interop-{i:03d}", "v" * 16) for i in range(entries)]
+
+
+# A value over the header list size the server advertises (16 KiB) and under grpcio's own
+# client limits: the call must end with RESOURCE_EXHAUSTED alone (issue 25, row 3).
+LARGE_METADATA_BYTES = 30 << 10
+
+UC_STOPPED = "until_cancelled: stopped after"
+
+
+def uc_stops(srv: ServerProcess) -> list[str]:
+    """The lines `uc` logged when a request of it ended (how many replies, whether cancelled)."""
+    return [line for line in srv.log().splitlines() if UC_STOPPED in line]
