@@ -9,6 +9,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import grpc
 import pytest
 
 from seqserve._proto import grpc_service_pb2 as pb
@@ -31,12 +32,24 @@ def header_flags() -> list[str]:
     return [arg for header in GRPC_HEADERS for arg in ("-H", header)]
 
 
+def request_message(method: str) -> bytes:
+    message = add_sub_request([1, 2, 3, 4], [1, 1, 1, 1]) if method == "ModelInfer" else pb.ServerLiveRequest()
+    return message.SerializeToString()
+
+
 def request_body(tmp_path: Path, method: str) -> Path:
     """A framed request of `method` in a file (h2load and nghttp send a file as the body)."""
-    message = add_sub_request([1, 2, 3, 4], [1, 1, 1, 1]) if method == "ModelInfer" else pb.ServerLiveRequest()
     path = tmp_path / f"{method}.bin"
-    path.write_bytes(grpc_frame(message.SerializeToString()))
+    path.write_bytes(grpc_frame(request_message(method)))
     return path
+
+
+def framed_reply_bytes(interop: ServerProcess, method: str) -> int:
+    """The size of a framed reply of `method` to `request_message(method)`, as grpcio receives it:
+    h2load counts the DATA bytes of all replies, so each call must have brought exactly this."""
+    with grpc.insecure_channel(interop.grpc_url) as channel:
+        reply = channel.unary_unary(method_path(method))(request_message(method), timeout=30)
+    return 5 + len(reply)
 
 
 def h2load_summary(output: str) -> dict[str, int]:
@@ -47,6 +60,9 @@ def h2load_summary(output: str) -> dict[str, int]:
     assert counts and codes, f"no summary in h2load's output:\n{output}"
     out = {name: int(n) for n, name in re.findall(r"(\d+) (\w+)", counts.group(1))}
     out.update({name: int(n) for n, name in re.findall(r"(\d+) (\dxx)", codes.group(1))})
+    data = re.search(r"^traffic: .*\((\d+)\) data$", output, re.M)
+    assert data, f"no traffic line in h2load's output:\n{output}"
+    out["data_bytes"] = int(data.group(1))
     return out
 
 
@@ -80,6 +96,8 @@ def test_h2load_every_request_succeeds(
     assert summary["succeeded"] == REQUESTS, report
     assert summary["failed"] == summary["errored"] == summary["timeout"] == 0, report
     assert summary["2xx"] == REQUESTS, report
+    # a gRPC error is a 200 too, but without a message: every call brought its reply message
+    assert summary["data_bytes"] == REQUESTS * framed_reply_bytes(interop, method), report
     assert interop.alive(), interop.log()
 
 
