@@ -180,9 +180,9 @@ async def test_expect_100_continue() -> None:
     ("raw", "status", "error"),
     [
         (b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (80 << 10) + b"\r\n\r\n", 431, "request head too large"),
-        (b"GET /" + b"a" * (80 << 10) + b" HTTP/1.1\r\n\r\n", 414, "request target too long"),
+        (b"GET /" + b"a" * (80 << 10) + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "request target too long"),
         (request("GET", "/", b"", *(f"X-{i}: v" for i in range(MAX_HEADERS + 1))), 431, "too many request headers"),
-        (b"GET / HTTP/1.1\r\nBad Header\r\n\r\n", 400, "malformed HTTP request"),
+        (b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 400, "malformed HTTP request"),
         (b"\x16\x03\x01 not http\r\n\r\n", 400, "malformed HTTP request"),
         (b"POST / HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "malformed"),
         # an endless trailer: httptools would hold it whole before any callback
@@ -193,10 +193,10 @@ async def test_expect_100_continue() -> None:
             "framing or trailers too large",
         ),
         (b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505, "HTTP version 2.0 not supported"),
-        (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501, "Transfer-Encoding"),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501, "Transfer-Encoding"),
         (b"CONNECT x:443 HTTP/1.1\r\nHost: x\r\n\r\n", 405, "CONNECT"),
         (
-            b"POST / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
             400,
             "Upgrade",
         ),
