@@ -39,6 +39,7 @@ from seqserve.api.transport.http1_rules import (
     check_transfer_encoding,
     llhttp_frames_chunked,
     new_parser,
+    primed_parser,
     request_version,
 )
 
@@ -57,8 +58,6 @@ BODY_HIGH_WATER = 1 << 20
 REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 JSON_HEADERS = [(b"content-type", b"application/json")]
-#: what a parser taking over mid-request is primed with (``Http1Connection._reframed``)
-CHUNKED_HEAD = b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
 class CloseAction(enum.Enum):
@@ -429,10 +428,7 @@ class Http1Connection:
         head: it reads the chunked body that followed, and the requests after it."""
         rest = b"".join(self._reframe or ())
         self._reframe = None
-        primer = ParserPrimer(self)
-        self.parser = new_parser(primer)
-        self.parser.feed_data(CHUNKED_HEAD)
-        primer.primed = True
+        self.parser = primed_parser(self)
         return self.receive_data(rest)
 
     def _raw_body(self, ex: Exchange, data: bytes) -> None:
@@ -534,39 +530,6 @@ class Http1Connection:
     def _close(self, *, linger: bool) -> None:
         self.close_action = CloseAction.LINGER if linger else CloseAction.CLOSE
         self.reading = linger  # a lingering connection reads and drops what still comes
-
-
-class ParserPrimer:
-    """The callbacks of a parser that takes over mid-request (``Http1Connection._reframed``):
-    dropped while it reads the head it is primed with, the connection's once ``primed``."""
-
-    __slots__ = ("conn", "primed")
-
-    def __init__(self, conn: Http1Connection) -> None:
-        self.conn = conn
-        self.primed = False
-
-    def on_message_begin(self) -> None:
-        if self.primed:
-            self.conn.on_message_begin()
-
-    def on_url(self, url: bytes) -> None:
-        if self.primed:
-            self.conn.on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self.primed:
-            self.conn.on_header(name, value)
-
-    def on_headers_complete(self) -> None:
-        if self.primed:
-            self.conn.on_headers_complete()
-
-    def on_body(self, body: bytes) -> None:
-        self.conn.on_body(body)
-
-    def on_message_complete(self) -> None:
-        self.conn.on_message_complete()
 
 
 def error_body(message: str) -> bytes:

@@ -139,6 +139,54 @@ def llhttp_frames_chunked(values: list[bytes]) -> bool:
     return probe.complete == 1
 
 
+#: what a parser taking over inside a request's body is primed with (``primed_parser``)
+CHUNKED_HEAD = b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+class ParserPrimer:
+    """The callbacks of a parser that takes over inside a request's body: dropped while it reads
+    the head it is primed with, ``target``'s once ``primed``."""
+
+    __slots__ = ("primed", "target")
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+        self.primed = False
+
+    def on_message_begin(self) -> None:
+        if self.primed:
+            self.target.on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        if self.primed:
+            self.target.on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.primed:
+            self.target.on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if self.primed:
+            self.target.on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self.target.on_body(body)
+
+    def on_message_complete(self) -> None:
+        self.target.on_message_complete()
+
+
+def primed_parser(target: Any) -> httptools.HttpRequestParser:
+    """A parser for ``target`` (a connection whose parser read a request's head but took its
+    chunked body for one that runs to the end of the connection: ``llhttp_frames_chunked``), in
+    the state of having read a chunked head: it reads the body, and the requests after it."""
+    primer = ParserPrimer(target)
+    parser = new_parser(primer)
+    parser.feed_data(CHUNKED_HEAD)
+    primer.primed = True
+    return parser
+
+
 class HttpDate:
     """The Date header line of a reply (RFC 9110 §6.6.1: an origin server with a clock sends
     one), formatted once per second rather than per reply."""
