@@ -213,7 +213,8 @@ def test_reply_before_the_body_closes_and_lingers() -> None:
         (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501, "Transfer-Encoding"),
         (b"CONNECT x:443 HTTP/1.1\r\nHost: x\r\n\r\n", 405, "CONNECT"),
         (
-            b"POST / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
             400,
             "Upgrade",
         ),

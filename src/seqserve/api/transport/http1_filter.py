@@ -18,6 +18,8 @@ reading HTTP/1.1 after it, past this filter).
 
 from __future__ import annotations
 
+import contextlib
+
 import httptools
 
 from seqserve.api.transport.http1_rules import (
@@ -150,10 +152,9 @@ def boundary(data: bytes, messages: int) -> int:
     while high - low > 1:
         middle = (low + high) // 2
         counter = MessageCounter()
-        try:
+        # past the refused request's start, the parser stops: it counted what completed before it
+        with contextlib.suppress(httptools.HttpParserError):
             new_parser(counter).feed_data(data[:middle])
-        except httptools.HttpParserError:
-            pass  # past the refused request's start: counted what completed before it
         if counter.complete >= messages:
             high = middle
         else:
