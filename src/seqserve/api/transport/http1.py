@@ -163,6 +163,7 @@ class Http1Connection:
         self._tail_bytes = 0  # read during a body without body bytes in them: framing, trailers
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
+        self._field_bytes = 0  # names and values of the head (or trailers) being parsed
         self._host_seen = b""  # the last Host value found valid
         self._reframe: list[bytes] | None = None  # see on_body
         self._out: list[bytes] = []
@@ -323,6 +324,7 @@ class Http1Connection:
         self._head_bytes = 0
         self._url = b""
         self._headers = []
+        self._field_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -332,6 +334,10 @@ class Http1Connection:
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(self._headers) >= MAX_HEADERS:
             raise Refused(431, f"too many request headers (at most {MAX_HEADERS})")
+        # a head that arrived whole in one read: its fields count against the limit too
+        self._field_bytes += len(name) + len(value)
+        if self._field_bytes > self.max_head_bytes:
+            raise Refused(431, "request head too large")
         self._headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
@@ -379,6 +385,7 @@ class Http1Connection:
             path = unquote(path, encoding="utf-8", errors="replace")
         ex = Exchange(RequestHead(method, path, raw_path, url.query or b"", self._headers, version))
         self._headers = []  # trailers, if any, are not the request's headers
+        self._field_bytes = 0
         self._tail_bytes = 0
         ex.keep_alive = self.keep_alive and parser.should_keep_alive() and not upgrade
         ex.raw_left = int(length) if upgrade and length.isdigit() else 0

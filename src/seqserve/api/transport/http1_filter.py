@@ -132,7 +132,8 @@ class RequestFilter:
             raise Refused(400, "only an h2c upgrade is taken")
 
     def on_url(self, url: bytes) -> None:
-        pass  # hypercorn checks the target
+        if b"#" in url:  # the rest of the target is h11's to check
+            raise Refused(400, "a fragment (#) in the request target (RFC 9112 §3.2)")
 
     def on_body(self, body: bytes) -> None:
         if self.reframe is not None:

@@ -127,8 +127,8 @@ def llhttp_frames_chunked(values: list[bytes]) -> bool:
     """Whether llhttp reads the body of a request with these Transfer-Encoding values as chunked;
     under ``lenient_transfer_encoding`` it reads one whose list ends in an empty element
     (``chunked,``) to the end of the connection instead."""
-    if len(values) == 1 and values[0].strip(b" \t").lower() == b"chunked":
-        return True  # the usual spelling, without a probe
+    if len(values) == 1 and values[0].lower() == b"chunked":
+        return True  # the usual spelling, without a probe (llhttp reads "chunked \t" otherwise)
     probe = ChunkProbe()
     parser = new_parser(probe)
     head = b"".join(b"transfer-encoding: %s\r\n" % v for v in values)
