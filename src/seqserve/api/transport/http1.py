@@ -15,6 +15,11 @@ What it serves, with every limit of docs/security.md:
   100-continue``, chunked bodies both ways, ``HEAD``, HTTP/1.0;
 - a request head larger than ``max_head_bytes`` gets 431, a malformed one 400, both as JSON
   ``{"error": ...}`` and followed by a close; upgrades (h2c, websockets) are not taken;
+- what llhttp lets through or refuses against RFC 9112 / 9110 is settled by ``http1_rules``:
+  Host (required, checked), HTTP/1.x minor versions (served as 1.1), the Transfer-Encoding list
+  (``chunked,`` is ``chunked``: a parser primed with a chunked head takes over, since llhttp
+  would read that body to the end of the connection), and every request-smuggling shape;
+- every reply but 100 Continue carries a Date (formatted once per second);
 - reading pauses while a request's unread body passes ``BODY_HIGH_WATER`` or pipelined
   requests wait.
 """
