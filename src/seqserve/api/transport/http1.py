@@ -168,6 +168,7 @@ class Http1Connection:
         self._tail_bytes = 0  # read during a body without body bytes in them: framing, trailers
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
+        self._large_read = False  # the read being parsed is larger than max_head_bytes
         self._field_bytes = 0  # names and values of the head (or trailers) being parsed
         self._host_seen = b""  # the last Host value found valid
         self._reframe: list[bytes] | None = None  # see on_body
@@ -196,6 +197,7 @@ class Http1Connection:
         if self.closing and current is None:
             return []  # after a refusal or an upgrade: nothing more is read
         self._read_body_bytes = 0
+        self._large_read = len(data) > self.max_head_bytes
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as e:
@@ -339,17 +341,19 @@ class Http1Connection:
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(self._headers) >= MAX_HEADERS:
             raise Refused(431, f"too many request headers (at most {MAX_HEADERS})")
-        # a head that arrived whole in one read: its fields count against the limit too
-        self._field_bytes += len(name) + len(value)
-        if self._field_bytes > self.max_head_bytes:
-            raise Refused(431, "request head too large")
+        if self._large_read:  # a head that arrives whole in one read counts against the limit too
+            self._field_bytes += len(name) + len(value)
+            if self._field_bytes > self.max_head_bytes:
+                raise Refused(431, "request head too large")
         self._headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         parser = self.parser
         method = parser.get_method().decode("ascii")
-        version = request_version(parser.get_http_version())
+        version = parser.get_http_version()
+        if version != "1.1" and version != "1.0":
+            version = request_version(version)
         if method == "CONNECT":
             raise Refused(405, "CONNECT is not supported")
         expect_continue = False
