@@ -374,11 +374,10 @@ class Http1Connection:
         elif hosts[0] != self._host_seen:  # the same Host as the last request's is not checked again
             check_host(hosts, version)
             self._host_seen = hosts[0]
-        chunked = codings is not None
+        chunked = reframe = codings is not None
         if codings is not None:
             check_transfer_encoding(codings, version, bool(length))
-            if not llhttp_frames_chunked(codings):
-                self._reframe = []  # see on_body
+            reframe = not llhttp_frames_chunked(codings)
         upgrade = parser.should_upgrade()
         if upgrade and chunked:  # not taken; llhttp leaves the body to this connection
             raise Refused(400, "a chunked body on an Upgrade request is not supported")
@@ -400,6 +399,8 @@ class Http1Connection:
         ex.raw_left = int(length) if upgrade and length.isdigit() else 0
         ex.head_only = method == "HEAD"
         ex.expect_continue = expect_continue
+        if reframe:
+            self._reframe = []  # see on_body
         self.current = ex
         if self.running is None and not self.waiting:
             self.running = ex
