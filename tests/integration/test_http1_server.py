@@ -135,6 +135,35 @@ async def test_keep_alive_and_framing() -> None:
         w.close()
 
 
+async def test_rfc_rules_over_the_socket() -> None:
+    """RFC 9112 / 9110 rules on the asyncio side too (every case: tests/conformance/http1): a
+    Date on replies, HTTP/1.2 served as 1.1, a ``chunked,`` body arriving in pieces (the parser
+    that takes over sees every piece), a large body so framed (reading pauses and resumes), and
+    a request without Host refused after the ones before it."""
+    async with serving() as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"GET /v HTTP/1.2\r\nHost: x\r\n\r\n")
+        status, headers, body = await read_reply(r)
+        assert status == 200 and headers["date"].endswith(" GMT") and json.loads(body)["path"] == "/v"
+        raw = b"POST /comma HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked,\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+        for i in range(0, len(raw), 7):
+            w.write(raw[i : i + 7])
+            await w.drain()
+            await asyncio.sleep(0.001)
+        status, _, body = await read_reply(r)
+        assert status == 200 and json.loads(body)["body"] == "abcde"
+        big = b"x" * (3 << 20)
+        w.write(b"POST /big HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: , chunked\r\n\r\n")
+        w.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(big), big))
+        status, _, body = await read_reply(r)
+        assert status == 200 and len(json.loads(body)["body"]) == len(big)
+        w.write(request("GET", "/ok") + b"GET /nohost HTTP/1.1\r\n\r\n")
+        assert (await read_reply(r))[0] == 200
+        status, headers, body = await read_reply(r)
+        assert status == 400 and "missing Host" in json.loads(body)["error"] and "date" in headers
+        assert await closed(r)
+
+
 async def test_http_1_0_closes_unless_kept_alive() -> None:
     async with serving() as (_, port):
         r, w = await asyncio.open_connection("127.0.0.1", port)
