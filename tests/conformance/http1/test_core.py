@@ -252,10 +252,19 @@ def test_filter_refused_inside_a_read_after_a_partial_request_ends_the_stream() 
     assert checks.refused and checks.feed(get()) == b""
 
 
-def test_filter_passes_http2_prior_knowledge() -> None:
+@pytest.mark.parametrize("step", [1, 5, 100])
+def test_filter_passes_http2_prior_knowledge(step: int) -> None:
     checks = RequestFilter()
-    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-    assert checks.feed(preface) == preface and checks.feed(b"\x00\x00\x00\x04") == b"\x00\x00\x00\x04"
+    stream = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+    out = b"".join(checks.feed(stream[i : i + step]) for i in range(0, len(stream), step))
+    assert out == stream and checks.passing
+
+
+def test_filter_checks_a_request_that_starts_like_the_preface() -> None:
+    checks = RequestFilter()
+    assert checks.feed(b"P") == b"P"
+    assert checks.feed(b"OST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n") == b""
+    assert checks.refused and not checks.passing
 
 
 def test_filter_refuses_upgrades_other_than_h2c() -> None:

@@ -34,8 +34,8 @@ from seqserve.api.transport.http1_rules import (
 
 #: what hypercorn gets in place of a refused request: a request line h11 answers with 400
 REFUSED_LINE = b"\x00 refused by seqserve\r\n\r\n"
-#: the start of the HTTP/2 connection preface (RFC 9113 §3.4)
-H2_PREFACE = b"PRI * HTTP/2.0\r\n"
+#: the start of the HTTP/2 connection preface (RFC 9113 §3.4), where llhttp stops
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\n"
 
 
 class MessageCounter:
@@ -54,14 +54,14 @@ class RequestFilter:
     """Feed it each read; pass on what ``feed`` returns. ``refused`` once a request was refused
     (then ``feed`` returns nothing: the caller ends the stream once hypercorn has answered)."""
 
-    __slots__ = ("between", "completed", "first", "headers", "parser", "passing", "reframe", "refusal", "refused")
+    __slots__ = ("between", "completed", "headers", "opening", "parser", "passing", "reframe", "refusal", "refused")
 
     def __init__(self) -> None:
         self.parser = new_parser(self)
         self.headers: list[tuple[bytes, bytes]] = []
         self.between = True  # no message started since the last one completed
         self.completed = 0
-        self.first = True
+        self.opening = b""  # the connection's first bytes, as long as the HTTP/2 preface's start
         self.passing = False  # HTTP/2 on this connection: not checked
         self.refused = False
         self.refusal: Refused | None = None  # why, where it was one of this module's rules
@@ -72,11 +72,8 @@ class RequestFilter:
             return data
         if self.refused:
             return b""
-        if self.first:
-            self.first = False
-            if data.startswith(H2_PREFACE[: len(data)]) and data:
-                self.passing = True  # prior knowledge; a partial preface, too, is no HTTP/1.1 request
-                return data
+        if len(self.opening) < len(H2_PREFACE):
+            self.opening += data[: len(H2_PREFACE) - len(self.opening)]
         at_boundary, completed = self.between, self.completed
         try:
             self.parser.feed_data(data)
@@ -84,6 +81,9 @@ class RequestFilter:
             self.passing = True  # an h2c upgrade (on_headers_complete refused any other)
             return data
         except httptools.HttpParserError as e:
+            if self.completed == 0 and self.opening.startswith(H2_PREFACE):
+                self.passing = True  # llhttp stops at the preface's request line: HTTP/2, prior knowledge
+                return data
             cause = e.__context__
             self.refusal = cause if isinstance(cause, Refused) else None
             self.refused = True
