@@ -107,3 +107,13 @@ def check_replies(replies: list[tuple[int, dict[str, str], bytes]]) -> None:
         assert "date" in headers  # RFC 9110 §6.6.1
         if status >= 400:
             assert json.loads(body)["error"]
+
+
+def test_http2_prior_knowledge_passes_hypercorn_filter(hypercorn: ServerProcess) -> None:
+    """The request filter lets HTTP/2 through (RFC 9113 §3.3): the server's SETTINGS come back."""
+    with socket.create_connection(("127.0.0.1", hypercorn.http_port), timeout=READ_TIMEOUT_S) as sock:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        frame = b""
+        while len(frame) < 9 and (data := sock.recv(9 - len(frame))):
+            frame += data
+    assert len(frame) == 9 and frame[3] == 4, frame  # a SETTINGS frame
