@@ -135,6 +135,35 @@ async def test_keep_alive_and_framing() -> None:
         w.close()
 
 
+async def test_rfc_rules_over_the_socket() -> None:
+    """RFC 9112 / 9110 rules on the asyncio side too (every case: tests/conformance/http1): a
+    Date on replies, HTTP/1.2 served as 1.1, a ``chunked,`` body arriving in pieces (the parser
+    that takes over sees every piece), a large body so framed (reading pauses and resumes), and
+    a request without Host refused after the ones before it."""
+    async with serving() as (_, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"GET /v HTTP/1.2\r\nHost: x\r\n\r\n")
+        status, headers, body = await read_reply(r)
+        assert status == 200 and headers["date"].endswith(" GMT") and json.loads(body)["path"] == "/v"
+        raw = b"POST /comma HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked,\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+        for i in range(0, len(raw), 7):
+            w.write(raw[i : i + 7])
+            await w.drain()
+            await asyncio.sleep(0.001)
+        status, _, body = await read_reply(r)
+        assert status == 200 and json.loads(body)["body"] == "abcde"
+        big = b"x" * (3 << 20)
+        w.write(b"POST /big HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: , chunked\r\n\r\n")
+        w.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(big), big))
+        status, _, body = await read_reply(r)
+        assert status == 200 and len(json.loads(body)["body"]) == len(big)
+        w.write(request("GET", "/ok") + b"GET /nohost HTTP/1.1\r\n\r\n")
+        assert (await read_reply(r))[0] == 200
+        status, headers, body = await read_reply(r)
+        assert status == 400 and "missing Host" in json.loads(body)["error"] and "date" in headers
+        assert await closed(r)
+
+
 async def test_http_1_0_closes_unless_kept_alive() -> None:
     async with serving() as (_, port):
         r, w = await asyncio.open_connection("127.0.0.1", port)
@@ -180,9 +209,9 @@ async def test_expect_100_continue() -> None:
     ("raw", "status", "error"),
     [
         (b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (80 << 10) + b"\r\n\r\n", 431, "request head too large"),
-        (b"GET /" + b"a" * (80 << 10) + b" HTTP/1.1\r\n\r\n", 414, "request target too long"),
+        (b"GET /" + b"a" * (80 << 10) + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "request target too long"),
         (request("GET", "/", b"", *(f"X-{i}: v" for i in range(MAX_HEADERS + 1))), 431, "too many request headers"),
-        (b"GET / HTTP/1.1\r\nBad Header\r\n\r\n", 400, "malformed HTTP request"),
+        (b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 400, "malformed HTTP request"),
         (b"\x16\x03\x01 not http\r\n\r\n", 400, "malformed HTTP request"),
         (b"POST / HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "malformed"),
         # an endless trailer: httptools would hold it whole before any callback
@@ -193,10 +222,11 @@ async def test_expect_100_continue() -> None:
             "framing or trailers too large",
         ),
         (b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505, "HTTP version 2.0 not supported"),
-        (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501, "Transfer-Encoding"),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501, "Transfer-Encoding"),
         (b"CONNECT x:443 HTTP/1.1\r\nHost: x\r\n\r\n", 405, "CONNECT"),
         (
-            b"POST / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
             400,
             "Upgrade",
         ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import email.utils
 import gzip
 from collections.abc import Callable
 
@@ -71,3 +72,12 @@ def test_raw_http_paths(launch: Callable[..., ServerProcess], http_server: str) 
     assert r.status == 405 and r.error() == "Method Not Allowed"
     r = http_request(srv, "GET", "/v2/health/ready")
     assert r.status == 200 and r.body == b""
+
+
+def test_replies_carry_a_date(launch: Callable[..., ServerProcess], http_server: str) -> None:
+    """RFC 9110 §6.6.1: an origin server with a clock sends Date on its 2xx and 4xx replies."""
+    srv = _start(launch, http_server)
+    for path in ("/v2/health/ready", "/v2/models/nope"):
+        r = http_request(srv, "GET", path)
+        assert r.status in (200, 404)
+        assert email.utils.parsedate_to_datetime(r.headers["date"]).tzinfo is not None

@@ -15,6 +15,11 @@ What it serves, with every limit of docs/security.md:
   100-continue``, chunked bodies both ways, ``HEAD``, HTTP/1.0;
 - a request head larger than ``max_head_bytes`` gets 431, a malformed one 400, both as JSON
   ``{"error": ...}`` and followed by a close; upgrades (h2c, websockets) are not taken;
+- what llhttp lets through or refuses against RFC 9112 / 9110 is settled by ``http1_rules``:
+  Host (required, checked), HTTP/1.x minor versions (served as 1.1), the Transfer-Encoding list
+  (``chunked,`` is ``chunked``: a parser primed with a chunked head takes over, since llhttp
+  would read that body to the end of the connection), and every request-smuggling shape;
+- every reply but 100 Continue carries a Date (formatted once per second);
 - reading pauses while a request's unread body passes ``BODY_HIGH_WATER`` or pipelined
   requests wait.
 """
@@ -32,6 +37,17 @@ from urllib.parse import unquote
 import httptools
 import orjson
 
+from seqserve.api.transport.http1_rules import (
+    HTTP_DATE,
+    Refused,
+    check_host,
+    check_transfer_encoding,
+    llhttp_frames_chunked,
+    new_parser,
+    primed_parser,
+    request_version,
+)
+
 #: a request line plus headers larger than this is refused with 431 (hypercorn and granian: 16 KiB
 #: to 64 KiB); counted as it arrives, so an endless header costs at most this plus one read
 DEFAULT_MAX_HEAD_BYTES = 64 << 10
@@ -47,15 +63,6 @@ BODY_HIGH_WATER = 1 << 20
 REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 JSON_HEADERS = [(b"content-type", b"application/json")]
-
-
-class Refused(Exception):
-    """A request the connection answers itself (status, error message) and then closes on."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class CloseAction(enum.Enum):
@@ -146,7 +153,7 @@ class Http1Connection:
     def __init__(self, *, keep_alive: bool = True, max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES) -> None:
         self.keep_alive = keep_alive  # the server's: off answers one request per connection
         self.max_head_bytes = max_head_bytes
-        self.parser = httptools.HttpRequestParser(self)
+        self.parser = new_parser(self)
         self.stopping = False  # the server is shutting down
         self.closing = False  # close once the running and waiting requests are answered
         self.reading = True  # what the I/O layer should do with its transport
@@ -161,6 +168,10 @@ class Http1Connection:
         self._tail_bytes = 0  # read during a body without body bytes in them: framing, trailers
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
+        self._large_read = False  # the read being parsed is larger than max_head_bytes
+        self._field_bytes = 0  # names and values of the head (or trailers) being parsed
+        self._host_seen = b""  # the last Host value found valid
+        self._reframe: list[bytes] | None = None  # see on_body
         self._out: list[bytes] = []
         self._events: list[Event] = []
 
@@ -186,6 +197,7 @@ class Http1Connection:
         if self.closing and current is None:
             return []  # after a refusal or an upgrade: nothing more is read
         self._read_body_bytes = 0
+        self._large_read = len(data) > self.max_head_bytes
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as e:
@@ -200,6 +212,8 @@ class Http1Connection:
             cause = e.__context__
             self._refuse(cause if isinstance(cause, Refused) else Refused(400, parse_error(e)))
             return self._take_events()
+        if self._reframe is not None:
+            return self._reframed()
         # What httptools holds without a callback is bounded here: an incomplete head (in the read
         # it began in, what was not another request's body), and chunk framing or trailers
         # (reads during a body without body bytes in them).
@@ -268,7 +282,7 @@ class Http1Connection:
             return
         if close:
             ex.keep_alive = False
-        head = [b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b""))]
+        head = [b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b"")), HTTP_DATE.header()]
         head.extend(b"%s: %s\r\n" % kv for kv in headers)
         self._write_head(ex, head, body, end)
 
@@ -317,6 +331,7 @@ class Http1Connection:
         self._head_bytes = 0
         self._url = b""
         self._headers = []
+        self._field_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -326,6 +341,10 @@ class Http1Connection:
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(self._headers) >= MAX_HEADERS:
             raise Refused(431, f"too many request headers (at most {MAX_HEADERS})")
+        if self._large_read:  # a head that arrives whole in one read counts against the limit too
+            self._field_bytes += len(name) + len(value)
+            if self._field_bytes > self.max_head_bytes:
+                raise Refused(431, "request head too large")
         self._headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
@@ -333,21 +352,32 @@ class Http1Connection:
         parser = self.parser
         method = parser.get_method().decode("ascii")
         version = parser.get_http_version()
-        if version not in ("1.1", "1.0"):
-            raise Refused(505, f"HTTP version {version[:8]} not supported: this server speaks HTTP/1.1")
+        if version != "1.1" and version != "1.0":
+            version = request_version(version)
         if method == "CONNECT":
             raise Refused(405, "CONNECT is not supported")
-        chunked = expect_continue = False
+        expect_continue = False
         length = b""
+        hosts: list[bytes] = []
+        codings: list[bytes] | None = None
         for k, v in self._headers:  # one pass: llhttp has checked their syntax
-            if k == b"transfer-encoding":
-                if v.strip().lower() != b"chunked":
-                    raise Refused(501, "a Transfer-Encoding other than chunked is not supported")
-                chunked = True
+            if k == b"host":
+                hosts.append(v)
+            elif k == b"transfer-encoding":
+                codings = [v] if codings is None else [*codings, v]
             elif k == b"content-length":
                 length = v
             elif k == b"expect" and v.lower() == b"100-continue":
                 expect_continue = version == "1.1"
+        if len(hosts) != 1:
+            check_host(hosts, version)
+        elif hosts[0] != self._host_seen:  # the same Host as the last request's is not checked again
+            check_host(hosts, version)
+            self._host_seen = hosts[0]
+        chunked = reframe = codings is not None
+        if codings is not None:
+            check_transfer_encoding(codings, version, bool(length))
+            reframe = not llhttp_frames_chunked(codings)
         upgrade = parser.should_upgrade()
         if upgrade and chunked:  # not taken; llhttp leaves the body to this connection
             raise Refused(400, "a chunked body on an Upgrade request is not supported")
@@ -355,17 +385,22 @@ class Http1Connection:
             url = httptools.parse_url(self._url)
         except httptools.HttpParserInvalidURLError:
             raise Refused(400, "malformed request target") from None
+        if url.fragment is not None:
+            raise Refused(400, "a fragment (#) in the request target (RFC 9112 §3.2)")
         raw_path = url.path or b"/"
         path = raw_path.decode("latin-1")
         if "%" in path:
             path = unquote(path, encoding="utf-8", errors="replace")
         ex = Exchange(RequestHead(method, path, raw_path, url.query or b"", self._headers, version))
         self._headers = []  # trailers, if any, are not the request's headers
+        self._field_bytes = 0
         self._tail_bytes = 0
         ex.keep_alive = self.keep_alive and parser.should_keep_alive() and not upgrade
         ex.raw_left = int(length) if upgrade and length.isdigit() else 0
         ex.head_only = method == "HEAD"
         ex.expect_continue = expect_continue
+        if reframe:
+            self._reframe = []  # see on_body
         self.current = ex
         if self.running is None and not self.waiting:
             self.running = ex
@@ -378,6 +413,11 @@ class Http1Connection:
         self._pause()
 
     def on_body(self, body: bytes) -> None:
+        if self._reframe is not None:
+            # llhttp reads this request's body to the end of the connection (its Transfer-Encoding
+            # list is valid but not llhttp's spelling, e.g. ``chunked,``): kept for _reframed
+            self._reframe.append(body)
+            return
         ex = self.current
         if ex is None:
             return
@@ -399,6 +439,14 @@ class Http1Connection:
             self._events.append(BodyChanged(ex))
 
     # ------------------------------------------------------------------ helpers
+
+    def _reframed(self) -> list[Event]:
+        """A new parser, primed with a chunked head, takes over from the one that read the last
+        head: it reads the chunked body that followed, and the requests after it."""
+        rest = b"".join(self._reframe or ())
+        self._reframe = None
+        self.parser = primed_parser(self)
+        return self.receive_data(rest)
 
     def _raw_body(self, ex: Exchange, data: bytes) -> None:
         """Body bytes of an Upgrade request (which llhttp leaves unparsed), up to its length."""
@@ -509,8 +557,8 @@ def error_reply(status: int, message: str) -> bytes:
     """A whole JSON error reply that closes the connection (one refused before any request)."""
     body = error_body(message)
     return (
-        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-        % (status, REASONS.get(status, b""), len(body))
+        b"HTTP/1.1 %d %s\r\n%scontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+        % (status, REASONS.get(status, b""), HTTP_DATE.header(), len(body))
     ) + body
 
 

@@ -1,13 +1,14 @@
 """hypercorn (``--http-server hypercorn``) behind seqserve's own accept loop, for what its
 settings lack and granian's have (granian's settings are passed in app.py): a cap on
-concurrent connections, and JSON bodies on the errors its HTTP/1 parser answers by itself (a
+concurrent connections, the builtin server's request rules in front of h11 (``http1_filter``:
+the request-smuggling shapes h11 would answer), and JSON bodies on the errors its HTTP/1 parser answers by itself (a
 malformed request line, header or framing), so that every non-200 a client gets is a
 ``{"error": "..."}`` document, as tritonclient expects.
 
 Nothing of hypercorn is patched: the loop here accepts the connections, refuses those beyond
 the cap, and hands each to hypercorn's own per-connection server (``TCPServer``, what
-``hypercorn.asyncio.serve`` runs for each) with a reader that frees the connection's slot when
-the client goes, and a writer that fills in the body of hypercorn's parser errors.
+``hypercorn.asyncio.serve`` runs for each) with a reader that checks the requests and frees the
+connection's slot when the client goes, and a writer that fills in the body of hypercorn's parser errors.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any
 
 import orjson
 
+from seqserve.api.transport.http1_filter import RequestFilter
+
 log = logging.getLogger("seqserve.http")
 
 #: hypercorn's own refusals (h11's status hints), worded for the client
@@ -27,6 +30,7 @@ PARSE_ERRORS = {
     400: "malformed HTTP request (request line, headers or body framing)",
     414: "request target too long",
     431: "request head too large",
+    501: "a Transfer-Encoding other than chunked is not supported",
 }
 
 
@@ -62,8 +66,9 @@ async def serve_hypercorn(
                 slots.give_back()
 
         try:
-            reader_in_front: Any = SlotReader(reader, release)  # the parts of a stream hypercorn uses
-            writer_in_front: Any = JsonErrorWriter(writer)
+            checks = RequestFilter()
+            reader_in_front: Any = SlotReader(reader, release, checks)  # the parts of a stream hypercorn uses
+            writer_in_front: Any = JsonErrorWriter(writer, checks)
             await TCPServer(wrapped, loop, cfg, context, {}, reader_in_front, writer_in_front)
         finally:
             release()
@@ -108,13 +113,16 @@ class ConnectionSlots:
 
 class SlotReader:
     """A connection's reader that frees its slot once the client is gone (end of stream or a
-    read error): hypercorn keeps the connection's task until its idle timer fires."""
+    read error): hypercorn keeps the connection's task until its idle timer fires. What it reads
+    passes the builtin server's request rules first (``http1_filter``): a refused request reaches
+    hypercorn as a request line it answers with 400, or as the end of the stream."""
 
-    __slots__ = ("_on_gone", "_reader")
+    __slots__ = ("_filter", "_on_gone", "_reader")
 
-    def __init__(self, reader: asyncio.StreamReader, on_gone: Callable[[], None]) -> None:
+    def __init__(self, reader: asyncio.StreamReader, on_gone: Callable[[], None], checks: RequestFilter) -> None:
         self._reader = reader
         self._on_gone = on_gone
+        self._filter = checks
 
     def at_eof(self) -> bool:
         return self._reader.at_eof()
@@ -127,28 +135,35 @@ class SlotReader:
             raise
         if not data:
             self._on_gone()
-        return data
+            return data
+        return self._filter.feed(data)  # empty once a request is refused: hypercorn sees the end
 
 
 class JsonErrorWriter:
     """A connection's writer that gives hypercorn's own error replies (a parser refusal: a
     4xx head with ``content-length: 0`` and no content type) a JSON body. seqserve's routes
-    never send such a head: each of their errors has a JSON body and its content type."""
+    never send such a head: each of their errors has a JSON body and its content type. The
+    message is the request filter's where it refused the request."""
 
-    __slots__ = ("_writer",)
+    __slots__ = ("_checks", "_writer")
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, checks: RequestFilter) -> None:
         self._writer = writer
+        self._checks = checks
 
     def write(self, data: bytes) -> None:
-        self._writer.write(json_error(data) if data.startswith(b"HTTP/1.1 4") else data)
+        if data.startswith((b"HTTP/1.1 4", b"HTTP/1.1 5")):
+            refusal = self._checks.refusal
+            data = json_error(data, None if refusal is None else refusal.message)
+        self._writer.write(data)
 
     def __getattr__(self, name: str) -> Any:  # drain, close, get_extra_info, ...: the writer's
         return getattr(self._writer, name)
 
 
-def json_error(head: bytes) -> bytes:
-    """``head`` with a JSON body when it is hypercorn's own error reply; else ``head``."""
+def json_error(head: bytes, refusal: str | None = None) -> bytes:
+    """``head`` with a JSON body when it is hypercorn's own error reply (its message ``refusal``
+    when given); else ``head``."""
     status = head[9:12]
     message = PARSE_ERRORS.get(int(status)) if status.isdigit() else None
     if message is None or not head.endswith(b"\r\n\r\n"):
@@ -157,7 +172,7 @@ def json_error(head: bytes) -> bytes:
     names = [line.split(b":", 1)[0].strip().lower() for line in lines[1:]]
     if b"content-type" in names or b"content-length: 0" not in (line.lower() for line in lines[1:]):
         return head
-    body = orjson.dumps({"error": message})
+    body = orjson.dumps({"error": refusal or message})
     kept = [line for line in lines[1:] if not line.lower().startswith(b"content-length:")]
     out = [lines[0], b"content-type: application/json", b"content-length: %d" % len(body), *kept]
     return b"\r\n".join(out) + b"\r\n\r\n" + body
