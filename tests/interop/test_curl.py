@@ -131,7 +131,6 @@ def test_http1_sequence_over_curl(interop: ServerProcess, tmp_path: Path) -> Non
         assert doc["outputs"] == [{"name": "OUTPUT", "datatype": "FP32", "shape": [1, 1], "data": [total]}]
 
 
-@pytest.mark.xfail(strict=True, reason="fixed on s25h1: row 6")
 def test_http1_reply_has_a_date(interop: ServerProcess, tmp_path: Path) -> None:
     """RFC 9110 §6.6.1: an origin server with a clock sends Date."""
     reply = curl(tmp_path, f"{interop.base_url}/v2/health/ready", "--http1.1")
@@ -140,7 +139,6 @@ def test_http1_reply_has_a_date(interop: ServerProcess, tmp_path: Path) -> None:
     assert re.fullmatch(r"\w{3}, \d{2} \w{3} \d{4} \d{2}:\d{2}:\d{2} GMT", date), date
 
 
-@pytest.mark.xfail(strict=True, reason="fixed on s25h1: row 4")
 def test_http1_request_without_host_is_refused(interop: ServerProcess, tmp_path: Path) -> None:
     """RFC 9112 §3.2: a request without Host gets 400 (curl drops its Host with `-H 'Host:'`)."""
     reply = curl(tmp_path, f"{interop.base_url}/v2/health/ready", "--http1.1", "-H", "Host:")
