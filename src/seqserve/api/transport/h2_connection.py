@@ -339,6 +339,8 @@ class H2Connection:
         if flags & ACK:
             if payload:
                 raise ProtocolError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            if not self.settings_seen:
+                raise ProtocolError(PROTOCOL_ERROR, "the first frame must be SETTINGS, not its ACK")
             return
         if len(payload) % 6:
             raise ProtocolError(FRAME_SIZE_ERROR, "SETTINGS of a length not a multiple of 6")
