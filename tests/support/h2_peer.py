@@ -93,13 +93,17 @@ class Reader:
         self.decoder = hpack.Decoder()
         self.frames: list[Frame] = []
         self.blocks: dict[int, list[dict[str, str]]] = {}
+        self._block = bytearray()  # a header block whose CONTINUATION frames are still due
 
     def add(self, data: bytes) -> list[Frame]:
         new = parse_frames(data)
         for fr in new:
-            if fr.kind == f.HEADERS:  # the server's blocks fit one frame in these cases
-                fields = self.decoder.decode(fr.payload)
-                self.blocks.setdefault(fr.sid, []).append({str(k): str(v) for k, v in fields})
+            if fr.kind in (f.HEADERS, f.CONTINUATION):
+                self._block += fr.payload
+                if fr.flags & f.END_HEADERS:
+                    fields = self.decoder.decode(bytes(self._block))
+                    self._block.clear()
+                    self.blocks.setdefault(fr.sid, []).append({str(k): str(v) for k, v in fields})
         self.frames += new
         return new
 
