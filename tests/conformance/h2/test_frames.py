@@ -10,7 +10,7 @@ import struct
 import pytest
 
 from seqserve.api.transport import h2_frames as f
-from seqserve.api.transport.h2_events import ConnectionTerminated, PingAcknowledged, SettingsChanged
+from seqserve.api.transport.h2_events import ConnectionTerminated, DataReceived, PingAcknowledged, SettingsChanged
 from tests.support.h2_peer import HELLO, REQUEST, SETTINGS, CorePeer, headers_frame, settings
 
 U32 = struct.Struct(">L")
@@ -367,7 +367,7 @@ def test_rfc9113_6_1_padded_data_counts_against_the_window() -> None:
     peer = CorePeer(answer=False)
     peer.request(1, end_stream=False)
     peer.send(f.frame(f.DATA, f.PADDED, 1, b"\x0a" + b"abc" + b"\0" * 10))
-    data = [e for e in peer.events if type(e).__name__ == "DataReceived"]
+    data = peer.of(DataReceived)
     assert data[0].data == b"abc" and data[0].flow_length == 14
 
 
