@@ -66,6 +66,7 @@ MALFORMED = [
     ("rfc9110-8.6-content-length-list-differs", [*BASE, (b"content-length", b"1, 2")]),
     ("rfc9113-8.5-connect-with-path", [(b":method", b"CONNECT"), (b":authority", b"x:1"), (b":path", b"/")]),
     ("rfc9113-8.5-connect-without-authority", [(b":method", b"CONNECT")]),
+    ("rfc8441-4-protocol-without-the-setting", pseudo((b":protocol", b"websocket"))),
 ]
 
 

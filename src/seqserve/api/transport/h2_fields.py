@@ -7,8 +7,9 @@ from __future__ import annotations
 
 Headers = list[tuple[bytes, bytes]]
 
-#: the request pseudo-header fields (8.3.1); each at most once
-REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority", b":protocol"))
+#: the request pseudo-header fields (8.3.1); each at most once. Not ``:protocol``: the server
+#: does not send SETTINGS_ENABLE_CONNECT_PROTOCOL, so it is malformed here (RFC 8441 4)
+REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
 #: connection-specific fields, which HTTP/2 forbids (8.2.2)
 CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"))
 #: the bytes a field name may hold: RFC 9110 token characters, lowercase (8.2.1)
@@ -72,7 +73,7 @@ def request_error(headers: Headers) -> tuple[str | None, int]:
             content_length = length
     if b":method" not in seen:
         return "no :method", -1
-    if method == b"CONNECT" and b":protocol" not in seen:
+    if method == b"CONNECT":
         if b":scheme" in seen or b":path" in seen or b":authority" not in seen:
             return "a CONNECT request with :scheme or :path, or without :authority", -1
         return None, content_length
