@@ -11,7 +11,7 @@ import pytest
 from seqserve.api.transport import h2_frames as f
 from seqserve.api.transport.h2_events import RequestReceived
 from seqserve.api.transport.h2_fields import request_error
-from seqserve.api.transport.h2_hpack import literal, segments
+from seqserve.api.transport.h2_hpack import literal, walk
 from tests.support.h2_peer import REQUEST, CorePeer, grpc_message, headers_frame, settings
 
 BASE = [(n.encode(), v.encode()) for n, v in REQUEST]
@@ -252,5 +252,31 @@ def test_a_large_header_list_reaches_the_layer_above_with_its_size(size: int) ->
 
 def test_many_fields_decode_in_linear_pieces() -> None:
     block = b"\x00\x01a\x01b" * 3000
-    pieces = segments(block)
+    pieces = walk(block).pieces
     assert b"".join(pieces) == block and max(len(p) for p in pieces) < 1100 and len(pieces) > 10
+
+
+def test_a_block_of_too_many_fields_that_leaves_the_table_alone_fails_its_stream() -> None:
+    """Over MAX_HEADER_FIELDS (at least 64 KiB decoded): not decoded, its stream reset with
+    ENHANCE_YOUR_CALM (RESOURCE_EXHAUSTED to a gRPC client); the connection goes on."""
+    peer = CorePeer(answer=False)
+    peer.request(1, end_stream=False)
+    peer.send(headers_frame(b"\x82" * (f.MAX_HEADER_FIELDS + 1), 3, end_stream=True))
+    assert peer.reader.rst(3) == f.ENHANCE_YOUR_CALM and not peer.conn.closed and 1 in peer.conn.streams
+    peer.request(5)
+    assert 5 in peer.conn.streams
+
+
+def test_a_block_of_too_many_fields_that_changes_the_table_ends_the_connection() -> None:
+    peer = CorePeer(answer=False)
+    block = b"\x40\x01a\x01b" + b"\x82" * (f.MAX_HEADER_FIELDS + 1)  # one literal with indexing first
+    peer.send(headers_frame(block, 1, end_stream=True))
+    assert peer.reader.goaway() == f.ENHANCE_YOUR_CALM
+
+
+def test_decoded_fields_count_against_the_receive_turn() -> None:
+    peer = CorePeer(answer=False)
+    block = peer.encoder.block([*REQUEST, *[(f"x-k{i}", "v") for i in range(1500)]], huffman=False)
+    peer.conn.feed(headers_frame(block, 1) + f.frame(f.PING, 0, 0, b"\0" * 8) * 100)
+    list(peer.conn.events())
+    assert peer.conn.backlog  # 1500 fields weigh like 187 frames: the PINGs wait for the next turn

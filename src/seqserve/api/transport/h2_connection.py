@@ -47,7 +47,7 @@ from seqserve.api.transport.h2_events import (
     StreamReset,
     StreamWritable,
 )
-from seqserve.api.transport.h2_fields import request_error, trailers_error
+from seqserve.api.transport.h2_fields import trailers_error
 from seqserve.api.transport.h2_frames import (
     ACK,
     COMPRESSION_ERROR,
@@ -56,6 +56,7 @@ from seqserve.api.transport.h2_frames import (
     DATA,
     END_STREAM,
     ENHANCE_YOUR_CALM,
+    FIELDS_PER_FRAME,
     FLOW_CONTROL_ERROR,
     FRAME_SIZE_ERROR,
     FRAMES_PER_TURN,
@@ -87,7 +88,7 @@ from seqserve.api.transport.h2_frames import (
     settings_entries,
     unpad,
 )
-from seqserve.api.transport.h2_hpack import HeaderBlock, HeaderDecoder
+from seqserve.api.transport.h2_hpack import HeaderDecoder
 from seqserve.api.transport.h2_outbound import Outbound, StreamState
 from seqserve.api.transport.h2_streams import ClosedStreams, FrameBudgets, HeaderFrames
 
@@ -139,6 +140,7 @@ class H2Connection:
         self.closed_streams = ClosedStreams()
         self.header_frames = HeaderFrames(self.budgets)
         self._content_length = -1  # of the request whose RequestReceived is being handled
+        self._turn_fields = 0  # header fields decoded in this receive turn (they cost like frames)
         self.last_active = clock()
         self.idle_since: float | None = self.last_active  # None while a stream is open
 
@@ -218,6 +220,7 @@ class H2Connection:
     def events(self) -> Iterator[Event]:
         """Handle the frames buffered (at most FRAMES_PER_TURN), yielding their events."""
         self.backlog = False
+        self._turn_fields = 0
         if self.closed:  # after its GOAWAY a connection reads nothing
             return
         buf = self._buf
@@ -243,7 +246,7 @@ class H2Connection:
                 end = pos + 9 + length
                 if end > n:
                     break
-                if frames == FRAMES_PER_TURN:  # the rest in the next turn
+                if frames + self._turn_fields // FIELDS_PER_FRAME >= FRAMES_PER_TURN:  # the rest in the next turn
                     self.backlog = True
                     break
                 frames += 1
@@ -355,15 +358,7 @@ class H2Connection:
         window = changes.get(S_INITIAL_WINDOW_SIZE)
         if window is not None and window != outbound.initial_window:
             self.budgets.control(1 + len(self.streams) // 64)
-            delta = window - outbound.initial_window
-            outbound.initial_window = window
-            for s in self.streams.values():
-                s.send_window += delta
-                if s.send_window > MAX_WINDOW:
-                    raise ProtocolError(FLOW_CONTROL_ERROR, "stream window over 2^31-1")
-            for s in list(self.streams.values()):
-                if s.outbox is not None and s.send_window > 0 and outbound.window > 0:
-                    outbound.flush(s)
+            outbound.change_initial_window(window, list(self.streams.values()))
         self._write(frame(SETTINGS, ACK, 0))
         if changes:
             self._pending.append(SettingsChanged(changes))
@@ -467,10 +462,13 @@ class H2Connection:
 
     def _header_block(self, sid: int, flags: int, block: bytes) -> Iterator[Event]:
         decoded = self.decoder.decode(block)  # always: the HPACK table must stay in step
+        self._turn_fields += len(decoded.headers)
         end_stream = bool(flags & END_STREAM)
         s = self.streams.get(sid)
         if s is not None:  # trailers: gRPC clients send none, but they must end the stream
-            if not s.remote_open:  # half-closed (remote): RFC 9113 5.1
+            if decoded.skipped:
+                self.reset(s, ENHANCE_YOUR_CALM)
+            elif not s.remote_open:  # half-closed (remote): RFC 9113 5.1
                 self.reset(s, STREAM_CLOSED)
             elif not end_stream or trailers_error(decoded.headers) or s.content_left > 0:
                 self.reset(s, PROTOCOL_ERROR)  # malformed (8.1)
@@ -491,7 +489,10 @@ class H2Connection:
         if self.goaway_sent or len(self.streams) >= self.max_concurrent_streams:
             self._refuse(sid, REFUSED_STREAM)
             return
-        why, content_length = self._verdict(decoded)
+        if decoded.skipped:  # too many fields to decode, and the table needs none of them
+            self._refuse(sid, ENHANCE_YOUR_CALM)
+            return
+        why, content_length = decoded.request_verdict()
         if why is not None or (end_stream and content_length > 0):
             log.debug("gRPC stream %d malformed: %s", sid, why or "content-length without DATA")
             self._refuse(sid, PROTOCOL_ERROR)
@@ -503,13 +504,6 @@ class H2Connection:
         s = self.streams.get(sid)
         if end_stream and s is not None:  # accepted, and not answered at once
             yield StreamEnded(s)
-
-    @staticmethod
-    def _verdict(decoded: HeaderBlock) -> tuple[str | None, int]:
-        verdict = decoded.verdict
-        if verdict is None:
-            verdict = decoded.verdict = request_error(decoded.headers)
-        return verdict
 
     def _refuse(self, sid: int, code: int) -> None:
         """Reset a stream that was never served (refused, or malformed): counted as a reset the

@@ -37,6 +37,13 @@ CONNECTION_WINDOW = 16 << 20
 #: block must be held whole to keep the HPACK table in step. A block under it whose decoded list
 #: is over the advertised SETTINGS_MAX_HEADER_LIST_SIZE fails its own stream only
 MAX_HEADER_BLOCK = 128 << 10
+#: fields in one header block: hpack decodes one in a few µs, so a block of many 1-byte indexed
+#: fields would hold the loop. Past it (64 KiB decoded at the least, four times the advertised
+#: list), a block that changes the HPACK table ends the connection (ENHANCE_YOUR_CALM); one that
+#: does not is left undecoded and its stream reset (ENHANCE_YOUR_CALM: RESOURCE_EXHAUSTED to a
+#: gRPC client). Decoded fields count against the frames of a receive turn, 8 to a frame
+MAX_HEADER_FIELDS = 2048
+FIELDS_PER_FRAME = 8
 #: frames that carry nothing a client needs to send often (SETTINGS, PRIORITY, empty DATA or
 #: CONTINUATION, unknown frame types, and any frame on a stream already closed: WINDOW_UPDATE,
 #: RST_STREAM, DATA, HEADERS) a client may send per second, averaged over CONTROL_WINDOW_S,

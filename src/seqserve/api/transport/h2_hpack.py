@@ -9,11 +9,12 @@ from typing import cast
 import hpack
 import hpack.exceptions
 
-from seqserve.api.transport.h2_frames import BLOCK_CACHE
+from seqserve.api.transport.h2_fields import request_error
+from seqserve.api.transport.h2_frames import BLOCK_CACHE, ENHANCE_YOUR_CALM, MAX_HEADER_FIELDS, ProtocolError
 
 Headers = list[tuple[bytes, bytes]]
 
-#: the size of the pieces a large block is decoded in (``segments``)
+#: the size of the pieces a large block is decoded in (``walk``)
 SEGMENT_BYTES = 1024
 #: hpack's bound on the list one piece decodes to: indexed fields of the largest entries (4 KiB,
 #: the default table) add up to this for a piece of SEGMENT_BYTES; they are references
@@ -60,14 +61,27 @@ STATUS_200 = b"\x88"  # static table index 8
 # ---------------------------------------------------------------- HPACK (walking a block)
 
 
-def segments(block: bytes) -> list[bytes]:
-    """``block`` cut at field boundaries into pieces of about SEGMENT_BYTES, walked without
-    decoding (RFC 7541 6): hpack copies the rest of what it is given for every literal it
-    decodes, so a block given whole costs fields x bytes; given in pieces, it costs its length.
-    A dynamic table size update after a field is refused here (hpack sees each piece as a
-    block of its own); a malformed block is cut where the walk ends, and hpack refuses it."""
+class BlockShape:
+    """A header block walked without decoding (RFC 7541 6): its fields, whether it changes the
+    dynamic table (a literal with incremental indexing, a size update), and its pieces."""
+
+    __slots__ = ("fields", "pieces", "touches_table")
+
+    def __init__(self, pieces: list[bytes], fields: int, touches_table: bool) -> None:
+        self.pieces = pieces
+        self.fields = fields
+        self.touches_table = touches_table
+
+
+def walk(block: bytes) -> BlockShape:
+    """``block`` cut at field boundaries into pieces of about SEGMENT_BYTES: hpack copies the
+    rest of what it is given for every literal it decodes, so a block given whole costs fields
+    x bytes; given in pieces, it costs its length. A dynamic table size update after a field is
+    refused here (hpack sees each piece as a block of its own); a malformed block is cut where
+    the walk ends, and hpack refuses it."""
     i, n, start = 0, len(block), 0
     fields = 0
+    touches = False
     out = []
     while i < n:
         b = block[i]
@@ -78,9 +92,12 @@ def segments(block: bytes) -> list[bytes]:
             if fields:
                 raise hpack.exceptions.HPACKDecodingError("table size update after a header field")
             i = _skip_int(block, i, 5)
+            touches = True
             continue
         else:
-            prefix = 6 if b & 0x40 else 4  # literal with incremental indexing, or without / never
+            indexing = bool(b & 0x40)  # literal with incremental indexing, or without / never
+            touches = touches or indexing
+            prefix = 6 if indexing else 4
             new_name = b & ((1 << prefix) - 1) == 0
             i = _skip_int(block, i, prefix)
             if new_name:
@@ -92,7 +109,7 @@ def segments(block: bytes) -> list[bytes]:
             start = i
     if start < n:
         out.append(block[start:])
-    return out
+    return BlockShape(out, fields, touches)
 
 
 def _int_at(block: bytes, i: int, prefix: int) -> tuple[int, int]:
@@ -127,14 +144,24 @@ def _skip_string(block: bytes, i: int) -> int:
 class HeaderBlock:
     """A decoded header block: its fields, its size as SETTINGS_MAX_HEADER_LIST_SIZE counts it
     (RFC 9113 6.5.2: name, value and 32 per field), and the connection's verdict on it as a
-    request (``H2Connection`` sets it once; a cached block keeps it)."""
+    request (a cached block keeps it). A block of more than
+    MAX_HEADER_FIELDS fields that leaves the table alone is not decoded: ``skipped``, no
+    headers, its request refused."""
 
-    __slots__ = ("headers", "size", "verdict")
+    __slots__ = ("headers", "size", "skipped", "verdict")
 
-    def __init__(self, headers: Headers) -> None:
+    def __init__(self, headers: Headers, *, skipped: bool = False) -> None:
         self.headers = headers
         self.size = sum(len(n) + len(v) for n, v in headers) + 32 * len(headers)
+        self.skipped = skipped
         self.verdict: tuple[str | None, int] | None = None
+
+    def request_verdict(self) -> tuple[str | None, int]:
+        """``h2_fields.request_error`` of the headers, worked out once."""
+        verdict = self.verdict
+        if verdict is None:
+            verdict = self.verdict = request_error(self.headers)
+        return verdict
 
 
 class HeaderDecoder:
@@ -159,11 +186,11 @@ class HeaderDecoder:
         if hit is not None:
             return hit
         if not _CACHE_BLOCKS:
-            return HeaderBlock(self._decode(block))
+            return self._decode(block)
         table = self.decoder.header_table
         entries = table.dynamic_entries  # hpack's: a new tuple at the front on each insertion
         size, first, maxsize = len(entries), entries[0] if entries else None, table.maxsize
-        decoded = HeaderBlock(self._decode(block))
+        decoded = self._decode(block)
         if len(entries) != size or (entries[0] if entries else None) is not first or table.maxsize != maxsize:
             self._blocks.clear()  # the table changed: every list kept may be stale
         elif len(block) <= 1024:
@@ -172,11 +199,16 @@ class HeaderDecoder:
             self._blocks[block] = decoded
         return decoded
 
-    def _decode(self, block: bytes) -> Headers:
+    def _decode(self, block: bytes) -> HeaderBlock:
         decode = self.decoder.decode
-        if len(block) <= SEGMENT_BYTES:
-            return cast(Headers, decode(block, raw=True))
+        if len(block) <= SEGMENT_BYTES:  # at most SEGMENT_BYTES fields
+            return HeaderBlock(cast(Headers, decode(block, raw=True)))
+        shape = walk(block)
+        if shape.fields > MAX_HEADER_FIELDS:
+            if shape.touches_table:  # the table must stay in step: the connection cannot go on
+                raise ProtocolError(ENHANCE_YOUR_CALM, f"a header block of more than {MAX_HEADER_FIELDS} fields")
+            return HeaderBlock([], skipped=True)
         headers: Headers = []
-        for piece in segments(block):
+        for piece in shape.pieces:
             headers += cast(Headers, decode(piece, raw=True))
-        return headers
+        return HeaderBlock(headers)

@@ -14,8 +14,11 @@ from seqserve.api.transport.h2_frames import (
     DEFAULT_WINDOW,
     END_HEADERS,
     END_STREAM,
+    FLOW_CONTROL_ERROR,
     HEADERS,
+    MAX_WINDOW,
     STREAM_WINDOW,
+    ProtocolError,
     frame,
     frame_header,
 )
@@ -100,6 +103,19 @@ class Outbound:
         if size < self.table_size:
             self.table_size = 0
             self.table_update = table_size_update(0)
+
+    def change_initial_window(self, window: int, streams: list[StreamState]) -> None:
+        """The client's SETTINGS_INITIAL_WINDOW_SIZE changed: every open stream's window moves by
+        the difference (RFC 9113 6.9.2), and what waited on it goes out."""
+        delta = window - self.initial_window
+        self.initial_window = window
+        for s in streams:
+            s.send_window += delta
+            if s.send_window > MAX_WINDOW:
+                raise ProtocolError(FLOW_CONTROL_ERROR, "stream window over 2^31-1")
+        for s in streams:
+            if s.outbox is not None and s.send_window > 0 and self.window > 0:
+                self.flush(s)
 
     def forget(self, stream_id: int) -> None:
         self._blocked.pop(stream_id, None)
