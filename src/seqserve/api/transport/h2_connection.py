@@ -2,12 +2,14 @@
 (``receive_data``, which yields ``h2_events``), commands (``accept``, ``send_headers``,
 ``send_data``, ``send_reply``, ``reset``, ``consumed``, ``ping``, ``send_goaway``, ``close``)
 and bytes out (``data_to_send``). The asyncio adapter (``h2_protocol``) owns the socket and the
-timers; the gRPC call layer (``grpc_calls``) handles the events. Tests: test_h2_connection.py.
+timers; the gRPC call layer (``grpc_calls``) handles the events. Tests: test_h2_connection.py and
+tests/conformance/h2.
 
 What a gRPC server needs and nothing else: no server push, no priorities (parsed and ignored),
 reply header blocks that never insert into the dynamic table (every block leaves through
-``Outbound.header_frames``, where a table size update would be prefixed), HPACK decoding by
-``hpack`` (``h2_hpack``). Every size is checked before it is kept:
+``Outbound.header_frames``, which prefixes the table size update a client that lowers its
+table is owed), HPACK decoding by ``hpack`` (``h2_hpack``). Every size is checked before it is
+kept:
 
 - a frame over ``MAX_FRAME_SIZE`` (advertised) is a FRAME_SIZE_ERROR;
 - a header block over ``MAX_HEADER_BLOCK`` (HEADERS plus CONTINUATION, compressed) ends the
@@ -20,8 +22,9 @@ reply header blocks that never insert into the dynamic table (every block leaves
   resets streams faster than ``MAX_RESETS_PER_S`` gets a GOAWAY (the "rapid reset" attack);
 - every frame that costs work and carries nothing is budgeted (``h2_streams.FrameBudgets``),
   frames on closed streams included;
-- at most ``FRAMES_PER_TURN`` frames are handled per ``receive_data``: the rest waits for the
-  adapter's next turn (``backlog``), so one read of tiny frames cannot hold the event loop.
+- at most ``FRAMES_PER_TURN`` frames (decoded header fields weigh 1/FIELDS_PER_FRAME each)
+  are handled per ``receive_data``: the rest waits for the adapter's next turn (``backlog``),
+  so one read of tiny frames cannot hold the event loop.
 
 Events that commands cause (a stream reset, an outbox emptied): ``take_events``, by the caller.
 """
