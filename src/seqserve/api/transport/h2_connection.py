@@ -59,7 +59,6 @@ from seqserve.api.transport.h2_frames import (
     DATA,
     END_STREAM,
     ENHANCE_YOUR_CALM,
-    FIELDS_PER_FRAME,
     FLOW_CONTROL_ERROR,
     FRAME_SIZE_ERROR,
     FRAMES_PER_TURN,
@@ -143,7 +142,6 @@ class H2Connection:
         self.closed_streams = ClosedStreams()
         self.header_frames = HeaderFrames(self.budgets)
         self._content_length = -1  # of the request whose RequestReceived is being handled
-        self._turn_fields = 0  # header fields decoded in this receive turn (they cost like frames)
         self.last_active = clock()
         self.idle_since: float | None = self.last_active  # None while a stream is open
 
@@ -223,7 +221,6 @@ class H2Connection:
     def events(self) -> Iterator[Event]:
         """Handle the frames buffered (at most FRAMES_PER_TURN), yielding their events."""
         self.backlog = False
-        self._turn_fields = 0
         if self.closed:  # after its GOAWAY a connection reads nothing
             return
         buf = self._buf
@@ -249,7 +246,7 @@ class H2Connection:
                 end = pos + 9 + length
                 if end > n:
                     break
-                if frames + self._turn_fields // FIELDS_PER_FRAME >= FRAMES_PER_TURN:  # the rest in the next turn
+                if frames >= FRAMES_PER_TURN:  # the rest in the next turn
                     self.backlog = True
                     break
                 frames += 1
@@ -257,7 +254,7 @@ class H2Connection:
                 sid = U32.unpack_from(buf, pos + 5)[0] & 0x7FFFFFFF
                 payload = bytes(buf[pos + 9 : end])
                 pos = end
-                if self.header_frames.pending and kind != CONTINUATION:
+                if self.header_frames.pending is not None and kind != CONTINUATION:
                     raise ProtocolError(PROTOCOL_ERROR, "header block interrupted")
                 if not self.settings_seen and kind != SETTINGS:
                     raise ProtocolError(PROTOCOL_ERROR, "the first frame must be SETTINGS")
@@ -281,10 +278,14 @@ class H2Connection:
                     block = self.header_frames.headers(flags, sid, payload)
                     if block is not None:
                         yield from self._header_block(sid, *block)
+                        if self.decoder.fields_decoded:  # not a cached block
+                            frames += self.decoder.cost_in_frames()
                 elif kind == CONTINUATION:
                     block = self.header_frames.continuation(flags, sid, payload)
                     if block is not None:
                         yield from self._header_block(sid, *block)
+                        if self.decoder.fields_decoded:  # not a cached block
+                            frames += self.decoder.cost_in_frames()
                 else:
                     self._control_frame(kind, flags, sid, payload)
                 while pending:
@@ -409,7 +410,6 @@ class H2Connection:
             return
         s.remote_open = s.local_open = False
         self.outbound.forget(sid)
-        self.closed_streams.add(sid, False)
         self._pending.append(StreamReset(s))
         self._pending.append(StreamWritable(s))
         if self.budgets.reset():
@@ -465,7 +465,6 @@ class H2Connection:
 
     def _header_block(self, sid: int, flags: int, block: bytes) -> Iterator[Event]:
         decoded = self.decoder.decode(block)  # always: the HPACK table must stay in step
-        self._turn_fields += len(decoded.headers)
         end_stream = bool(flags & END_STREAM)
         s = self.streams.get(sid)
         if s is not None:  # trailers: gRPC clients send none, but they must end the stream
@@ -484,10 +483,12 @@ class H2Connection:
         if not sid & 1:
             raise ProtocolError(PROTOCOL_ERROR, "HEADERS on an even stream id")
         if sid <= self.last_stream_id:
-            if not self.closed_streams.known(sid):  # RFC 9113 5.1.1
+            if self.closed_streams.never_used(sid):  # RFC 9113 5.1.1
                 raise ProtocolError(PROTOCOL_ERROR, "HEADERS on a stream id lower than one opened")
             self._closed_stream_frame(sid)
             return
+        if sid > self.last_stream_id + 2:
+            self.closed_streams.skipped(self.last_stream_id, sid)
         self.last_stream_id = sid
         if self.goaway_sent or len(self.streams) >= self.max_concurrent_streams:
             self._refuse(sid, REFUSED_STREAM)
@@ -495,15 +496,19 @@ class H2Connection:
         if decoded.skipped:  # too many fields to decode, and the table needs none of them
             self._refuse(sid, ENHANCE_YOUR_CALM)
             return
-        why, content_length = decoded.request_verdict()
+        verdict = decoded.verdict
+        why, content_length = verdict if verdict is not None else decoded.request_verdict()
         if why is not None or (end_stream and content_length > 0):
             log.debug("gRPC stream %d malformed: %s", sid, why or "content-length without DATA")
             self._refuse(sid, PROTOCOL_ERROR)
             return
         self.last_active = self._clock()
-        self._content_length = content_length
-        yield RequestReceived(sid, decoded.headers, end_stream, decoded.size)
-        self._content_length = -1
+        if content_length < 0:
+            yield RequestReceived(sid, decoded.headers, end_stream, decoded.size)
+        else:
+            self._content_length = content_length  # for ``accept``
+            yield RequestReceived(sid, decoded.headers, end_stream, decoded.size)
+            self._content_length = -1
         s = self.streams.get(sid)
         if end_stream and s is not None:  # accepted, and not answered at once
             yield StreamEnded(s)
@@ -512,7 +517,7 @@ class H2Connection:
         """Reset a stream that was never served (refused, or malformed): counted as a reset the
         client caused, unless the connection is going away."""
         self._write(frame(RST_STREAM, 0, sid, U32.pack(code)))
-        self.closed_streams.add(sid, True)
+        self.closed_streams.reset(sid)
         if not self.goaway_sent and self.budgets.reset():
             raise ProtocolError(ENHANCE_YOUR_CALM, "too many streams reset")
 
@@ -534,7 +539,8 @@ class H2Connection:
         self._write(self.outbound.header_frames(stream_id, block, True))
         if not end_stream:
             self._write(frame(RST_STREAM, 0, stream_id, b"\x00\x00\x00\x00"))
-        self.closed_streams.add(stream_id, not end_stream)
+        if not end_stream:
+            self.closed_streams.reset(stream_id)
 
     def consumed(self, s: StreamState, n: int) -> None:
         """The layer above has taken ``n`` bytes of DATA: give the window back in batches."""
@@ -553,7 +559,7 @@ class H2Connection:
         s.local_open = s.remote_open = False
         s.outbox = None
         self._write(frame(RST_STREAM, 0, s.id, U32.pack(code)))
-        self.closed_streams.add(s.id, True)
+        self.closed_streams.reset(s.id)
         if was_open:
             self._pending.append(StreamReset(s))
         self._pending.append(StreamWritable(s))
@@ -577,7 +583,6 @@ class H2Connection:
 
     def _discard(self, s: StreamState) -> None:
         if self.streams.pop(s.id, None) is not None:
-            self.closed_streams.add(s.id, False)
             self._after_close()
 
     def _after_close(self) -> None:

@@ -59,9 +59,11 @@ MAX_FLOW_FRAMES_PER_S = 20000
 #: streams this side resets or refuses for what the client did count too
 MAX_RESETS_PER_S = 200
 RESET_WINDOW_S = 2.0
-#: closed streams remembered (how they closed: late frames on a stream this side reset are
-#: ignored, those on a stream the client closed are STREAM_CLOSED); older ids count as closed
+#: streams this side reset, remembered (late frames on them are ignored; on any other closed
+#: stream they are STREAM_CLOSED), and ranges of stream ids a client skipped (HEADERS on one is
+#: a connection error); older ones count as closed by the client
 CLOSED_STREAMS_KEPT = 1024
+SKIPPED_RANGES_KEPT = 64
 #: decoded header blocks kept per connection (see ``h2_hpack.HeaderDecoder``)
 BLOCK_CACHE = 64
 #: frames handled per receive turn before the rest waits for the next turn

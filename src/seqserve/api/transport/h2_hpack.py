@@ -10,7 +10,13 @@ import hpack
 import hpack.exceptions
 
 from seqserve.api.transport.h2_fields import request_error
-from seqserve.api.transport.h2_frames import BLOCK_CACHE, ENHANCE_YOUR_CALM, MAX_HEADER_FIELDS, ProtocolError
+from seqserve.api.transport.h2_frames import (
+    BLOCK_CACHE,
+    ENHANCE_YOUR_CALM,
+    FIELDS_PER_FRAME,
+    MAX_HEADER_FIELDS,
+    ProtocolError,
+)
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -174,11 +180,12 @@ class HeaderDecoder:
     size is bounded by its length and the table's, whatever it adds up to; the caller refuses
     the request when its ``size`` is over the limit, after the table was kept in step."""
 
-    __slots__ = ("_blocks", "decoder")
+    __slots__ = ("_blocks", "decoder", "fields_decoded")
 
     def __init__(self) -> None:
         self.decoder = hpack.Decoder(max_header_list_size=SEGMENT_LIST_CAP)
         self._blocks: dict[bytes, HeaderBlock] = {}
+        self.fields_decoded = 0  # since the caller last reset it (a cached block costs none)
 
     def decode(self, block: bytes) -> HeaderBlock:
         """The decoded ``block``; hpack's HPACKError when it does not decode."""
@@ -199,10 +206,18 @@ class HeaderDecoder:
             self._blocks[block] = decoded
         return decoded
 
+    def cost_in_frames(self) -> int:
+        """The fields decoded since the last call, weighed as frames of a receive turn (a cached
+        block costs none)."""
+        n, self.fields_decoded = self.fields_decoded, 0
+        return n // FIELDS_PER_FRAME
+
     def _decode(self, block: bytes) -> HeaderBlock:
         decode = self.decoder.decode
         if len(block) <= SEGMENT_BYTES:  # at most SEGMENT_BYTES fields
-            return HeaderBlock(cast(Headers, decode(block, raw=True)))
+            fields = cast(Headers, decode(block, raw=True))
+            self.fields_decoded += len(fields)
+            return HeaderBlock(fields)
         shape = walk(block)
         if shape.fields > MAX_HEADER_FIELDS:
             if shape.touches_table:  # the table must stay in step: the connection cannot go on
@@ -211,4 +226,5 @@ class HeaderDecoder:
         headers: Headers = []
         for piece in shape.pieces:
             headers += cast(Headers, decode(piece, raw=True))
+        self.fields_decoded += shape.fields
         return HeaderBlock(headers)

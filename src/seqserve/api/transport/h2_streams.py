@@ -22,6 +22,7 @@ from seqserve.api.transport.h2_frames import (
     PRIORITY_FLAG,
     PROTOCOL_ERROR,
     RESET_WINDOW_S,
+    SKIPPED_RANGES_KEPT,
     ProtocolError,
     RateWindow,
     unpad,
@@ -29,28 +30,39 @@ from seqserve.api.transport.h2_frames import (
 
 
 class ClosedStreams:
-    """The ids of the last CLOSED_STREAMS_KEPT streams that closed, and whether this side reset
-    them (RST_STREAM sent: frames the client had in flight are ignored)."""
+    """What a stream id below the highest opened one was: reset by this side (the last
+    CLOSED_STREAMS_KEPT to twice that: frames the client had in flight are ignored), never used
+    (the last SKIPPED_RANGES_KEPT ranges of ids a client skipped: HEADERS there is a connection
+    error, RFC 9113 5.1.1), or else closed. Nothing is recorded for a stream that simply ends,
+    so the common path costs nothing."""
 
-    __slots__ = ("_closed",)
+    __slots__ = ("_reset_here", "_skipped")
 
     def __init__(self) -> None:
-        self._closed: dict[int, bool] = {}
+        self._reset_here: dict[int, None] = {}
+        self._skipped: list[tuple[int, int]] = []
 
-    def add(self, stream_id: int, reset_here: bool) -> None:
-        closed = self._closed
-        closed[stream_id] = reset_here
-        if len(closed) > CLOSED_STREAMS_KEPT:
-            del closed[next(iter(closed))]
+    def reset(self, stream_id: int) -> None:
+        """This side sent RST_STREAM on the stream (or refused it)."""
+        reset_here = self._reset_here
+        reset_here[stream_id] = None
+        if len(reset_here) > 2 * CLOSED_STREAMS_KEPT:  # the newest kept, in one pass now and then
+            self._reset_here = dict.fromkeys(list(reset_here)[-CLOSED_STREAMS_KEPT:])
+
+    def skipped(self, last_opened: int, stream_id: int) -> None:
+        """A stream opened above the next id in line: the ids between were never used."""
+        first = last_opened + 2 if last_opened else 1
+        if stream_id > first:
+            self._skipped.append((first, stream_id - 2))
+            if len(self._skipped) > SKIPPED_RANGES_KEPT:
+                del self._skipped[0]
 
     def reset_here(self, stream_id: int) -> bool:
         """Whether this side reset the stream (late frames on it are ignored)."""
-        return self._closed.get(stream_id, False)
+        return stream_id in self._reset_here
 
-    def known(self, stream_id: int) -> bool:
-        """Whether the stream was opened and is remembered closed (a lower id that is not was
-        never used, or closed long ago)."""
-        return stream_id in self._closed
+    def never_used(self, stream_id: int) -> bool:
+        return any(first <= stream_id <= last for first, last in self._skipped)
 
 
 class FrameBudgets:
@@ -83,16 +95,13 @@ class HeaderFrames:
     stream until END_HEADERS (RFC 9113 6.2, 6.10), the whole held to MAX_HEADER_BLOCK. Each
     method returns (the HEADERS' flags, the block) once the block is complete."""
 
-    __slots__ = ("_budgets", "_pending")
+    __slots__ = ("_budgets", "pending")
 
     def __init__(self, budgets: FrameBudgets) -> None:
         self._budgets = budgets
-        self._pending: tuple[int, int, bytearray] | None = None  # stream id, flags, block so far
-
-    @property
-    def pending(self) -> bool:
-        """A block is incomplete: any frame but its CONTINUATION is a connection error."""
-        return self._pending is not None
+        # (stream id, flags, block so far) of a block still incomplete: any frame but its
+        # CONTINUATION is then a connection error
+        self.pending: tuple[int, int, bytearray] | None = None
 
     def headers(self, flags: int, sid: int, payload: bytes) -> tuple[int, bytes] | None:
         if not sid:
@@ -106,12 +115,12 @@ class HeaderFrames:
         if len(payload) > MAX_HEADER_BLOCK:
             raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
         if not flags & END_HEADERS:
-            self._pending = (sid, flags, bytearray(payload))
+            self.pending = (sid, flags, bytearray(payload))
             return None
         return flags, payload
 
     def continuation(self, flags: int, sid: int, payload: bytes) -> tuple[int, bytes] | None:
-        pending = self._pending
+        pending = self.pending
         if pending is None or pending[0] != sid:
             raise ProtocolError(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
         block = pending[2]
@@ -122,5 +131,5 @@ class HeaderFrames:
             raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
         if not flags & END_HEADERS:
             return None
-        self._pending = None
+        self.pending = None
         return pending[1], bytes(block)
