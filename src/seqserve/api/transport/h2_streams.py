@@ -1,8 +1,8 @@
-"""What an HTTP/2 connection keeps beside its open streams: how its recent streams closed (RFC
+"""What an HTTP/2 connection keeps beside its open streams: what its lower stream ids were (RFC
 9113 5.1: a late frame on a stream this side reset is ignored, any other frame on a closed
-stream is a STREAM_CLOSED stream error), the header block its frames are bringing, and the
-budgets that bound the frames a client may send which cost work and carry nothing (the flood
-limits). ``H2Connection`` owns one of each."""
+stream is a STREAM_CLOSED stream error, HEADERS on an id never used a connection error), the
+header block its frames are bringing, and the budgets that bound the frames a client may send
+which cost work and carry nothing (the flood limits). ``H2Connection`` owns one of each."""
 
 from __future__ import annotations
 
