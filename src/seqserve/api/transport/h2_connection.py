@@ -119,6 +119,7 @@ class H2Connection:
         self.recv_window = CONNECTION_WINDOW
         self.recv_unacked = 0
         self.decoder = HeaderDecoder()
+        self.good_fields: set[tuple[bytes, bytes]] = set()  # request fields found well-formed
         self.closed = False  # a GOAWAY that ends it was queued, or the transport is gone
         self.goaway_sent = False
         self.peer_goaway = False
@@ -497,7 +498,7 @@ class H2Connection:
             self._refuse(sid, ENHANCE_YOUR_CALM)
             return
         verdict = decoded.verdict
-        why, content_length = verdict if verdict is not None else decoded.request_verdict()
+        why, content_length = verdict if verdict is not None else decoded.request_verdict(self.good_fields)
         if why is not None or (end_stream and content_length > 0):
             log.debug("gRPC stream %d malformed: %s", sid, why or "content-length without DATA")
             self._refuse(sid, PROTOCOL_ERROR)

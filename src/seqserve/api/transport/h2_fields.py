@@ -19,6 +19,8 @@ _NAME_BAD = bytes(c for c in _ALL if c not in _NAME_CHARS)
 #: a value must not hold NUL, CR or LF, nor start or end with space or tab (8.2.1)
 _VALUE_BAD = b"\x00\r\n"
 _EDGE = (b" ", b"\t")
+#: regular fields a connection keeps as found well-formed (``request_error``)
+KNOWN_GOOD = 256
 
 
 def name_error(name: bytes) -> str | None:
@@ -42,13 +44,16 @@ def value_error(value: bytes) -> str | None:
     return None
 
 
-def request_error(headers: Headers) -> tuple[str | None, int]:
-    """(why the request's header list is malformed or None, its content-length or -1)."""
+def request_error(headers: Headers, known_good: set[tuple[bytes, bytes]] | None = None) -> tuple[str | None, int]:
+    """(why the request's header list is malformed or None, its content-length or -1).
+    ``known_good``: regular fields found well-formed before (a connection's calls repeat most
+    of theirs), skipped; the fields found well-formed now are added (at most KNOWN_GOOD)."""
     seen: set[bytes] = set()
     method = path = b""
     regular = False
     content_length = -1
-    for name, value in headers:
+    for field in headers:
+        name, value = field
         if name[:1] == b":":
             if regular:
                 return "a pseudo-header field after a regular field", -1
@@ -63,6 +68,8 @@ def request_error(headers: Headers) -> tuple[str | None, int]:
                 path = value
             continue
         regular = True
+        if known_good is not None and field in known_good:
+            continue
         why = name_error(name) or value_error(value) or connection_error(name, value)
         if why is not None:
             return why, -1
@@ -71,6 +78,10 @@ def request_error(headers: Headers) -> tuple[str | None, int]:
             if length < 0 or (content_length >= 0 and length != content_length):
                 return "an invalid content-length", -1
             content_length = length
+        elif known_good is not None:
+            if len(known_good) >= KNOWN_GOOD:
+                known_good.clear()
+            known_good.add(field)
     if b":method" not in seen:
         return "no :method", -1
     if method == b"CONNECT":

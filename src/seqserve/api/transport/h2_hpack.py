@@ -162,11 +162,11 @@ class HeaderBlock:
         self.skipped = skipped
         self.verdict: tuple[str | None, int] | None = None
 
-    def request_verdict(self) -> tuple[str | None, int]:
+    def request_verdict(self, known_good: set[tuple[bytes, bytes]] | None = None) -> tuple[str | None, int]:
         """``h2_fields.request_error`` of the headers, worked out once."""
         verdict = self.verdict
         if verdict is None:
-            verdict = self.verdict = request_error(self.headers)
+            verdict = self.verdict = request_error(self.headers, known_good)
         return verdict
 
 
