@@ -24,3 +24,16 @@ def test_isolation_bench_runs(tmp_path: Path) -> None:
     assert [r["case"] for r in doc["execute"]] == ["small, B=1", "small, B=8", "1 MiB state, B=1"]
     assert all(r["process_median_us"] > 0 for r in doc["execute"])
     assert "added p50" in proc.stdout
+
+
+def test_h2_flood_study_runs() -> None:
+    """bench.studies.h2_flood with one-second phases: a server, a flood, the steps beside it."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.studies.h2_flood", "--duration", "1", "--connections", "1"],
+        cwd=root, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "quiet" in proc.stdout and "flooded" in proc.stdout and "frames written" in proc.stdout

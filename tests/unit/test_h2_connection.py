@@ -13,7 +13,7 @@ import h2.events
 import h2.settings
 import pytest
 
-from seqserve.api.transport import h2_connection
+from seqserve.api.transport import h2_connection, h2_streams
 from seqserve.api.transport import h2_frames as f
 from seqserve.api.transport.h2_connection import H2Connection
 from seqserve.api.transport.h2_events import (
@@ -147,16 +147,14 @@ def test_a_call_against_the_h2_client() -> None:
         (HELLO + f.frame_header(f.DATA, 0, 1, f.MAX_FRAME_SIZE + 1), f.FRAME_SIZE_ERROR),
         (f.PREFACE + f.frame(f.PING, 0, 0, b"\0" * 8), f.PROTOCOL_ERROR),
         (
-            HELLO + f.frame(f.HEADERS, 0, 1, b"\0" * 1000) + f.frame(f.CONTINUATION, 0, 1, b"\0" * 9000) * 5,
+            HELLO + f.frame(f.HEADERS, 0, 1, b"\0" * 1000) + f.frame(f.CONTINUATION, 0, 1, b"\0" * 9000) * 20,
             f.ENHANCE_YOUR_CALM,
         ),
         (HELLO + f.frame(f.HEADERS, f.END_HEADERS, 2, b"\x83"), f.PROTOCOL_ERROR),
         (HELLO + f.frame(f.WINDOW_UPDATE, 0, 0, struct.pack(">L", 2**31 - 1)), f.FLOW_CONTROL_ERROR),
         (HELLO + f.frame(f.SETTINGS, 0, 0) * 3000, f.ENHANCE_YOUR_CALM),
         (HELLO + f.frame(f.PRIORITY, 0, 1, b"\0\0\0\0\x10") * 3000, f.ENHANCE_YOUR_CALM),
-        (HELLO + f.frame(f.SETTINGS, 0, 0, struct.pack(">HL", 4, 65535) * 33), f.ENHANCE_YOUR_CALM),
-        (HELLO + f.frame(f.HEADERS, f.END_HEADERS, 1, b"\x00\x01a\x00" * 6000), f.ENHANCE_YOUR_CALM),
-        (HELLO + f.frame(f.HEADERS, f.END_HEADERS, 1, b"\x82" * 200), f.ENHANCE_YOUR_CALM),
+        (HELLO + f.frame(f.HEADERS, f.END_HEADERS, 1, b"\x00\x01a\x00" * 40000), f.ENHANCE_YOUR_CALM),
         (HELLO + f.frame(f.HEADERS, f.END_HEADERS, 1, b"\xff\xff\xff\xff\x0f"), f.COMPRESSION_ERROR),
         (HELLO + f.frame(f.DATA, 0, 1, b"x"), f.PROTOCOL_ERROR),  # DATA on an idle stream
         (HELLO + f.frame(f.PUSH_PROMISE, 0, 1, b"\0" * 4), f.PROTOCOL_ERROR),
@@ -173,9 +171,7 @@ def test_a_call_against_the_h2_client() -> None:
         "window-overflow",
         "settings-flood",
         "priority-flood",
-        "settings-entries",
         "large-block",
-        "many-fields",
         "hpack",
         "data-idle",
         "push-promise",
@@ -213,7 +209,7 @@ def _call(sid: int, *, end: bool = True, body: bytes = b"") -> bytes:
 
 
 def test_rapid_reset_is_sent_away_within_its_window(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(h2_connection, "MAX_RESETS_PER_S", 5)
+    monkeypatch.setattr(h2_streams, "MAX_RESETS_PER_S", 5)
     core = Core()
     core.feed(HELLO)
     for i in range(10):  # 10 resets spread over 20 s: within the rate
@@ -230,7 +226,7 @@ def test_rapid_reset_is_sent_away_within_its_window(monkeypatch: pytest.MonkeyPa
 
 
 def test_resets_the_client_causes_count_but_early_replies_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(h2_connection, "MAX_RESETS_PER_S", 5)
+    monkeypatch.setattr(h2_streams, "MAX_RESETS_PER_S", 5)
     core = Core()
     core.feed(HELLO)
     for i in range(30):  # answered before the client finished: RST_STREAM NO_ERROR, not counted
@@ -365,11 +361,11 @@ def test_decoded_blocks_are_kept_until_the_table_changes() -> None:
     first = decoder.decode(static)
     assert decoder.decode(static) is first  # a hit: the same list
     insert = b"\x40\x03x-k\x01a"
-    assert decoder.decode(insert) == [(b"x-k", b"a")]
+    assert decoder.decode(insert).headers == [(b"x-k", b"a")]
     indexed = b"\xbe"
-    assert decoder.decode(indexed) == [(b"x-k", b"a")]
+    assert decoder.decode(indexed).headers == [(b"x-k", b"a")]
     decoder.decode(b"\x40\x03x-k\x01b")  # (x-k, b) is 62 now
-    assert decoder.decode(indexed) == [(b"x-k", b"b")]
+    assert decoder.decode(indexed).headers == [(b"x-k", b"b")]
 
 
 def test_header_frames_split_into_continuations() -> None:

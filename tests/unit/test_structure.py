@@ -26,6 +26,8 @@ SANS_IO_CORES = (
     "api/transport/h2_frames.py",
     "api/transport/h2_hpack.py",
     "api/transport/h2_outbound.py",
+    "api/transport/h2_fields.py",
+    "api/transport/h2_streams.py",
 )
 IO_MODULES = {"asyncio", "socket", "ssl", "selectors", "uvloop"}
 

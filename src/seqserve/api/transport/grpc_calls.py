@@ -49,7 +49,9 @@ from seqserve.api.transport.h2_protocol import H2Protocol
 if TYPE_CHECKING:
     from seqserve.api.transport.grpc_server import BuiltinGrpcServer
 
-#: metadata (decoded header list, as HTTP/2 counts it) per call: grpc core's default hard limit
+#: the request header list (metadata included, as HTTP/2 counts it: name, value and 32 per
+#: field) a call may have: grpc core's default, advertised as SETTINGS_MAX_HEADER_LIST_SIZE;
+#: a call over it is RESOURCE_EXHAUSTED, its connection goes on
 MAX_HEADER_LIST_BYTES = 16 << 10
 #: a connection must send its preface and SETTINGS within this
 PREFACE_TIMEOUT_S = 10.0
@@ -131,9 +133,8 @@ class GrpcConnection:
         content_type = b""
         timeout = encoding = None
         metadata: list[tuple[str, str | bytes]] = []
-        size = 0
+        size = event.header_list_size
         for name, value in event.headers:
-            size += len(name) + len(value) + 32
             if name[:1] == b":":
                 if name == b":path":
                     path = value
@@ -155,11 +156,14 @@ class GrpcConnection:
             return
         method = self.methods.get(path)
         call = GrpcCall(self, self.h2.accept(stream_id, end_stream), method or _UNKNOWN, tuple(metadata))
+        if size > MAX_HEADER_LIST_BYTES:  # the limit advertised (SETTINGS_MAX_HEADER_LIST_SIZE): this call only
+            call.refuse(
+                Status.RESOURCE_EXHAUSTED,
+                f"Header list of {size} bytes over the advertised limit of {MAX_HEADER_LIST_BYTES}",
+            )
+            return
         if method is None:
             call.refuse(Status.UNIMPLEMENTED, f"Method not found: {path[:200].decode('latin-1')}")
-            return
-        if size > MAX_HEADER_LIST_BYTES:
-            call.refuse(Status.RESOURCE_EXHAUSTED, f"metadata of {size} bytes over {MAX_HEADER_LIST_BYTES}")
             return
         if encoding is not None and encoding != b"identity":
             wbits = ENCODINGS.get(encoding)

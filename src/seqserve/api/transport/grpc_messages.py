@@ -13,7 +13,12 @@ from seqserve.api.transport.h2_hpack import STATUS_200, literal
 
 #: a status message's encoded length (grpc core's clients drop metadata over 8 KiB)
 _MAX_MESSAGE_BYTES = 6 << 10
-REPLY_HEADERS = STATUS_200 + literal(b"content-type", b"application/grpc")
+#: the encodings a request may use (``ENCODINGS``), advertised in every reply (gRPC's
+#: compression.md: a client learns them, and an unknown one is UNIMPLEMENTED with this list)
+ACCEPT_ENCODING = b"identity,deflate,gzip"
+REPLY_HEADERS = (
+    STATUS_200 + literal(b"content-type", b"application/grpc") + literal(b"grpc-accept-encoding", ACCEPT_ENCODING)
+)
 OK_TRAILERS = literal(b"grpc-status", b"0")
 #: request headers that are not the call's metadata
 NOT_METADATA = frozenset(

@@ -2,22 +2,29 @@
 (``receive_data``, which yields ``h2_events``), commands (``accept``, ``send_headers``,
 ``send_data``, ``send_reply``, ``reset``, ``consumed``, ``ping``, ``send_goaway``, ``close``)
 and bytes out (``data_to_send``). The asyncio adapter (``h2_protocol``) owns the socket and the
-timers; the gRPC call layer (``grpc_calls``) handles the events. Tests: test_h2_connection.py.
+timers; the gRPC call layer (``grpc_calls``) handles the events. Tests: test_h2_connection.py and
+tests/conformance/h2.
 
 What a gRPC server needs and nothing else: no server push, no priorities (parsed and ignored),
 reply header blocks that never insert into the dynamic table (every block leaves through
-``Outbound.header_frames``, where a table size update would be prefixed), HPACK decoding by
-``hpack`` (``h2_hpack``). Every size is checked before it is kept:
+``Outbound.header_frames``, which prefixes the table size update a client that lowers its
+table is owed), HPACK decoding by ``hpack`` (``h2_hpack``). Every size is checked before it is
+kept:
 
 - a frame over ``MAX_FRAME_SIZE`` (advertised) is a FRAME_SIZE_ERROR;
 - a header block over ``MAX_HEADER_BLOCK`` (HEADERS plus CONTINUATION, compressed) ends the
-  connection; a decoded one over ``max_header_list_bytes`` fails its stream (checked above);
+  connection; a decoded one over ``max_header_list_bytes`` (advertised) fails its stream alone
+  (``RequestReceived.header_list_size``, checked above); a malformed request (``h2_fields``)
+  is a stream error PROTOCOL_ERROR;
 - a stream or the connection sending more than its window is a FLOW_CONTROL_ERROR; windows are
   given back as the layer above consumes what it was sent (``consumed``);
 - streams beyond ``max_concurrent_streams`` are refused (REFUSED_STREAM), and a client that
   resets streams faster than ``MAX_RESETS_PER_S`` gets a GOAWAY (the "rapid reset" attack);
-- at most ``FRAMES_PER_TURN`` frames are handled per ``receive_data``: the rest waits for the
-  adapter's next turn (``backlog``), so one read of tiny frames cannot hold the event loop.
+- every frame that costs work and carries nothing is budgeted (``h2_streams.FrameBudgets``),
+  frames on closed streams included;
+- at most ``FRAMES_PER_TURN`` frames (decoded header fields weigh 1/FIELDS_PER_FRAME each)
+  are handled per ``receive_data``: the rest waits for the adapter's next turn (``backlog``),
+  so one read of tiny frames cannot hold the event loop.
 
 Events that commands cause (a stream reset, an outbox emptied): ``take_events``, by the caller.
 """
@@ -43,15 +50,13 @@ from seqserve.api.transport.h2_events import (
     StreamReset,
     StreamWritable,
 )
+from seqserve.api.transport.h2_fields import trailers_error
 from seqserve.api.transport.h2_frames import (
     ACK,
     COMPRESSION_ERROR,
     CONNECTION_WINDOW,
     CONTINUATION,
-    CONTROL_WINDOW_S,
     DATA,
-    DEFAULT_FRAME_SIZE,
-    END_HEADERS,
     END_STREAM,
     ENHANCE_YOUR_CALM,
     FLOW_CONTROL_ERROR,
@@ -60,41 +65,34 @@ from seqserve.api.transport.h2_frames import (
     GOAWAY,
     GOAWAY_HEAD,
     HEADERS,
-    MAX_CONTROL_FRAMES_PER_S,
     MAX_FRAME_SIZE,
-    MAX_HEADER_BLOCK,
-    MAX_RESETS_PER_S,
-    MAX_SETTINGS_ENTRIES,
     MAX_WINDOW,
     NO_ERROR,
     PADDED,
     PING,
     PREFACE,
     PRIORITY,
-    PRIORITY_FLAG,
     PROTOCOL_ERROR,
     PUSH_PROMISE,
     REFUSED_STREAM,
-    RESET_WINDOW_S,
     RST_STREAM,
-    S_ENABLE_PUSH,
+    S_HEADER_TABLE_SIZE,
     S_INITIAL_WINDOW_SIZE,
     S_MAX_FRAME_SIZE,
-    SETTING,
     SETTINGS,
     STREAM_CLOSED,
     STREAM_WINDOW,
     U32,
     WINDOW_UPDATE,
     ProtocolError,
-    RateWindow,
     frame,
-    frame_header,
     server_preface,
+    settings_entries,
     unpad,
 )
 from seqserve.api.transport.h2_hpack import HeaderDecoder
 from seqserve.api.transport.h2_outbound import Outbound, StreamState
+from seqserve.api.transport.h2_streams import ClosedStreams, FrameBudgets, HeaderFrames
 
 log = logging.getLogger("seqserve.grpc")
 
@@ -121,6 +119,7 @@ class H2Connection:
         self.recv_window = CONNECTION_WINDOW
         self.recv_unacked = 0
         self.decoder = HeaderDecoder()
+        self.good_fields: set[tuple[bytes, bytes]] = set()  # request fields found well-formed
         self.closed = False  # a GOAWAY that ends it was queued, or the transport is gone
         self.goaway_sent = False
         self.peer_goaway = False
@@ -137,12 +136,13 @@ class H2Connection:
         self.send_data = self.outbound.data
         self.send_reply = self.outbound.reply
         self._preface = False
-        self._continuation: tuple[int, int, bytearray] | None = None  # stream id, flags, block
-        # streams reset by the client, or by us for what the client did: each frees a stream
-        # slot while its handler's work may go on (the "rapid reset" attack)
-        self._resets = RateWindow(MAX_RESETS_PER_S, RESET_WINDOW_S)
-        self._controls = RateWindow(MAX_CONTROL_FRAMES_PER_S, CONTROL_WINDOW_S)
-        self._reset_by_us: dict[int, None] = {}  # recent stream ids we reset (their late frames are ignored)
+        # streams reset by the client, or by us for what the client did, each free a stream
+        # slot while its handler's work may go on (the "rapid reset" attack); frames that carry
+        # nothing cost work too: both are budgeted
+        self.budgets = FrameBudgets(clock)
+        self.closed_streams = ClosedStreams()
+        self.header_frames = HeaderFrames(self.budgets)
+        self._content_length = -1  # of the request whose RequestReceived is being handled
         self.last_active = clock()
         self.idle_since: float | None = self.last_active  # None while a stream is open
 
@@ -247,7 +247,7 @@ class H2Connection:
                 end = pos + 9 + length
                 if end > n:
                     break
-                if frames == FRAMES_PER_TURN:  # the rest in the next turn
+                if frames >= FRAMES_PER_TURN:  # the rest in the next turn
                     self.backlog = True
                     break
                 frames += 1
@@ -255,7 +255,7 @@ class H2Connection:
                 sid = U32.unpack_from(buf, pos + 5)[0] & 0x7FFFFFFF
                 payload = bytes(buf[pos + 9 : end])
                 pos = end
-                if self._continuation is not None and kind != CONTINUATION:
+                if self.header_frames.pending is not None and kind != CONTINUATION:
                     raise ProtocolError(PROTOCOL_ERROR, "header block interrupted")
                 if not self.settings_seen and kind != SETTINGS:
                     raise ProtocolError(PROTOCOL_ERROR, "the first frame must be SETTINGS")
@@ -266,20 +266,27 @@ class H2Connection:
                         if data:
                             yield DataReceived(stream, data, length)
                         elif not flags & END_STREAM:
-                            self._control()  # an empty DATA frame carries nothing
+                            self.budgets.control()  # an empty DATA frame carries nothing
                         if flags & END_STREAM and sid in self.streams:
-                            stream.remote_open = False
-                            yield StreamEnded(stream)
-                            if not stream.local_open:
-                                self._discard(stream)
+                            if stream.content_left > 0:
+                                self.reset(stream, PROTOCOL_ERROR)  # less DATA than its content-length
+                            else:
+                                stream.remote_open = False
+                                yield StreamEnded(stream)
+                                if not stream.local_open:
+                                    self._discard(stream)
                 elif kind == HEADERS:
-                    block = self._headers(flags, sid, payload)
+                    block = self.header_frames.headers(flags, sid, payload)
                     if block is not None:
                         yield from self._header_block(sid, *block)
+                        if self.decoder.fields_decoded:  # not a cached block
+                            frames += self.decoder.cost_in_frames()
                 elif kind == CONTINUATION:
-                    block = self._continued(flags, sid, payload)
+                    block = self.header_frames.continuation(flags, sid, payload)
                     if block is not None:
                         yield from self._header_block(sid, *block)
+                        if self.decoder.fields_decoded:  # not a cached block
+                            frames += self.decoder.cost_in_frames()
                 else:
                     self._control_frame(kind, flags, sid, payload)
                 while pending:
@@ -305,6 +312,7 @@ class H2Connection:
                 raise ProtocolError(PROTOCOL_ERROR, "PING on a stream")
             if len(payload) != 8:
                 raise ProtocolError(FRAME_SIZE_ERROR, "PING of other than 8 bytes")
+            self.budgets.flow()
             if not flags & ACK:
                 self._write(frame(PING, ACK, 0, payload))
             else:
@@ -318,16 +326,20 @@ class H2Connection:
                 raise ProtocolError(PROTOCOL_ERROR, "PRIORITY on stream 0")
             if len(payload) != 5:
                 raise ProtocolError(FRAME_SIZE_ERROR, "PRIORITY of other than 5 bytes")
-            self._control()
+            self.budgets.control()
         elif kind == GOAWAY:
             if sid:
                 raise ProtocolError(PROTOCOL_ERROR, "GOAWAY on a stream")
+            if len(payload) < 8:
+                raise ProtocolError(FRAME_SIZE_ERROR, "GOAWAY shorter than 8 bytes")
+            self.budgets.control()
             self.peer_goaway = True
             if not self.streams:
                 self.close()
         elif kind == PUSH_PROMISE:
             raise ProtocolError(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
-        # unknown frame types are ignored (RFC 9113 4.1)
+        else:
+            self.budgets.control()  # unknown frame types are ignored (RFC 9113 4.1), not free
 
     def _settings(self, flags: int, sid: int, payload: bytes) -> None:
         if sid:
@@ -335,41 +347,23 @@ class H2Connection:
         if flags & ACK:
             if payload:
                 raise ProtocolError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            if not self.settings_seen:
+                raise ProtocolError(PROTOCOL_ERROR, "the first frame must be SETTINGS, not its ACK")
             return
         if len(payload) % 6:
             raise ProtocolError(FRAME_SIZE_ERROR, "SETTINGS of a length not a multiple of 6")
-        self._control()
-        if len(payload) > 6 * MAX_SETTINGS_ENTRIES:
-            raise ProtocolError(ENHANCE_YOUR_CALM, f"SETTINGS of more than {MAX_SETTINGS_ENTRIES} entries")
+        self.budgets.control(1 + len(payload) // (6 * 32))  # counted before its entries are read
+        changes = settings_entries(payload)
         self.settings_seen = True
-        window = None
-        changes: dict[int, int] = {}
-        for i in range(0, len(payload), 6):
-            key, value = SETTING.unpack_from(payload, i)
-            changes[key] = value
-            if key == S_INITIAL_WINDOW_SIZE:
-                if value > MAX_WINDOW:
-                    raise ProtocolError(FLOW_CONTROL_ERROR, "initial window size over 2^31-1")
-                window = value  # the last one counts; applied once below
-            elif key == S_MAX_FRAME_SIZE:
-                if not DEFAULT_FRAME_SIZE <= value <= 2**24 - 1:
-                    raise ProtocolError(PROTOCOL_ERROR, "max frame size out of range")
-                self.outbound.max_frame = value
-            elif key == S_ENABLE_PUSH and value > 1:
-                raise ProtocolError(PROTOCOL_ERROR, "enable push other than 0 or 1")
-            # the header table size is moot (the encoder does not index); others are advisory
         outbound = self.outbound
+        if S_MAX_FRAME_SIZE in changes:
+            outbound.max_frame = changes[S_MAX_FRAME_SIZE]
+        if S_HEADER_TABLE_SIZE in changes:
+            outbound.decoder_table_size(changes[S_HEADER_TABLE_SIZE])
+        window = changes.get(S_INITIAL_WINDOW_SIZE)
         if window is not None and window != outbound.initial_window:
-            self._control(1 + len(self.streams) // 64)
-            delta = window - outbound.initial_window
-            outbound.initial_window = window
-            for s in self.streams.values():
-                s.send_window += delta
-                if s.send_window > MAX_WINDOW:
-                    raise ProtocolError(FLOW_CONTROL_ERROR, "stream window over 2^31-1")
-            for s in list(self.streams.values()):
-                if s.outbox is not None and s.send_window > 0 and outbound.window > 0:
-                    outbound.flush(s)
+            self.budgets.control(1 + len(self.streams) // 64)
+            outbound.change_initial_window(window, list(self.streams.values()))
         self._write(frame(SETTINGS, ACK, 0))
         if changes:
             self._pending.append(SettingsChanged(changes))
@@ -381,6 +375,7 @@ class H2Connection:
         if not sid:
             if increment == 0:
                 raise ProtocolError(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            self.budgets.flow()
             self.outbound.window += increment
             if self.outbound.window > MAX_WINDOW:
                 raise ProtocolError(FLOW_CONTROL_ERROR, "connection window over 2^31-1")
@@ -390,10 +385,12 @@ class H2Connection:
         if s is None:
             if sid > self.last_stream_id:
                 raise ProtocolError(PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
-            return  # a stream closed since
+            self.budgets.control()  # a stream closed since: ignored (RFC 9113 5.1), not free
+            return
         if increment == 0:
             self.reset(s, PROTOCOL_ERROR)
             return
+        self.budgets.flow()
         s.send_window += increment
         if s.send_window > MAX_WINDOW:
             self.reset(s, FLOW_CONTROL_ERROR)
@@ -410,19 +407,15 @@ class H2Connection:
             raise ProtocolError(PROTOCOL_ERROR, "RST_STREAM on an idle stream")
         s = self.streams.pop(sid, None)
         if s is None:
+            self.budgets.control()  # a stream closed since: ignored, not free
             return
         s.remote_open = s.local_open = False
         self.outbound.forget(sid)
         self._pending.append(StreamReset(s))
         self._pending.append(StreamWritable(s))
-        if self._resets.add(self._clock()):
+        if self.budgets.reset():
             raise ProtocolError(ENHANCE_YOUR_CALM, "too many streams reset")
         self._after_close()
-
-    def _control(self, n: int = 1) -> None:
-        """Count ``n`` control frames against MAX_CONTROL_FRAMES_PER_S."""
-        if self._controls.add(self._clock(), n):
-            raise ProtocolError(ENHANCE_YOUR_CALM, "too many control frames")
 
     def _data(self, flags: int, sid: int, payload: bytes) -> tuple[StreamState, bytes] | None:
         """Account a DATA frame; its stream and payload (unpadded) when they are delivered."""
@@ -445,77 +438,89 @@ class H2Connection:
         if s is None or not s.remote_open:
             if sid > self.last_stream_id:
                 raise ProtocolError(PROTOCOL_ERROR, "DATA on an idle stream")
-            if s is not None:
+            if s is not None:  # half-closed (remote): a stream error (RFC 9113 5.1)
                 self.reset(s, STREAM_CLOSED)
-            return None  # a stream reset or answered since: dropped
+            else:
+                self._closed_stream_frame(sid)
+            return None
         s.progress = self._clock()
         s.recv_window -= size
         if s.recv_window < 0:
             self.reset(s, FLOW_CONTROL_ERROR)
             return None
+        if s.content_left >= 0:
+            s.content_left -= len(payload)
+            if s.content_left < 0:  # more DATA than its content-length: malformed (8.1.1)
+                self.reset(s, PROTOCOL_ERROR)
+                return None
         if size > len(payload):
             self.consumed(s, size - len(payload))  # padding: counted against the window, consumed now
         return s, payload
 
-    def _headers(self, flags: int, sid: int, payload: bytes) -> tuple[int, bytes] | None:
-        """A HEADERS frame: (flags, header block) when the block is complete."""
-        if not sid:
-            raise ProtocolError(PROTOCOL_ERROR, "HEADERS on stream 0")
-        if flags & PADDED:
-            payload = unpad(payload)
-        if flags & PRIORITY_FLAG:
-            if len(payload) < 5:
-                raise ProtocolError(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
-            payload = payload[5:]
-        if len(payload) > MAX_HEADER_BLOCK:
-            raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
-        if not flags & END_HEADERS:
-            self._continuation = (sid, flags, bytearray(payload))
-            return None
-        return flags, payload
-
-    def _continued(self, flags: int, sid: int, payload: bytes) -> tuple[int, bytes] | None:
-        """A CONTINUATION frame: (the HEADERS' flags, header block) when the block is complete."""
-        pending = self._continuation
-        if pending is None or pending[0] != sid:
-            raise ProtocolError(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
-        block = pending[2]
-        block += payload
-        if len(block) > MAX_HEADER_BLOCK:
-            raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
-        if not flags & END_HEADERS:
-            return None
-        self._continuation = None
-        return pending[1], bytes(block)
+    def _closed_stream_frame(self, sid: int) -> None:
+        """DATA or HEADERS on a closed stream: ignored when this side reset it (the client may
+        have sent it before it knew), else a stream error STREAM_CLOSED; budgeted either way."""
+        self.budgets.control()
+        if not self.closed_streams.reset_here(sid):
+            self._write(frame(RST_STREAM, 0, sid, U32.pack(STREAM_CLOSED)))
 
     def _header_block(self, sid: int, flags: int, block: bytes) -> Iterator[Event]:
-        headers = self.decoder.decode(block)
+        decoded = self.decoder.decode(block)  # always: the HPACK table must stay in step
         end_stream = bool(flags & END_STREAM)
         s = self.streams.get(sid)
         if s is not None:  # trailers: gRPC clients send none, but they must end the stream
-            if not end_stream or not s.remote_open:
-                self.reset(s, PROTOCOL_ERROR)
-                return
-            s.remote_open = False
-            yield StreamEnded(s)
-            if not s.local_open:
-                self._discard(s)
+            if decoded.skipped:
+                self.reset(s, ENHANCE_YOUR_CALM)
+            elif not s.remote_open:  # half-closed (remote): RFC 9113 5.1
+                self.reset(s, STREAM_CLOSED)
+            elif not end_stream or trailers_error(decoded.headers) or s.content_left > 0:
+                self.reset(s, PROTOCOL_ERROR)  # malformed (8.1)
+            else:
+                s.remote_open = False
+                yield StreamEnded(s)
+                if not s.local_open:
+                    self._discard(s)
             return
         if not sid & 1:
             raise ProtocolError(PROTOCOL_ERROR, "HEADERS on an even stream id")
         if sid <= self.last_stream_id:
-            if sid in self._reset_by_us:  # frames in flight when we reset it: ignored (RFC 9113 5.1)
-                return
-            raise ProtocolError(STREAM_CLOSED, "HEADERS on a closed stream")
+            if self.closed_streams.never_used(sid):  # RFC 9113 5.1.1
+                raise ProtocolError(PROTOCOL_ERROR, "HEADERS on a stream id lower than one opened")
+            self._closed_stream_frame(sid)
+            return
+        if sid > self.last_stream_id + 2:
+            self.closed_streams.skipped(self.last_stream_id, sid)
         self.last_stream_id = sid
         if self.goaway_sent or len(self.streams) >= self.max_concurrent_streams:
-            self._write(frame(RST_STREAM, 0, sid, U32.pack(REFUSED_STREAM)))
+            self._refuse(sid, REFUSED_STREAM)
+            return
+        if decoded.skipped:  # too many fields to decode, and the table needs none of them
+            self._refuse(sid, ENHANCE_YOUR_CALM)
+            return
+        verdict = decoded.verdict
+        why, content_length = verdict if verdict is not None else decoded.request_verdict(self.good_fields)
+        if why is not None or (end_stream and content_length > 0):
+            log.debug("gRPC stream %d malformed: %s", sid, why or "content-length without DATA")
+            self._refuse(sid, PROTOCOL_ERROR)
             return
         self.last_active = self._clock()
-        yield RequestReceived(sid, headers, end_stream)
+        if content_length < 0:
+            yield RequestReceived(sid, decoded.headers, end_stream, decoded.size)
+        else:
+            self._content_length = content_length  # for ``accept``
+            yield RequestReceived(sid, decoded.headers, end_stream, decoded.size)
+            self._content_length = -1
         s = self.streams.get(sid)
         if end_stream and s is not None:  # accepted, and not answered at once
             yield StreamEnded(s)
+
+    def _refuse(self, sid: int, code: int) -> None:
+        """Reset a stream that was never served (refused, or malformed): counted as a reset the
+        client caused, unless the connection is going away."""
+        self._write(frame(RST_STREAM, 0, sid, U32.pack(code)))
+        self.closed_streams.reset(sid)
+        if not self.goaway_sent and self.budgets.reset():
+            raise ProtocolError(ENHANCE_YOUR_CALM, "too many streams reset")
 
     # ---------------------------------------------------------------------- commands
 
@@ -524,6 +529,7 @@ class H2Connection:
         events carry its state, whose ``owner`` (the layer above's object) is ``owner``."""
         s = StreamState(stream_id, self.outbound.initial_window, self._clock(), owner)
         s.remote_open = not end_stream
+        s.content_left = self._content_length
         self.streams[stream_id] = s
         self.idle_since = None
         return s
@@ -531,10 +537,11 @@ class H2Connection:
     def reject(self, stream_id: int, block: bytes, end_stream: bool) -> None:
         """Answer a ``RequestReceived`` with a header block alone (an HTTP status), without
         serving it; the client is told to stop sending (RST_STREAM NO_ERROR) if it had not."""
-        self._write(frame_header(HEADERS, END_HEADERS | END_STREAM, stream_id, len(block)))
-        self._write(block)
+        self._write(self.outbound.header_frames(stream_id, block, True))
         if not end_stream:
             self._write(frame(RST_STREAM, 0, stream_id, b"\x00\x00\x00\x00"))
+        if not end_stream:
+            self.closed_streams.reset(stream_id)
 
     def consumed(self, s: StreamState, n: int) -> None:
         """The layer above has taken ``n`` bytes of DATA: give the window back in batches."""
@@ -553,16 +560,13 @@ class H2Connection:
         s.local_open = s.remote_open = False
         s.outbox = None
         self._write(frame(RST_STREAM, 0, s.id, U32.pack(code)))
-        reset_by_us = self._reset_by_us
-        reset_by_us[s.id] = None
-        if len(reset_by_us) > 256:
-            del reset_by_us[next(iter(reset_by_us))]
+        self.closed_streams.reset(s.id)
         if was_open:
             self._pending.append(StreamReset(s))
         self._pending.append(StreamWritable(s))
         # counted when the client caused it (an error code), not for our own early replies
         # (NO_ERROR: the call is over) nor while the connection is going away
-        if code != NO_ERROR and not self.goaway_sent and self._resets.add(self._clock()) and not self.closed:
+        if code != NO_ERROR and not self.goaway_sent and self.budgets.reset() and not self.closed:
             self.close(ENHANCE_YOUR_CALM, "too many streams reset")
             return
         self._after_close()

@@ -8,15 +8,20 @@ from seqserve.api.transport.h2_outbound import StreamState
 
 
 class RequestReceived:
-    """A new stream's request headers. The layer above answers it at once with ``accept``
-    (the stream is served), ``reject`` (an HTTP-level refusal), or neither (nothing to serve)."""
+    """A new stream's request headers, well-formed (RFC 9113 8.1-8.3). The layer above answers
+    it at once with ``accept`` (the stream is served), ``reject`` (an HTTP-level refusal), or
+    neither (nothing to serve). ``header_list_size`` is the list's size as
+    SETTINGS_MAX_HEADER_LIST_SIZE counts it: the layer above refuses a request over the limit."""
 
-    __slots__ = ("end_stream", "headers", "stream_id")
+    __slots__ = ("end_stream", "header_list_size", "headers", "stream_id")
 
-    def __init__(self, stream_id: int, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
+    def __init__(
+        self, stream_id: int, headers: list[tuple[bytes, bytes]], end_stream: bool, header_list_size: int = 0
+    ) -> None:
         self.stream_id = stream_id
         self.headers = headers
         self.end_stream = end_stream
+        self.header_list_size = header_list_size
 
 
 class DataReceived:

@@ -22,6 +22,7 @@ COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x9, 0xB
 # settings
 S_HEADER_TABLE_SIZE, S_ENABLE_PUSH, S_MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
 S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE, S_MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
+S_ENABLE_CONNECT_PROTOCOL = 0x8
 
 MAX_WINDOW = 2**31 - 1
 DEFAULT_WINDOW = 65535
@@ -31,30 +32,39 @@ MAX_FRAME_SIZE = 1 << 20
 #: each stream's receive window (advertised); the connection's is raised to CONNECTION_WINDOW
 STREAM_WINDOW = 1 << 20
 CONNECTION_WINDOW = 16 << 20
-#: a compressed header block (HEADERS and its CONTINUATIONs) larger than this, or with more
-#: than MAX_HEADER_FIELDS fields, ends the connection: hpack copies the rest of the block for
-#: every literal it decodes, so its cost grows with fields x bytes (16 ms for 16 KiB of empty
-#: literals); the two bounds keep one block under a millisecond
-MAX_HEADER_BLOCK = 20 << 10
-MAX_HEADER_FIELDS = 128
-#: hpack's own bound on a decoded header list, against decompression bombs; the stream's limit
-#: (``max_header_list_bytes``) is checked after decoding, so that the HPACK state stays in step
-HPACK_LIST_CAP = 64 << 10
-#: frames that carry nothing a gRPC client needs to send often (SETTINGS, PRIORITY, empty DATA)
-#: a client may send per second, averaged over CONTROL_WINDOW_S, before it gets a GOAWAY
-#: (ENHANCE_YOUR_CALM); a SETTINGS frame that changes the initial window counts once more per
-#: 64 open streams (it is applied to each). PING and WINDOW_UPDATE are not counted: grpc core
-#: sends them as often as data flows (flow control, bandwidth probes), and each costs a few µs;
-#: a flood of them is bounded like any traffic (FRAMES_PER_TURN, reading paused while the
-#: client does not read the PING answers)
+#: a compressed header block (HEADERS plus CONTINUATION) larger than this ends the connection
+#: (ENHANCE_YOUR_CALM): it is eight times the header list a client is told it may send, and the
+#: block must be held whole to keep the HPACK table in step. A block under it whose decoded list
+#: is over the advertised SETTINGS_MAX_HEADER_LIST_SIZE fails its own stream only
+MAX_HEADER_BLOCK = 128 << 10
+#: fields in one header block: hpack decodes one in a few µs, so a block of many 1-byte indexed
+#: fields would hold the loop. Past it (64 KiB decoded at the least, four times the advertised
+#: list), a block that changes the HPACK table ends the connection (ENHANCE_YOUR_CALM); one that
+#: does not is left undecoded and its stream reset (ENHANCE_YOUR_CALM: RESOURCE_EXHAUSTED to a
+#: gRPC client). Decoded fields count against the frames of a receive turn, 8 to a frame
+MAX_HEADER_FIELDS = 2048
+FIELDS_PER_FRAME = 8
+#: frames that carry nothing a client needs to send often (SETTINGS, PRIORITY, empty DATA or
+#: CONTINUATION, unknown frame types, and any frame on a stream already closed: WINDOW_UPDATE,
+#: RST_STREAM, DATA, HEADERS) a client may send per second, averaged over CONTROL_WINDOW_S,
+#: before it gets a GOAWAY (ENHANCE_YOUR_CALM); a SETTINGS frame counts once more per 32 entries
+#: and, when it changes the initial window, per 64 open streams (it is applied to each)
 MAX_CONTROL_FRAMES_PER_S = 1000
 CONTROL_WINDOW_S = 2.0
-#: entries in one SETTINGS frame (RFC 9113 defines 6; nghttp2 allows 32)
-MAX_SETTINGS_ENTRIES = 32
-#: streams a client may reset per second (averaged over RESET_WINDOW_S) before it is sent away
+#: PING and WINDOW_UPDATE on the connection or an open stream: grpc core sends them as often as
+#: data flows (flow control, bandwidth probes), each costs a few µs; beyond this rate (averaged
+#: over CONTROL_WINDOW_S) they are a flood, sent away like the others
+MAX_FLOW_FRAMES_PER_S = 20000
+#: streams a client may reset per second (averaged over RESET_WINDOW_S) before it is sent away;
+#: streams this side resets or refuses for what the client did count too
 MAX_RESETS_PER_S = 200
 RESET_WINDOW_S = 2.0
-#: decoded header blocks kept per connection (see ``H2Connection._decode``)
+#: streams this side reset, remembered (late frames on them are ignored; on any other closed
+#: stream they are STREAM_CLOSED), and ranges of stream ids a client skipped (HEADERS on one is
+#: a connection error); older ones count as closed by the client
+CLOSED_STREAMS_KEPT = 1024
+SKIPPED_RANGES_KEPT = 64
+#: decoded header blocks kept per connection (see ``h2_hpack.HeaderDecoder``)
 BLOCK_CACHE = 64
 #: frames handled per receive turn before the rest waits for the next turn
 FRAMES_PER_TURN = 256
@@ -95,6 +105,22 @@ def server_preface(max_concurrent_streams: int, max_header_list_bytes: int) -> b
         )
     )
     return frame(SETTINGS, 0, 0, settings) + frame(WINDOW_UPDATE, 0, 0, U32.pack(CONNECTION_WINDOW - DEFAULT_WINDOW))
+
+
+def settings_entries(payload: bytes) -> dict[int, int]:
+    """A SETTINGS frame's entries (the last value of a setting counts), each checked against
+    RFC 9113 6.5.2; unknown settings are kept (and ignored by the caller)."""
+    changes: dict[int, int] = {}
+    for i in range(0, len(payload), 6):
+        key, value = SETTING.unpack_from(payload, i)
+        if key == S_INITIAL_WINDOW_SIZE and value > MAX_WINDOW:
+            raise ProtocolError(FLOW_CONTROL_ERROR, "initial window size over 2^31-1")
+        if key == S_MAX_FRAME_SIZE and not DEFAULT_FRAME_SIZE <= value <= 2**24 - 1:
+            raise ProtocolError(PROTOCOL_ERROR, "max frame size out of range")
+        if key in (S_ENABLE_PUSH, S_ENABLE_CONNECT_PROTOCOL) and value > 1:
+            raise ProtocolError(PROTOCOL_ERROR, "a boolean setting other than 0 or 1")
+        changes[key] = value
+    return changes
 
 
 def unpad(payload: bytes) -> bytes:

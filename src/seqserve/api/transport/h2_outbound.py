@@ -14,11 +14,15 @@ from seqserve.api.transport.h2_frames import (
     DEFAULT_WINDOW,
     END_HEADERS,
     END_STREAM,
+    FLOW_CONTROL_ERROR,
     HEADERS,
+    MAX_WINDOW,
     STREAM_WINDOW,
+    ProtocolError,
     frame,
     frame_header,
 )
+from seqserve.api.transport.h2_hpack import DEFAULT_TABLE_SIZE, table_size_update
 
 
 class StreamState:
@@ -26,6 +30,7 @@ class StreamState:
     reads it (``local_open``, ``remote_open``, ``outbox``, ``progress``)."""
 
     __slots__ = (
+        "content_left",
         "id",
         "local_open",
         "outbox",
@@ -48,6 +53,7 @@ class StreamState:
         # (DATA payload or header block, kind) waiting for window
         self.outbox: list[tuple[bytes | memoryview, int]] | None = None
         self.progress = now  # when its request or its reply last moved
+        self.content_left = -1  # DATA still due by the request's content-length (-1: none given)
 
 
 class Outbound:
@@ -65,6 +71,8 @@ class Outbound:
         "_write",
         "initial_window",
         "max_frame",
+        "table_size",
+        "table_update",
         "window",
     )
 
@@ -83,6 +91,31 @@ class Outbound:
         self.initial_window = DEFAULT_WINDOW  # a new stream's (the client's SETTINGS)
         self.max_frame = DEFAULT_FRAME_SIZE
         self._blocked: dict[int, StreamState] = {}  # streams with DATA waiting for the connection's window
+        # the HPACK dynamic table size the client's decoder has from us (RFC 7541 4.2); never
+        # used (no block inserts), but a client that lowers it must be told, in the next block
+        self.table_size = DEFAULT_TABLE_SIZE
+        self.table_update = b""
+
+    def decoder_table_size(self, size: int) -> None:
+        """The client's SETTINGS_HEADER_TABLE_SIZE: when it is below the size in use, the next
+        header block sent begins with a dynamic table size update to 0 (RFC 7541 6.3); 0 is
+        below any size the client may set later, so once is enough."""
+        if size < self.table_size:
+            self.table_size = 0
+            self.table_update = table_size_update(0)
+
+    def change_initial_window(self, window: int, streams: list[StreamState]) -> None:
+        """The client's SETTINGS_INITIAL_WINDOW_SIZE changed: every open stream's window moves by
+        the difference (RFC 9113 6.9.2), and what waited on it goes out."""
+        delta = window - self.initial_window
+        self.initial_window = window
+        for s in streams:
+            s.send_window += delta
+            if s.send_window > MAX_WINDOW:
+                raise ProtocolError(FLOW_CONTROL_ERROR, "stream window over 2^31-1")
+        for s in streams:
+            if s.outbox is not None and s.send_window > 0 and self.window > 0:
+                self.flush(s)
 
     def forget(self, stream_id: int) -> None:
         self._blocked.pop(stream_id, None)
@@ -112,6 +145,9 @@ class Outbound:
             self._on_local_end(s)
 
     def header_frames(self, sid: int, block: bytes, end_stream: bool) -> bytes:
+        """The frames of a header block, written now (a table size update due leads it)."""
+        if self.table_update:
+            block, self.table_update = self.table_update + block, b""
         flags = END_STREAM if end_stream else 0
         limit = self.max_frame
         if len(block) <= limit:
@@ -153,6 +189,7 @@ class Outbound:
             or n > self.window
             or n > limit
             or s.outbox is not None
+            or self.table_update
             or len(headers) > limit
             or len(trailers) > limit
         ):
