@@ -101,7 +101,6 @@ def test_grpc_error_status_over_curl(interop: ServerProcess, tmp_path: Path) -> 
     assert reply.header("grpc-message"), reply.head
 
 
-@pytest.mark.xfail(strict=True, reason="fixed on s25h2: row 13")
 def test_unknown_grpc_encoding_over_curl(interop: ServerProcess, tmp_path: Path) -> None:
     """gRPC's PROTOCOL-HTTP2.md: an encoding the server lacks is UNIMPLEMENTED, and the reply
     says which it accepts (grpc-accept-encoding)."""

@@ -111,7 +111,7 @@ def test_sequences_unary_and_streamed(seqclient: Path, interop: ServerProcess) -
     "entries",
     [
         100,
-        pytest.param(130, marks=pytest.mark.xfail(strict=True, reason="fixed on s25h2: row 2")),
+        130,
     ],
 )
 def test_many_metadata_entries(seqclient: Path, interop: ServerProcess, entries: int) -> None:

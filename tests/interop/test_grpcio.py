@@ -73,7 +73,7 @@ class RunningSum:
 
 @pytest.mark.parametrize(
     "entries",
-    [60, pytest.param(120, marks=pytest.mark.xfail(strict=True, reason="fixed on s25h2: row 2"))],
+    [60, 120],
 )
 def test_many_metadata_entries(channel: grpc.Channel, entries: int) -> None:
     """The call is served, and a sequence streaming on the same connection carries on."""
@@ -87,7 +87,6 @@ def test_many_metadata_entries(channel: grpc.Channel, entries: int) -> None:
     stream.close()
 
 
-@pytest.mark.xfail(strict=True, reason="fixed on s25h2: row 3")
 def test_large_metadata_value_fails_that_call_alone(channel: grpc.Channel) -> None:
     """A 30 KiB value (over the advertised header list size): RESOURCE_EXHAUSTED, not a GOAWAY
     that the client would see as UNAVAILABLE (and retry); the stream beside it and the next

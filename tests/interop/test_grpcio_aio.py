@@ -78,14 +78,13 @@ async def beside_a_stream(stub: pb_grpc.GRPCInferenceServiceStub, metadata: list
 
 @pytest.mark.parametrize(
     "entries",
-    [60, pytest.param(120, marks=pytest.mark.xfail(strict=True, reason="fixed on s25h2: row 2"))],
+    [60, 120],
 )
 async def test_many_metadata_entries(stub: pb_grpc.GRPCInferenceServiceStub, entries: int) -> None:
     outcome = await beside_a_stream(stub, many_metadata(entries))
     assert isinstance(outcome, pb.ServerLiveResponse) and outcome.live, outcome
 
 
-@pytest.mark.xfail(strict=True, reason="fixed on s25h2: row 3")
 async def test_large_metadata_value_fails_that_call_alone(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     outcome = await beside_a_stream(stub, [("x-large", "a" * LARGE_METADATA_BYTES)])
     assert isinstance(outcome, grpc.aio.AioRpcError), outcome

@@ -71,7 +71,7 @@ def h2load_summary(output: str) -> dict[str, int]:
     "table_size",
     [
         None,
-        pytest.param(0, marks=pytest.mark.xfail(strict=True, reason="fixed on s25h2: row 1")),
+        0,
     ],
     ids=["default-table", "table-size-0"],
 )
@@ -119,8 +119,8 @@ def nghttp(interop: ServerProcess, body: Path, *flags: str) -> str:
     "flags",
     [
         (),
-        pytest.param(("-c", "0"), marks=pytest.mark.xfail(strict=True, reason="fixed on s25h2: row 1")),
-        pytest.param(("-c", "512"), marks=pytest.mark.xfail(strict=True, reason="fixed on s25h2: row 1")),
+        ("-c", "0"),
+        ("-c", "512"),
     ],
     ids=["default-table", "table-size-0", "table-size-512"],
 )
