@@ -281,8 +281,9 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _listen(what: str, host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port, or StartupError naming the port and why."""
+def _listen(what: str, host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A listening TCP socket on host:port, or StartupError naming the port and why;
+    reuse_port: SO_REUSEPORT, so that several servers that all set it share the port."""
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, kind, proto, _, address = infos[0]
@@ -291,6 +292,8 @@ def _listen(what: str, host: str, port: int) -> socket.socket:
         raise StartupError(f"cannot listen for {what} on {host}:{port} (port {port}): {_reason(e)}") from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind(address)
@@ -309,7 +312,7 @@ async def _start_grpc(server: Server, grpc: GrpcOptions, streams: StreamDrain | 
     from seqserve.api.grpc.serve import start_grpc
 
     # gRPC's own failure says neither why nor in one line
-    sock: socket.socket | None = _listen("gRPC", grpc.host, grpc.port)
+    sock: socket.socket | None = _listen("gRPC", grpc.host, grpc.port, reuse_port=grpc.reuse_port)
     if grpc.kind == "grpcio":
         sock.close()  # type: ignore[union-attr]
         sock = None
@@ -332,7 +335,7 @@ def _start_hypercorn(app: Any, http: HttpOptions, tasks: list[asyncio.Task[None]
 
     cfg = Config()
     # Bound here, so that a busy port ends startup at once; hypercorn serves its connections.
-    sock = _listen("HTTP", http.host, http.port)
+    sock = _listen("HTTP", http.host, http.port, reuse_port=http.reuse_port)
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("hypercorn.error")
     limits = http.limits
@@ -358,7 +361,7 @@ async def _start_builtin(handler: Handler, http: HttpOptions, tasks: list[asynci
     except (OSError, ssl.SSLError) as e:
         raise StartupError(f"cannot use the HTTP TLS certificate or key: {e}") from None
     server = Http1Server(handler, http.limits, ssl_context=ctx)
-    sock = _listen("HTTP", http.host, http.port)
+    sock = _listen("HTTP", http.host, http.port, reuse_port=http.reuse_port)
     try:
         await server.start(sock)
     except OSError as e:

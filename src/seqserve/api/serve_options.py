@@ -38,6 +38,7 @@ class EngineOptions:
     sessions: SessionPolicy = field(default_factory=SessionPolicy)
     python_isolation: str = "thread"  # or "process": see docs/isolation.md
     inline_max_batch_us: int = DEFAULT_INLINE_MAX_BATCH_US  # 0: never run batches on the loop
+    server_id: str = "seqserve"  # the server metadata's name (Triton's --id)
 
     def new_server(self) -> Server:
         """The Server these settings describe, not started."""
@@ -52,6 +53,7 @@ class EngineOptions:
             python_isolation=self.python_isolation,
             max_backlog_sequences=self.max_backlog_sequences,
             inline_max_batch_us=self.inline_max_batch_us,
+            server_id=self.server_id,
         )
 
 
@@ -71,6 +73,7 @@ class HttpOptions:
     limits: HttpLimits = field(default_factory=HttpLimits)
     tls: TlsFiles | None = None  # None: plain HTTP
     restricted: Restrictions = field(default_factory=Restrictions)
+    reuse_port: bool = False  # SO_REUSEPORT (Triton's --reuse-http-port)
 
     @property
     def kind(self) -> str:
@@ -90,6 +93,7 @@ class GrpcOptions:
     tls: TlsFiles | None = None  # None: plain gRPC
     restricted: Restrictions = field(default_factory=Restrictions)
     stream_scoped: bool = False
+    reuse_port: bool = False  # SO_REUSEPORT (Triton's --reuse-grpc-port)
 
     @property
     def kind(self) -> str:

@@ -169,6 +169,8 @@ class ModelTable:
     async def _acquire_control_lock(self, deadline: float) -> bool:
         """The control lock, unless a load or unload still holds it at the deadline (a model's
         initialize that never returns must not hold the shutdown)."""
+        if not self._control_lock.locked():  # free: take it now (a wait of 0 s would time out even so)
+            return await self._control_lock.acquire()
         try:
             await asyncio.wait_for(self._control_lock.acquire(), max(deadline - time.monotonic(), 0.0))
         except TimeoutError:

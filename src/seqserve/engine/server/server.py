@@ -60,8 +60,11 @@ class Server:
         python_isolation: str = "thread",
         max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES,
         inline_max_batch_us: int = DEFAULT_INLINE_MAX_BATCH_US,
+        server_id: str = "seqserve",
     ) -> None:
-        """auto_sequence_ids: a request to a sequence model that names no sequence starts a new
+        """server_id: the name the server metadata reports (Triton's --id).
+
+        auto_sequence_ids: a request to a sequence model that names no sequence starts a new
         one with a server-generated id (returned as the `sequence_id` response parameter).
         False gives Triton's strict behaviour: such a request is an error.
 
@@ -103,6 +106,7 @@ class Server:
             raise ValueError(f"max_backlog_sequences must be >= 0 (0: no bound), got {max_backlog_sequences}")
         if inline_max_batch_us < 0:
             raise ValueError(f"inline_max_batch_us must be >= 0 (0: never inline), got {inline_max_batch_us}")
+        self.server_id = server_id
         self.strict_readiness = strict_readiness
         self.auto_sequence_ids = auto_sequence_ids
         self.sessions = sessions or SessionPolicy()
@@ -282,7 +286,7 @@ class Server:
 
     def metadata(self) -> dict[str, str]:
         """The server's name and version; the front-ends add the protocol extensions they serve."""
-        return {"name": "seqserve", "version": __version__}
+        return {"name": self.server_id, "version": __version__}
 
     def model_metadata(self, name: str, version: str | int = "") -> dict[str, Any]:
         meta = self.models.model(name, version).metadata()
