@@ -20,6 +20,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from seqserve.engine import Code, InferenceError
+
 LOGGER = "seqserve"
 FORMATS = ("default", "ISO8601", "json")
 REDACTED = "<redacted>"
@@ -199,6 +201,18 @@ def _severity(level: int) -> str:
     return "I"  # Triton writes verbose lines as I
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever sys.stderr is when a record comes (a test may have swapped it)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass  # always sys.stderr
+
+
 class LogControl:
     """The process's log handler and settings. ``configure`` installs them (again: replaces
     the previous handler), ``update`` applies the logging extension's changes."""
@@ -221,7 +235,7 @@ class LogControl:
         if settings.file:
             handler = logging.FileHandler(settings.file, encoding="utf-8")
         else:
-            handler = logging.StreamHandler(stream or sys.stderr)
+            handler = logging.StreamHandler(stream) if stream is not None else _StderrHandler()
         handler.addFilter(self._switches)
         handler.setFormatter(self._formatter)
         root = logging.getLogger()
@@ -250,3 +264,18 @@ class LogControl:
 
 #: the one log of the process (the command line configures it; the routes read and change it)
 log_control = LogControl()
+
+
+def log_settings_request(changes: Any) -> dict[str, Any]:
+    """The logging extension on either front-end: apply ``changes`` (a dict of Triton's
+    setting names; {} reads) to the process's log and return the settings in force, or
+    InferenceError (INVALID_ARG) naming what cannot apply."""
+    if not isinstance(changes, dict):
+        raise InferenceError(Code.INVALID_ARG, "the log settings must be a JSON object")
+    try:
+        settings = log_control.update(changes) if changes else log_control.settings
+    except SettingError as e:
+        raise InferenceError(Code.INVALID_ARG, str(e)) from None
+    if changes:
+        logging.getLogger(LOGGER).info("log settings changed: %s", ", ".join(f"{k}={v}" for k, v in changes.items()))
+    return settings.as_triton()

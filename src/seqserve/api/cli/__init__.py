@@ -23,12 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         log_control.configure(settings)
     except OSError as e:
-        print(f"seqserve serve: --log-file: cannot open {settings.file}: {e.strerror or e}", file=sys.stderr)
+        print(f"seqserve: --log-file: cannot open {settings.file}: {e.strerror or e}", file=sys.stderr)
         return 2
     try:
         opts = serve_options(args)
     except UsageError as e:
-        print(f"seqserve serve: {e}", file=sys.stderr)
+        print(f"seqserve: {e}", file=sys.stderr)
         return 2
     _redact_secrets(opts)
     try:

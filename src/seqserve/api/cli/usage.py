@@ -22,4 +22,5 @@ class CommandParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         line = _ARGUMENT_PREFIX.sub(r"\1: ", message)
-        self.exit(2, f"{self.prog}: {line} (see '{self.prog} --help')\n")
+        command = self.prog.split()[0]  # "seqserve", as every refusal of the command line begins
+        self.exit(2, f"{command}: {line} (see '{self.prog} --help')\n")

@@ -24,6 +24,7 @@ from seqserve.api.grpc.stream import (
 )
 from seqserve.api.kserve import EXTENSIONS, NO_SHM, SESSION_END_KEY, SESSION_ID_KEY, apply_session, clip, enqueue_single
 from seqserve.api.limits import offload
+from seqserve.api.logs import log_settings_request
 from seqserve.api.statistics import statistics_proto
 from seqserve.api.transport.grpc_context import CallAborted, CallContext, Status
 from seqserve.engine import InferenceError, SequenceScope, Server
@@ -46,7 +47,7 @@ _SHM_RPCS = (
 #: grpcio's bare "Method not implemented!"
 UNIMPLEMENTED_RPCS = {
     **{rpc: f"{rpc}: {NO_SHM}" for rpc in _SHM_RPCS},
-    **{rpc: f"{rpc}: seqserve does not implement this extension" for rpc in ("TraceSetting", "LogSettings")},
+    **{rpc: f"{rpc}: seqserve does not implement this extension" for rpc in ("TraceSetting",)},
 }
 
 
@@ -120,6 +121,27 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return statistics_proto(stats)
 
     # --------------------------------------------------------------------- repository
+
+    async def LogSettings(self, request: pb.LogSettingsRequest, context: Any) -> pb.LogSettingsResponse:
+        """The logging extension: the settings given change, and all are returned."""
+        changes = {
+            name: getattr(v, v.WhichOneof("parameter_choice") or "string_param") for name, v in request.settings.items()
+        }
+        try:
+            settings = log_settings_request(changes)
+        except InferenceError as e:
+            raise aborted(e) from None
+        resp = pb.LogSettingsResponse()
+        for name, value in settings.items():
+            field = (
+                "bool_param"
+                if isinstance(value, bool)
+                else "uint32_param"
+                if isinstance(value, int)
+                else "string_param"
+            )
+            setattr(resp.settings[name], field, value)
+        return resp
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
         resp = pb.RepositoryIndexResponse()

@@ -36,6 +36,7 @@ from seqserve.api.limits import (
     inflate,
     offload,
 )
+from seqserve.api.logs import log_settings_request
 from seqserve.api.statistics import statistics_json
 from seqserve.api.transport.asgi import asgi_app
 from seqserve.api.transport.exchange import BodySource, Handler, HttpReply, HttpRequest
@@ -135,6 +136,18 @@ class HttpFrontend:
         except InferenceError:
             return error_reply(f"requested model '{p.get('model', '')}' is not available", 400)
         return json_reply(statistics_json(stats))
+
+    async def logging(self, request: HttpRequest, p: dict[str, Any]) -> HttpReply:
+        """The logging extension: GET reads the log settings, POST changes some of them."""
+        changes: Any = {}
+        if request.method == "POST":
+            body = await self._body(request)
+            if body.strip():
+                try:
+                    changes = orjson.loads(body)
+                except orjson.JSONDecodeError as e:
+                    raise InferenceError(Code.INVALID_ARG, f"failed to parse the request JSON: {e}") from None
+        return json_reply(log_settings_request(changes))
 
     # ---------------------------------------------------------------------- repository
 
@@ -288,6 +301,7 @@ class HttpFrontend:
             Route("/v2/repository/index", s.repository_index, ["POST"]),
             Route("/v2/repository/models/{model}/load", s.load, ["POST"]),
             Route("/v2/repository/models/{model}/unload", s.unload, ["POST"]),
+            Route("/v2/logging", s.logging, ["GET", "POST"]),
         ]
         # Triton's extensions that seqserve does not implement: a clear 501 (the HTTP twin of the
         # gRPC UNIMPLEMENTED they get), not a bare 404.
@@ -351,7 +365,6 @@ def close_when_exiting(handler: Handler, server: Server) -> Handler:
 
 _NO_EXTENSION = "seqserve does not implement this extension"
 _UNIMPLEMENTED_ROUTES = [
-    ("/v2/logging", ["GET", "POST"], f"log settings: {_NO_EXTENSION}"),
     ("/v2/trace/setting", ["GET", "POST"], f"trace settings: {_NO_EXTENSION}"),
     ("/v2/models/{model}/trace/setting", ["GET", "POST"], f"trace settings: {_NO_EXTENSION}"),
     # status (GET), register and unregister (POST), for all regions or one
