@@ -56,9 +56,9 @@ async def serve(opts: ServeOptions) -> int:
     try:
         await front_ends.start(opts)
     except StartupError as e:
-        log.error("%s", e)
         await front_ends.abort()
         await server.shutdown(timeout_s=0)
+        log.error("%s", e)  # last: the line an operator reads first
         return 1
     log.info("seqserve %s ready", __version__)
 
@@ -76,19 +76,19 @@ async def _start_engine(opts: ServeOptions) -> Server | None:
     _log_models(server)
     failed = server.failed_models()
     if failed and engine.exit_on_error:
-        # Triton: "error: creating server: Internal - failed to load all models"
+        await server.shutdown(timeout_s=0)
+        # Triton: "error: creating server: Internal - failed to load all models"; last, after the models' lines
         log.error(
             "failed to load all models (%s); exiting (--exit-on-error=false keeps serving the others)",
             ", ".join(sorted(failed)),
         )
-        await server.shutdown(timeout_s=0)
         return None
     if opts.state_store is not None:
         try:
             await _enable_state_store(server, opts.state_store)
         except Exception as e:
-            log.error("cannot use the state store %s: %s", redact_url(opts.state_store.url), e)
             await server.shutdown(timeout_s=0)
+            log.error("cannot use the state store %s: %s", redact_url(opts.state_store.url), e)
             return None
     return server
 
