@@ -34,7 +34,7 @@ VERBOSE_2 = logging.DEBUG - 1
 #: hpack's "(b'name', b'value')"
 _CREDENTIAL = re.compile(
     r"(?i)((?:proxy-)?authorization|cookie|set-cookie|x-api-key|api[-_]key|[a-z0-9-]*token|[a-z0-9-]*secret|"
-    r"[a-z0-9-]*password)(['\"]?\s*(?:[:=]|,\s*b?['\"])\s*b?['\"]?)([^'\"\s,)]+(?: [^'\"\s,)]+)?)"
+    r"[a-z0-9-]*password)(['\"]?\s*(?:[:=]\s*['\"]?|,\s*(?-i:b)?['\"]))([^'\"\s,)]+(?: [^'\"\s,)]+)?)"
 )
 
 
