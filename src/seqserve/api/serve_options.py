@@ -39,6 +39,9 @@ class EngineOptions:
     python_isolation: str = "thread"  # or "process": see docs/isolation.md
     inline_max_batch_us: int = DEFAULT_INLINE_MAX_BATCH_US  # 0: never run batches on the loop
     server_id: str = "seqserve"  # the server metadata's name (Triton's --id)
+    model_config_name: str | None = None  # configs/<name>.pbtxt (Triton's --model-config-name)
+    auto_complete_config: bool = True  # Triton's --disable-auto-complete-config turns it off
+    default_max_batch_size: int = 4  # Triton's --backend-config=default-max-batch-size
 
     def new_server(self) -> Server:
         """The Server these settings describe, not started."""
@@ -54,6 +57,9 @@ class EngineOptions:
             max_backlog_sequences=self.max_backlog_sequences,
             inline_max_batch_us=self.inline_max_batch_us,
             server_id=self.server_id,
+            model_config_name=self.model_config_name,
+            auto_complete_config=self.auto_complete_config,
+            default_max_batch_size=self.default_max_batch_size,
         )
 
 

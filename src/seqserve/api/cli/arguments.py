@@ -41,12 +41,12 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
     http_restricted, grpc_restricted = _restrictions(args)
     mode, models = _model_control(args)
     metrics = _metrics(args)
-    _backend_config(args)
+    default_max_batch_size = _backend_config(args)
     _not_implemented_yet(args)
     for line in getattr(args, IGNORED_DEST, None) or []:
         logging.getLogger("seqserve").warning("%s", line)
     return ServeOptions(
-        _engine(args, mode, models),
+        _engine(args, mode, models, default_max_batch_size),
         http=_http(args, http_server, http_tls, http_restricted),
         grpc=_grpc(args, grpc_tls, grpc_restricted),
         metrics=metrics,
@@ -136,7 +136,9 @@ def _model_control(args: argparse.Namespace) -> tuple[ModelControlMode, list[str
     return mode, models
 
 
-def _engine(args: argparse.Namespace, mode: ModelControlMode, models: list[str] | None) -> EngineOptions:
+def _engine(
+    args: argparse.Namespace, mode: ModelControlMode, models: list[str] | None, default_max_batch_size: int | None
+) -> EngineOptions:
     repositories: list[Path] = args.model_repository or [DEMO_REPOSITORY]
     for repo in repositories:
         if not repo.is_dir():
@@ -156,6 +158,9 @@ def _engine(args: argparse.Namespace, mode: ModelControlMode, models: list[str] 
         python_isolation=args.python_isolation,
         inline_max_batch_us=args.inline_max_batch_us,
         server_id=args.id or "seqserve",
+        model_config_name=args.model_config_name,
+        auto_complete_config=not args.disable_auto_complete_config and args.strict_model_config is not True,
+        default_max_batch_size=4 if default_max_batch_size is None else default_max_batch_size,
     )
 
 
@@ -279,16 +284,13 @@ def _not_implemented_yet(args: argparse.Namespace) -> None:
     """Triton options that parse and are checked but do not act yet: one warning each, so that
     none is silently without effect."""
     log = logging.getLogger("seqserve")
-    batch_size = any(key == "default-max-batch-size" for _, key, _ in args.backend_config)
     pending = {
-        "--model-config-name": args.model_config_name,
         "--backend-directory": args.backend_directory,
         "--http-header-forward-pattern": args.http_header_forward_pattern,
         "--grpc-header-forward-pattern": args.grpc_header_forward_pattern,
         "--grpc-max-connection-age": args.grpc_max_connection_age,
         "--grpc-max-connection-age-grace": args.grpc_max_connection_age_grace,
         "--allow-cpu-metrics=false": not args.allow_cpu_metrics,
-        "--backend-config default-max-batch-size": batch_size,
         "--model-load-thread-count": args.model_load_thread_count != 4,
     }
     for flag, value in pending.items():

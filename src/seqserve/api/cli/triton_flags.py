@@ -128,7 +128,20 @@ def add_triton_flags(s: argparse.ArgumentParser) -> None:
     add("--grpc-server-cert", metavar="PEM", help="Triton's name for --grpc-tls-cert (needs --grpc-use-ssl)")
     add("--grpc-server-key", metavar="PEM", help="Triton's name for --grpc-tls-key (needs --grpc-use-ssl)")
     add("--grpc-root-cert", metavar="PEM", help="Triton's name for --grpc-tls-client-ca (needs --grpc-use-ssl-mutual)")
-    add("--disable-auto-complete-config", nargs=0, action=IgnoredFlag, warns=lambda _: False, help=argparse.SUPPRESS)
+    add(
+        "--disable-auto-complete-config",
+        action="store_true",
+        help="backends do not complete configs from the model file (ONNX inputs, outputs, max_batch_size)",
+    )
+    add(
+        "--strict-model-config",
+        type=boolean,
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="BOOL",
+        help="Triton's deprecated name: true is --disable-auto-complete-config",
+    )
     _add_ignored(add)
 
 
@@ -151,7 +164,6 @@ def _add_ignored(add: Callable[..., argparse.Action]) -> None:
         ignored(add, name, _GPU)
     ignored(add, "--enable-peer-access", _GPU, _unless_false)
     ignored(add, "--allow-gpu-metrics", "this build has no GPU metrics", _unless_false)
-    ignored(add, "--strict-model-config", "seqserve never completes a config: every model needs one", _unless_true)
     ignored(add, "--model-load-retry-count", "a model that fails to load is not retried", _unless_zero)
     ignored(add, "--model-namespacing", "a model name must be unique across the repositories", _unless_false)
     ignored(add, "--grpc-infer-response-compression-level", "gRPC responses are not compressed", _unless_off)
@@ -177,10 +189,6 @@ def _add_ignored(add: Callable[..., argparse.Action]) -> None:
         "--vertex-ai-default-model",
     ):
         ignored(add, name, "seqserve has no SageMaker or Vertex AI front-end")
-
-
-def _unless_true(value: str | None) -> bool:
-    return value is not None and not _as_bool(value, default=False)
 
 
 def apply_triton_names(args: argparse.Namespace) -> None:

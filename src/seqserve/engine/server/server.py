@@ -22,6 +22,7 @@ import numpy as np
 
 from seqserve import __version__
 from seqserve._proto import model_config_pb2 as mc
+from seqserve.engine.backends.base import DEFAULT_MAX_BATCH_SIZE
 from seqserve.engine.config import config_to_json
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, InferenceError
@@ -61,8 +62,15 @@ class Server:
         max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES,
         inline_max_batch_us: int = DEFAULT_INLINE_MAX_BATCH_US,
         server_id: str = "seqserve",
+        model_config_name: str | None = None,
+        auto_complete_config: bool = True,
+        default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     ) -> None:
         """server_id: the name the server metadata reports (Triton's --id).
+        model_config_name: load each model's ``configs/<name>.pbtxt`` where it has one
+        (Triton's --model-config-name). auto_complete_config: backends may complete a config
+        from the model file (Triton's default; --disable-auto-complete-config turns it off);
+        a completed config that can batch gets ``default_max_batch_size``.
 
         auto_sequence_ids: a request to a sequence model that names no sequence starts a new
         one with a server-generated id (returned as the `sequence_id` response parameter).
@@ -113,7 +121,15 @@ class Server:
         #: the loaded models and every change to them
         self.models = ModelTable(
             [Path(r) for r in repos],
-            LoadSettings(self.sessions, python_isolation, max_backlog_sequences, inline_max_batch_us),
+            LoadSettings(
+                self.sessions,
+                python_isolation,
+                max_backlog_sequences,
+                inline_max_batch_us,
+                config_name=model_config_name,
+                auto_complete=auto_complete_config,
+                default_max_batch_size=default_max_batch_size,
+            ),
             model_control=mode,
             repository_poll_secs=repository_poll_secs,
             exit_timeout_s=exit_timeout_s,
