@@ -46,9 +46,7 @@ def busy_port() -> Iterator[int]:
 
 def _error_lines(out: str) -> list[str]:
     """Error lines in Triton's default log format (E<MMDD> ...), and anything that looks like one."""
-    return [
-        line for line in out.splitlines() if re.match(r"E\d{4} ", line) or "Error" in line or "Traceback" in line
-    ]
+    return [line for line in out.splitlines() if re.match(r"E\d{4} ", line) or "Error" in line or "Traceback" in line]
 
 
 def _assert_one_line_failure(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
