@@ -207,7 +207,12 @@ def _http_handler(server: Server, http: HttpOptions) -> Handler:
     """The KServe routes as one handler, behind the restrictions, closing connections once the
     process is exiting: the builtin server calls it directly, hypercorn and granian through
     the ASGI adapter."""
-    frontend = HttpFrontend(server, max_body_bytes=http.max_body_bytes, body_timeout_s=http.limits.body_timeout_s)
+    frontend = HttpFrontend(
+        server,
+        max_body_bytes=http.max_body_bytes,
+        body_timeout_s=http.limits.body_timeout_s,
+        header_forward=http.header_forward,
+    )
     # the routes themselves when nothing is restricted
     handler = security.restrict_http(
         frontend.handle, http.restricted, max_body_bytes=http.max_body_bytes, body_timeout_s=http.limits.body_timeout_s

@@ -6,6 +6,7 @@ The command line (api/cli) builds these once, after its checks; nothing changes 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +81,7 @@ class HttpOptions:
     tls: TlsFiles | None = None  # None: plain HTTP
     restricted: Restrictions = field(default_factory=Restrictions)
     reuse_port: bool = False  # SO_REUSEPORT (Triton's --reuse-http-port)
+    header_forward: re.Pattern[str] | None = None  # headers passed as request parameters
 
     @property
     def kind(self) -> str:
@@ -100,6 +102,7 @@ class GrpcOptions:
     restricted: Restrictions = field(default_factory=Restrictions)
     stream_scoped: bool = False
     reuse_port: bool = False  # SO_REUSEPORT (Triton's --reuse-grpc-port)
+    header_forward: re.Pattern[str] | None = None  # metadata passed as ModelInfer parameters
 
     @property
     def kind(self) -> str:

@@ -186,6 +186,7 @@ def _http(
         tls=tls,
         restricted=restricted,
         reuse_port=args.reuse_http_port,
+        header_forward=args.http_header_forward_pattern,
     )
 
 
@@ -211,6 +212,7 @@ def _grpc(
         restricted=restricted,
         stream_scoped=args.stream_scoped_sequences,
         reuse_port=args.reuse_grpc_port,
+        header_forward=args.grpc_header_forward_pattern,
     )
 
 
@@ -286,8 +288,6 @@ def _not_implemented_yet(args: argparse.Namespace) -> None:
     log = logging.getLogger("seqserve")
     pending = {
         "--backend-directory": args.backend_directory,
-        "--http-header-forward-pattern": args.http_header_forward_pattern,
-        "--grpc-header-forward-pattern": args.grpc_header_forward_pattern,
         "--grpc-max-connection-age": args.grpc_max_connection_age,
         "--grpc-max-connection-age-grace": args.grpc_max_connection_age_grace,
         "--allow-cpu-metrics=false": not args.allow_cpu_metrics,

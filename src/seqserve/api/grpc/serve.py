@@ -65,7 +65,11 @@ async def start_grpc(
     (api/transport) or "grpcio" (grpc.aio). Both have ``stop(grace)``."""
     limits, tls = front_end.limits, front_end.tls
     inference = InferenceServicer(
-        server, stream_scoped=front_end.stream_scoped, stream_stats=stream_stats, streams=streams
+        server,
+        stream_scoped=front_end.stream_scoped,
+        stream_stats=stream_stats,
+        streams=streams,
+        header_forward=front_end.header_forward,
     )
     methods = method_table(inference, HealthServicer(server), front_end.restricted)
     if front_end.kind == "builtin":

@@ -6,6 +6,7 @@ a ModelStreamInfer call is a ``stream.StreamSession``. The servicers see seqserv
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from seqserve.api.grpc.stream import (
     StreamSession,
     StreamStats,
 )
+from seqserve.api.header_forward import forward_headers
 from seqserve.api.kserve import EXTENSIONS, NO_SHM, SESSION_END_KEY, SESSION_ID_KEY, apply_session, clip, enqueue_single
 from seqserve.api.limits import offload
 from seqserve.api.logs import log_settings_request
@@ -63,11 +65,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         stream_scoped: bool = False,
         stream_stats: StreamStats | None = None,
         streams: StreamDrain | None = None,
+        header_forward: re.Pattern[str] | None = None,
     ) -> None:
         """stream_scoped: sequences started on a ModelStreamInfer stream end when it closes,
         unless the stream says otherwise (``seqserve-stream-scoped`` header). ``streams``: the
         open streams, which the shutdown ends with UNAVAILABLE (see ``StreamDrain``)."""
         self.server = server
+        self.header_forward = header_forward  # metadata forwarded as ModelInfer parameters
         self.stream_scoped = stream_scoped
         self.stream_stats = stream_stats if stream_stats is not None else StreamStats()
         self.streams = streams if streams is not None else StreamDrain()
@@ -192,6 +196,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             except codec.DecodeOffLoop:
                 infer_request, _ = await offload(codec.decode_request, msg)
             metadata = context.metadata
+            if metadata and self.header_forward is not None:
+                forward_headers(infer_request, metadata, self.header_forward)
             if metadata:
                 session = end = None
                 for key, value in metadata:

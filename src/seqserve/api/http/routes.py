@@ -16,6 +16,7 @@ from starlette.datastructures import QueryParams
 from starlette.types import ASGIApp
 
 from seqserve.api import sequences
+from seqserve.api.header_forward import decoded_headers, forward_headers
 from seqserve.api.http import kserve_json
 from seqserve.api.http.body import BodyWatch, read_body
 from seqserve.api.http.router import Endpoint, Route, Router
@@ -69,8 +70,12 @@ class HttpFrontend:
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+        header_forward: re.Pattern[str] | None = None,
     ) -> None:
+        """header_forward: headers whose name matches become request parameters (Triton's
+        --http-header-forward-pattern)."""
         self.server = server
+        self.header_forward = header_forward
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self._body_watch = BodyWatch(body_timeout_s)
@@ -221,6 +226,8 @@ class HttpFrontend:
             req, options = await offload(kserve_json.decode_request, body, ihcl, model, version)
         else:
             req, options = kserve_json.decode_request(body, ihcl, model, version)
+        if self.header_forward is not None:
+            forward_headers(req, decoded_headers(request.headers), self.header_forward)
         session = header(_SESSION_ID)
         end = header(_SESSION_END)
         if session is not None or end is not None:

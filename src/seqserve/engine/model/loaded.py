@@ -404,6 +404,7 @@ class LoadedModel:
             request_rows=[c.rows if c is not None else 1 for c in checked],
             request_outputs=[c.outputs if c is not None else None for c in checked],
             request_ids=[c.request.id if c is not None else "" for c in checked],
+            request_parameters=[c.request.parameters if c is not None else {} for c in checked],
             ragged={k: RaggedInput(v) for k, v in cb.ragged().items()} if self._has_ragged else {},
             batched=self.max_batch_size > 0,
         )
