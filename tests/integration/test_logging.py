@@ -126,7 +126,7 @@ def test_failed_request_logged_with_its_request_id(verbose_server: ServerProcess
     assert resp.status == 500
     message = resp.error()
     assert "\n" not in message and "Traceback" not in message and "second line" not in message
-    found = re.match(r"\[request id: (\w+)\] model 'failing' failed: ValueError: the model broke$", message)
+    found = re.match(r"model 'failing' failed: ValueError: the model broke \(request id (\w+)\)$", message)
     assert found, message
     rid = found.group(1)
     wait_until_sync(lambda: rid in srv.log(), "the log shows it")

@@ -2,7 +2,8 @@
 at ERROR (model, version, request id, sequence id, the exception attached: the log shows its
 traceback only when the operator asks), and its client gets one line that names the same
 request id, never a traceback. A model failing every request cannot flood the log: at most
-LINES_PER_INTERVAL lines per model version per INTERVAL_S, then one line with the count."""
+LINES_PER_INTERVAL lines per model version per INTERVAL_S, then one line with the count.
+The request id is the client's own when it gave one, else one made here."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ class FailureReport:
 
     def failed(self, rec: Pending, err: InferenceError, cause: BaseException | None) -> InferenceError:
         """Log that ``rec`` failed with ``err`` (raised as ``cause``) and return what its
-        client gets: ``[request id: <id>] <the error's first line>``."""
+        client gets: ``<the error's first line> (request id <id>)``: the message a Triton
+        client matches on comes first, unchanged."""
         request = rec.checked.request
         rid = request.id or secrets.token_hex(6)
         message = one_line(err.message)
@@ -63,7 +65,7 @@ class FailureReport:
                     }
                 },
             )
-        return InferenceError(err.code, f"[request id: {rid}] {message}")
+        return InferenceError(err.code, f"{message} (request id {rid})")
 
     def _may_log(self) -> bool:
         now = time.monotonic()
