@@ -87,7 +87,8 @@ def ignored(
     add: Callable[..., argparse.Action], name: str, reason: str, warns: Callable[[str | None], bool] = _always
 ) -> None:
     """Accept Triton's ``name`` with one warning line (see IgnoredFlag)."""
-    add(name, action=IgnoredFlag, reason=reason, warns=warns, help=f"Triton's flag, ignored: {reason}")
+    # not in --help: docs/cli.md lists them ("Triton's flags"), each with its reason
+    add(name, action=IgnoredFlag, reason=reason, warns=warns, help=argparse.SUPPRESS)
 
 
 def triton_milliseconds(add: Callable[..., argparse.Action], name: str, dest: str, seqserve_flag: str) -> None:
