@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.support import onnx_models as fx
@@ -35,3 +36,23 @@ async def test_default_max_batch_size_and_auto_complete(repo, serve):
     await s.shutdown(timeout_s=0)
     strict = await serve(auto_complete_config=False)
     assert "add_sub" in strict.failed_models()  # nothing completes its inputs and outputs
+
+
+async def test_backend_directory(repo, serve, tmp_path):
+    backends = tmp_path / "backends"
+    (backends / "python").mkdir(parents=True)  # Triton's own backend folders hold no backend.py
+    (backends / "python" / "libtriton_python.so").write_bytes(b"")
+    (backends / "dirbackend").mkdir()
+    (backends / "dirbackend" / "backend.py").write_text(
+        "from seqserve.engine.backends.python_batch import PythonBackend\n\n\n"
+        "class DirectoryBackend(PythonBackend):\n"
+        '    """The python backend, under another name."""\n'
+    )
+    copy_model(repo, "plus_one", "m")
+    config = repo / "m" / "config.pbtxt"
+    config.write_text(config.read_text().replace('backend: "python"', 'backend: "dirbackend"'))
+    s = await serve(backend_directory=backends)
+    assert s.model_config_json("m")["backend"] == "dirbackend"
+    assert "m" not in s.failed_models()
+    result = await s.infer("m", {"X": np.array([1], np.int32)})
+    assert result.outputs["Y"].tolist() == [2]

@@ -43,6 +43,7 @@ class EngineOptions:
     model_config_name: str | None = None  # configs/<name>.pbtxt (Triton's --model-config-name)
     auto_complete_config: bool = True  # Triton's --disable-auto-complete-config turns it off
     default_max_batch_size: int = 4  # Triton's --backend-config=default-max-batch-size
+    backend_directory: Path | None = None  # third-party backends (Triton's --backend-directory)
 
     def new_server(self) -> Server:
         """The Server these settings describe, not started."""
@@ -61,6 +62,7 @@ class EngineOptions:
             model_config_name=self.model_config_name,
             auto_complete_config=self.auto_complete_config,
             default_max_batch_size=self.default_max_batch_size,
+            backend_directory=self.backend_directory,
         )
 
 

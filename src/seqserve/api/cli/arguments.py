@@ -143,6 +143,8 @@ def _engine(
     for repo in repositories:
         if not repo.is_dir():
             raise UsageError(f"model repository '{repo}' is not a directory")
+    if args.backend_directory is not None and not args.backend_directory.is_dir():
+        raise UsageError(f"--backend-directory '{args.backend_directory}' is not a directory")
     poll_secs = args.repository_poll_secs
     return EngineOptions(
         model_repository=repositories,
@@ -161,6 +163,7 @@ def _engine(
         model_config_name=args.model_config_name,
         auto_complete_config=not args.disable_auto_complete_config and args.strict_model_config is not True,
         default_max_batch_size=4 if default_max_batch_size is None else default_max_batch_size,
+        backend_directory=args.backend_directory,
     )
 
 
@@ -287,7 +290,6 @@ def _not_implemented_yet(args: argparse.Namespace) -> None:
     none is silently without effect."""
     log = logging.getLogger("seqserve")
     pending = {
-        "--backend-directory": args.backend_directory,
         "--grpc-max-connection-age": args.grpc_max_connection_age,
         "--grpc-max-connection-age-grace": args.grpc_max_connection_age_grace,
         "--allow-cpu-metrics=false": not args.allow_cpu_metrics,
