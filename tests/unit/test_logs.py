@@ -85,6 +85,8 @@ def test_libraries_never_verbose(control: tuple[LogControl, io.StringIO]) -> Non
         logging.getLogger(name).debug("Decoded (b'triton-grpc-protocol-admin', b'S3cr3tValue')")
     assert stream.getvalue() == ""
     logging.getLogger("hpack").warning("a library warning still shows")
+    logging.getLogger("a_models_own_logger").info("a model's own INFO line shows")
+    assert "a model's own INFO line shows" in stream.getvalue()
     assert "a library warning still shows" in stream.getvalue()
 
 

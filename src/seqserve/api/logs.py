@@ -3,7 +3,7 @@ line, to standard error or a file; Triton's switches (verbose level, info, warni
 which the logging extension (``/v2/logging``, gRPC ``LogSettings``) changes while serving.
 
 Only seqserve's loggers (``seqserve`` and below) become verbose: the root logger stays at
-WARNING, so a library (hpack, h2, asyncio, httptools...) never logs at DEBUG because of
+INFO, so a library (hpack, h2, asyncio, httptools...) never logs at DEBUG because of
 ``--log-verbose``. Every line passes through the redactor, which replaces registered secrets
 (restricted-API header values, TLS material) and the values of credential-like headers.
 """
@@ -245,7 +245,7 @@ class LogControl:
                 self._handler.close()
             self._handler = handler
             root.addHandler(handler)
-            root.setLevel(logging.WARNING)  # libraries: never verbose because of --log-verbose
+            root.setLevel(logging.INFO)  # libraries (and models' own loggers): never verbose
             self._apply(settings)
 
     def update(self, changes: dict[str, Any]) -> LogSettings:
