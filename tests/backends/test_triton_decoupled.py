@@ -162,7 +162,7 @@ async def test_execute_failure_after_a_response(repeat: Server) -> None:
     assert values(responses)[0] == (5, 0)
     err = responses[1][0]
     assert isinstance(err, InferenceError) and responses[1][1]
-    assert str(err) == "Failed to process the request(s) for model 'repeat_0_0', message: ValueError: boom"
+    assert str(err).startswith("Failed to process the request(s) for model 'repeat_0_0', message: ValueError: boom (")
     # the model keeps serving
     assert values(await collect(repeat, "repeat", repeat_inputs([3]))) == [(3, 0), None]
 
@@ -444,7 +444,9 @@ async def test_decoupled_execute_must_return_none(repo, serve) -> None:
     responses = await collect(s, "rl", repeat_inputs([1]))
     ((err, final),) = responses
     assert final and isinstance(err, InferenceError)
-    assert str(err) == "Python model 'rl_0_0' is using the decoupled mode and the execute function must return None."
+    assert str(err).startswith(
+        "Python model 'rl_0_0' is using the decoupled mode and the execute function must return None. (request id "
+    )
 
 
 async def test_leaving_a_stream_cancels_the_request(repo, serve) -> None:

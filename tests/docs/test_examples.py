@@ -125,7 +125,7 @@ def start_server(args: list[str], term: Terminal, log_name: str) -> Ports:
         text = (term.cwd / log_name).read_text()
         if proc.poll() is not None:
             pytest.fail(f"{shlex.join(cmd)} exited {proc.returncode}:\n{text}")
-        if re.search(r"INFO seqserve: seqserve \S+ ready$", text, re.M):
+        if re.search(r'\] "seqserve \S+ ready"$', text, re.M):  # Triton's default log format
             return ports
         time.sleep(0.1)
     pytest.fail(f"{shlex.join(cmd)} not ready in {READY_TIMEOUT_S} s:\n{(term.cwd / log_name).read_text()}")

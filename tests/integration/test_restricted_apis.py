@@ -116,7 +116,7 @@ CALLS: list[tuple[str, str, tuple[Any, ...], Any]] = [
     ("shared-memory", "get_cuda_shared_memory_status", (), NOT_SERVED),
     ("shared-memory", "unregister_cuda_shared_memory", (), NOT_SERVED),
     ("trace", "get_trace_settings", (), NOT_SERVED),
-    ("logging", "get_log_settings", (), NOT_SERVED),
+    ("logging", "get_log_settings", (), None),
 ]  # fmt: skip
 
 

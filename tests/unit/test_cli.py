@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from seqserve.api import cli, security
+from seqserve.api.logs import LogSettings
 from seqserve.api.serve_options import ServeOptions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,6 +127,40 @@ COMMAND_LINES: list[str] = [
     "serve --http-server uvicorn",
     "serve --grpc-server grpclib",
     "serve --python-isolation fork",
+    # Triton's names and units (docs/cli.md, "Triton's flags")
+    "-V",
+    "serve --grpc-keepalive-time=7200000 --grpc-keepalive-timeout=20000 --model-repository {repo}",
+    "serve --grpc-keepalive-tim=7200000",
+    "serve --http-max=100",
+    "serve --grpc-max-connection=5",
+    "serve --http-port abc",
+    "serve --model-store {repo} --allow-http=false --allow-grpc=true --http-max-input-size=4096 --id=edge-7",
+    "serve --model-repository {repo} --allow-grpc=0 --allow-gpu-metrics=false --allow-cpu-metrics=true",
+    (
+        "serve --model-repository {repo} --grpc-use-ssl=true --grpc-server-cert gc.pem --grpc-server-key gk.pem "
+        "--grpc-use-ssl-mutual=1 --grpc-root-cert ca.pem --http-port off"
+    ),
+    "serve --model-repository {repo} --grpc-server-cert gc.pem --grpc-server-key gk.pem",
+    (
+        "serve --model-repository {repo} --http-thread-count 16 --grpc-infer-allocation-pool-size=8 "
+        "--pinned-memory-pool-byte-size=0 --cuda-memory-pool-byte-size 0:0 --allow-sagemaker=false "
+        "--strict-model-config=false --disable-auto-complete-config --rate-limit=off --model-load-retry-count 0"
+    ),
+    (
+        "serve --model-repository {repo} --log-verbose=1 --log-info=false --log-warning 0 --log-error=true "
+        "--log-format=ISO8601 --log-file=/tmp/seqserve.log --log-tracebacks"
+    ),
+    "serve --model-repository {repo} --log-level warning --log-format JSON",
+    "serve --log-format glog",
+    "serve --log-info maybe",
+    "serve --model-repository {repo} --reuse-http-port=true --reuse-grpc-port=1",
+    (
+        "serve --model-repository {repo} --backend-config=python,shm-default-byte-size=1048576 "
+        "--backend-config=onnx,version=2 --backend-config=default-max-batch-size=8"
+    ),
+    "serve --backend-config=nothing",
+    "serve --model-config-name 'h 100'",
+    "serve --http-header-forward-pattern '('",
 ]
 CASES = [shlex.split(line) for line in COMMAND_LINES]
 
@@ -175,6 +210,10 @@ def flat(opts: ServeOptions) -> dict[str, Any]:
         "session_tombstone_max": engine.sessions.tombstone_max,
         "python_isolation": engine.python_isolation,
         "inline_max_batch_us": engine.inline_max_batch_us,
+        "server_id": engine.server_id,
+        "model_config_name": engine.model_config_name,
+        "auto_complete_config": engine.auto_complete_config,
+        "default_max_batch_size": engine.default_max_batch_size,
         "http_port": None if http is None else http.port,
         "grpc_port": None if grpc is None else grpc.port,
         "metrics_port": None if metrics is None else metrics.port,
@@ -188,6 +227,7 @@ def flat(opts: ServeOptions) -> dict[str, Any]:
             "http_limits": http.limits,
             "http_tls": None if http.tls is None else [http.tls.cert, http.tls.key, http.tls.client_ca],
             "http_restricted": http.restricted,
+            "http_reuse_port": http.reuse_port,
         }
     if grpc is not None:
         out |= {
@@ -197,6 +237,7 @@ def flat(opts: ServeOptions) -> dict[str, Any]:
             "grpc_tls": None if grpc.tls is None else [grpc.tls.cert, grpc.tls.key, grpc.tls.client_ca],
             "grpc_restricted": grpc.restricted,
             "stream_scoped_sequences": grpc.stream_scoped,
+            "grpc_reuse_port": grpc.reuse_port,
         }
     if metrics is not None:
         out |= {
@@ -231,7 +272,9 @@ def observe(
         repos[name].mkdir(exist_ok=True)
     args = [str(repos[a]) if a in repos else a for a in argv]
     started: list[Any] = []
+    logging_to: list[LogSettings] = []
     monkeypatch.setattr(cli, "run", lambda opts: started.append(opts) or 0)
+    monkeypatch.setattr(cli.log_control, "configure", lambda settings: logging_to.append(settings))
     monkeypatch.setattr(security, "check_tls", _fake_check_tls)
     monkeypatch.setattr(security, "granian_client_verify_supported", lambda: False)
     handler = _Recorder()
@@ -252,6 +295,7 @@ def observe(
         "stderr": _plain(out.err, names),
         "log": _plain(handler.lines, names),
         "options": _plain(flat(started[0]), names) if started else None,
+        "logging": _plain(logging_to[0], names) if logging_to else None,
     }
 
 

@@ -57,9 +57,9 @@ async def serve(opts: ServeOptions) -> int:
     try:
         await front_ends.start(opts)
     except StartupError as e:
-        log.error("%s", e)
         await front_ends.abort()
         await server.shutdown(timeout_s=0)
+        log.error("%s", e)  # last: the line an operator reads first
         return 1
     log.info("seqserve %s ready", __version__)
 
@@ -77,19 +77,19 @@ async def _start_engine(opts: ServeOptions) -> Server | None:
     _log_models(server)
     failed = server.failed_models()
     if failed and engine.exit_on_error:
-        # Triton: "error: creating server: Internal - failed to load all models"
+        await server.shutdown(timeout_s=0)
+        # Triton: "error: creating server: Internal - failed to load all models"; last, after the models' lines
         log.error(
             "failed to load all models (%s); exiting (--exit-on-error=false keeps serving the others)",
             ", ".join(sorted(failed)),
         )
-        await server.shutdown(timeout_s=0)
         return None
     if opts.state_store is not None:
         try:
             await _enable_state_store(server, opts.state_store)
         except Exception as e:
-            log.error("cannot use the state store %s: %s", redact_url(opts.state_store.url), e)
             await server.shutdown(timeout_s=0)
+            log.error("cannot use the state store %s: %s", redact_url(opts.state_store.url), e)
             return None
     return server
 
@@ -216,6 +216,7 @@ def _http_handler(server: Server, http: HttpOptions, shared_memory: SharedMemory
         max_body_bytes=http.max_body_bytes,
         body_timeout_s=http.limits.body_timeout_s,
         shared_memory=shared_memory,
+        header_forward=http.header_forward,
     )
     # the routes themselves when nothing is restricted
     handler = security.restrict_http(
@@ -290,8 +291,9 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _listen(what: str, host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port, or StartupError naming the port and why."""
+def _listen(what: str, host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A listening TCP socket on host:port, or StartupError naming the port and why;
+    reuse_port: SO_REUSEPORT, so that several servers that all set it share the port."""
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, kind, proto, _, address = infos[0]
@@ -300,6 +302,8 @@ def _listen(what: str, host: str, port: int) -> socket.socket:
         raise StartupError(f"cannot listen for {what} on {host}:{port} (port {port}): {_reason(e)}") from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind(address)
@@ -323,7 +327,7 @@ async def _start_grpc(
     from seqserve.api.grpc.serve import start_grpc
 
     # gRPC's own failure says neither why nor in one line
-    sock: socket.socket | None = _listen("gRPC", grpc.host, grpc.port)
+    sock: socket.socket | None = _listen("gRPC", grpc.host, grpc.port, reuse_port=grpc.reuse_port)
     if grpc.kind == "grpcio":
         sock.close()  # type: ignore[union-attr]
         sock = None
@@ -346,7 +350,7 @@ def _start_hypercorn(app: Any, http: HttpOptions, tasks: list[asyncio.Task[None]
 
     cfg = Config()
     # Bound here, so that a busy port ends startup at once; hypercorn serves its connections.
-    sock = _listen("HTTP", http.host, http.port)
+    sock = _listen("HTTP", http.host, http.port, reuse_port=http.reuse_port)
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("hypercorn.error")
     limits = http.limits
@@ -372,7 +376,7 @@ async def _start_builtin(handler: Handler, http: HttpOptions, tasks: list[asynci
     except (OSError, ssl.SSLError) as e:
         raise StartupError(f"cannot use the HTTP TLS certificate or key: {e}") from None
     server = Http1Server(handler, http.limits, ssl_context=ctx)
-    sock = _listen("HTTP", http.host, http.port)
+    sock = _listen("HTTP", http.host, http.port, reuse_port=http.reuse_port)
     try:
         await server.start(sock)
     except OSError as e:

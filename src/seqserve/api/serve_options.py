@@ -6,6 +6,7 @@ The command line (api/cli) builds these once, after its checks; nothing changes 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,11 @@ class EngineOptions:
     sessions: SessionPolicy = field(default_factory=SessionPolicy)
     python_isolation: str = "thread"  # or "process": see docs/isolation.md
     inline_max_batch_us: int = DEFAULT_INLINE_MAX_BATCH_US  # 0: never run batches on the loop
+    server_id: str = "seqserve"  # the server metadata's name (Triton's --id)
+    model_config_name: str | None = None  # configs/<name>.pbtxt (Triton's --model-config-name)
+    auto_complete_config: bool = True  # Triton's --disable-auto-complete-config turns it off
+    default_max_batch_size: int = 4  # Triton's --backend-config=default-max-batch-size
+    backend_directory: Path | None = None  # third-party backends (Triton's --backend-directory)
 
     def new_server(self) -> Server:
         """The Server these settings describe, not started."""
@@ -52,6 +58,11 @@ class EngineOptions:
             python_isolation=self.python_isolation,
             max_backlog_sequences=self.max_backlog_sequences,
             inline_max_batch_us=self.inline_max_batch_us,
+            server_id=self.server_id,
+            model_config_name=self.model_config_name,
+            auto_complete_config=self.auto_complete_config,
+            default_max_batch_size=self.default_max_batch_size,
+            backend_directory=self.backend_directory,
         )
 
 
@@ -71,6 +82,8 @@ class HttpOptions:
     limits: HttpLimits = field(default_factory=HttpLimits)
     tls: TlsFiles | None = None  # None: plain HTTP
     restricted: Restrictions = field(default_factory=Restrictions)
+    reuse_port: bool = False  # SO_REUSEPORT (Triton's --reuse-http-port)
+    header_forward: re.Pattern[str] | None = None  # headers passed as request parameters
 
     @property
     def kind(self) -> str:
@@ -90,6 +103,8 @@ class GrpcOptions:
     tls: TlsFiles | None = None  # None: plain gRPC
     restricted: Restrictions = field(default_factory=Restrictions)
     stream_scoped: bool = False
+    reuse_port: bool = False  # SO_REUSEPORT (Triton's --reuse-grpc-port)
+    header_forward: re.Pattern[str] | None = None  # metadata passed as ModelInfer parameters
 
     @property
     def kind(self) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -114,6 +114,8 @@ class ExecuteBatch:
     request_outputs: list[tuple[str, ...] | None]
     #: per request, the client's request id ("" when none was given)
     request_ids: list[str] = field(default_factory=list)
+    #: per request, the client's parameters (forwarded headers among them; {} when none)
+    request_parameters: list[dict[str, Any]] = field(default_factory=list)
     #: for instances with ``uses_responders``: request i's Responder (see
     #: ``seqserve.engine.responses``); usable during ``execute`` and after it returns, from any thread
     responder: Callable[[int], Responder] | None = None

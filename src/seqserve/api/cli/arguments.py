@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from seqserve.api import security
+from seqserve.api.cli.triton_flags import IGNORED_DEST, apply_triton_names
 from seqserve.api.limits import GrpcLimits, HttpLimits
 from seqserve.api.metrics import MetricsConfig
 from seqserve.api.serve_options import (
@@ -31,6 +32,7 @@ class UsageError(Exception):
 def serve_options(args: argparse.Namespace) -> ServeOptions:
     """The options `serve` runs with. The checks run in this order, and the first that fails
     is the one reported (UsageError)."""
+    apply_triton_names(args)
     if args.http_port is None and args.grpc_port is None:
         raise UsageError("both front-ends are off; nothing to serve")
     http_tls, grpc_tls = _front_end_tls(args)
@@ -39,8 +41,12 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
     http_restricted, grpc_restricted = _restrictions(args)
     mode, models = _model_control(args)
     metrics = _metrics(args)
+    default_max_batch_size = _backend_config(args)
+    _not_implemented_yet(args)
+    for line in getattr(args, IGNORED_DEST, None) or []:
+        logging.getLogger("seqserve").warning("%s", line)
     return ServeOptions(
-        _engine(args, mode, models),
+        _engine(args, mode, models, default_max_batch_size),
         http=_http(args, http_server, http_tls, http_restricted),
         grpc=_grpc(args, grpc_tls, grpc_restricted),
         metrics=metrics,
@@ -130,11 +136,15 @@ def _model_control(args: argparse.Namespace) -> tuple[ModelControlMode, list[str
     return mode, models
 
 
-def _engine(args: argparse.Namespace, mode: ModelControlMode, models: list[str] | None) -> EngineOptions:
+def _engine(
+    args: argparse.Namespace, mode: ModelControlMode, models: list[str] | None, default_max_batch_size: int | None
+) -> EngineOptions:
     repositories: list[Path] = args.model_repository or [DEMO_REPOSITORY]
     for repo in repositories:
         if not repo.is_dir():
             raise UsageError(f"model repository '{repo}' is not a directory")
+    if args.backend_directory is not None and not args.backend_directory.is_dir():
+        raise UsageError(f"--backend-directory '{args.backend_directory}' is not a directory")
     poll_secs = args.repository_poll_secs
     return EngineOptions(
         model_repository=repositories,
@@ -149,6 +159,11 @@ def _engine(args: argparse.Namespace, mode: ModelControlMode, models: list[str] 
         sessions=SessionPolicy(args.session_tombstone_secs, args.session_tombstone_max),
         python_isolation=args.python_isolation,
         inline_max_batch_us=args.inline_max_batch_us,
+        server_id=args.id or "seqserve",
+        model_config_name=args.model_config_name,
+        auto_complete_config=not args.disable_auto_complete_config and args.strict_model_config is not True,
+        default_max_batch_size=4 if default_max_batch_size is None else default_max_batch_size,
+        backend_directory=args.backend_directory,
     )
 
 
@@ -173,6 +188,8 @@ def _http(
         ),
         tls=tls,
         restricted=restricted,
+        reuse_port=args.reuse_http_port,
+        header_forward=args.http_header_forward_pattern,
     )
 
 
@@ -197,6 +214,8 @@ def _grpc(
         tls=tls,
         restricted=restricted,
         stream_scoped=args.stream_scoped_sequences,
+        reuse_port=args.reuse_grpc_port,
+        header_forward=args.grpc_header_forward_pattern,
     )
 
 
@@ -226,3 +245,56 @@ def _state_store(args: argparse.Namespace) -> StateStoreOptions | None:
         spill_idle_s=args.spill_idle_secs,
         handover_timeout_s=args.handover_timeout_secs,
     )
+
+
+# ------------------------------------------------------------------- Triton's backend settings
+
+#: the Python backend's settings, which concern its stub processes and their shared memory
+_PYTHON_BACKEND_SETTINGS = (
+    "shm-default-byte-size",
+    "shm-growth-byte-size",
+    "shm-message-queue-size",
+    "shm-region-prefix-name",
+    "stub-timeout-seconds",
+    "grpc-timeout-milliseconds",
+)
+
+
+def _backend_config(args: argparse.Namespace) -> int | None:
+    """--backend-config: default-max-batch-size is read (None: not given); every other
+    setting earns one warning line."""
+    default_max_batch_size: int | None = None
+    log = logging.getLogger("seqserve")
+    for backend, key, value in args.backend_config:
+        if key == "default-max-batch-size":
+            try:
+                default_max_batch_size = int(value)
+            except ValueError:
+                default_max_batch_size = -1
+            if default_max_batch_size < 0:
+                raise UsageError(f"--backend-config {key}={value}: not an integer >= 0")
+        elif backend == "python" and key in _PYTHON_BACKEND_SETTINGS:
+            log.warning(
+                "--backend-config python,%s is accepted and ignored: seqserve runs Python models without stub "
+                "processes or their shared memory (--python-isolation process has its own)",
+                key,
+            )
+        else:
+            shown = f"{backend},{key}" if backend else key
+            log.warning("--backend-config %s is accepted and ignored: seqserve has no such backend setting", shown)
+    return default_max_batch_size
+
+
+def _not_implemented_yet(args: argparse.Namespace) -> None:
+    """Triton options that parse and are checked but do not act yet: one warning each, so that
+    none is silently without effect."""
+    log = logging.getLogger("seqserve")
+    pending = {
+        "--grpc-max-connection-age": args.grpc_max_connection_age,
+        "--grpc-max-connection-age-grace": args.grpc_max_connection_age_grace,
+        "--allow-cpu-metrics=false": not args.allow_cpu_metrics,
+        "--model-load-thread-count": args.model_load_thread_count != 4,
+    }
+    for flag, value in pending.items():
+        if value:
+            log.warning("%s is accepted but not implemented yet: it has no effect", flag)

@@ -8,8 +8,12 @@ from pathlib import Path
 
 from seqserve import __version__
 from seqserve.api.cli.limit_flags import add_limit_flags
+from seqserve.api.cli.log_flags import add_log_flags
 from seqserve.api.cli.security_flags import add_restriction_flags, add_tls_flags
 from seqserve.api.cli.state_store_flags import add_state_store_flags
+from seqserve.api.cli.triton_flags import add_triton_flags
+from seqserve.api.cli.triton_options import add_triton_options
+from seqserve.api.cli.usage import CommandParser
 from seqserve.api.cli.values import (
     boolean,
     finite_seconds,
@@ -18,7 +22,6 @@ from seqserve.api.cli.values import (
     positive_int,
     seconds,
     tcp_port,
-    verbose_level,
 )
 from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT
 from seqserve.engine import (
@@ -32,14 +35,15 @@ from seqserve.engine import (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="seqserve", description="Inference server for stateful models.")
-    p.add_argument("--version", action="version", version=f"seqserve {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    """No flag of any command may be abbreviated (CommandParser); a refusal is one line."""
+    p = CommandParser(prog="seqserve", description="Inference server for stateful models.")
+    p.add_argument("-V", "--version", action="version", version=f"seqserve {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     s = sub.add_parser("serve", help="serve a model repository over HTTP and gRPC")
     for add_flags in (
         _add_model_flags,
         _add_address_flags,
-        _add_log_flags,
+        add_log_flags,
         _add_sequence_flags,
         _add_server_flags,
         _add_metrics_flags,
@@ -49,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_restriction_flags,
         add_limit_flags,
         add_state_store_flags,
+        add_triton_options,
+        add_triton_flags,
     ):
         add_flags(s)
     return p
@@ -129,17 +135,6 @@ def _add_address_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--http-port", type=port_or_off, default=8000, help="HTTP port, or 'off' (default: 8000)")
     s.add_argument("--grpc-address", metavar="ADDRESS", help="address the gRPC server binds (default: --host)")
     s.add_argument("--grpc-port", type=port_or_off, default=8001, help="gRPC port, or 'off' (default: 8001)")
-
-
-def _add_log_flags(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    s.add_argument(
-        "--log-verbose",
-        type=verbose_level,
-        default=0,
-        metavar="N",
-        help="verbose logging, as Triton's option: 0 (default) keeps --log-level; 1 or more logs at debug level",
-    )
 
 
 def _add_sequence_flags(s: argparse.ArgumentParser) -> None:

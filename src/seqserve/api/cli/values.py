@@ -14,9 +14,9 @@ class Number(Generic[N]):
     """A number that `parse` reads and every check accepts; the first check that fails words
     the refusal ("{value}" is the text given).
 
-    Text that does not parse is refused with `unparsable` when given, else with argparse's own
-    "invalid <type_name> value: '<text>'": type_name keeps the name those messages have always
-    shown, so that the messages stay as they were. A word of `off_words` (any case) is None.
+    Text that does not parse is refused with `unparsable` when given, else with the first
+    check's refusal, which says what the flag accepts (never argparse's "invalid <type> value",
+    which shows an internal name). A word of `off_words` (any case) is None.
     """
 
     def __init__(
@@ -39,9 +39,8 @@ class Number(Generic[N]):
         try:
             n = self.parse(value)
         except ValueError:
-            if self.unparsable is None:
-                raise  # argparse: "invalid <type_name> value"
-            raise argparse.ArgumentTypeError(self.unparsable.format(value=value)) from None
+            refusal = self.unparsable or self.checks[0][1]
+            raise argparse.ArgumentTypeError(refusal.format(value=value)) from None
         for accepts, refusal in self.checks:
             if not accepts(n):
                 raise argparse.ArgumentTypeError(refusal.format(value=value))
@@ -88,8 +87,22 @@ port_or_off = Number(
 )
 
 
+#: Triton's milliseconds, as seconds: a timer the servers arm (above 0 and below 1e9 s)
+milliseconds_as_seconds = Number(
+    "milliseconds",
+    lambda text: float(text) / 1000.0,
+    (lambda s: 0 < s < 1e9, "{value} is not a number of milliseconds > 0"),
+)
+#: Triton's milliseconds, as seconds, 0 or more
+milliseconds_or_zero_as_seconds = Number(
+    "milliseconds",
+    lambda text: float(text) / 1000.0,
+    (lambda s: 0 <= s < 1e9, "{value} is not a number of milliseconds >= 0"),
+)
+
+
 def boolean(value: str) -> bool:
-    """Triton's boolean option values."""
+    """Triton's boolean option values (true/false, 1/0, on/off, yes/no, any case)."""
     v = value.strip().lower()
     if v in ("true", "1", "yes", "on"):
         return True

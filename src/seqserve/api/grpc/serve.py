@@ -72,6 +72,7 @@ async def start_grpc(
         stream_stats=stream_stats,
         streams=streams,
         shared_memory=shared_memory,
+        header_forward=front_end.header_forward,
     )
     methods = method_table(inference, HealthServicer(server), front_end.restricted)
     if front_end.kind == "builtin":

@@ -6,6 +6,7 @@ a ModelStreamInfer call is a ``stream.StreamSession``. The servicers see seqserv
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,8 +24,10 @@ from seqserve.api.grpc.stream import (
     StreamSession,
     StreamStats,
 )
+from seqserve.api.header_forward import forward_headers
 from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, clip, enqueue_single
 from seqserve.api.limits import offload
+from seqserve.api.logs import log_settings_request
 from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.api.statistics import statistics_proto
 from seqserve.api.transport.grpc_context import CallAborted, CallContext, Status
@@ -40,7 +43,7 @@ CHECKS_ITSELF = frozenset({"ModelInfer"})
 #: grpcio's bare "Method not implemented!"
 UNIMPLEMENTED_RPCS = {
     **CUDA_SHM_RPCS,
-    **{rpc: f"{rpc}: seqserve does not implement this extension" for rpc in ("TraceSetting", "LogSettings")},
+    **{rpc: f"{rpc}: seqserve does not implement this extension" for rpc in ("TraceSetting",)},
 }
 
 
@@ -57,12 +60,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         stream_stats: StreamStats | None = None,
         streams: StreamDrain | None = None,
         shared_memory: SharedMemoryRegistry | None = None,
+        header_forward: re.Pattern[str] | None = None,
     ) -> None:
         """stream_scoped: sequences started on a ModelStreamInfer stream end when it closes,
         unless the stream says otherwise (``seqserve-stream-scoped`` header). ``streams``: the
         open streams, which the shutdown ends with UNAVAILABLE (see ``StreamDrain``).
         ``shared_memory``: the regions registered with the server (shared with HTTP)."""
         self.server = server
+        self.header_forward = header_forward  # metadata forwarded as ModelInfer parameters
         self.stream_scoped = stream_scoped
         self.stream_stats = stream_stats if stream_stats is not None else StreamStats()
         self.streams = streams if streams is not None else StreamDrain()
@@ -119,6 +124,27 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # --------------------------------------------------------------------- repository
 
+    async def LogSettings(self, request: pb.LogSettingsRequest, context: Any) -> pb.LogSettingsResponse:
+        """The logging extension: the settings given change, and all are returned."""
+        changes = {
+            name: getattr(v, v.WhichOneof("parameter_choice") or "string_param") for name, v in request.settings.items()
+        }
+        try:
+            settings = log_settings_request(changes)
+        except InferenceError as e:
+            raise aborted(e) from None
+        resp = pb.LogSettingsResponse()
+        for name, value in settings.items():
+            field = (
+                "bool_param"
+                if isinstance(value, bool)
+                else "uint32_param"
+                if isinstance(value, int)
+                else "string_param"
+            )
+            setattr(resp.settings[name], field, value)
+        return resp
+
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
         resp = pb.RepositoryIndexResponse()
         for e in self.server.repository_index():
@@ -171,6 +197,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if extensions is not None:
                 extensions.prepare(self.server, infer_request, self.shared_memory)
             metadata = context.metadata
+            if metadata and self.header_forward is not None:
+                forward_headers(infer_request, metadata, self.header_forward)
             if metadata:
                 session = end = None
                 for key, value in metadata:

@@ -16,6 +16,7 @@ from starlette.datastructures import QueryParams
 from starlette.types import ASGIApp
 
 from seqserve.api import sequences
+from seqserve.api.header_forward import decoded_headers, forward_headers
 from seqserve.api.http import kserve_json
 from seqserve.api.http.body import BodyWatch, read_body
 from seqserve.api.http.router import Endpoint, Route, Router
@@ -36,6 +37,7 @@ from seqserve.api.limits import (
     inflate,
     offload,
 )
+from seqserve.api.logs import log_settings_request
 from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.api.statistics import statistics_json
 from seqserve.api.transport.asgi import asgi_app
@@ -70,10 +72,14 @@ class HttpFrontend:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
         shared_memory: SharedMemoryRegistry | None = None,
+        header_forward: re.Pattern[str] | None = None,
     ) -> None:
-        """``shared_memory``: the regions registered with the server (shared with gRPC)."""
+        """``shared_memory``: the regions registered with the server (shared with gRPC).
+        header_forward: headers whose name matches become request parameters (Triton's
+        --http-header-forward-pattern)."""
         self.server = server
         self.shared_memory = shared_memory if shared_memory is not None else SharedMemoryRegistry()
+        self.header_forward = header_forward
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self._body_watch = BodyWatch(body_timeout_s)
@@ -139,6 +145,18 @@ class HttpFrontend:
         except InferenceError:
             return error_reply(f"requested model '{p.get('model', '')}' is not available", 400)
         return json_reply(statistics_json(stats))
+
+    async def logging(self, request: HttpRequest, p: dict[str, Any]) -> HttpReply:
+        """The logging extension: GET reads the log settings, POST changes some of them."""
+        changes: Any = {}
+        if request.method == "POST":
+            body = await self._body(request)
+            if body.strip():
+                try:
+                    changes = orjson.loads(body)
+                except orjson.JSONDecodeError as e:
+                    raise InferenceError(Code.INVALID_ARG, f"failed to parse the request JSON: {e}") from None
+        return json_reply(log_settings_request(changes))
 
     # ---------------------------------------------------------------------- repository
 
@@ -215,6 +233,8 @@ class HttpFrontend:
         extensions = options.extensions  # shared memory, classification
         if extensions is not None:
             extensions.prepare(self.server, req, self.shared_memory)
+        if self.header_forward is not None:
+            forward_headers(req, decoded_headers(request.headers), self.header_forward)
         session = header(_SESSION_ID)
         end = header(_SESSION_END)
         if session is not None or end is not None:
@@ -296,6 +316,7 @@ class HttpFrontend:
             Route("/v2/repository/index", s.repository_index, ["POST"]),
             Route("/v2/repository/models/{model}/load", s.load, ["POST"]),
             Route("/v2/repository/models/{model}/unload", s.unload, ["POST"]),
+            Route("/v2/logging", s.logging, ["GET", "POST"]),
         ]
         routes += SharedMemoryRoutes(self.shared_memory, self._body).routes()
         # Triton's extensions that seqserve does not implement: a clear 501 (the HTTP twin of the
@@ -360,7 +381,6 @@ def close_when_exiting(handler: Handler, server: Server) -> Handler:
 
 _NO_EXTENSION = "seqserve does not implement this extension"
 _UNIMPLEMENTED_ROUTES = [
-    ("/v2/logging", ["GET", "POST"], f"log settings: {_NO_EXTENSION}"),
     ("/v2/trace/setting", ["GET", "POST"], f"trace settings: {_NO_EXTENSION}"),
     ("/v2/models/{model}/trace/setting", ["GET", "POST"], f"trace settings: {_NO_EXTENSION}"),
 ]

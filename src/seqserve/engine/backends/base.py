@@ -40,6 +40,10 @@ class InstanceContext:
     device: str  # "cpu", or "cuda:N"
 
 
+#: Triton's default for --backend-config=default-max-batch-size
+DEFAULT_MAX_BATCH_SIZE = 4
+
+
 class RequestResults(dict[str, np.ndarray]):
     """A batch's results given request by request, for request-level APIs (Triton-style
     Python models), which answer each request on its own and may fail one alone.
@@ -98,10 +102,14 @@ class Backend(ABC):
         self.ctx = ctx
 
     @classmethod  # noqa: B027 - optional hook
-    def autocomplete_config(cls, cfg: mc.ModelConfig, model_dir: Path) -> None:
+    def autocomplete_config(
+        cls, cfg: mc.ModelConfig, model_dir: Path, *, default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    ) -> None:
         """Complete ``cfg`` in place from the model files (e.g. inputs and outputs read from
         the graph) before defaults are applied and the config is validated. Called for every
-        load of a model this backend serves; the default does nothing."""
+        load of a model this backend serves; the default does nothing. A model that can batch
+        and sets no max_batch_size gets ``default_max_batch_size`` (Triton's
+        --backend-config=default-max-batch-size)."""
 
     @classmethod
     def check(cls, cfg: mc.ModelConfig) -> None:

@@ -38,7 +38,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from seqserve._proto import model_config_pb2 as mc
-from seqserve.engine.backends.base import Backend, BackendInstance, InstanceContext, ModelContext
+from seqserve.engine.backends.base import (
+    DEFAULT_MAX_BATCH_SIZE,
+    Backend,
+    BackendInstance,
+    InstanceContext,
+    ModelContext,
+)
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.paths import inside
@@ -47,9 +53,6 @@ from seqserve.engine.tensors import DATA_TYPES
 log = logging.getLogger("seqserve.onnxruntime")
 
 DEFAULT_MODEL_FILENAME = "model.onnx"
-#: max_batch_size given to a graph that can batch when the config does not set one (Triton's
-#: `--backend-config=default-max-batch-size`, default 4)
-DEFAULT_MAX_BATCH_SIZE = 4
 
 _ORT_TYPE: dict[int, str] = {d.config: d.onnx for d in DATA_TYPES}
 _FROM_ORT_TYPE = {v: k for k, v in _ORT_TYPE.items()}
@@ -478,7 +481,9 @@ class OnnxRuntimeBackend(Backend):
     # ------------------------------------------------------------------- autocomplete
 
     @classmethod
-    def autocomplete_config(cls, cfg: mc.ModelConfig, model_dir: Path) -> None:
+    def autocomplete_config(
+        cls, cfg: mc.ModelConfig, model_dir: Path, *, default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    ) -> None:
         """Fill a config without inputs or outputs from the graph of the latest version, as
         Triton's onnxruntime backend does: max_batch_size (DEFAULT_MAX_BATCH_SIZE, with
         dynamic batching, when every graph tensor has a variable first dimension), then the
@@ -504,11 +509,11 @@ class OnnxRuntimeBackend(Backend):
         can_batch = all(dims and dims[0] == -1 for _, _, dims in ins + outs)
         if can_batch:
             if cfg.max_batch_size == 0:
-                cfg.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+                cfg.max_batch_size = default_max_batch_size
                 log.warning(
                     "autofilled max_batch_size to %d for model '%s' since batching is supported but no "
                     "max_batch_size is specified in model configuration",
-                    DEFAULT_MAX_BATCH_SIZE,
+                    default_max_batch_size,
                     cfg.name,
                 )
             if (

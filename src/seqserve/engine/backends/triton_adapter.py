@@ -188,6 +188,7 @@ class TritonInstance(BackendInstance):
                 requested_output_names=list(wanted or ()),
                 model_name=self._name,
                 flags=flags,
+                parameters=batch.request_parameters[i] if i < len(batch.request_parameters) else None,
             )
             if responder is not None:
                 request._make_responder = functools.partial(responder, i)

@@ -267,6 +267,7 @@ class InferenceRequest:
         "_make_responder",
         "_model_name",
         "_model_version",
+        "_parameters",
         "_request_id",
         "_requested",
         "_responder",
@@ -285,6 +286,7 @@ class InferenceRequest:
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
+        parameters: dict[str, Any] | str | None = None,
         **_ignored: Any,
     ) -> None:
         if not isinstance(correlation_id, (int, str)):
@@ -297,6 +299,7 @@ class InferenceRequest:
         self._model_version = model_version
         self._flags = flags
         self._timeout = timeout
+        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
         self._sender: InferenceResponseSender | None = None
         #: set by seqserve on the requests it passes to execute
         self._make_responder: Callable[[], Responder] | None = None
@@ -324,7 +327,8 @@ class InferenceRequest:
         return self._timeout
 
     def parameters(self) -> str:
-        return "{}"
+        """The client's request parameters as JSON (forwarded headers among them)."""
+        return self._parameters
 
     def requested_output_names(self) -> list[str]:
         return self._requested

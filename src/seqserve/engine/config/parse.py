@@ -30,12 +30,16 @@ def load_model_config(model_dir: Path, *, name: str | None = None) -> ModelConfi
     return cfg
 
 
-def parse_model_config(model_dir: Path, *, name: str | None = None) -> ModelConfig:
+def parse_model_config(model_dir: Path, *, name: str | None = None, config_name: str | None = None) -> ModelConfig:
     """The first step of ``load_model_config``: read ``config.pbtxt`` and check the name,
-    without defaults or validation, so that a backend can complete the config first."""
+    without defaults or validation, so that a backend can complete the config first.
+    ``config_name`` (Triton's --model-config-name): ``configs/<config_name>.pbtxt`` where the
+    model has one, else config.pbtxt."""
     model_dir = Path(model_dir)
     expected = name if name is not None else model_dir.name
     path = model_dir / CONFIG_FILENAME
+    if config_name and (model_dir / "configs" / f"{config_name}.pbtxt").is_file():
+        path = model_dir / "configs" / f"{config_name}.pbtxt"
     cfg = _parse_config_file(path) if path.is_file() else ModelConfig()
     if not cfg.name:
         cfg.name = expected

@@ -113,7 +113,9 @@ def _setup(init: dict[str, Any], client: EventClient) -> None:
             sys.path.append(entry)
     root = logging.getLogger()
     root.handlers[:] = [ForwardHandler(client, f"{init['instance_name']} (pid {os.getpid()})")]
-    root.setLevel(int(init.get("log_level", logging.WARNING)))
+    level = int(init.get("log_level", logging.INFO))
+    root.setLevel(max(level, logging.INFO))  # libraries never verbose
+    logging.getLogger("seqserve").setLevel(level)
 
 
 def _create_instance(init: dict[str, Any], cfg: mc.ModelConfig) -> Any:

@@ -80,7 +80,8 @@ class IsolatedInstance(BackendInstance):
                 "instance_name": ictx.name,
                 "device": ictx.device,
                 "sys_path": [e for e in sys.path if e],
-                "log_level": logging.getLogger().getEffectiveLevel(),
+                # seqserve's loggers' level (verbose or not); libraries stay at INFO or above
+                "log_level": logging.getLogger("seqserve").getEffectiveLevel(),
             }
         )
         env = dict(os.environ)

@@ -14,7 +14,7 @@ import asyncio
 import functools
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,15 +107,21 @@ class Delivery:
         """Event loop (a batch run inline): answer the batch's requests now."""
         self._deliver(replies)
 
-    def batch_failed(self, recs: list[Pending | None], err: InferenceError) -> None:
-        """The model failed this batch: only requests not yet answered get the error."""
+    def batch_failed(
+        self,
+        recs: list[Pending | None],
+        err: InferenceError,
+        per_request: Callable[[Pending, InferenceError], InferenceError] | None = None,
+    ) -> None:
+        """The model failed this batch: only requests not yet answered get the error, or what
+        ``per_request`` makes of it for each (on the event loop)."""
         with self._lock:  # a responder may have answered some already
             failed = [r for r in recs if r is not None and not r.closed and not self._answered(r)]
             for r in recs:
                 if r is not None:
                     r.closed = True
                     self._open.discard(r)
-        self._loop.call_soon_threadsafe(self._fail_all, failed, err)
+        self._loop.call_soon_threadsafe(self._fail_all, failed, err, per_request)
 
     def refused(self, recs: list[Pending], err: InferenceError) -> None:
         """The core dropped these queued requests (timeouts, expiry, shutdown)."""
@@ -352,9 +358,14 @@ class Delivery:
         if self.preserve_ordering:
             self._ordered.release_ready()
 
-    def _fail_all(self, recs: list[Pending], err: InferenceError) -> None:
+    def _fail_all(
+        self,
+        recs: list[Pending],
+        err: InferenceError,
+        per_request: Callable[[Pending, InferenceError], InferenceError] | None = None,
+    ) -> None:
         for rec in recs:
-            self._settle(rec, InferenceError(err.code, err.message))
+            self._settle(rec, InferenceError(err.code, err.message) if per_request is None else per_request(rec, err))
         if self.preserve_ordering:
             self._ordered.release_ready()
 

@@ -20,6 +20,7 @@ import itertools
 import logging
 import secrets
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -38,9 +39,11 @@ from seqserve.engine.isolation import IsolatedBackend
 from seqserve.engine.model.checkpoints import SequenceCheckpoints
 from seqserve.engine.model.delivery import Delivery, Pending, Reply
 from seqserve.engine.model.execution import DEFAULT_INLINE_MAX_BATCH_US, execution_settings
+from seqserve.engine.model.failures import FailureReport
 from seqserve.engine.model.inline import InlineExecution, inline_eligible
 from seqserve.engine.model.instances import start_instances
 from seqserve.engine.model.reports import ModelReports
+from seqserve.engine.model.request_log import RequestLog
 from seqserve.engine.model.sequence_views import SequenceViews, expiry_log
 from seqserve.engine.model.spec import build_core_spec
 from seqserve.engine.model.validation import INTEGER_CORRID, RequestValidator
@@ -137,6 +140,10 @@ class LoadedModel:
         self._spec = spec
         self._validator = RequestValidator(cfg, spec)
         self._delivery = Delivery(cfg, self.version_str, loop, preserve_ordering=spec.preserve_ordering)
+        self._failures = FailureReport(self.name, self.version_str, is_sequence=self.is_sequence)
+        self._request_log = RequestLog(
+            self.name, self.version_str, is_sequence=self.is_sequence, strategy=spec.strategy_name
+        )
         self._watchdog = (  # isolated instances time out on their own
             ExecuteWatchdog(self.name, self.instance_names, execution.execute_timeout_s, self._delivery.batch_failed)
             if execution.execute_timeout_s and not execution.process
@@ -343,7 +350,20 @@ class LoadedModel:
     def _run(self, cb: Batch) -> bool:
         """Executor thread or, inline, the event loop; GIL held: run the model on one batch and
         deliver the replies (inline: at once, on this thread; else posted to the loop). In
-        phases: build the batch, execute it, scatter its outputs into replies, finish."""
+        phases: build the batch, execute it, scatter its outputs into replies, finish. With
+        verbose logging, the batch's request lines follow (RequestLog)."""
+        if not self._request_log.enabled():
+            return self._run_batch(cb)
+        started = time.perf_counter()
+        recs = [self._pending.get(h) if h else None for h in cb.handles]
+        ok = False
+        try:
+            ok = self._run_batch(cb)
+        finally:
+            self._request_log.batch(cb.instance, cb.size, recs, cb.corrid, ok, started)
+        return ok
+
+    def _run_batch(self, cb: Batch) -> bool:
         pending = self._pending
         recs = [pending.pop(h, None) if h else None for h in cb.handles]
         running = self._running
@@ -384,6 +404,7 @@ class LoadedModel:
             request_rows=[c.rows if c is not None else 1 for c in checked],
             request_outputs=[c.outputs if c is not None else None for c in checked],
             request_ids=[c.request.id if c is not None else "" for c in checked],
+            request_parameters=[c.request.parameters if c is not None else {} for c in checked],
             ragged={k: RaggedInput(v) for k, v in cb.ragged().items()} if self._has_ragged else {},
             batched=self.max_batch_size > 0,
         )
@@ -427,7 +448,7 @@ class LoadedModel:
             else InferenceError(Code.INTERNAL, f"model '{self.name}' failed: {type(e).__name__}: {e}")
         )
         cb.finish(False)
-        self._delivery.batch_failed(recs, err)
+        self._delivery.batch_failed(recs, err, lambda rec, error: self._failures.failed(rec, error, e))
         return False
 
     def _on_fail(self, handles: list[int], code: Code, message: str) -> None:

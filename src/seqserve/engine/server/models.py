@@ -20,6 +20,7 @@ from typing import Any
 
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends import find_backend
+from seqserve.engine.backends.base import DEFAULT_MAX_BATCH_SIZE
 from seqserve.engine.config import finish_model_config, parse_config_json, parse_model_config, validate_paths
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.model import LoadedModel
@@ -62,6 +63,9 @@ class LoadSettings:
     python_isolation: str
     max_backlog_sequences: int
     inline_max_batch_us: int
+    config_name: str | None = None  # Triton's --model-config-name: configs/<name>.pbtxt
+    auto_complete: bool = True  # backends complete configs (Triton's default)
+    default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE  # for a completed config that can batch
 
 
 @dataclass(slots=True)
@@ -169,6 +173,8 @@ class ModelTable:
     async def _acquire_control_lock(self, deadline: float) -> bool:
         """The control lock, unless a load or unload still holds it at the deadline (a model's
         initialize that never returns must not hold the shutdown)."""
+        if not self._control_lock.locked():  # free: take it now (a wait of 0 s would time out even so)
+            return await self._control_lock.acquire()
         try:
             await asyncio.wait_for(self._control_lock.acquire(), max(deadline - time.monotonic(), 0.0))
         except TimeoutError:
@@ -420,9 +426,10 @@ class ModelTable:
             if config_json is not None:
                 cfg = parse_config_json(config_json, name=name)
             else:
-                cfg = parse_model_config(path, name=name)
+                cfg = parse_model_config(path, name=name, config_name=settings.config_name)
             validate_paths(cfg)  # before the backend's autocomplete opens any file the config names
-            _autocomplete(cfg, path)
+            if settings.auto_complete:
+                _autocomplete(cfg, path, settings.default_max_batch_size)
             finish_model_config(cfg, path)
             for v in select_versions(path, cfg):
                 versions[v] = LoadedModel(
@@ -514,7 +521,7 @@ def check_model_name(name: str) -> None:
         )
 
 
-def _autocomplete(cfg: mc.ModelConfig, path: Path) -> None:
+def _autocomplete(cfg: mc.ModelConfig, path: Path, default_max_batch_size: int) -> None:
     """Let the model's backend complete its config (Triton's auto-complete): a config that
     names no backend gets one from a known model file in a version folder."""
     if not cfg.backend and not cfg.platform:
@@ -527,7 +534,7 @@ def _autocomplete(cfg: mc.ModelConfig, path: Path) -> None:
         backend = find_backend(cfg)
     except InferenceError:
         return  # no (usable) backend: LoadedModel reports it, after the config's own checks
-    backend.autocomplete_config(cfg, path)
+    backend.autocomplete_config(cfg, path, default_max_batch_size=default_max_batch_size)
 
 
 async def _shielded(coro: Coroutine[Any, Any, Any]) -> Any:

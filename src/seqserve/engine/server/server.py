@@ -14,6 +14,7 @@ API; everything else is one line handing the call to the part that owns it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,8 @@ import numpy as np
 
 from seqserve import __version__
 from seqserve._proto import model_config_pb2 as mc
+from seqserve.engine.backends import add_backend_directory
+from seqserve.engine.backends.base import DEFAULT_MAX_BATCH_SIZE
 from seqserve.engine.config import config_to_json
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, InferenceError
@@ -43,6 +46,8 @@ from seqserve.engine.statistics import ModelStatistics
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+log = logging.getLogger("seqserve.server")
+
 
 class Server:
     """Serves a model repository in this process. All methods run on one asyncio loop."""
@@ -60,8 +65,21 @@ class Server:
         python_isolation: str = "thread",
         max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES,
         inline_max_batch_us: int = DEFAULT_INLINE_MAX_BATCH_US,
+        server_id: str = "seqserve",
+        model_config_name: str | None = None,
+        auto_complete_config: bool = True,
+        default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        backend_directory: str | Path | None = None,
     ) -> None:
-        """auto_sequence_ids: a request to a sequence model that names no sequence starts a new
+        """server_id: the name the server metadata reports (Triton's --id).
+        model_config_name: load each model's ``configs/<name>.pbtxt`` where it has one
+        (Triton's --model-config-name). auto_complete_config: backends may complete a config
+        from the model file (Triton's default; --disable-auto-complete-config turns it off);
+        a completed config that can batch gets ``default_max_batch_size``.
+        backend_directory: third-party backends, ``<dir>/<name>/backend.py`` (Triton's
+        --backend-directory; see ``seqserve.engine.backends``).
+
+        auto_sequence_ids: a request to a sequence model that names no sequence starts a new
         one with a server-generated id (returned as the `sequence_id` response parameter).
         False gives Triton's strict behaviour: such a request is an error.
 
@@ -103,13 +121,25 @@ class Server:
             raise ValueError(f"max_backlog_sequences must be >= 0 (0: no bound), got {max_backlog_sequences}")
         if inline_max_batch_us < 0:
             raise ValueError(f"inline_max_batch_us must be >= 0 (0: never inline), got {inline_max_batch_us}")
+        self.server_id = server_id
+        if backend_directory is not None:
+            added = add_backend_directory(Path(backend_directory))
+            log.info("backends from %s: %s", backend_directory, ", ".join(added) or "none")
         self.strict_readiness = strict_readiness
         self.auto_sequence_ids = auto_sequence_ids
         self.sessions = sessions or SessionPolicy()
         #: the loaded models and every change to them
         self.models = ModelTable(
             [Path(r) for r in repos],
-            LoadSettings(self.sessions, python_isolation, max_backlog_sequences, inline_max_batch_us),
+            LoadSettings(
+                self.sessions,
+                python_isolation,
+                max_backlog_sequences,
+                inline_max_batch_us,
+                config_name=model_config_name,
+                auto_complete=auto_complete_config,
+                default_max_batch_size=default_max_batch_size,
+            ),
             model_control=mode,
             repository_poll_secs=repository_poll_secs,
             exit_timeout_s=exit_timeout_s,
@@ -282,7 +312,7 @@ class Server:
 
     def metadata(self) -> dict[str, str]:
         """The server's name and version; the front-ends add the protocol extensions they serve."""
-        return {"name": "seqserve", "version": __version__}
+        return {"name": self.server_id, "version": __version__}
 
     def model_metadata(self, name: str, version: str | int = "") -> dict[str, Any]:
         meta = self.models.model(name, version).metadata()
