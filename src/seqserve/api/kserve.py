@@ -29,6 +29,7 @@ EXTENSIONS = (
     "model_repository",
     "parameters",
     "schedule_policy",
+    "trace",
 )
 
 #: the refusal of Triton's shared-memory routes and parameters, on HTTP and gRPC alike

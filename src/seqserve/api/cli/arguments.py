@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from seqserve.api import security
+from seqserve.api.cli.trace_flags import trace_config
 from seqserve.api.limits import GrpcLimits, HttpLimits
 from seqserve.api.metrics import MetricsConfig
 from seqserve.api.serve_options import (
@@ -39,12 +40,17 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
     http_restricted, grpc_restricted = _restrictions(args)
     mode, models = _model_control(args)
     metrics = _metrics(args)
+    try:
+        trace = trace_config(args)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     return ServeOptions(
         _engine(args, mode, models),
         http=_http(args, http_server, http_tls, http_restricted),
         grpc=_grpc(args, grpc_tls, grpc_restricted),
         metrics=metrics,
         state_store=_state_store(args),
+        trace=trace,
     )
 
 

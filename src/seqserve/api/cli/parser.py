@@ -10,6 +10,7 @@ from seqserve import __version__
 from seqserve.api.cli.limit_flags import add_limit_flags
 from seqserve.api.cli.security_flags import add_restriction_flags, add_tls_flags
 from seqserve.api.cli.state_store_flags import add_state_store_flags
+from seqserve.api.cli.trace_flags import add_trace_flags
 from seqserve.api.cli.values import (
     boolean,
     finite_seconds,
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_restriction_flags,
         add_limit_flags,
         add_state_store_flags,
+        add_trace_flags,
     ):
         add_flags(s)
     return p
@@ -227,7 +229,9 @@ def _add_metrics_flags(s: argparse.ArgumentParser) -> None:
         default=[],
         metavar="SETTING=VALUE",
         help="Triton's metric settings: counter_latencies=true|false (the *_duration_us counters, default "
-        "true), histogram_latencies=true|false (nv_inference_first_response_histogram_ms, default false)",
+        "true), histogram_latencies=true|false (nv_inference_first_response_histogram_ms, default false), "
+        "summary_latencies=true|false (the *_summary_us summaries, default false), "
+        "summary_quantiles=Q:E,... (default 0.5:0.05,0.9:0.01,0.95:0.001,0.99:0.001,0.999:0.0001)",
     )
 
 

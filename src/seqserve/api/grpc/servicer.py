@@ -25,6 +25,7 @@ from seqserve.api.grpc.stream import (
 from seqserve.api.kserve import EXTENSIONS, NO_SHM, SESSION_END_KEY, SESSION_ID_KEY, apply_session, clip, enqueue_single
 from seqserve.api.limits import offload
 from seqserve.api.statistics import statistics_proto
+from seqserve.api.tracing import grpc_trace_setting
 from seqserve.api.transport.grpc_context import CallAborted, CallContext, Status
 from seqserve.engine import InferenceError, SequenceScope, Server
 
@@ -46,7 +47,7 @@ _SHM_RPCS = (
 #: grpcio's bare "Method not implemented!"
 UNIMPLEMENTED_RPCS = {
     **{rpc: f"{rpc}: {NO_SHM}" for rpc in _SHM_RPCS},
-    **{rpc: f"{rpc}: seqserve does not implement this extension" for rpc in ("TraceSetting", "LogSettings")},
+    **{rpc: f"{rpc}: seqserve does not implement this extension" for rpc in ("LogSettings",)},
 }
 
 
@@ -179,6 +180,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                         session = value
                     elif key == SESSION_END_KEY:
                         end = value
+                    elif key == "traceparent":
+                        infer_request.trace_parent = value
                 if session is not None or end is not None:
                     apply_session(self.server, infer_request, session, end)
             result = await enqueue_single(self.server, infer_request, "ModelInfer RPC")
@@ -247,6 +250,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         finally:
             session.close()
             self.streams.discard(session)
+
+    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> pb.TraceSettingResponse:
+        try:
+            return grpc_trace_setting(self.server, request)
+        except InferenceError as e:
+            raise aborted(e) from None
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):
