@@ -214,8 +214,6 @@ def test_unimplemented_extensions_answer_501(server: ServerProcess) -> None:
     for method, path, fragment in (
         ("GET", "/v2/logging", "log settings"),
         ("POST", "/v2/logging", "log settings"),
-        ("GET", "/v2/trace/setting", "trace settings"),
-        ("POST", "/v2/models/accumulator/trace/setting", "trace settings"),
         ("GET", "/v2/systemsharedmemory/status", "shared memory"),
         ("POST", "/v2/systemsharedmemory/region/r/register", "shared memory"),
         ("POST", "/v2/cudasharedmemory/unregister", "shared memory"),

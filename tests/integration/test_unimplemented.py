@@ -16,7 +16,6 @@ from tests.support.process import ServerProcess
         ("get_cuda_shared_memory_status", "does not implement shared memory"),
         ("unregister_system_shared_memory", "does not implement shared memory"),
         ("get_log_settings", "does not implement this extension"),
-        ("get_trace_settings", "does not implement this extension"),
     ],
 )
 def test_grpc_extension_rpcs_are_unimplemented(server: ServerProcess, call: str, fragment: str) -> None:

@@ -11,10 +11,9 @@ Triton's names.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from seqserve.engine.request import InferRequest
+import numpy as np
 
 REQUEST_START = "REQUEST_START"
 QUEUE_START = "QUEUE_START"
@@ -25,6 +24,18 @@ COMPUTE_END = "COMPUTE_END"
 REQUEST_END = "REQUEST_END"
 
 
+class TracedRequest(Protocol):
+    """What a trace reads of its request (an ``InferRequest``; named here without importing it,
+    since a request refers to its trace)."""
+
+    id: str
+    inputs: dict[str, np.ndarray]
+    sequence_id: int | str
+    sequence_start: bool
+    sequence_end: bool
+    trace_parent: str
+
+
 class RequestTrace:
     """What is known of one traced request: its timestamps by name and the batch it ran in.
     ``answered`` is called once, on the event loop, with the request's final outcome (an
@@ -32,7 +43,7 @@ class RequestTrace:
 
     __slots__ = ("batch_size", "instance", "model", "request", "slot", "timestamps", "version")
 
-    def __init__(self, request: InferRequest, model: str, version: str) -> None:
+    def __init__(self, request: TracedRequest, model: str, version: str) -> None:
         self.request = request
         self.model = model
         self.version = version
@@ -59,6 +70,6 @@ class RequestTrace:
 class RequestTracer(Protocol):
     """Decides which requests are traced (``Server.tracer``)."""
 
-    def sample(self, request: InferRequest, model: str, version: str) -> RequestTrace | None:
+    def sample(self, request: TracedRequest, model: str, version: str) -> RequestTrace | None:
         """A trace for ``request`` to ``model`` (``version``: the version it runs on), or None."""
         ...

@@ -14,8 +14,8 @@ from typing import Any
 from seqserve.api.tracing.otel import OtelExporter
 from seqserve.api.tracing.records import ObservedRequest, SampledTrace, TraceFile
 from seqserve.api.tracing.settings import TraceConfig, TraceSetting, apply_update, parse_update, setting_document
-from seqserve.engine import Code, InferenceError, InferRequest, Server
-from seqserve.engine.tracing import RequestTrace
+from seqserve.engine import Code, InferenceError, Server
+from seqserve.engine.tracing import RequestTrace, TracedRequest
 
 log = logging.getLogger("seqserve.trace")
 
@@ -62,7 +62,7 @@ class TraceManager:
 
     # ----------------------------------------------------------------- Server.tracer
 
-    def sample(self, request: InferRequest, model: str, version: str) -> RequestTrace | None:
+    def sample(self, request: TracedRequest, model: str, version: str) -> RequestTrace | None:
         sampler = self._models.get(model, self._global)
         observe = self._observe or _ignore
         if sampler.take():

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from seqserve.engine import InferenceError, InferRequest, InferResult
+from seqserve.engine import InferenceError, InferResult
 from seqserve.engine.tensors import numpy_wire_name
 from seqserve.engine.tracing import (
     COMPUTE_END,
@@ -25,6 +25,7 @@ from seqserve.engine.tracing import (
     REQUEST_END,
     REQUEST_START,
     RequestTrace,
+    TracedRequest,
 )
 
 log = logging.getLogger("seqserve.trace")
@@ -58,7 +59,7 @@ class ObservedRequest(RequestTrace):
     __slots__ = ("observe",)
 
     def __init__(
-        self, request: InferRequest, model: str, version: str, observe: Callable[[RequestTrace], None]
+        self, request: TracedRequest, model: str, version: str, observe: Callable[[RequestTrace], None]
     ) -> None:
         super().__init__(request, model, version)
         self.observe = observe
@@ -76,7 +77,7 @@ class SampledTrace(ObservedRequest):
 
     def __init__(
         self,
-        request: InferRequest,
+        request: TracedRequest,
         model: str,
         version: str,
         observe: Callable[[RequestTrace], None],
