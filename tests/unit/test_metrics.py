@@ -120,6 +120,11 @@ def test_collector_families() -> None:
         (["histogram_latencies=true"], MetricsConfig(histogram_latencies=True)),
         (["counter_latencies=false", "histogram_latencies=1"], MetricsConfig(False, True)),
         (["summary_latencies=false"], MetricsConfig()),
+        (["summary_latencies=true"], MetricsConfig(summary_latencies=True)),
+        (
+            ['summary_quantiles="0.5:0.05,0.99:0.001"'],
+            MetricsConfig(summary_quantiles=((0.5, 0.05), (0.99, 0.001))),
+        ),
     ],
 )
 def test_metrics_config(settings: list[str], expected: MetricsConfig) -> None:
@@ -129,8 +134,9 @@ def test_metrics_config(settings: list[str], expected: MetricsConfig) -> None:
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
-        ("summary_latencies=true", "not supported"),
-        ("summary_quantiles=0.5:0.05", "not supported"),
+        ("summary_latencies=sometimes", "is not true or false"),
+        ("summary_quantiles=0.5", "is not <quantile>:<error>"),
+        ("summary_quantiles=1.5:0.1", "within \\[0, 1\\]"),
         ("histogram_latencies=perhaps", "is not true or false"),
         ("x", "is not <setting>=<value>"),
         ("gpu=1", "unknown setting 'gpu'"),
