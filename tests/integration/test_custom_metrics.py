@@ -1,6 +1,7 @@
 """Latency summaries and custom metrics on /metrics: Triton's five summaries with
-``--metrics-config summary_latencies=true``, and a Triton Python model's ``pb_utils.MetricFamily``
-counter, gauge and histogram."""
+``--metrics-config summary_latencies=true``, a Triton Python model's ``pb_utils.MetricFamily``
+counter, gauge and histogram (in process, and forwarded from an isolated process), and the
+restarts of isolated processes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -23,6 +25,7 @@ output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """
 MODEL = """
 import numpy as np
+import pytest
 import triton_python_backend_utils as pb_utils
 
 
@@ -43,6 +46,8 @@ class TritonPythonModel:
         out = []
         for r in requests:
             x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            if x[0] == 99.0:  # the isolated test's way to crash its process
+                os._exit(3)
             self.requests.increment(1)
             self.last.set(float(x[0]))
             self.sizes.observe(float(x[0]))
@@ -61,11 +66,14 @@ def scrape(srv: ServerProcess) -> dict[str, list[tuple[str, dict[str, str], floa
     return {f.name: [(s.name, s.labels, s.value) for s in f.samples] for f in text_string_to_metric_families(text)}
 
 
-def test_summaries_and_a_python_models_custom_metrics(launch: Callable[..., ServerProcess], tmp_path: Path) -> None:
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_summaries_and_a_python_models_custom_metrics(
+    launch: Callable[..., ServerProcess], tmp_path: Path, isolation: str
+) -> None:
     repo = tmp_path / "repo"
     write_model(repo, "counted", CONFIG, MODEL)
     srv = launch(
-        repo, "--metrics-config", "summary_latencies=true", exit_timeout_s=10.0
+        repo, "--metrics-config", "summary_latencies=true", "--python-isolation", isolation, exit_timeout_s=10.0
     )
     cl = httpclient.InferenceServerClient(srv.http_url)
     for v in (0.5, 1.5, 3.0):
@@ -91,3 +99,25 @@ def test_summaries_and_a_python_models_custom_metrics(launch: Callable[..., Serv
         quantiles = {s[1]["quantile"] for s in mine if "quantile" in s[1]}
         assert quantiles == {"0.5", "0.9", "0.95", "0.99", "0.999"}
         assert all(s[2] >= 0 for s in mine)
+
+
+def test_restarts_of_an_isolated_process_are_counted(launch: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    from tests.support.checks import wait_until_sync
+
+    repo = tmp_path / "repo"
+    write_model(repo, "counted", CONFIG, MODEL)
+    srv = launch(repo, "--python-isolation", "process", exit_timeout_s=10.0)
+
+    def restarts() -> float:
+        found = [s for s in scrape(srv)["seqserve_isolated_restarts"] if s[1]["model"] == "counted"]
+        assert len(found) == 1 and found[0][1]["version"] == "1" and found[0][1]["instance"], found
+        return found[0][2]
+
+    assert restarts() == 0
+    cl = httpclient.InferenceServerClient(srv.http_url)
+    inp = httpclient.InferInput("IN", [1], "FP32")
+    inp.set_data_from_numpy(np.array([99.0], np.float32))
+    with pytest.raises(Exception):  # noqa: B017 (the process died under the request: any error)
+        cl.infer("counted", [inp])
+    cl.close()
+    wait_until_sync(lambda: restarts() == 1, "the restart is counted", timeout=30)

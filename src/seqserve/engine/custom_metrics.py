@@ -59,12 +59,14 @@ class Metric:
             raise ValueError(f"counter '{self._family.name}' cannot be incremented by a negative value ({value})")
         with self._family.lock:
             self._series.value += value
+            self._family.updates += 1
 
     def set(self, value: float) -> None:
         if self._family.kind != GAUGE:
             raise ValueError(f"metric family '{self._family.name}' is a {self._family.kind}: only a gauge can be set")
         with self._family.lock:
             self._series.value = float(value)
+            self._family.updates += 1
 
     def observe(self, value: float) -> None:
         s = self._series
@@ -76,6 +78,7 @@ class Metric:
             s.counts[bisect.bisect_left(s.buckets, value)] += 1
             s.total += value
             s.count += 1
+            self._family.updates += 1
 
     def value(self) -> float:
         if self._family.kind == HISTOGRAM:
@@ -93,6 +96,7 @@ class MetricFamily:
         self.kind = kind
         self.lock = threading.Lock()
         self.series: dict[LabelKey, Series] = {}
+        self.updates = 0  # changes so far (new series included): what a forwarder watches
 
     def metric(self, labels: Mapping[str, str] | None = None, buckets: Sequence[float] | None = None) -> Metric:
         key = _label_key(labels)
@@ -114,6 +118,7 @@ class MetricFamily:
                     s.buckets = bounds
                     s.counts = [0] * (len(bounds) + 1)
                 self.series[key] = s
+                self.updates += 1
             elif self.kind == HISTOGRAM and s.buckets != bounds:
                 raise ValueError(f"histogram '{self.name}' {dict(key)}: exists with other buckets {list(s.buckets)}")
         return Metric(self, s)
@@ -155,12 +160,19 @@ class MetricRegistry:
                 )
             return f
 
-    def snapshot(self) -> list[dict[str, Any]]:
-        """Every family and series now, as plain data (what a scrape shows; what an isolated
-        process forwards): name, description, kind, series [(labels, value or histogram)]."""
+    def changes(self) -> int:
+        """A number that grows with every change to this process's own families."""
         with self._lock:
             families = list(self._families.values())
-            remote = [f for fams in self._remote.values() for f in fams]
+        return len(families) + sum(f.updates for f in families)
+
+    def snapshot(self, *, local: bool = False) -> list[dict[str, Any]]:
+        """Every family and series now, as plain data (what a scrape shows; what an isolated
+        process forwards, ``local``: its own only): name, description, kind, series [(labels,
+        value or histogram)]."""
+        with self._lock:
+            families = list(self._families.values())
+            remote = [] if local else [f for fams in self._remote.values() for f in fams]
         out = []
         for f in families:
             with f.lock:

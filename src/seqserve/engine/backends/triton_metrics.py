@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from seqserve.engine import custom_metrics as cm
+import seqserve.engine.custom_metrics as cm
 
 
 class MetricModelError(Exception):
