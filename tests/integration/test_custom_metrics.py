@@ -24,8 +24,9 @@ input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
 output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """
 MODEL = """
+import os
+
 import numpy as np
-import pytest
 import triton_python_backend_utils as pb_utils
 
 
