@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from seqserve.api.latency_summaries import LatencySummaries, SlidingSummary, parse_quantiles
+from seqserve.api.latency_summaries import LatencySummaries, SlidingWindow, parse_quantiles
 from seqserve.api.metric_families import custom_families, summary_families
 from seqserve.engine import custom_metrics as cm
 from seqserve.engine.backends import triton_utils as pb_utils
@@ -94,13 +94,16 @@ def test_forwarded_snapshots_merge_and_are_checked() -> None:
 def test_summary_quantiles_over_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
     monkeypatch.setattr("seqserve.api.latency_summaries.time.monotonic", lambda: now[0])
-    s = SlidingSummary()
+    s = SlidingWindow(2)
     for v in range(1, 101):
-        s.observe(float(v))
-    assert dict(s.quantiles([0.5, 0.99])) == {0.5: 51.0, 0.99: 100.0}
-    now[0] += 61  # the window has moved past every observation; count and sum stay
-    q = dict(s.quantiles([0.5]))
-    assert q[0.5] != q[0.5] and s.count == 100 and s.total == 5050  # NaN: nothing in the window
+        s.observe([float(v), None if v % 2 else 1.0])
+    assert dict(s.quantiles(0, [0.5, 0.99])) == {0.5: 51.0, 0.99: 100.0}
+    assert s.counts == [100, 50] and dict(s.quantiles(1, [0.5])) == {0.5: 1.0}
+    now[0] += 30  # half the window later: still there
+    assert s.quantiles(0, [0.5]) == [(0.5, 51.0)]
+    now[0] += 31  # the window has moved past every observation; count and sum stay
+    q = dict(s.quantiles(0, [0.5]))
+    assert q[0.5] != q[0.5] and s.counts[0] == 100 and s.totals[0] == 5050  # NaN: nothing in the window
 
 
 def test_summary_families_from_traces() -> None:

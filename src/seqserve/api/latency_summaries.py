@@ -11,9 +11,10 @@ that), so memory stays bounded at any request rate."""
 
 from __future__ import annotations
 
+import math
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from seqserve.api.tracing.records import Durations
@@ -78,51 +79,54 @@ def parse_quantiles(text: str) -> tuple[tuple[float, float], ...]:
     return tuple(out)
 
 
-class SlidingSummary:
-    """Observations over the last ``MAX_AGE_S`` seconds (in ``AGE_BUCKETS`` rotating buckets),
-    with a running count and sum since the start. Event loop only."""
+class SlidingWindow:
+    """Observations of ``series`` quantities over the last ``MAX_AGE_S`` seconds (in
+    ``AGE_BUCKETS`` rotating buckets, rotated once per observation for all of them), with a
+    running count and sum of each since the start. Event loop only."""
 
-    __slots__ = ("_buckets", "_last", "_rng", "_seen", "_started", "count", "total")
+    __slots__ = ("_buckets", "_last", "_rng", "_seen", "_started", "counts", "totals")
 
-    def __init__(self) -> None:
-        self.count = 0
-        self.total = 0.0
-        self._buckets: list[list[float]] = [[] for _ in range(AGE_BUCKETS)]
-        self._seen = [0] * AGE_BUCKETS  # observations offered to each bucket (for the reservoir)
+    def __init__(self, series: int) -> None:
+        self.counts = [0] * series
+        self.totals = [0.0] * series
+        self._buckets: list[list[list[float]]] = [[[] for _ in range(series)] for _ in range(AGE_BUCKETS)]
+        self._seen = [[0] * series for _ in range(AGE_BUCKETS)]  # offered to each bucket (the reservoir's)
         self._started = time.monotonic()
         self._last = 0  # the age slot of the latest rotation
         self._rng = random.Random(0)
 
-    def observe(self, value: float) -> None:
-        self.count += 1
-        self.total += value
+    def observe(self, values: Sequence[float | None]) -> None:
+        """One value per series (None: none for that series this time)."""
         i = self._rotate()
-        bucket = self._buckets[i]
-        self._seen[i] += 1
-        if len(bucket) < MAX_BUCKET_SAMPLES:
-            bucket.append(value)
-        else:
-            j = self._rng.randrange(self._seen[i])
-            if j < MAX_BUCKET_SAMPLES:
-                bucket[j] = value
+        buckets, seen = self._buckets[i], self._seen[i]
+        for k, value in enumerate(values):
+            if value is None:
+                continue
+            self.counts[k] += 1
+            self.totals[k] += value
+            bucket = buckets[k]
+            seen[k] += 1
+            if len(bucket) < MAX_BUCKET_SAMPLES:
+                bucket.append(value)
+            else:
+                j = self._rng.randrange(seen[k])
+                if j < MAX_BUCKET_SAMPLES:
+                    bucket[j] = value
 
-    def quantiles(self, qs: Iterable[float]) -> list[tuple[float, float]]:
-        """(quantile, value) for each of ``qs`` over the window; NaN when it is empty."""
+    def quantiles(self, series: int, qs: Iterable[float]) -> list[tuple[float, float]]:
+        """(quantile, value) of one series for each of ``qs`` over the window; NaN when empty."""
         self._rotate()
-        values = sorted(v for b in self._buckets for v in b)
-        out = []
-        for q in qs:
-            out.append((q, values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")))
-        return out
+        values = sorted(v for b in self._buckets for v in b[series])
+        return [(q, values[min(len(values) - 1, int(q * len(values)))] if values else math.nan) for q in qs]
 
     def _rotate(self) -> int:
         """The current bucket's index, clearing the buckets that aged out since the last call."""
-        width = MAX_AGE_S / AGE_BUCKETS
-        now_slot = int((time.monotonic() - self._started) / width)
-        for k in range(self._last + 1, min(now_slot, self._last + AGE_BUCKETS) + 1):
-            self._buckets[k % AGE_BUCKETS] = []
-            self._seen[k % AGE_BUCKETS] = 0
-        self._last = now_slot
+        now_slot = int((time.monotonic() - self._started) * AGE_BUCKETS / MAX_AGE_S)
+        if now_slot != self._last:
+            for k in range(self._last + 1, min(now_slot, self._last + AGE_BUCKETS) + 1):
+                self._buckets[k % AGE_BUCKETS] = [[] for _ in self.counts]
+                self._seen[k % AGE_BUCKETS] = [0] * len(self.counts)
+            self._last = now_slot
         return now_slot % AGE_BUCKETS
 
 
@@ -140,22 +144,22 @@ class LatencySummaries:
 
     def __init__(self, quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES) -> None:
         self.quantiles = tuple(q for q, _ in quantiles)
-        self._models: dict[tuple[str, str], dict[str, SlidingSummary]] = {}
+        self._models: dict[tuple[str, str], SlidingWindow] = {}
 
     def observe(self, trace: RequestTrace) -> None:
         """A request was answered (event loop): its durations, in microseconds."""
         key = (trace.model, trace.version)
-        summaries = self._models.get(key)
-        if summaries is None:
-            summaries = self._models[key] = {attr: SlidingSummary() for _, _, attr in SUMMARIES}
+        window = self._models.get(key)
+        if window is None:
+            window = self._models[key] = SlidingWindow(len(SUMMARIES))
         d = Durations(dict(trace.timestamps))
-        for attr, summary in summaries.items():
-            ns = getattr(d, attr)
-            if ns is not None:
-                summary.observe(ns / 1000.0)
+        window.observe([None if (ns := getattr(d, attr)) is None else ns / 1000.0 for _, _, attr in SUMMARIES])
 
     def read(self, model: str, version: str) -> dict[str, SummarySamples] | None:
-        summaries = self._models.get((model, version))
-        if summaries is None:
+        window = self._models.get((model, version))
+        if window is None:
             return None
-        return {attr: SummarySamples(s.count, s.total, s.quantiles(self.quantiles)) for attr, s in summaries.items()}
+        return {
+            attr: SummarySamples(window.counts[k], window.totals[k], window.quantiles(k, self.quantiles))
+            for k, (_, _, attr) in enumerate(SUMMARIES)
+        }

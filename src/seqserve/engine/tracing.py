@@ -11,7 +11,7 @@ Triton's names.
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -42,6 +42,9 @@ class RequestTrace:
     InferResult, an InferenceError or None); a tracer subclasses this to write the trace."""
 
     __slots__ = ("batch_size", "instance", "model", "request", "slot", "timestamps", "version")
+    #: look up the sequence's slot (a lock of the core's per lookup); a trace that only times the
+    #: request (the latency summaries) does without
+    wants_slot: ClassVar[bool] = True
 
     def __init__(self, request: TracedRequest, model: str, version: str) -> None:
         self.request = request

@@ -57,6 +57,7 @@ class ObservedRequest(RequestTrace):
     """A request timed for the latency summaries only (``--metrics-config summary_latencies``)."""
 
     __slots__ = ("observe",)
+    wants_slot = False
 
     def __init__(
         self, request: TracedRequest, model: str, version: str, observe: Callable[[RequestTrace], None]
@@ -74,6 +75,7 @@ class SampledTrace(ObservedRequest):
     """A request sampled for tracing: written out (``sink``) once answered."""
 
     __slots__ = ("id", "outcome", "sink", "tensors")
+    wants_slot = True
 
     def __init__(
         self,

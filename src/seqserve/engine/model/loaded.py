@@ -310,7 +310,7 @@ class LoadedModel:
         self._pending[handle] = rec
         if request.trace is not None:
             self._traced = True
-            if self.is_sequence:  # an END step's slot is gone once it runs
+            if self.is_sequence and request.trace.wants_slot:  # an END step's slot is gone once it runs
                 request.trace.slot = self._core.slot_of(checked.corrid)
             request.trace.stamp(QUEUE_START)
         try:
@@ -332,7 +332,7 @@ class LoadedModel:
             raise InferenceError(token.code, msg, retry_after_s=BACKLOG_RETRY_AFTER_S if token.backlog_full else None)
         rec.handle = handle
         rec.token = token
-        if request.trace is not None and self.is_sequence and request.sequence_start:  # a slot now
+        if request.trace is not None and self.is_sequence and request.sequence_start and request.trace.wants_slot:
             request.trace.slot = self._core.slot_of(checked.corrid)
         if self._inline is not None:
             self._inline.schedule()
@@ -390,7 +390,7 @@ class LoadedModel:
         for r in recs:
             t = r.checked.request.trace if r is not None else None
             if r is not None and t is not None:
-                slot = self._core.slot_of(r.checked.corrid) if self.is_sequence else -1
+                slot = self._core.slot_of(r.checked.corrid) if self.is_sequence and t.wants_slot else -1
                 t.ran(batch_size=cb.size, instance=cb.instance, slot=slot)
                 traces.append(t)
         return traces
