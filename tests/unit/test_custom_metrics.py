@@ -15,6 +15,12 @@ from seqserve.engine.backends import triton_utils as pb_utils
 from seqserve.engine.tracing import RequestTrace
 
 
+@pytest.fixture(autouse=True)
+def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registry of this test's own (the process's is shared by every test in it)."""
+    monkeypatch.setattr(cm, "REGISTRY", cm.MetricRegistry())
+
+
 def test_counter_gauge_histogram_and_their_rules() -> None:
     c = cm.counter("ut_requests", "requests", {"model": "a"})
     c.increment()

@@ -14,6 +14,12 @@ from seqserve.engine.replicas.store import SequenceKey
 from seqserve.engine.replicas.store.measured import DURATION, ERRORS, MeasuredStore
 
 
+@pytest.fixture(autouse=True)
+def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registry of this test's own (the process's is shared by every test in it)."""
+    monkeypatch.setattr(cm, "REGISTRY", cm.MetricRegistry())
+
+
 def _series(name: str) -> dict[str, dict[str, object]]:
     (family,) = [f for f in cm.REGISTRY.snapshot() if f["name"] == name] or [{"series": []}]
     return {s["labels"]["op"]: s for s in family["series"]}

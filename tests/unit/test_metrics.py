@@ -9,8 +9,15 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+import seqserve.engine.custom_metrics as cm
 from seqserve.api.metrics import MetricsConfig, SeqserveCollector, exposition
 from seqserve.engine import InferenceError, ModelCounters, parse_sequence_id
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No custom metrics from the tests that ran before (the registry is the process's)."""
+    monkeypatch.setattr(cm, "REGISTRY", cm.MetricRegistry())
 
 
 class _Fixed:

@@ -8,8 +8,8 @@ from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
+import seqserve.engine.custom_metrics as cm
 from seqserve.api.latency_summaries import SUMMARIES, LatencySummaries
-from seqserve.engine.custom_metrics import REGISTRY
 
 
 def summary_families(summaries: LatencySummaries, models: list[tuple[str, str, dict[str, str]]]) -> list[Metric]:
@@ -37,7 +37,7 @@ def custom_families() -> list[Metric]:
     histogram's series with the same labels from several processes add up; a gauge's last
     value wins). A forwarded family whose kind differs from the first of its name is left out."""
     merged: dict[str, dict[str, Any]] = {}
-    for f in REGISTRY.snapshot():
+    for f in cm.REGISTRY.snapshot():
         into = merged.get(f["name"])
         if into is None:
             merged[f["name"]] = into = {"kind": f["kind"], "description": f["description"], "series": {}}

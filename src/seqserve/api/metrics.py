@@ -255,7 +255,8 @@ class SeqserveCollector(Collector):
         for (name, doc), value in zip(CPU, self._cpu.read(), strict=True):
             if value is not None:
                 family(name, "gauge", doc).add_sample(name, {}, value)
-        families += custom_families()
+        own = {m.name for m in families}
+        families += [m for m in custom_families() if m.name not in own]  # a model cannot shadow these
         return [m for m in families if m.samples]
 
 
