@@ -180,6 +180,23 @@ def test_otlp_export_holds_the_steps_of_a_sequence(
     parented = [r for r in roots if r.trace_id.hex() == PARENT_TRACE]
     assert len(parented) == 1 and parented[0].parent_span_id.hex() == "00f067aa0ba902b7"
     assert {m.parent_span_id for m in models} == {r.span_id for r in roots}
+    # a gRPC stream's traceparent (call metadata) is the parent of its requests' traces
+    stream_trace = "0af7651916cd43dd8448eb211c80319c"
+    done = threading.Event()
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    client.start_stream(
+        lambda result, error: done.set(), headers={"traceparent": f"00-{stream_trace}-b7ad6b7169203331-01"}
+    )
+    inp = grpcclient.InferInput("INPUT", [1, 1], "FP32")
+    inp.set_data_from_numpy(np.array([[5.0]], np.float32))
+    client.async_stream_infer("accumulator", [inp], sequence_id=new_int_id(), sequence_start=True, sequence_end=True)
+    assert done.wait(30)
+    client.stop_stream()
+    client.close()
+    wait_until_sync(
+        lambda: any(s.name == "InferRequest" and s.trace_id.hex() == stream_trace for s in list(receiver.spans)),
+        "the stream request's trace continues the stream's",
+    )
 
 
 def test_trace_settings_over_http_and_grpc(launch: Callable[..., ServerProcess], tmp_path: Path) -> None:

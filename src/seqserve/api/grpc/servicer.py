@@ -204,6 +204,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         grpc_errors = False
         completion_order = False
         scoped = self.stream_scoped
+        trace_parent = ""
         for key, value in context.metadata:
             if type(value) is not str:  # a "-bin" entry: none of these
                 continue
@@ -223,6 +224,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                         f"header '{STREAM_SCOPED_HEADER}' must be 'true' or 'false', got '{value}'",
                     )
                 scoped = value.lower() == "true"
+            elif key == "traceparent":
+                trace_parent = value
         stats = self.stream_stats
         stats.streams += 1
         stats.completion_order_streams += completion_order
@@ -233,6 +236,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             completion_order=completion_order,
             scope=SequenceScope(_STREAM_CLOSED) if scoped else None,
             stats=stats,
+            trace_parent=trace_parent,
         )
         self.streams.add(session)
         try:

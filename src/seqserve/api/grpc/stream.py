@@ -130,6 +130,7 @@ class StreamSession:
         "_stall_head",
         "_stall_timer",
         "_stats",
+        "_trace_parent",
         "_unfinished",
         "_waiter",
     )
@@ -142,8 +143,11 @@ class StreamSession:
         completion_order: bool = False,
         scope: SequenceScope | None = None,
         stats: StreamStats | None = None,
+        trace_parent: str = "",
     ) -> None:
+        """``trace_parent``: the call's W3C ``traceparent``: its requests' traces continue it."""
         self._server = server
+        self._trace_parent = trace_parent
         self._grpc_errors = grpc_errors
         self._completion_order = completion_order
         self._scope = scope
@@ -247,6 +251,8 @@ class StreamSession:
             req.sequence_id = request.sequence_id
             req.start = request.sequence_start
             request.scope = self._scope
+            if self._trace_parent:
+                request.trace_parent = self._trace_parent
             req.session = self
             req.cancel = self._server.enqueue_streaming(request, req.respond, model=model)
             self._open.add(req)
