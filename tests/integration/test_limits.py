@@ -211,8 +211,6 @@ def test_keepalive_off(launch: Callable[..., ServerProcess], http_server: str) -
 
 def test_unimplemented_extensions_answer_501(server: ServerProcess) -> None:
     for method, path, fragment in (
-        ("GET", "/v2/trace/setting", "trace settings"),
-        ("POST", "/v2/models/accumulator/trace/setting", "trace settings"),
         ("GET", "/v2/cudasharedmemory/status", "CUDA shared memory"),
         ("POST", "/v2/cudasharedmemory/region/r/register", "CUDA shared memory"),
         ("POST", "/v2/cudasharedmemory/unregister", "CUDA shared memory"),

@@ -266,7 +266,7 @@ def test_metrics_off(launch: Callable[..., ServerProcess]) -> None:
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (("--metrics-config", "summary_latencies=true"), "latency summaries are not supported"),
+        (("--metrics-config", "summary_quantiles=half"), "is not <quantile>:<error>"),
         (("--metrics-config", "nope=1"), "unknown setting 'nope'"),
         (("--metrics-config", "histogram_latencies"), "is not <setting>=<value>"),
         (("--allow-metrics", "maybe"), "is not a boolean"),

@@ -115,7 +115,7 @@ CALLS: list[tuple[str, str, tuple[Any, ...], Any]] = [
     ("shared-memory", "get_system_shared_memory_status", (), None),
     ("shared-memory", "get_cuda_shared_memory_status", (), NOT_SERVED),
     ("shared-memory", "unregister_cuda_shared_memory", (), NOT_SERVED),
-    ("trace", "get_trace_settings", (), NOT_SERVED),
+    ("trace", "get_trace_settings", (), None),
     ("logging", "get_log_settings", (), None),
 ]  # fmt: skip
 

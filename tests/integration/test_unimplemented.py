@@ -14,7 +14,6 @@ from tests.support.process import ServerProcess
     [
         ("get_cuda_shared_memory_status", "does not implement CUDA shared memory"),
         ("unregister_cuda_shared_memory", "does not implement CUDA shared memory"),
-        ("get_trace_settings", "does not implement this extension"),
     ],
 )
 def test_grpc_extension_rpcs_are_unimplemented(server: ServerProcess, call: str, fragment: str) -> None:

@@ -186,7 +186,7 @@ def _plain(value: Any, names: dict[str, str]) -> Any:
         return {f.name: _plain(getattr(value, f.name), names) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
         return {k: _plain(v, names) for k, v in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return [_plain(v, names) for v in value]
     return value
 

@@ -8,7 +8,12 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "seqserve"
-API_MAY_IMPORT = {"seqserve.engine", "seqserve.engine.tensors"}
+API_MAY_IMPORT = {
+    "seqserve.engine",
+    "seqserve.engine.tensors",
+    "seqserve.engine.tracing",
+    "seqserve.engine.custom_metrics",
+}
 
 
 def _imports(path: Path) -> set[str]:

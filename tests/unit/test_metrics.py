@@ -9,8 +9,15 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+import seqserve.engine.custom_metrics as cm
 from seqserve.api.metrics import MetricsConfig, SeqserveCollector, exposition
 from seqserve.engine import InferenceError, ModelCounters, parse_sequence_id
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No custom metrics from the tests that ran before (the registry is the process's)."""
+    monkeypatch.setattr(cm, "REGISTRY", cm.MetricRegistry())
 
 
 class _Fixed:
@@ -120,6 +127,11 @@ def test_collector_families() -> None:
         (["histogram_latencies=true"], MetricsConfig(histogram_latencies=True)),
         (["counter_latencies=false", "histogram_latencies=1"], MetricsConfig(False, True)),
         (["summary_latencies=false"], MetricsConfig()),
+        (["summary_latencies=true"], MetricsConfig(summary_latencies=True)),
+        (
+            ['summary_quantiles="0.5:0.05,0.99:0.001"'],
+            MetricsConfig(summary_quantiles=((0.5, 0.05), (0.99, 0.001))),
+        ),
     ],
 )
 def test_metrics_config(settings: list[str], expected: MetricsConfig) -> None:
@@ -129,8 +141,9 @@ def test_metrics_config(settings: list[str], expected: MetricsConfig) -> None:
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
-        ("summary_latencies=true", "not supported"),
-        ("summary_quantiles=0.5:0.05", "not supported"),
+        ("summary_latencies=sometimes", "is not true or false"),
+        ("summary_quantiles=0.5", "is not <quantile>:<error>"),
+        ("summary_quantiles=1.5:0.1", "within \\[0, 1\\]"),
         ("histogram_latencies=perhaps", "is not true or false"),
         ("x", "is not <setting>=<value>"),
         ("gpu=1", "unknown setting 'gpu'"),

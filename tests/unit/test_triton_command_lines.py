@@ -99,6 +99,21 @@ TRITON_COMMAND_LINES: list[tuple[str, str]] = [
         "--metrics-port=8002 --reuse-http-port=true --reuse-grpc-port=true --http-max-input-size=67108864 "
         "--grpc-max-connection-age=60000 --grpc-max-connection-age-grace=5000",
     ),
+    (
+        "docs/user_guide/trace.md",
+        "--model-repository={repo} --trace-config triton,file=/tmp/trace.json --trace-config triton,log-frequency=50 "
+        "--trace-config rate=100 --trace-config level=TIMESTAMPS --trace-config count=100",
+    ),
+    (
+        "docs/user_guide/trace.md (OpenTelemetry)",
+        "--model-repository={repo} --trace-config mode=opentelemetry "
+        "--trace-config opentelemetry,url=localhost:4318/v1/traces --trace-config rate=1",
+    ),
+    (
+        "docs/user_guide/metrics.md (summaries)",
+        "--model-repository={repo} --metrics-config summary_latencies=true "
+        "--metrics-config summary_quantiles=0.5:0.05,0.9:0.01,0.99:0.001",
+    ),
 ]
 
 
@@ -157,7 +172,7 @@ def test_front_ends_and_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert opts is not None and opts.http is None and opts.grpc is not None
     assert opts.engine.server_id == "edge-7"
     assert opts.engine.model_repository == [tmp_path / "repo"]
-    _, opts, _, _ = _run(TRITON_COMMAND_LINES[-1][1], tmp_path, monkeypatch)
+    _, opts, _, _ = _run(dict(TRITON_COMMAND_LINES)["src/command_line_parser.cc (ports)"], tmp_path, monkeypatch)
     assert opts is not None and opts.http is not None and opts.grpc is not None
     assert opts.http.reuse_port and opts.grpc.reuse_port
     assert opts.http.max_body_bytes == 67108864

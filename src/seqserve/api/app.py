@@ -21,6 +21,7 @@ from seqserve.api.grpc.stream import StreamDrain
 from seqserve.api.http.routes import HttpFrontend, close_when_exiting
 from seqserve.api.limits import shutdown_executor
 from seqserve.api.metrics import MetricsServer, start_metrics
+from seqserve.api.observability import Observability, start_observability
 from seqserve.api.serve_options import GrpcOptions, HttpOptions, MetricsOptions, ServeOptions, StateStoreOptions
 from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.api.transport.asgi import asgi_app
@@ -50,21 +51,30 @@ async def serve(opts: ServeOptions) -> int:
         return 1
     # the gRPC streams end with UNAVAILABLE on the drain: at once with a state store (their
     # sequences continue on another replica), after the engine's drain without one
+    try:
+        observability = start_observability(server, opts)
+    except RuntimeError as e:  # the tracing configured cannot run
+        log.error("%s", e)
+        await server.shutdown(timeout_s=0)
+        return 1
     streams = StreamDrain()
     shutdown = Shutdown(server, on_drain=lambda: streams.begin(handoff=opts.state_store is not None))
     _handle_signals(shutdown)
-    front_ends = FrontEnds(server, streams)
+    front_ends = FrontEnds(server, streams, observability)
     try:
         await front_ends.start(opts)
     except StartupError as e:
         await front_ends.abort()
         await server.shutdown(timeout_s=0)
+        observability.close()
         log.error("%s", e)  # last: the line an operator reads first
         return 1
     log.info("seqserve %s ready", __version__)
 
     await shutdown.requested.wait()
-    return await _drain(server, front_ends)
+    code = await _drain(server, front_ends)
+    await asyncio.to_thread(observability.close)
+    return code
 
 
 async def _start_engine(opts: ServeOptions) -> Server | None:
@@ -133,9 +143,10 @@ class FrontEnds:
     """The gRPC, HTTP and metrics servers of the process: started in that order, stopped
     together once the engine has drained."""
 
-    def __init__(self, server: Server, streams: StreamDrain) -> None:
+    def __init__(self, server: Server, streams: StreamDrain, observability: Observability | None = None) -> None:
         """streams: the open gRPC streams, which the drain ends."""
         self._server = server
+        self._summaries = observability.summaries if observability is not None else None
         self._streams = streams
         self._tasks: list[asyncio.Task[None]] = []  # servers that run as tasks on this loop
         self._grpc_server: Any = None  # grpc.aio.Server or the builtin one: both have stop(grace)
@@ -176,7 +187,7 @@ class FrontEnds:
     async def _launch_metrics(self, metrics: MetricsOptions) -> None:
         sock = _listen("metrics", metrics.host, metrics.port)
         self._metrics_server = await start_metrics(
-            self._server, sock, interval_ms=metrics.interval_ms, config=metrics.config
+            self._server, sock, interval_ms=metrics.interval_ms, config=metrics.config, summaries=self._summaries
         )
         log.info("metrics listening on http://%s:%d/metrics", metrics.host, metrics.port)
 

@@ -29,6 +29,7 @@ EXTENSIONS = (
     "classification",
     "system_shared_memory",
     "logging",
+    "trace",
 )
 
 #: Protocol datatype -> numpy dtype, for every datatype numpy has (BYTES: object; not BF16).

@@ -32,10 +32,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from seqserve.api.latency_summaries import DEFAULT_QUANTILES, LatencySummaries, parse_quantiles
+from seqserve.api.metric_families import custom_families, summary_families
 from seqserve.engine import ModelCounters, Server
 
 log = logging.getLogger("seqserve.metrics")
@@ -152,25 +155,25 @@ class MetricsConfig:
 
     counter_latencies: bool = True  # the nv_inference_*_duration_us counters
     histogram_latencies: bool = False  # nv_inference_first_response_histogram_ms (off, as in Triton)
+    summary_latencies: bool = False  # the nv_inference_*_summary_us summaries (off, as in Triton)
+    summary_quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES
 
     @classmethod
     def parse(cls, settings: Iterable[str]) -> MetricsConfig:
         """``key=value`` strings, as ``--metrics-config`` takes them; ValueError says what is wrong."""
-        values: dict[str, bool] = {}
+        values: dict[str, Any] = {}
         for item in settings:
             key, sep, value = item.partition("=")
             key = key.strip()
             if not sep:
                 raise ValueError(f"--metrics-config '{item}' is not <setting>=<value>")
-            if key in ("summary_latencies", "summary_quantiles"):
-                if key == "summary_latencies" and parse_bool(value) is False:
-                    continue
+            if key == "summary_quantiles":
+                values[key] = parse_quantiles(value.strip().strip('"'))
+                continue
+            if key not in ("counter_latencies", "histogram_latencies", "summary_latencies"):
                 raise ValueError(
-                    f"--metrics-config {key}: latency summaries are not supported; use histogram_latencies"
-                )
-            if key not in ("counter_latencies", "histogram_latencies"):
-                raise ValueError(
-                    f"--metrics-config: unknown setting '{key}' (known: counter_latencies, histogram_latencies)"
+                    f"--metrics-config: unknown setting '{key}' "
+                    "(known: counter_latencies, histogram_latencies, summary_latencies, summary_quantiles)"
                 )
             b = parse_bool(value)
             if b is None:
@@ -193,10 +196,17 @@ class SeqserveCollector(Collector):
     (refreshed at most once per ``interval_ms``, Triton's "per interval" metrics)."""
 
     def __init__(
-        self, server: Server, config: MetricsConfig | None = None, *, interval_ms: int = DEFAULT_INTERVAL_MS
+        self,
+        server: Server,
+        config: MetricsConfig | None = None,
+        *,
+        interval_ms: int = DEFAULT_INTERVAL_MS,
+        summaries: LatencySummaries | None = None,
     ) -> None:
+        """``summaries``: the latency summaries (``summary_latencies``), fed by the trace hook."""
         self.server = server
         self.config = config or MetricsConfig()
+        self.summaries = summaries
         self._cpu = _CpuSampler(interval_ms / 1000.0)
 
     def describe(self) -> list[Metric]:
@@ -240,9 +250,13 @@ class SeqserveCollector(Collector):
             if c.inline_max_batch_us > 0:
                 for m, attr in inline:
                     m.add_sample(m.name, labels, int(getattr(c, attr)))
+        if self.summaries is not None:
+            families += summary_families(self.summaries, [(c.model, c.version, model_labels(c)) for c in counters])
         for (name, doc), value in zip(CPU, self._cpu.read(), strict=True):
             if value is not None:
                 family(name, "gauge", doc).add_sample(name, {}, value)
+        own = {m.name for m in families}
+        families += [m for m in custom_families() if m.name not in own]  # a model cannot shadow these
         return [m for m in families if m.samples]
 
 
@@ -451,10 +465,11 @@ async def start_metrics(
     *,
     interval_ms: int = DEFAULT_INTERVAL_MS,
     config: MetricsConfig | None = None,
+    summaries: LatencySummaries | None = None,
 ) -> MetricsServer:
     """Serve ``server``'s metrics at ``/metrics`` on the running loop: on a listening socket, or
     on (host, port)."""
-    collector = SeqserveCollector(server, config, interval_ms=interval_ms)
+    collector = SeqserveCollector(server, config, interval_ms=interval_ms, summaries=summaries)
     metrics = MetricsServer(lambda: exposition(collector))
     if isinstance(where, socket.socket):
         await metrics.start(sock=where)

@@ -13,6 +13,7 @@ from pathlib import Path
 from seqserve.api.limits import DEFAULT_MAX_BODY_BYTES, GrpcLimits, HttpLimits
 from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT, MetricsConfig
 from seqserve.api.security import Restrictions, TlsFiles
+from seqserve.api.tracing.settings import TraceConfig
 from seqserve.engine import (
     DEFAULT_INLINE_MAX_BATCH_US,
     DEFAULT_MAX_BACKLOG_SEQUENCES,
@@ -141,3 +142,4 @@ class ServeOptions:
     grpc: GrpcOptions | None = field(default_factory=GrpcOptions)
     metrics: MetricsOptions | None = field(default_factory=MetricsOptions)
     state_store: StateStoreOptions | None = None
+    trace: TraceConfig = field(default_factory=TraceConfig)  # --trace-config

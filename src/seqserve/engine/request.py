@@ -10,6 +10,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from seqserve.engine.scope import SequenceScope
+    from seqserve.engine.tracing import RequestTrace
 
 #: a sequence's correlation id: uint64 or string (5 and "5" are different sequences)
 SequenceId = int | str
@@ -35,3 +36,7 @@ class InferRequest:
     session: bool = False
     #: the sequences this request starts end when the scope closes (a gRPC stream's, say)
     scope: SequenceScope | None = None
+    #: the W3C ``traceparent`` the client sent (front-ends read it only while tracing is on)
+    trace_parent: str = ""
+    #: set by ``Server.tracer`` when this request is traced (engine/tracing.py)
+    trace: RequestTrace | None = None

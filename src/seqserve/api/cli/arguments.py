@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from seqserve.api import security
+from seqserve.api.cli.trace_flags import trace_config
 from seqserve.api.cli.triton_flags import IGNORED_DEST, apply_triton_names
 from seqserve.api.limits import GrpcLimits, HttpLimits
 from seqserve.api.metrics import MetricsConfig
@@ -45,12 +46,17 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
     _not_implemented_yet(args)
     for line in getattr(args, IGNORED_DEST, None) or []:
         logging.getLogger("seqserve").warning("%s", line)
+    try:
+        trace = trace_config(args)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     return ServeOptions(
         _engine(args, mode, models, default_max_batch_size),
         http=_http(args, http_server, http_tls, http_restricted),
         grpc=_grpc(args, grpc_tls, grpc_restricted),
         metrics=metrics,
         state_store=_state_store(args),
+        trace=trace,
     )
 
 

@@ -11,6 +11,7 @@ from seqserve.api.cli.limit_flags import add_limit_flags
 from seqserve.api.cli.log_flags import add_log_flags
 from seqserve.api.cli.security_flags import add_restriction_flags, add_tls_flags
 from seqserve.api.cli.state_store_flags import add_state_store_flags
+from seqserve.api.cli.trace_flags import add_trace_flags
 from seqserve.api.cli.triton_flags import add_triton_flags
 from seqserve.api.cli.triton_options import add_triton_options
 from seqserve.api.cli.usage import CommandParser
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_state_store_flags,
         add_triton_options,
         add_triton_flags,
+        add_trace_flags,
     ):
         add_flags(s)
     return p
@@ -222,7 +224,9 @@ def _add_metrics_flags(s: argparse.ArgumentParser) -> None:
         default=[],
         metavar="SETTING=VALUE",
         help="Triton's metric settings: counter_latencies=true|false (the *_duration_us counters, default "
-        "true), histogram_latencies=true|false (nv_inference_first_response_histogram_ms, default false)",
+        "true), histogram_latencies=true|false (nv_inference_first_response_histogram_ms, default false), "
+        "summary_latencies=true|false (the *_summary_us summaries, default false), "
+        "summary_quantiles=Q:E,... (default 0.5:0.05,0.9:0.01,0.95:0.001,0.99:0.001,0.999:0.0001)",
     )
 
 

@@ -30,6 +30,7 @@ from seqserve.api.limits import offload
 from seqserve.api.logs import log_settings_request
 from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.api.statistics import statistics_proto
+from seqserve.api.tracing import grpc_trace_setting
 from seqserve.api.transport.grpc_context import CallAborted, CallContext, Status
 from seqserve.engine import InferenceError, SequenceScope, Server
 
@@ -43,7 +44,6 @@ CHECKS_ITSELF = frozenset({"ModelInfer"})
 #: grpcio's bare "Method not implemented!"
 UNIMPLEMENTED_RPCS = {
     **CUDA_SHM_RPCS,
-    **{rpc: f"{rpc}: seqserve does not implement this extension" for rpc in ("TraceSetting",)},
 }
 
 
@@ -208,6 +208,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                         session = value
                     elif key == SESSION_END_KEY:
                         end = value
+                    elif key == "traceparent":
+                        infer_request.trace_parent = value
                 if session is not None or end is not None:
                     apply_session(self.server, infer_request, session, end)
             result = await enqueue_single(self.server, infer_request, "ModelInfer RPC")
@@ -250,6 +252,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         grpc_errors = False
         completion_order = False
         scoped = self.stream_scoped
+        trace_parent = ""
         for key, value in context.metadata:
             if type(value) is not str:  # a "-bin" entry: none of these
                 continue
@@ -269,6 +272,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                         f"header '{STREAM_SCOPED_HEADER}' must be 'true' or 'false', got '{value}'",
                     )
                 scoped = value.lower() == "true"
+            elif key == "traceparent":
+                trace_parent = value
         stats = self.stream_stats
         stats.streams += 1
         stats.completion_order_streams += completion_order
@@ -280,6 +285,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             scope=SequenceScope(_STREAM_CLOSED) if scoped else None,
             stats=stats,
             shared_memory=self.shared_memory,
+            trace_parent=trace_parent,
         )
         self.streams.add(session)
         try:
@@ -297,6 +303,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         finally:
             session.close()
             self.streams.discard(session)
+
+    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> pb.TraceSettingResponse:
+        try:
+            return grpc_trace_setting(self.server, request)
+        except InferenceError as e:
+            raise aborted(e) from None
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):

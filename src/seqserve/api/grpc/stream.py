@@ -134,6 +134,7 @@ class StreamSession:
         "_stall_head",
         "_stall_timer",
         "_stats",
+        "_trace_parent",
         "_unfinished",
         "_waiter",
     )
@@ -147,10 +148,13 @@ class StreamSession:
         scope: SequenceScope | None = None,
         stats: StreamStats | None = None,
         shared_memory: SharedMemoryRegistry | None = None,
+        trace_parent: str = "",
     ) -> None:
-        """``shared_memory``: the server's regions, for requests that place tensors in them."""
+        """``shared_memory``: the server's regions, for requests that place tensors in them.
+        ``trace_parent``: the call's W3C ``traceparent``: its requests' traces continue it."""
         self._server = server
         self._shared_memory = shared_memory if shared_memory is not None else SharedMemoryRegistry()
+        self._trace_parent = trace_parent
         self._grpc_errors = grpc_errors
         self._completion_order = completion_order
         self._scope = scope
@@ -257,6 +261,8 @@ class StreamSession:
             req.sequence_id = request.sequence_id
             req.start = request.sequence_start
             request.scope = self._scope
+            if self._trace_parent:
+                request.trace_parent = self._trace_parent
             req.session = self
             req.cancel = self._server.enqueue_streaming(request, req.respond, model=model)
             self._open.add(req)

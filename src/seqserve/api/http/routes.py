@@ -40,6 +40,7 @@ from seqserve.api.limits import (
 from seqserve.api.logs import log_settings_request
 from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.api.statistics import statistics_json
+from seqserve.api.tracing import http_trace_setting
 from seqserve.api.transport.asgi import asgi_app
 from seqserve.api.transport.exchange import BodySource, Handler, HttpReply, HttpRequest
 from seqserve.engine import SERVER_EXITING, SERVER_NOT_READY, Code, InferenceError, Server
@@ -235,6 +236,8 @@ class HttpFrontend:
             extensions.prepare(self.server, req, self.shared_memory)
         if self.header_forward is not None:
             forward_headers(req, decoded_headers(request.headers), self.header_forward)
+        if self.server.tracer is not None:
+            req.trace_parent = header(b"traceparent") or ""
         session = header(_SESSION_ID)
         end = header(_SESSION_END)
         if session is not None or end is not None:
@@ -285,6 +288,10 @@ class HttpFrontend:
             doc = sequences.show_doc(self.server, p["model"], version, p["sequence_id"], query)
         return json_reply(doc)
 
+    async def trace_setting(self, request: HttpRequest, p: dict[str, Any]) -> HttpReply:
+        body = await self._body(request) if request.method == "POST" else None
+        return json_reply(http_trace_setting(self.server, p.get("model", ""), body))
+
     # ------------------------------------------------------------------------ routing
 
     def routes(self) -> list[Route]:
@@ -317,6 +324,8 @@ class HttpFrontend:
             Route("/v2/repository/models/{model}/load", s.load, ["POST"]),
             Route("/v2/repository/models/{model}/unload", s.unload, ["POST"]),
             Route("/v2/logging", s.logging, ["GET", "POST"]),
+            Route("/v2/trace/setting", s.trace_setting, ["GET", "POST"]),
+            Route("/v2/models/{model}/trace/setting", s.trace_setting, ["GET", "POST"]),
         ]
         routes += SharedMemoryRoutes(self.shared_memory, self._body).routes()
         # Triton's extensions that seqserve does not implement: a clear 501 (the HTTP twin of the
@@ -381,8 +390,12 @@ def close_when_exiting(handler: Handler, server: Server) -> Handler:
 
 _NO_EXTENSION = "seqserve does not implement this extension"
 _UNIMPLEMENTED_ROUTES = [
-    ("/v2/trace/setting", ["GET", "POST"], f"trace settings: {_NO_EXTENSION}"),
-    ("/v2/models/{model}/trace/setting", ["GET", "POST"], f"trace settings: {_NO_EXTENSION}"),
+    # the pipelines issue builds these; until then a clear 501, not a 404
+    *[
+        (f"/v2/models/{{model}}{v}/{g}", ["POST"], f"{g}: {_NO_EXTENSION} yet; use /infer")
+        for g in ("generate", "generate_stream")
+        for v in ("", "/versions/{version:int}")
+    ],
 ]
 
 

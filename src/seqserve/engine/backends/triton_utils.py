@@ -7,8 +7,9 @@ as it is. The names and behaviour follow Triton's python_backend (``Tensor``,
 ``InferenceRequest``, ``InferenceResponse``, ``TritonError``, ``TritonModelException``, the
 flag constants and the helper functions of ``triton_python_backend_utils.py``).
 
-Not provided: BLS (``InferenceRequest.exec``/``async_exec`` raise), GPU tensors, custom
-metrics, ``auto_complete_config``, request rescheduling. Response senders work as in Triton
+Custom metrics (``MetricFamily``, ``Metric``) appear on ``/metrics`` (``triton_metrics``).
+Not provided: BLS (``InferenceRequest.exec``/``async_exec`` raise), GPU tensors,
+``auto_complete_config``, request rescheduling. Response senders work as in Triton
 (decoupled models stream any number of responses; see ``seqserve.engine.backends.triton_adapter``).
 """
 
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from seqserve._proto.model_config_pb2 import TYPE_BOOL
+from seqserve.engine.backends import triton_metrics
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.responses import Responder
 from seqserve.engine.tensors import DATA_TYPES, of_numpy
@@ -41,6 +43,8 @@ __all__ = [
     "InferenceResponse",
     "InferenceResponseSender",
     "Logger",
+    "Metric",
+    "MetricFamily",
     "ModelConfig",
     "Tensor",
     "TritonError",
@@ -110,6 +114,13 @@ class TritonError:
 
 class TritonModelException(Exception):
     """Raised by models (and by this module) for failures; in execute it fails the batch."""
+
+
+class MetricFamily(triton_metrics.MetricFamily):
+    error = TritonModelException
+
+
+Metric = triton_metrics.TritonMetric
 
 
 # ------------------------------------------------------------------------------ tensors

@@ -35,6 +35,7 @@ from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.isolation import batches, results
 from seqserve.engine.isolation import protocol as p
 from seqserve.engine.isolation.channel import Channel, ChannelClosed, child_channel
+from seqserve.engine.isolation.metrics_forwarding import MetricsForwarder
 from seqserve.engine.responses import Outcome, Responder
 
 log = logging.getLogger("seqserve.isolation")
@@ -70,6 +71,11 @@ class EventClient:
         """Hand a log record to the server; False when the server is gone."""
         with self._lock:
             return self._exchange(results.encode_log(level, name, text), []) is True
+
+    def metrics(self, message: bytes) -> bool:
+        """Hand the model's custom metrics (a METRICS message) to the server."""
+        with self._lock:
+            return self._exchange(message, []) is True
 
     def _exchange(self, body: bytes, fds: list[int]) -> bool | InferenceError:
         try:
@@ -195,6 +201,7 @@ def serve(batch: Channel, events: Channel) -> int:
     model = cfg.name
     execute = instance.execute
     same_buffer = _same_buffer_states(cfg)
+    forwarder = MetricsForwarder(events_client.metrics)
     batch.send(bytes((p.READY, uses_responders)))
     while True:
         try:
@@ -226,6 +233,7 @@ def serve(batch: Channel, events: Channel) -> int:
                 instance.finalize()
             except Exception as e:
                 message = f"{type(e).__name__}: {e}"
+            forwarder.close()
             batch.send(bytes((p.FINALIZED,)) + message.encode("utf-8", "replace"))
             return 0
         else:

@@ -5,9 +5,10 @@ Two channels per child (see ``channel``), each strictly request/reply:
 - the **batch channel**, driven by the parent: ``INIT`` -> ``READY``/``INIT_FAILED``, then per
   batch ``EXEC`` -> ``RESULT``/``FAILED``, and at unload ``FINALIZE`` -> ``FINALIZED``;
 - the **event channel**, driven by the child (any thread, any time): ``SEND`` (one response
-  of one request, from a responder), ``CANCELLED`` (``is_cancelled()``) and ``LOG`` (a log
-  record, so that the model's logging reaches the server's log), each answered by the parent
-  with ``OK``/``ERR``/``BOOL``.
+  of one request, from a responder), ``CANCELLED`` (``is_cancelled()``), ``LOG`` (a log
+  record, so that the model's logging reaches the server's log) and ``METRICS`` (a JSON
+  snapshot of the model's custom metrics, so that they reach ``/metrics``), each answered by
+  the parent with ``OK``/``ERR``/``BOOL``.
 
 Tensors never travel in messages. The parent writes a batch's inputs, implicit states,
 control tensors, START/END/READY and CORRID into its request slab; the child writes outputs
@@ -43,7 +44,7 @@ INIT, EXEC, FINALIZE = 1, 2, 3
 # child -> parent (batch channel)
 READY, INIT_FAILED, RESULT, FAILED, FINALIZED = 10, 11, 12, 13, 14
 # child -> parent (event channel), and the parent's answers
-SEND, CANCELLED, LOG = 20, 21, 22
+SEND, CANCELLED, LOG, METRICS = 20, 21, 22, 23
 OK, ERR, BOOL = 30, 31, 32
 
 # EXEC flags

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import seqserve
 from seqserve.engine.backends.base import Backend, BackendInstance, InstanceContext, ModelContext, RequestResults
 from seqserve.engine.batch import ExecuteBatch
+from seqserve.engine.custom_metrics import counter
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.isolation import batches, results
 from seqserve.engine.isolation import protocol as p
@@ -42,6 +43,7 @@ from seqserve.engine.isolation.child_process import (
     backoff_delay,
     exit_status,
 )
+from seqserve.engine.isolation.metrics_forwarding import forget_source, receive_snapshot
 from seqserve.engine.isolation.responses import BatchResponders, LateResponses
 from seqserve.engine.responses import DEFERRED
 
@@ -57,6 +59,10 @@ FINALIZE_TIMEOUT_S = 30.0
 _PACKAGE_ROOT = str(Path(seqserve.__file__).resolve().parent.parent)
 
 
+#: restarts of isolated instances, on /metrics (labels model, version, instance)
+RESTARTS = ("seqserve_isolated_restarts_total", "Times an isolated model process was restarted after it exited")
+
+
 class IsolatedInstance(BackendInstance):
     """A model instance that runs in a child process (``parameters { key: "isolation" ... }``)."""
 
@@ -67,6 +73,9 @@ class IsolatedInstance(BackendInstance):
         ctx = ictx.model
         self.model = ctx.name
         self.name = ictx.name
+        self._labels = {"model": ctx.name, "version": str(ctx.version), "instance": ictx.name}
+        self._metrics_source = f"{ctx.name}/{ctx.version}/{ictx.name}"  # its forwarded custom metrics
+        self._restarts = counter(*RESTARTS, self._labels)  # on /metrics from the start, at 0
         self._decoupled = ctx.config.model_transaction_policy.decoupled
         self._timeout_s = execute_timeout_s
         self._names = p.result_names(ctx.config)
@@ -244,6 +253,7 @@ class IsolatedInstance(BackendInstance):
                     self._starting = False
                     self._cond.notify_all()
                     log.warning("model '%s' instance '%s' restarted (pid %d)", self.model, self.name, child.pid)
+                    self._restarts.increment()
                     return
                 closed = self._closed
             if closed:
@@ -291,6 +301,7 @@ class IsolatedInstance(BackendInstance):
         message = ""
         if child is not None:
             message = self._retire(child, finalize=True)
+        forget_source(self._metrics_source)
         self._release(child)
         if message:
             raise RuntimeError(f"finalize of model '{self.model}' instance '{self.name}' failed: {message}")
@@ -428,6 +439,9 @@ class IsolatedInstance(BackendInstance):
     def _on_event(self, child: ChildProcess, body: memoryview, fds: list[int]) -> bytes:
         """A message on ``child``'s event channel (its event thread): a log line, or a late
         response or cancellation query; returns the answer."""
+        if p.kind_of(body) == p.METRICS:
+            receive_snapshot(body, self._metrics_source)
+            return results.encode_ok()
         if p.kind_of(body) == p.LOG:
             level, name, text = results.decode_log(body)
             logging.getLogger(name).log(level, "%s", text, extra={"instance": self.name, "child_pid": child.pid})

@@ -341,6 +341,9 @@ class Delivery:
         if self.decoupled:  # an error response is one of many: the request's outcome is its batch's
             if rec.on_response is not None:
                 _call(rec.on_response, result, final)
+            trace = rec.checked.request.trace
+            if final and trace is not None:
+                trace.answered(result)
             return
         if result is not None:  # its one response answers it now; a final flag may follow
             if isinstance(result, InferenceError):
@@ -377,6 +380,9 @@ class Delivery:
 
 
 def _resolve(rec: Pending, outcome: InferResult | InferenceError) -> None:
+    trace = rec.checked.request.trace
+    if trace is not None:
+        trace.answered(outcome)
     if rec.on_response is not None:
         _call(rec.on_response, outcome, True)
     elif rec.future is not None and not rec.future.done():

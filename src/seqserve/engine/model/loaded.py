@@ -52,6 +52,7 @@ from seqserve.engine.replicas.checkpoint import SequenceCheckpoint, SequenceRele
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
 from seqserve.engine.sessions import EndedSequence, SequenceInfo, SequenceList, SessionGoneError, SessionPolicy
+from seqserve.engine.tracing import COMPUTE_END, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, QUEUE_START, RequestTrace
 
 log = logging.getLogger("seqserve.model")
 
@@ -121,6 +122,7 @@ class LoadedModel:
         self._close_lock = threading.Lock()
         self._closed = False
         self._has_ragged = bool(ragged_inputs(cfg))
+        self._traced = False  # a traced request was queued: batches look for traces (engine/tracing.py)
 
         backend_cls = find_backend(cfg)
         backend_cls.check(cfg)
@@ -313,6 +315,11 @@ class LoadedModel:
             ordered=self._delivery.preserve_ordering and not self.decoupled,
         )
         self._pending[handle] = rec
+        if request.trace is not None:
+            self._traced = True
+            if self.is_sequence and request.trace.wants_slot:  # an END step's slot is gone once it runs
+                request.trace.slot = self._core.slot_of(checked.corrid)
+            request.trace.stamp(QUEUE_START)
         try:
             token = self._core.submit(checked.core_header(handle), checked.buffers)
         except BaseException:
@@ -332,6 +339,8 @@ class LoadedModel:
             raise InferenceError(token.code, msg, retry_after_s=BACKLOG_RETRY_AFTER_S if token.backlog_full else None)
         rec.handle = handle
         rec.token = token
+        if request.trace is not None and self.is_sequence and request.sequence_start and request.trace.wants_slot:
+            request.trace.slot = self._core.slot_of(checked.corrid)
         if self._inline is not None:
             self._inline.schedule()
         scope = request.scope
@@ -370,8 +379,11 @@ class LoadedModel:
         # Whoever pops the instance's entry answers these requests: this thread once execute
         # returns, or close() when it left this thread behind in execute.
         running[cb.instance] = recs
+        traces = self._batch_traces(cb, recs) if self._traced else None
         try:
             batch = self._build(cb, recs)
+            if traces:
+                _stamp(traces, COMPUTE_INPUT_END)
             produced = self._execute(batch, recs, cb.instance)
         except Exception as e:  # the model's failure fails this batch only
             if running.pop(cb.instance, None) is None:
@@ -381,12 +393,27 @@ class LoadedModel:
         if running.pop(cb.instance, None) is None:  # too late: close() failed its requests
             cb.finish(False)
             return False
+        if traces:
+            _stamp(traces, COMPUTE_OUTPUT_START)
         try:
             replies = self._scatter(cb, recs, produced, responders=batch.responder is not None)
         except Exception as e:
             return self._batch_failed(cb, recs, e)
+        if traces:
+            _stamp(traces, COMPUTE_END)
         self._finish(cb, replies)
         return True
+
+    def _batch_traces(self, cb: Batch, recs: list[Pending | None]) -> list[RequestTrace]:
+        """The traces of a batch's traced requests, told that compute starts."""
+        traces = []
+        for r in recs:
+            t = r.checked.request.trace if r is not None else None
+            if r is not None and t is not None:
+                slot = self._core.slot_of(r.checked.corrid) if self.is_sequence and t.wants_slot else -1
+                t.ran(batch_size=cb.size, instance=cb.instance, slot=slot)
+                traces.append(t)
+        return traces
 
     def _build(self, cb: Batch, recs: list[Pending | None]) -> ExecuteBatch:
         """The batch as the model sees it: the core's arrays and each request's rows, outputs, id."""
@@ -512,3 +539,8 @@ class LoadedModel:
                 log.exception("model '%s': finalize failed", self.name)
         self._delivery.close_open()
         return [self.instance_names[i] for i in hung]
+
+
+def _stamp(traces: list[RequestTrace], name: str) -> None:
+    for t in traces:
+        t.stamp(name)

@@ -42,6 +42,7 @@ from seqserve.engine.server.model_control import DEFAULT_REPOSITORY_POLL_SECS, M
 from seqserve.engine.server.models import LoadSettings, ModelTable
 from seqserve.engine.sessions import EndedSequence, SequenceInfo, SequenceList, SessionPolicy
 from seqserve.engine.statistics import ModelStatistics
+from seqserve.engine.tracing import RequestTracer
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -148,6 +149,8 @@ class Server:
         self.drain = Drain(self.models)
         #: the state store's coordinator, once ``enable_state_store`` attached one
         self.replicas: ReplicaCoordinator | None = None
+        #: decides which requests are traced (engine/tracing.py); None: tracing is off
+        self.tracer: RequestTracer | None = None
 
     @property
     def exit_timeout_s(self) -> float:
@@ -350,6 +353,8 @@ class Server:
         a generated id (see ``auto_sequence_ids``; the request is updated with it). Decoupled
         models refuse it (DecoupledModelError): use ``enqueue_streaming``."""
         m, response_parameters = self._route(request)
+        if self.tracer is not None:
+            request.trace = self.tracer.sample(request, m.name, m.version_str)
         replicas = self.replicas
         if replicas is not None and m.is_sequence:
             return replicas.enqueue(m, request, response_parameters)
@@ -368,6 +373,8 @@ class Server:
         ``model``: the request's model version as ``model()`` returned it, for a caller that
         looked it up already (a stream step asks whether it is decoupled first)."""
         m, response_parameters = self._route(request, model)
+        if self.tracer is not None:
+            request.trace = self.tracer.sample(request, m.name, m.version_str)
         replicas = self.replicas
         if replicas is not None and m.is_sequence:
             return replicas.enqueue_streaming(m, request, response_parameters, on_response)
