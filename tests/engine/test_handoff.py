@@ -79,9 +79,9 @@ async def settle(server: Server) -> None:
     h = server.replicas
     assert h is not None
     for _ in range(200):
-        if not h._to_register and not h._to_end and not h._releasing:
+        if h.settled:
             break
-        h._wake.set()
+        h.ownership.wake()
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.05)
 
