@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.clients import new_int_id, new_str_id
 from tests.support.fleet import Replica, Reply, SumModel, patient_repo, step
+from tests.support.process import ServerProcess
 from tests.support.redis_server import RedisProcess, redis_process
 
 pytest.importorskip("seqserve.engine.replicas.checkpoint", reason="needs the engine's checkpoint API")
@@ -39,18 +40,19 @@ def fleet(tmp_path: Path) -> Iterator[list[Replica]]:
             r.drain()
 
 
-def until_settled(do: object, *, timeout_s: float = LOST_WITHIN_S) -> Reply:
-    """Repeat a step while it is refused (503): its final reply."""
-    assert callable(do)
-    deadline = time.monotonic() + timeout_s
+def settled_step(srv: ServerProcess, x: float, *, session: str = "", sequence_id: int = 0) -> Reply:
+    """A step repeated while it is refused (503), as a client honouring Retry-After does."""
+    deadline = time.monotonic() + LOST_WITHIN_S
     while True:
-        reply: Reply = do()
+        reply = step(srv, x, session=session, sequence_id=sequence_id)
         if not reply.refused or time.monotonic() > deadline:
             return reply
         time.sleep(0.3)
 
 
-def test_sigkill_right_after_start_never_restarts_fresh(redis: RedisProcess, fleet: list[Replica], tmp_path: Path) -> None:
+def test_sigkill_right_after_start_never_restarts_fresh(
+    redis: RedisProcess, fleet: list[Replica], tmp_path: Path
+) -> None:
     """Rounds of: STARTs (sessions' implied ones and plain ones) sent to A at once, A killed the
     moment the last reply is in, then each sequence's next step on B: never a fresh start."""
     b = Replica(redis.url, "B", tmp_path, "--handover-timeout-secs", "0.5")
@@ -71,9 +73,9 @@ def test_sigkill_right_after_start_never_restarts_fresh(redis: RedisProcess, fle
             r = f.result()
             assert r.status != 200, f"a sequence started afresh on B after A's SIGKILL (round {round_}): {r}"
         if round_ == 3:  # once A's heartbeat expired: "lost", never a fresh start
-            r = until_settled(lambda: step(b.srv, 1.0, session=sessions[0]))
+            r = settled_step(b.srv, 1.0, session=sessions[0])
             assert r.status == 410 and "lost" in r.error, r
-            r = until_settled(lambda: step(b.srv, 1.0, sequence_id=ids[0]))
+            r = settled_step(b.srv, 1.0, sequence_id=ids[0])
             assert r.status == 400 and "lost" in r.error, r
     pool.shutdown()
 
@@ -101,28 +103,28 @@ def test_redis_restarted_empty_never_restarts_a_sequence_fresh(
     # Live sequences stepped on the other replica: the right sum (A writes them back and hands
     # them over) or an error, never a fresh start.
     for s, model in live.items():
-        problem = model.check(3.0, until_settled(lambda s=s: step(b.srv, 3.0, session=s)))  # type: ignore[misc]
+        problem = model.check(3.0, settled_step(b.srv, 3.0, session=s))
         assert not problem, f"session {s}: {problem}"
     for i, model in plain.items():
-        problem = model.check(3.0, until_settled(lambda i=i: step(b.srv, 3.0, sequence_id=i)))  # type: ignore[misc]
+        problem = model.check(3.0, settled_step(b.srv, 3.0, sequence_id=i))
         assert not problem, f"sequence {i}: {problem}"
     assert all(m.possible == {6.0} for m in [*live.values(), *plain.values()] if not m.dead), (live, plain)
     # The ended session's tombstone is gone with the store's data: still never a fresh start
     for srv in (a.srv, b.srv):
-        r = until_settled(lambda srv=srv: step(srv, 1.0, session=ended))  # type: ignore[misc]
+        r = settled_step(srv, 1.0, session=ended)
         assert r.status == 410, r
     # A new session id in the loss window: refused, never taken for new (it may be a lost one)
-    fresh = until_settled(lambda: step(b.srv, 1.0, session=new_str_id()))
+    fresh = settled_step(b.srv, 1.0, session=new_str_id())
     assert fresh.status == 410 and "lost its data" in fresh.error, fresh
     # ... but an explicit START begins one
     assert step(b.srv, 1.0, session=new_str_id(), start=True).value == 1.0
 
     # A drain after the loss moves the sessions (none was taken by another replica)
     for s, model in live.items():
-        assert not model.check(1.0, until_settled(lambda s=s: step(b.srv, 1.0, session=s)))  # type: ignore[misc]
+        assert not model.check(1.0, settled_step(b.srv, 1.0, session=s))
     assert b.drain() == 0
     for s, model in live.items():
-        problem = model.check(1.0, until_settled(lambda s=s: step(a.srv, 1.0, session=s)))  # type: ignore[misc]
+        problem = model.check(1.0, settled_step(a.srv, 1.0, session=s))
         assert not problem, f"session {s} after B's drain: {problem}"
         assert not model.dead, f"session {s} lost in B's drain"
     assert "taken meanwhile" not in b.log() and "taken by another replica" not in b.log(), b.log()
@@ -152,7 +154,7 @@ def test_redis_outage_then_restart_empty(redis: RedisProcess, fleet: list[Replic
     finally:
         redis.thaw()
     for s, model in sessions.items():
-        assert not model.check(1.0, until_settled(lambda s=s: step(b.srv, 1.0, session=s)))  # type: ignore[misc]
+        assert not model.check(1.0, settled_step(b.srv, 1.0, session=s))
 
     redis.kill()  # down, then back empty
     for s, model in sessions.items():
@@ -160,7 +162,7 @@ def test_redis_outage_then_restart_empty(redis: RedisProcess, fleet: list[Replic
     assert step(a.srv, 1.0, session=next(iter(sessions))).status == 503  # B holds it; the store is down
     redis.start()
     for s, model in sessions.items():
-        reply = until_settled(lambda s=s: step(a.srv, 1.0, session=s))  # type: ignore[misc]
+        reply = settled_step(a.srv, 1.0, session=s)
         problem = model.check(1.0, reply)
         assert not problem, f"session {s}: {problem}"
         assert not model.dead, f"session {s} was live on B, which wrote it back: {reply}\n{b.log()}\n{a.log()}"

@@ -25,7 +25,7 @@ from tests.support.redis_server import RedisProcess, redis_process
 
 pytest.importorskip("seqserve.engine.replicas.checkpoint", reason="needs the engine's checkpoint API")
 
-BUDGET_S = 100.0  # the history's length in time (the faults' restarts take most of it)
+BUDGET_S = 70.0  # the history's length in time (the faults' restarts take most of it)
 MAX_FAULTS = 6
 LIVE_SEQUENCES = 8
 

@@ -76,8 +76,9 @@ def patient_repo(root: Path) -> Path:
     repo = copy_demo_models(root, "accumulator")
     config = repo / "accumulator" / "config.pbtxt"
     text = config.read_text()
-    assert "max_sequence_idle_microseconds: 5000000" in text, text
-    config.write_text(text.replace("max_sequence_idle_microseconds: 5000000", "max_sequence_idle_microseconds: 60000000"))
+    idle = "max_sequence_idle_microseconds: "
+    assert f"{idle}5000000" in text, text
+    config.write_text(text.replace(f"{idle}5000000", f"{idle}60000000"))
     return repo
 
 
