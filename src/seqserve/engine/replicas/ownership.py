@@ -303,6 +303,9 @@ class Ownership:
         while True:
             try:
                 await self.store.recover(window, LOSS_GRACE_S)
+                # the heartbeat first: an entry written back under a replica without one would
+                # look like a dead replica's to the others, and be declared lost
+                await self.store.heartbeat()
                 await self._write_back()
                 return
             except StoreError as e:
