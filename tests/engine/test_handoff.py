@@ -252,3 +252,18 @@ async def test_a_client_leaving_during_the_lookup_strands_nothing(replica: Repli
             break
         await asyncio.sleep(0.01)
     assert await step(b, 81, 10.0) == 14.0  # restored here; the withdrawn step never ran
+
+
+async def test_a_start_is_in_the_store_when_it_is_answered(replica: Replica) -> None:
+    a = await replica("A")
+    assert await step(a, 55, 1.0, start=True) == 1.0
+    assert await step(a, "implied-55", 2.0, session=True) == 2.0
+    for sid in (55, "implied-55"):  # no settle(): the reply came after the write
+        entry = await store_of(a).get(SequenceKey("accumulator", 1, sid))
+        assert entry is not None and entry.owner == "A" and entry.status is Status.LIVE, (sid, entry)
+    # many STARTs at once share round trips, and each is recorded before its answer
+    ids = list(range(1000, 1064))
+    sums = await asyncio.gather(*(step(a, sid, 3.0, start=True) for sid in ids))
+    assert sums == [3.0] * len(ids)
+    entries = [await store_of(a).get(SequenceKey("accumulator", 1, sid)) for sid in ids]
+    assert all(e is not None and e.owner == "A" for e in entries)
