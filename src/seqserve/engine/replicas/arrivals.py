@@ -199,7 +199,9 @@ class Arrivals:
         if not request.sequence_id:
             return False  # no id: the core's error
         if request.sequence_start:
-            return not request.sequence_end  # registered first; a one-step sequence owns nothing
+            # registered first; a one-step plain sequence owns nothing, a one-step session
+            # leaves a tombstone in the store (so that no replica starts it afresh)
+            return request.session or not request.sequence_end
         if c.draining:
             raise c.refuse_leaving(m, request.sequence_id)
         if self._gates or c.moving:
@@ -214,7 +216,7 @@ class Arrivals:
         """A step reached the core: record an END in the store (in the background; STARTs were
         registered before they were submitted)."""
         c = self._coordinator
-        if request.sequence_end and not request.sequence_start and c.is_stateful(m):
+        if request.sequence_end and (request.session or not request.sequence_start) and c.is_stateful(m):
             c.ended(SequenceKey(m.name, m.version, request.sequence_id), request.session)
 
     # -------------------------------------------------------------------- slow path
@@ -326,9 +328,7 @@ class Arrivals:
                 f"session '{sid}' is unknown to the state store, which lost its data (it restarted empty): it may "
                 "have been lost; start a new session with a new id and the START flag (sequence_start)"
             )
-        if request.sequence_end:
-            return self._submit(m, request, submit)  # begins and ends here: nothing to own
-        return await self._start(m, key, request, True, submit)
+        return await self._start(m, key, request, True, submit)  # (with END: its tombstone follows)
 
     async def _start(
         self, m: LoadedModel, key: SequenceKey, request: InferRequest, session: bool, submit: Callable[[], T]
