@@ -272,12 +272,18 @@ class RedisStore(StateStore):
     ) -> list[int]:
         if not keys:
             return []
-        pipe = self._r.pipeline(transaction=False)
+        calls = []
         for key, session in keys:
             args: list[str | int] = [self.replica_id, _ms(ttl_s), int(session), self.epoch, self._epoch_key]
             args.append(int(if_absent))
-            await self._register(keys=[self._k(key)], args=args, client=pipe)
-        tokens = [int(t) for t in await self._do("register", pipe.execute())]
+            calls.append(([self._k(key)], args))
+        if len(calls) == 1:  # one round trip (a pipeline checks its scripts first: two)
+            tokens = [int(await self._do("register", self._register(keys=calls[0][0], args=calls[0][1])))]
+        else:
+            pipe = self._r.pipeline(transaction=False)
+            for k, args in calls:
+                await self._register(keys=k, args=args, client=pipe)
+            tokens = [int(t) for t in await self._do("register", pipe.execute())]
         if -1 in tokens:
             raise StoreLostError(f"state store {self.url} lost its data (it restarted empty?)")
         return tokens
