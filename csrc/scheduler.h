@@ -45,6 +45,7 @@ struct BatchStat {
 struct Stats {
   uint64_t inference_count = 0, execution_count = 0, last_inference_ms = 0;
   uint64_t backlog_full = 0;  // STARTs refused because the backlog held its bound of sequences
+  uint64_t tombstones_evicted = 0;  // session tombstones the count cap dropped before their time
   DurationStat success, fail, queue, compute_input, compute_infer, compute_output;
   std::map<int64_t, BatchStat> batches;
   // Failures by Triton's `reason` label: REJECTED (queue and backlog timeouts), BACKEND (the

@@ -26,6 +26,8 @@ SubmitResult SequenceScheduler::enqueue_locked(Request* r, int, Instance*& wake,
     // request must not carry on from fresh state as if nothing was lost.
     if (const Tombstone* t = table_.tombstones().find(r->id, r->arrival_ns))
       return refuse(kNotFound, session_gone_message(r->id, *t));
+    if (table_.tombstones().maybe_evicted(r->id, r->arrival_ns))
+      return refuse(kNotFound, evicted_session_message(r->id));
     if (!accepting_) return refuse(kUnavailable, kStopping);
     r->start = true;
   }
@@ -290,6 +292,7 @@ void SequenceScheduler::gauges_locked(Stats& s) {
   s.sequence_slots = slots;
   s.sequences_active = slots - table_.free_slots();
   s.sequences_backlogged = table_.backlog_sequences();
+  s.tombstones_evicted = table_.tombstones().evictions();
   uint64_t bytes = 0;
   for (int g = 0; g < slots; ++g) {
     const Slot& sl = table_.slot(g);

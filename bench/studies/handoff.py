@@ -9,6 +9,8 @@
   asks the live owner to hand the sequence over (40 steps);
 - step of a released sequence: checkpointed and released into the store, then its next step
   claims, restores and runs it (40 sequences);
+- START: one new sequence's first step, without and with a store (it waits for its ownership
+  record: one round trip), 200 sequential per round, and 8 at once (they share round trips);
 - ``_needs_store``: the check every step without START pays with a store attached (timeit).
 Each step's running sum is checked. Medians and spread; the machine's load moves them.
 """
@@ -57,6 +59,34 @@ async def steady(s: Server, n: int = 1000) -> float:
     return (time.perf_counter() - t) / n * 1e6
 
 
+async def starts(s: Server, n: int = 200) -> float:
+    """Median latency (us) of a START, each of a new sequence (ended afterwards, untimed)."""
+    lat = []
+    for _ in range(n):
+        sid = uuid.uuid4().int % (1 << 60) + 1
+        t = time.perf_counter()
+        await step(s, sid, start=True)
+        lat.append((time.perf_counter() - t) * 1e6)
+        await s.enqueue(
+            InferRequest("accumulator", {"INPUT": np.ones((1, 1), np.float32)}, sequence_id=sid, sequence_end=True)
+        )
+    return statistics.median(lat)
+
+
+async def burst(s: Server, n: int = 8) -> float:
+    """Wall time (us) per START of ``n`` STARTs sent at once (fewer than the free slots; ended
+    afterwards, untimed)."""
+    ids = [uuid.uuid4().int % (1 << 60) + 1 for _ in range(n)]
+    t = time.perf_counter()
+    await asyncio.gather(*(step(s, sid, start=True) for sid in ids))
+    dt = (time.perf_counter() - t) / n * 1e6
+    for sid in ids:
+        await s.enqueue(
+            InferRequest("accumulator", {"INPUT": np.ones((1, 1), np.float32)}, sequence_id=sid, sequence_end=True)
+        )
+    return dt
+
+
 def spread(v: list[float]) -> str:
     return f"median {statistics.median(v):.2f}, range {min(v):.2f}-{max(v):.2f}"
 
@@ -69,6 +99,16 @@ async def main(url: str) -> None:
         rounds["with a store"].append(await steady(a))
     for k, v in rounds.items():
         print(f"steady step, {k} (us): {spread(v)}")
+    start_rounds: dict[str, list[float]] = {"without a store": [], "with a store": []}
+    burst_rounds: dict[str, list[float]] = {"without a store": [], "with a store": []}
+    for _ in range(5):
+        for k, srv in (("without a store", plain), ("with a store", a)):
+            start_rounds[k].append(await starts(srv))
+            burst_rounds[k].append(await burst(srv))
+    for k, v in start_rounds.items():
+        print(f"START of a new sequence, {k} (us, median of 200 per round): {spread(v)}")
+    for k, v in burst_rounds.items():
+        print(f"8 STARTs at once, {k} (us per START): {spread(v)}")
     b = await replica(url, "B")
     sid = "hv-" + uuid.uuid4().hex[:6]
     await step(a, sid, session=True)

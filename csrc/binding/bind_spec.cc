@@ -296,13 +296,14 @@ void bind_results(py::module_& m) {
       .def_readonly("sequences_active", &Stats::sequences_active)
       .def_readonly("sequences_backlogged", &Stats::sequences_backlogged)
       .def_readonly("state_bytes", &Stats::state_bytes)
-      .def_readonly("backlog_full", &Stats::backlog_full);
+      .def_readonly("backlog_full", &Stats::backlog_full)
+      .def_readonly("tombstones_evicted", &Stats::tombstones_evicted);
   add_repr(stats, {"inference_count", "execution_count", "last_inference_ms", "success", "fail", "queue",
                    "compute_input", "compute_infer", "compute_output", "batches", "fail_rejected", "fail_backend",
                    "fail_canceled", "sequences_started", "sequences_ended", "sequences_expired", "sequences_released",
                    "sequences_restored", "latency_counts",
                    "latency_sum_ms", "pending_requests", "sequence_slots", "sequences_active",
-                   "sequences_backlogged", "state_bytes", "backlog_full"});
+                   "sequences_backlogged", "state_bytes", "backlog_full", "tombstones_evicted"});
 
   py::class_<SequenceInfo> seq(m, "SequenceInfo", "One live sequence, as the sequence API shows it.");
   seq.def_property_readonly("sequence_id", [](const SequenceInfo& x) { return corrid_object(x.id); })

@@ -79,9 +79,9 @@ async def settle(server: Server) -> None:
     h = server.replicas
     assert h is not None
     for _ in range(200):
-        if not h._to_register and not h._to_end and not h._releasing:
+        if h.settled:
             break
-        h._wake.set()
+        h.ownership.wake()
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.05)
 
@@ -252,3 +252,39 @@ async def test_a_client_leaving_during_the_lookup_strands_nothing(replica: Repli
             break
         await asyncio.sleep(0.01)
     assert await step(b, 81, 10.0) == 14.0  # restored here; the withdrawn step never ran
+
+
+async def test_a_start_is_in_the_store_when_it_is_answered(replica: Replica) -> None:
+    a = await replica("A")
+    assert await step(a, 55, 1.0, start=True) == 1.0
+    assert await step(a, "implied-55", 2.0, session=True) == 2.0
+    for sid in (55, "implied-55"):  # no settle(): the reply came after the write
+        entry = await store_of(a).get(SequenceKey("accumulator", 1, sid))
+        assert entry is not None and entry.owner == "A" and entry.status is Status.LIVE, (sid, entry)
+    # many STARTs at once share round trips, and each is recorded before its answer
+    ids = list(range(1000, 1064))
+    sums = await asyncio.gather(*(step(a, sid, 3.0, start=True) for sid in ids))
+    assert sums == [3.0] * len(ids)
+    entries = [await store_of(a).get(SequenceKey("accumulator", 1, sid)) for sid in ids]
+    assert all(e is not None and e.owner == "A" for e in entries)
+
+
+async def test_a_refused_refresh_is_acted_on(replica: Replica) -> None:
+    a, b = await replica("A"), await replica("B")
+    assert a.replicas is not None
+    ownership = a.replicas.ownership
+    key = SequenceKey("accumulator", 1, 88)
+    assert await step(a, 88, 1.0, start=True) == 1.0
+    # the entry vanished behind the owner's back (expired during a stall, or lost): written back
+    await store_of(a).end([(key, ownership.held[key].token)], 0)
+    assert await store_of(a).get(key) is None
+    await ownership.refresh(lambda k: False)
+    entry = await store_of(a).get(key)
+    assert entry is not None and entry.owner == "A" and entry.status is Status.LIVE
+    assert await step(a, 88, 2.0) == 3.0
+    # another replica took the id (a START there): the copy here is stale and ends here
+    assert await step(b, 88, 5.0, start=True) == 5.0
+    await ownership.refresh(lambda k: False)
+    assert key not in ownership.held
+    # its next step here continues B's sequence (handed over), never the stale copy (3 + 1)
+    assert await step(a, 88, 1.0) == 6.0

@@ -152,8 +152,27 @@ def test_tombstones_are_bounded_by_count_least_recently_used_first(core: Any) ->
     c.step("c", end=True)  # over the count: b goes
     assert c.sched.session_gone("b") is None
     assert c.sched.session_gone("a") is not None and c.sched.session_gone("c") is not None
-    c.step("b")  # forgotten: starts afresh
+    # dropped before its time, yet never an implied START: it may be a session that ended
+    err = c.refused("b")
+    assert err.code == _core.Code.NOT_FOUND and "--session-tombstone-max" in err.message
+    assert c.sched.stats().tombstones_evicted == 1
+    c.step("b", start=True)  # an explicit START begins it afresh
     assert c.rows[-1][1:] == (True, False)
+
+
+def test_a_flood_of_sessions_never_turns_an_ended_one_into_a_fresh_start(core: Any) -> None:
+    c = core(max_tombstones=100)
+    ended = [f"old-{i}" for i in range(300)]
+    for sid in ended:
+        c.step(sid, end=True)  # one-request sessions: each leaves a tombstone
+    assert c.sched.stats().tombstones_evicted == 200
+    for sid in ended:
+        assert c.refused(sid).code == _core.Code.NOT_FOUND, sid
+    # new ids still start implicitly (the evicted ids' filter is sized for 500k ids an hour)
+    fresh = [f"new-{i}" for i in range(200)]
+    for sid in fresh:
+        c.step(sid)
+    assert sum(1 for _, start, _ in c.rows[-200:] if start) == 200
 
 
 def test_tombstones_are_bounded_in_time(core: Any) -> None:

@@ -5,13 +5,14 @@ be claimed, handover requests reach their replica, entries expire."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
-from seqserve.engine.replicas.store import SequenceKey, StateStore, Status, open_store
+from seqserve.engine.replicas.store import SequenceKey, StateStore, Status, StoreLostError, open_store
 
 Factory = Callable[..., Awaitable[StateStore]]
 
@@ -174,3 +175,66 @@ async def test_released_entries_expire_into_tombstones(stores: Factory) -> None:
     assert e is not None and e.status is Status.EXPIRED and e.data is None
     await asyncio.sleep(0.2)
     assert await b.get(gone) is None and not (await b.claim(gone, 30)).won
+
+
+@pytest.fixture(params=["redis", "dir"])
+def wipeable(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str, Callable[[], Awaitable[None]]]:
+    """(url, key prefix, wipe): wipe() makes the store lose everything, as a Redis restarted
+    empty (or a directory wiped) does."""
+    if request.param == "dir":
+        root = tmp_path / "store"
+
+        async def wipe_dir() -> None:
+            shutil.rmtree(root)
+
+        return f"dir://{root}", "", wipe_dir
+    url = str(request.getfixturevalue("redis_url"))
+    prefix = f"t{uuid.uuid4().hex[:6]}:"
+
+    async def wipe_redis() -> None:
+        import redis.asyncio as aioredis
+
+        r = aioredis.from_url(url)
+        keys = [k async for k in r.scan_iter(f"{prefix}*")]
+        if keys:
+            await r.delete(*keys)
+        await r.aclose()
+
+    return url, prefix, wipe_redis
+
+
+async def test_a_store_that_lost_its_data_says_so(wipeable: tuple[str, str, Callable[[], Awaitable[None]]]) -> None:
+    url, prefix, wipe = wipeable
+    a, b = open_store(url, "A"), open_store(url, "B")
+    for s in (a, b):
+        if prefix:
+            s.prefix = prefix  # type: ignore[attr-defined]
+        await s.open()
+    try:
+        assert a.created_epoch and not b.created_epoch and a.epoch == b.epoch
+        [tok] = await a.register([(KEY, True)], 30)
+        assert await a.heartbeat() and await b.heartbeat()
+        await wipe()
+        # every replica notices: the heartbeat, a claim, a registration
+        assert not await a.heartbeat()
+        with pytest.raises(StoreLostError):
+            await b.claim(KEY, 30)
+        with pytest.raises(StoreLostError):
+            await b.register([(SequenceKey("accumulator", 1, 7), False)], 30)
+        # the first to recover writes a new epoch and marks the loss window; the others adopt it
+        await b.recover(600, 3)
+        await a.recover(600, 3)
+        assert a.epoch == b.epoch
+        assert await a.heartbeat() and await b.heartbeat()
+        claim = await b.claim(SequenceKey("accumulator", 1, 99), 30)
+        assert not claim.won and claim.entry is None and claim.in_loss_window and claim.in_loss_grace
+        # the owner writes its live sequence back, only where the id is still free (fencing)
+        [back] = await a.register([(KEY, True)], 30, if_absent=True)
+        assert back > 0
+        assert await a.register([(KEY, True)], 30, if_absent=True) == [0]
+        entry = await b.get(KEY)
+        assert entry is not None and entry.owner == "A" and entry.status is Status.LIVE
+        assert tok >= 1
+    finally:
+        for s in (a, b):
+            await s.close()

@@ -65,6 +65,7 @@ SEQUENCE = {
     "seqserve_sequence_restored_total": "counter",
     "seqserve_sequence_state_bytes": "gauge",
     "seqserve_sequence_backlog_full_total": "counter",
+    "seqserve_session_tombstones_evicted_total": "counter",
 }
 INLINE = {
     "seqserve_inline_active": "gauge",

@@ -209,9 +209,12 @@ def test_tombstone_flags(launch: Callable[..., ServerProcess], tmp_path: Path) -
     srv = launch(brief_repo(tmp_path / "repo"), "--session-tombstone-max", "1")
     for sid in ("one", "two"):
         assert total(brief_request(srv, sid, [1], **{"Inference-Session-End": "true"})) == 1
-    # one remembered at most: "one" was forgotten and starts afresh, "two" is refused
-    assert total(brief_request(srv, "one", [5])) == 5
+    # one remembered at most: "two" is refused as ended; "one" was dropped by the bound, and is
+    # refused too (never started afresh: it may have ended)
     assert brief_request(srv, "two", [5]).status == 410
+    dropped = brief_request(srv, "one", [5])
+    assert dropped.status == 410 and b"--session-tombstone-max" in dropped.body, dropped.body
+    assert total(brief_request(srv, "three", [5])) == 5  # a new id starts
 
     srv = launch(brief_repo(tmp_path / "repo2"), "--session-tombstone-secs", "0")
     assert total(brief_request(srv, "s", [1], **{"Inference-Session-End": "true"})) == 1

@@ -135,6 +135,12 @@ _SEQUENCE = (
         "STARTs refused at once because the backlog held max_backlog_sequences sequences",
         "backlog_full",
     ),
+    (
+        "seqserve_session_tombstones_evicted_total",
+        "counter",
+        "Ended sessions' records dropped by --session-tombstone-max before their time (their ids get no implied START)",
+        "tombstones_evicted",
+    ),
 )
 
 # Inline execution, per model version that may run its batches on the event loop (a bound > 0).

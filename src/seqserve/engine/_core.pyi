@@ -402,6 +402,10 @@ class Stats(metaclass=_Pybind11Type):
     @property
     def backlog_full(self) -> int:
         """STARTs refused because the backlog held max_backlog_sequences sequences."""
+    @property
+    def tombstones_evicted(self) -> int:
+        """Session tombstones the count cap dropped before their time (their ids are then refused
+        an implied START until the tombstone would have expired)."""
 
 class SequenceInfo(metaclass=_Pybind11Type):
     """One live sequence, as the sequence API shows it."""

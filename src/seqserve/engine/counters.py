@@ -38,6 +38,7 @@ class ModelCounters:
     sequences_released: int = 0  # checkpointed and released from their slot: moved, neither ended nor expired
     sequences_restored: int = 0  # restored into a slot from a checkpoint
     backlog_full: int = 0  # STARTs refused because the backlog held max_backlog_sequences sequences
+    tombstones_evicted: int = 0  # session tombstones the count cap dropped before their time
     state_bytes: int = 0  # implicit state held by the sequences in slots
     #: inline execution (docs/architecture.md): its bound (0: the model never runs on the event loop)
     inline_max_batch_us: float = 0.0

@@ -140,6 +140,7 @@ class ModelReports:
             sequences_released=s.sequences_released,
             sequences_restored=s.sequences_restored,
             backlog_full=s.backlog_full,
+            tombstones_evicted=s.tombstones_evicted,
             state_bytes=s.state_bytes,
             inline_max_batch_us=inline.max_batch_us,
             inline_active=inline.active,

@@ -1,5 +1,15 @@
-"""The request side of the state store: a step for a sequence this replica does not hold
-consults the store before it reaches the core (see ``seqserve.engine.replicas.coordinator``).
+"""The request side of the state store: a START, and a step for a sequence this replica does not
+hold, consult the store before they reach the core (see ``seqserve.engine.replicas.coordinator``).
+
+**The rule, enforced here and only here**: a step without START for a sequence this replica does
+not hold is served only from a checkpoint it restored from the store. Otherwise it is refused:
+with the "lost" error (410 Gone for a session) when the sequence existed, with Triton's START
+error when it never did, with UNAVAILABLE + retry-after while the store cannot say. The one
+exception is a session's implied START, and only when the store proves the session new: no
+entry, no tombstone, and the store has not lost its data within the loss window.
+
+A START (explicit, or a session's implied one) reaches the core only once its ownership record
+is in the store: a replica that answered it and died at once leaves an entry that says so.
 
 - released in the store: claim it (the fencing token makes the claim exclusive), restore its
   checkpoint into a free slot, then submit the step;
@@ -9,7 +19,9 @@ consults the store before it reaches the core (see ``seqserve.engine.replicas.co
 - live under a replica whose heartbeat expired: its state died with it; the step is refused
   (a session's with 410 Gone), never started afresh;
 - ended (a tombstone): a session's step gets 410 Gone, as on the replica that ended it;
-- unknown to the store: today's behaviour (Triton's START error, or a session's implied START).
+- unknown to the store: Triton's START error, or a session's implied START (registered first);
+  but while the store's loss window lasts, a session step is refused (UNAVAILABLE during the
+  grace, when live sequences are being written back by their owners; then 410).
 
 Steps of one sequence that arrive while one of them waits for the store queue behind it, so they
 reach the core in their arrival order.
@@ -25,7 +37,7 @@ from typing import Any, Protocol, TypeVar
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.model import LoadedModel
 from seqserve.engine.replicas.checkpoint import CheckpointError, SequenceCheckpoint
-from seqserve.engine.replicas.store import Claim, SequenceKey, StateStore, Status, StoreError
+from seqserve.engine.replicas.store import Claim, SequenceKey, StateStore, Status, StoreError, StoreLostError
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
 from seqserve.engine.server.models import ModelTable
@@ -63,13 +75,15 @@ class Coordinator(Protocol):
     def is_leaving(self, key: SequenceKey) -> bool: ...
     def releasing(self, key: SequenceKey) -> asyncio.Future[None] | None: ...
     def holds(self, key: SequenceKey) -> bool: ...
-    def own(self, key: SequenceKey, token: int) -> None: ...
+    def own(self, key: SequenceKey, token: int, session: bool) -> None: ...
     def disown(self, key: SequenceKey) -> None: ...
+    async def register(self, key: SequenceKey, session: bool) -> None: ...
     async def register_now(self, key: SequenceKey, session: bool, ttl_s: float) -> None: ...
+    def store_lost(self) -> None: ...
     def is_stateful(self, m: LoadedModel) -> bool: ...
     def ttl_s(self, m: LoadedModel) -> float: ...
     def tombstone_s(self, session: bool) -> float: ...
-    def started(self, key: SequenceKey, session: bool) -> None: ...
+    def abandoned(self, key: SequenceKey) -> None: ...
     def ended(self, key: SequenceKey, session: bool) -> None: ...
     def refuse_leaving(self, m: LoadedModel, sequence_id: object) -> InferenceError: ...
 
@@ -182,8 +196,12 @@ class Arrivals:
         c = self._coordinator
         if not c.is_stateful(m):
             return False  # models that keep their own state: their sequences never move
-        if request.sequence_start or not request.sequence_id:
-            return False  # a START begins the id afresh, here; no id: the core's error
+        if not request.sequence_id:
+            return False  # no id: the core's error
+        if request.sequence_start:
+            # registered first; a one-step plain sequence owns nothing, a one-step session
+            # leaves a tombstone in the store (so that no replica starts it afresh)
+            return request.session or not request.sequence_end
         if c.draining:
             raise c.refuse_leaving(m, request.sequence_id)
         if self._gates or c.moving:
@@ -195,16 +213,11 @@ class Arrivals:
         return m.sequence_slot(request.sequence_id) is None
 
     def _after(self, m: LoadedModel, request: InferRequest) -> None:
-        """A step reached the core: record STARTs and ENDs in the store (in the background)."""
+        """A step reached the core: record an END in the store (in the background; STARTs were
+        registered before they were submitted)."""
         c = self._coordinator
-        if not (request.sequence_start or request.sequence_end) or not c.is_stateful(m):
-            return
-        key = SequenceKey(m.name, m.version, request.sequence_id)
-        if request.sequence_end:
-            if not request.sequence_start:
-                c.ended(key, request.session)
-        else:
-            c.started(key, request.session)
+        if request.sequence_end and (request.session or not request.sequence_start) and c.is_stateful(m):
+            c.ended(SequenceKey(m.name, m.version, request.sequence_id), request.session)
 
     # -------------------------------------------------------------------- slow path
 
@@ -228,7 +241,12 @@ class Arrivals:
         c = self._coordinator
         sid = request.sequence_id
         if c.draining:
+            if request.sequence_start:
+                why = "the server is shutting down: no new sequence starts here"
+                raise InferenceError(Code.UNAVAILABLE, why, retry_after_s=RETRY_AFTER_S)
             raise c.refuse_leaving(m, sid)
+        if request.sequence_start:
+            return await self._start(m, key, request, request.session, submit)
         if m.sequence_slot(sid) is not None:  # it came (back) while this step waited its turn
             return self._submit(m, request, submit)
         releasing = c.releasing(key)
@@ -244,17 +262,22 @@ class Arrivals:
                 if claim.won:
                     return await self._restore(m, key, request, claim, submit)
                 entry = claim.entry
-                if entry is None or entry.status.tombstone:
-                    if entry is not None and request.session:
+                if entry is None:
+                    return await self._unknown(m, key, request, claim, submit)
+                if entry.status.tombstone:
+                    if request.session:
                         how = "was ended" if entry.status is Status.ENDED else "expired while idle in the state store"
                         raise SessionGoneError(f"session '{sid}' {how}; start a new session with a new id")
-                    return self._unknown(m, key, request, submit)
+                    return self._submit(m, request, submit)  # the core's START error
                 if entry.owner == c.replica_id:
                     if c.holds(key):
                         # This process's, yet not live here: the engine ended it (idle expiry,
-                        # the sequence API); the core answers as it would without a store.
+                        # the sequence API). Never an implied START over it.
                         c.ended(key, entry.session)
-                        return self._unknown(m, key, request, submit)
+                        if request.session:
+                            why = "ended on this replica; start a new session with a new id"
+                            raise SessionGoneError(f"session '{sid}' {why}")
+                        return self._submit(m, request, submit)  # the core's START error
                     # An earlier process under this replica id (a restart that kept its name,
                     # a StatefulSet pod's): its state died with that process.
                     await c.register_now(key, entry.session, ttl)
@@ -264,9 +287,7 @@ class Arrivals:
                     await c.store.request_handover(entry.owner, key)
                     asked = entry.owner
             except StoreError as e:
-                raise InferenceError(
-                    Code.UNAVAILABLE, f"sequence {sid} of model '{m.name}': {e}", retry_after_s=RETRY_AFTER_S
-                ) from None
+                raise self._store_error(m, sid, e) from None
             if time.monotonic() + pause > deadline:
                 raise InferenceError(
                     Code.UNAVAILABLE,
@@ -282,21 +303,54 @@ class Arrivals:
         self._after(m, request)
         return out
 
-    def _unknown(self, m: LoadedModel, key: SequenceKey, request: InferRequest, submit: Callable[[], T]) -> T:
-        """Not in the store: the core decides (Triton's START error, or a session's implied
-        START, which is then recorded)."""
+    def _store_error(self, m: LoadedModel, sid: SequenceId, e: StoreError) -> InferenceError:
+        if isinstance(e, StoreLostError):
+            self._coordinator.store_lost()
+        return InferenceError(Code.UNAVAILABLE, f"sequence {sid} of model '{m.name}': {e}", retry_after_s=RETRY_AFTER_S)
+
+    async def _unknown(
+        self, m: LoadedModel, key: SequenceKey, request: InferRequest, claim: Claim, submit: Callable[[], T]
+    ) -> T:
+        """Not in the store. A plain step: the core's START error. A session step: its implied
+        START, only when the store has not lost its data lately (the session may be one it lost)."""
+        sid = request.sequence_id
+        if not request.session:
+            return self._submit(m, request, submit)
+        if claim.in_loss_grace:
+            raise InferenceError(
+                Code.UNAVAILABLE,
+                f"session '{sid}': the state store lost its data moments ago and its replicas are writing their "
+                "sessions back; retry",
+                retry_after_s=RETRY_AFTER_S,
+            )
+        if claim.in_loss_window:
+            raise SessionGoneError(
+                f"session '{sid}' is unknown to the state store, which lost its data (it restarted empty): it may "
+                "have been lost; start a new session with a new id and the START flag (sequence_start)"
+            )
+        return await self._start(m, key, request, True, submit)  # (with END: its tombstone follows)
+
+    async def _start(
+        self, m: LoadedModel, key: SequenceKey, request: InferRequest, session: bool, submit: Callable[[], T]
+    ) -> T:
+        """A START (or a session's implied one): its ownership record first, then the core."""
         c = self._coordinator
-        out = submit()
-        if request.session and not request.sequence_end:
-            c.started(key, True)
-        return out
+        try:
+            await c.register(key, session)
+        except StoreError as e:
+            raise self._store_error(m, request.sequence_id, e) from None
+        try:
+            return self._submit(m, request, submit)
+        except BaseException:
+            c.abandoned(key)  # refused by the core: the id is free again
+            raise
 
     async def _restore(
         self, m: LoadedModel, key: SequenceKey, request: InferRequest, claim: Claim, submit: Callable[[], T]
     ) -> T:
         c = self._coordinator
         sid = request.sequence_id
-        c.own(key, claim.token)
+        c.own(key, claim.token, request.session)
         if claim.data is None:  # a dead replica's live sequence: no checkpoint, its state is gone
             session = request.session
             c.ended(key, session)

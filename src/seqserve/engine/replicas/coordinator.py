@@ -4,10 +4,11 @@ brings sequences it does not hold back from the store when their next step arriv
 
 ``Server.enable_state_store`` gives a ``ReplicaCoordinator`` the server's model table and
 session policy. The request path pays for it only where it must: a step of a sequence live here
-goes to the core untouched (one slot lookup for steps without START); STARTs and ENDs queue a
-store write that a background task sends in batches, never awaited by the request. Only a step
-for a sequence this replica does not hold (``Arrivals``, which the coordinator owns) waits for
-the store.
+goes to the core untouched (one slot lookup for steps without START); a START waits for its
+ownership record to be in the store (``Ownership``: the STARTs of one loop turn share one round
+trip), so that no replica can take the sequence for new after this one answered it; ENDs queue a
+store write that a background task sends in batches. A step for a sequence this replica does not
+hold (``Arrivals``, which the coordinator owns) waits for the store.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.model import LoadedModel
 from seqserve.engine.replicas.arrivals import Arrivals
 from seqserve.engine.replicas.checkpoint import SequenceBusyError, SequenceCheckpoint
-from seqserve.engine.replicas.store import SequenceKey, StateStore, Status, StoreError
+from seqserve.engine.replicas.ownership import Ownership
+from seqserve.engine.replicas.store import SequenceKey, StateStore, Status, StoreError, StoreLostError
 from seqserve.engine.request import InferRequest
 from seqserve.engine.responses import InferResult, ResponseCallback
 from seqserve.engine.server.models import ModelTable
@@ -62,14 +64,8 @@ class ReplicaCoordinator:
         self.handover_timeout_s = handover_timeout_s
         self.margin_s = margin_s
         self.draining = False
-        #: tokens of the sequences this replica holds in the store
-        self._owned: dict[SequenceKey, int] = {}
-        #: writes waiting for the flusher: registrations (key -> session) and ends
-        self._to_register: dict[SequenceKey, bool] = {}
-        self._to_end: dict[SequenceKey, bool] = {}
-        self._registering: set[SequenceKey] = set()  # registrations on their way to the store
-        self._wake = asyncio.Event()
-        self._flushed = asyncio.Event()  # set after each flush: waiters for a token re-check
+        #: the sequences this replica holds in the store, and the writes that keep it so
+        self.ownership = Ownership(store, self._model, self._entry_ttl, self.tombstone_s, self.loss_window_s)
         #: sequences whose state is on its way into the store (the release write in flight)
         self._releasing: dict[SequenceKey, asyncio.Future[None]] = {}
         #: sequences being handed over to another replica: their steps are refused meanwhile
@@ -84,9 +80,13 @@ class ReplicaCoordinator:
 
     async def start(self) -> None:
         await self.store.open(self._on_handover)
+        if self.store.created_epoch:
+            # An empty store: new, or restarted empty. Replicas that knew the old epoch notice at
+            # their next heartbeat (at most 1 s) and mark the loss window before this one serves.
+            await asyncio.sleep(1.5)
         loop = asyncio.get_running_loop()
         self._tasks = [
-            loop.create_task(self._flusher(), name="seqserve-handoff-flush"),
+            loop.create_task(self.ownership.flusher(), name="seqserve-handoff-flush"),
             loop.create_task(self._beat(), name="seqserve-handoff-heartbeat"),
         ]
         if self.spill_idle_s > 0:
@@ -113,17 +113,18 @@ class ReplicaCoordinator:
         if self._drain_task is not None:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self._drain_task), max(deadline - time.monotonic(), 0.1))
-        self._wake.set()
+        self.ownership.wake()
         pending = list(self._releasing.values())
         if pending:
             await asyncio.wait(pending, timeout=max(deadline - time.monotonic(), 0.1))
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._flush(), max(deadline - time.monotonic(), 0.5))
+            await asyncio.wait_for(self.ownership.flush(), max(deadline - time.monotonic(), 0.5))
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
             with contextlib.suppress(BaseException):
                 await t
+        await self.ownership.close()
         try:
             await self.store.close()
         except Exception as e:  # the process is exiting anyway
@@ -151,36 +152,53 @@ class ReplicaCoordinator:
         does (--session-tombstone-secs), plain sequences not at all."""
         return self.sessions.tombstone_s if session else 0.0
 
+    def loss_window_s(self) -> float:
+        """After the store lost its data: the longest any lost entry could have lived (a
+        released checkpoint, then its tombstone), during which an absent entry proves nothing."""
+        longest = max((self.ttl_s(m) for m in self._stateful_models()), default=self.margin_s)
+        return longest + self.sessions.tombstone_s
+
     def _model(self, key: SequenceKey) -> LoadedModel | None:
         try:
             return self.table.model(key.model, key.version)
         except InferenceError:
             return None
 
-    def started(self, key: SequenceKey, session: bool) -> None:
-        """A sequence started here (a START, or a session's implied one): record it, later."""
-        self._to_end.pop(key, None)
-        self._to_register[key] = session
-        self._wake.set()
+    async def register(self, key: SequenceKey, session: bool) -> None:
+        """A sequence starts here (a START, or a session's implied one): its ownership record
+        is in the store when this returns. Raises StoreError."""
+        await self.ownership.register(key, session)
+
+    def abandoned(self, key: SequenceKey) -> None:
+        """A START registered here that the core refused: its entry goes, without a tombstone."""
+        self.ownership.ended(key, False)
 
     def ended(self, key: SequenceKey, session: bool) -> None:
-        self._to_end[key] = session
-        self._wake.set()
+        self.ownership.ended(key, session)
 
     def holds(self, key: SequenceKey) -> bool:
         """This process registered ``key`` in the store (or is about to)."""
-        return key in self._owned or key in self._to_register
+        return self.ownership.holds(key)
 
-    def own(self, key: SequenceKey, token: int) -> None:
+    def own(self, key: SequenceKey, token: int, session: bool) -> None:
         """``key`` is this replica's in the store now, under ``token`` (a claim it won)."""
-        self._owned[key] = token
+        self.ownership.own(key, token, session)
 
     def disown(self, key: SequenceKey) -> None:
-        self._owned.pop(key, None)
+        self.ownership.disown(key)
 
     async def register_now(self, key: SequenceKey, session: bool, ttl_s: float) -> None:
-        """Take ``key`` in the store at once (not through the flusher)."""
-        [self._owned[key]] = await self.store.register([(key, session)], ttl_s)
+        """Take ``key`` in the store at once, alone."""
+        await self.ownership.register_now(key, session, ttl_s)
+
+    def store_lost(self) -> None:
+        """A request found the store without its epoch: recover (once)."""
+        self.ownership.store_lost()
+
+    @property
+    def settled(self) -> bool:
+        """No write to the store is waiting or under way (for tests and the drain's report)."""
+        return not self.ownership.pending and not self._releasing
 
     @property
     def moving(self) -> bool:
@@ -211,74 +229,9 @@ class ReplicaCoordinator:
         """``Server.enqueue_streaming`` for sequence models while a state store is attached."""
         return self.arrivals.enqueue_streaming(m, request, response_parameters, on_response)
 
-    async def _flusher(self) -> None:
-        backoff = 0.0
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self._flush()
-                backoff = 0.0
-            except StoreError as e:
-                backoff = min(max(backoff * 2, 0.25), 5.0)
-                log.warning("state store: %s (trying again in %g s)", e, backoff)
-                await asyncio.sleep(backoff)
-                self._wake.set()
-
-    async def _flush(self) -> None:
-        """Send the queued registrations, then the ends, each batch in one round trip."""
-        reg, self._to_register = self._to_register, {}
-        self._registering = set(reg)
-        try:
-            if reg:
-                ttls = {k: self._entry_ttl(k) for k in reg}
-                # one call per TTL: entries of one model share it
-                by_ttl: dict[float, list[tuple[SequenceKey, bool]]] = {}
-                for k, session in reg.items():
-                    by_ttl.setdefault(ttls[k], []).append((k, session))
-                for ttl, items in list(by_ttl.items()):
-                    try:
-                        tokens = await self.store.register(items, ttl)
-                    except StoreError:
-                        for k, session in (kv for group in by_ttl.values() for kv in group):
-                            self._to_register.setdefault(k, session)  # next time, unless ended meanwhile
-                        raise
-                    del by_ttl[ttl]
-                    for (k, _), t in zip(items, tokens, strict=True):
-                        self._owned[k] = t
-            ended = {k: s for k, s in self._to_end.items() if k in self._owned}
-            for k in [k for k in self._to_end if k not in self._owned and k not in self._to_register]:
-                del self._to_end[k]  # never registered (its START failed to reach the store)
-            if ended:
-                for k in ended:
-                    del self._to_end[k]
-                sessions = [(k, self._owned.pop(k)) for k, s in ended.items() if s]
-                others = [(k, self._owned.pop(k)) for k, s in ended.items() if not s]
-                if sessions:
-                    await self.store.end(sessions, self.tombstone_s(True))
-                if others:
-                    await self.store.end(others, 0)
-        finally:
-            self._registering = set()
-            self._flushed.set()
-            self._flushed = asyncio.Event()
-
     def _entry_ttl(self, key: SequenceKey) -> float:
         m = self._model(key)
         return self.ttl_s(m) if m is not None else self.margin_s
-
-    async def token(self, key: SequenceKey) -> int | None:
-        """This replica's token for ``key``, once its registration is through."""
-        for _ in range(3):
-            if key in self._owned:
-                return self._owned[key]
-            if key not in self._to_register and key not in self._registering:
-                return None
-            self._wake.set()
-            waiter = self._flushed
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter.wait(), 2.0)
-        return self._owned.get(key)
 
     async def _beat(self) -> None:
         """The heartbeat; every few beats, push back the expiry of the entries of sequences
@@ -288,25 +241,17 @@ class ReplicaCoordinator:
         n = 0
         while True:
             try:
-                await self.store.heartbeat()
+                if not await self.store.heartbeat():
+                    self.ownership.store_lost()
+                    await self.ownership.recovered()
                 n += 1
                 if n % refresh_every == 0:
-                    await self._refresh()
+                    await self.ownership.refresh(lambda k: k in self._releasing or self.arrivals.waiting(k))
+            except StoreLostError:
+                self.ownership.store_lost()
             except StoreError as e:
                 log.warning("state store: %s", e)
             await asyncio.sleep(interval)
-
-    async def _refresh(self) -> None:
-        by_ttl: dict[float, list[tuple[SequenceKey, int]]] = {}
-        for k, t in list(self._owned.items()):
-            m = self._model(k)
-            if m is not None and m.sequence_slot(k.sequence_id) is not None:  # a slot, or the backlog
-                by_ttl.setdefault(self._entry_ttl(k), []).append((k, t))
-            elif k not in self._releasing and not self.arrivals.waiting(k) and k not in self._to_end:
-                self._to_end[k] = True  # expired here: a tombstone, as the engine keeps one
-        for ttl, items in by_ttl.items():
-            await self.store.refresh(items, ttl)
-        self._wake.set()
 
     # --------------------------------------------------------------- moving out
 
@@ -335,22 +280,37 @@ class ReplicaCoordinator:
     async def _write_release(self, m: LoadedModel, key: SequenceKey, ckpt: SequenceCheckpoint) -> None:
         data = ckpt.to_bytes()
         ttl = self.ttl_s(m)
+        tomb = self.tombstone_s(ckpt.session)
         for attempt in range(3):
             try:
-                token = await self.token(key)
+                token = await self.ownership.token(key)
                 if token is None:  # its START never reached the store: take it now
                     [token] = await self.store.register([(key, ckpt.session)], ttl)
-                self._owned.pop(key, None)
-                if await self.store.release(key, token, data, ttl, self.tombstone_s(ckpt.session)):
+                self.ownership.disown(key)
+                if await self.store.release(key, token, data, ttl, tomb):
                     return
                 entry = await self.store.get(key)
+                if entry is None:
+                    # Gone (the store lost it, or it expired): nobody else holds it, the state is here.
+                    [token] = await self.store.register([(key, ckpt.session)], ttl, if_absent=True)
+                    if token and await self.store.release(key, token, data, ttl, tomb):
+                        log.warning("state store: sequence %s was missing from the store; written again", key.encode())
+                        return
+                    entry = await self.store.get(key)
                 # registered twice by this process (a race of two writers): the entry is ours
                 ours = entry is not None and entry.owner == self.replica_id and entry.status is Status.LIVE
-                tomb = self.tombstone_s(ckpt.session)
                 if ours and entry is not None and await self.store.release(key, entry.token, data, ttl, tomb):
                     return
-                log.error("state store: sequence %s was taken by another replica meanwhile; dropped", key.encode())
+                holder = f"replica '{entry.owner}'" if entry is not None else "nobody"
+                log.error(
+                    "state store: sequence %s was taken meanwhile (the store says: %s, %s); dropped",
+                    key.encode(), holder, entry.status.value if entry is not None else "no entry",
+                )  # fmt: skip
                 return
+            except StoreLostError as e:
+                log.warning("state store: releasing %s (try %d): %s", key.encode(), attempt + 1, e)
+                self.ownership.store_lost()
+                await self.ownership.recovered()
             except StoreError as e:
                 log.warning("state store: releasing %s (try %d): %s", key.encode(), attempt + 1, e)
                 await asyncio.sleep(0.1 * (attempt + 1))
@@ -359,7 +319,7 @@ class ReplicaCoordinator:
         if not self.draining:
             try:
                 self.table.restore_sequence(ckpt)
-                self.started(key, ckpt.session)
+                self.ownership.register_later(key, ckpt.session)
                 log.warning("state store unreachable: sequence %s stays on this replica", key.encode())
                 return
             except InferenceError as e:

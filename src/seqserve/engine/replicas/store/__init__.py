@@ -13,6 +13,7 @@ from seqserve.engine.replicas.store.base import (
     StateStore,
     Status,
     StoreError,
+    StoreLostError,
     default_replica_id,
     redact_url,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "StateStore",
     "Status",
     "StoreError",
+    "StoreLostError",
     "default_replica_id",
     "open_store",
     "redact_url",

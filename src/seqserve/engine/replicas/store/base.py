@@ -16,6 +16,11 @@ keeps, atomically:
   back over its new owner's.
 - Every entry expires (its ``ttl_s``) unless refreshed: abandoned entries vanish by themselves
   (a released one first turns into an ``expired`` tombstone for ``tombstone_ttl_s``).
+- The store has an **epoch**: a random name written once, which each replica learns at ``open``.
+  A store that lost its data (a Redis restarted empty, a wiped directory) no longer has it:
+  ``heartbeat``, ``claim`` and ``register`` notice (``StoreLostError``), and ``recover`` marks
+  the loss for every replica (a *loss window*: an absent entry proves nothing while it lasts,
+  since the entry, or the tombstone, may be one the store lost).
 
 The store knows nothing about HTTP, gRPC or the engine's objects: it moves bytes.
 """
@@ -37,6 +42,11 @@ from seqserve.engine.request import SequenceId
 
 class StoreError(Exception):
     """The store cannot be reached or answered something unexpected."""
+
+
+class StoreLostError(StoreError):
+    """The store does not have this replica's epoch: it lost its data (restarted empty) since
+    this replica last looked. ``StateStore.recover`` before trusting it again."""
 
 
 class Status(str, enum.Enum):
@@ -93,6 +103,10 @@ class Claim:
     data: bytes | None = None
     entry: Entry | None = None
     previous_owner: str = ""  # when won: who held it (a dead replica's id, for its live entries)
+    #: no entry, but the store lost its data within the loss window: the absence proves nothing
+    in_loss_window: bool = False
+    #: ... and so recently that the owners of live sequences may still be writing them back
+    in_loss_grace: bool = False
 
 
 #: handover requests reach a replica through this: called with the key asked for
@@ -105,20 +119,33 @@ class StateStore(abc.ABC):
     def __init__(self, replica_id: str, *, heartbeat_ttl_s: float = 10.0) -> None:
         self.replica_id = replica_id
         self.heartbeat_ttl_s = heartbeat_ttl_s
+        #: the store's epoch as this replica last knew it (``open`` and ``recover`` set it)
+        self.epoch = ""
+        #: ``open`` wrote the epoch: the store was empty (new, or restarted empty)
+        self.created_epoch = False
 
     # lifecycle ------------------------------------------------------------------------
     @abc.abstractmethod
     async def open(self, on_handover: HandoverHandler | None = None) -> None:
-        """Connect, announce this replica (a first heartbeat) and, with ``on_handover``,
-        start listening for handover requests addressed to it."""
+        """Connect, learn the store's epoch (writing one when there is none), announce this
+        replica (a first heartbeat) and, with ``on_handover``, start listening for handover
+        requests addressed to it."""
 
     @abc.abstractmethod
     async def close(self) -> None:
         """Stop listening, forget this replica's heartbeat, disconnect."""
 
     @abc.abstractmethod
-    async def heartbeat(self) -> None:
-        """This replica is alive for ``heartbeat_ttl_s`` more seconds."""
+    async def heartbeat(self) -> bool:
+        """This replica is alive for ``heartbeat_ttl_s`` more seconds. False when the store no
+        longer has this replica's epoch (it lost its data): call ``recover``."""
+
+    @abc.abstractmethod
+    async def recover(self, window_s: float, grace_s: float) -> None:
+        """After a loss: adopt the store's new epoch (writing one when there is none) and mark
+        the loss window (``window_s``: the longest any lost entry or tombstone could have
+        lived) and its grace (``grace_s``: while owners write their live sequences back), for
+        every replica, unless another replica marked a longer one."""
 
     @abc.abstractmethod
     async def is_alive(self, replica_id: str) -> bool:
@@ -130,9 +157,14 @@ class StateStore(abc.ABC):
         """The entry, or None when there is none (never was, ended long ago, expired)."""
 
     @abc.abstractmethod
-    async def register(self, keys: list[tuple[SequenceKey, bool]], ttl_s: float) -> list[int]:
+    async def register(
+        self, keys: list[tuple[SequenceKey, bool]], ttl_s: float, *, if_absent: bool = False
+    ) -> list[int]:
         """Take each (key, session) for this replica, live, whatever the entry was (a START
-        begins the id afresh); the new tokens, in order. Batched: one round trip."""
+        begins the id afresh); the new tokens, in order. Batched: one round trip. Raises
+        StoreLostError when the store lost its data. ``if_absent`` (writing back the live
+        sequences after a loss): only where there is no entry; 0 where there is one (someone
+        started the id meanwhile: this replica's copy is stale)."""
 
     @abc.abstractmethod
     async def claim(self, key: SequenceKey, ttl_s: float) -> Claim:

@@ -11,6 +11,8 @@ Layout under the root:
 - ``hb/<replica>``: the replica's heartbeat: its expiry time, rewritten every beat.
 - ``handover/<replica>/<n>.req``: handover requests, each a file the owner picks up (it polls
   every ``poll_s``, 50 ms by default) and deletes.
+- ``epoch``: the store's epoch (a wiped directory lacks it); ``lost``: the loss window that
+  ``recover`` marked (JSON: ``until`` and ``grace``, wall-clock seconds); ``.lock``: their lock.
 
 File I/O runs in worker threads, never on the event loop.
 """
@@ -24,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import time
 import urllib.parse
 import uuid
@@ -38,6 +41,7 @@ from seqserve.engine.replicas.store.base import (
     StateStore,
     Status,
     StoreError,
+    StoreLostError,
 )
 
 log = logging.getLogger("seqserve.statestore")
@@ -129,9 +133,54 @@ class DirStore(StateStore):
         except OSError as e:
             raise StoreError(f"state store {self.root}: {what} failed: {e}") from None
 
+    # epoch and loss window ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _root_locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _read_epoch(self) -> str:
+        try:
+            return (self.root / "epoch").read_text()
+        except FileNotFoundError:
+            return ""
+
+    def _check_epoch(self) -> None:
+        if self._read_epoch() != self.epoch:
+            raise StoreLostError(f"state store {self.root} lost its data (the directory was wiped?)")
+
+    def _loss(self) -> tuple[float, float]:
+        try:
+            doc = json.loads((self.root / "lost").read_text())
+            return float(doc["until"]), float(doc["grace"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return 0.0, 0.0
+
+    def _adopt_epoch(self, old: str, window_s: float, grace_s: float) -> tuple[str, bool]:
+        """The store's epoch (written when absent) and whether this call wrote it; with
+        ``old`` not the current one, the loss window is marked (as ``recover`` says)."""
+        with self._root_locked():
+            cur = self._read_epoch()
+            created = not cur
+            if created:
+                cur = secrets.token_hex(8)
+                _atomic_write(self.root / "epoch", cur.encode())
+            if old and cur != old:
+                now = time.time()
+                until, grace = self._loss()
+                doc = {"until": max(until, now + window_s), "grace": max(grace, now + grace_s)}
+                _atomic_write(self.root / "lost", json.dumps(doc).encode())
+            return cur, created
+
     # lifecycle ---------------------------------------------------------------------------------
     async def open(self, on_handover: HandoverHandler | None = None) -> None:
         await self._run("open", self._inbox(self.replica_id).mkdir, 0o700, True, True)
+        self.epoch, self.created_epoch = await self._run("open", self._adopt_epoch, "", 0.0, 0.0)  # type: ignore[misc]
         await self.heartbeat()
         if on_handover is not None:
             self._poller = asyncio.create_task(self._poll(on_handover), name="seqserve-statestore-handover")
@@ -178,14 +227,18 @@ class DirStore(StateStore):
         with contextlib.suppress(OSError):
             await asyncio.to_thread(self._hb(self.replica_id).unlink, True)
 
-    async def heartbeat(self) -> None:
+    async def heartbeat(self) -> bool:
         p = self._hb(self.replica_id)
 
-        def beat() -> None:
+        def beat() -> bool:
             p.parent.mkdir(parents=True, exist_ok=True)
             _atomic_write(p, str(time.time() + self.heartbeat_ttl_s).encode())
+            return self._read_epoch() == self.epoch
 
-        await self._run("heartbeat", beat)
+        return bool(await self._run("heartbeat", beat))
+
+    async def recover(self, window_s: float, grace_s: float) -> None:
+        self.epoch, _ = await self._run("recover", self._adopt_epoch, self.epoch, window_s, grace_s)  # type: ignore[misc]
 
     def _alive(self, replica: str) -> bool:
         try:
@@ -231,12 +284,18 @@ class DirStore(StateStore):
             meta["until"] = now + until_s
         return meta
 
-    async def register(self, keys: list[tuple[SequenceKey, bool]], ttl_s: float) -> list[int]:
+    async def register(
+        self, keys: list[tuple[SequenceKey, bool]], ttl_s: float, *, if_absent: bool = False
+    ) -> list[int]:
         def register() -> list[int]:
+            self._check_epoch()
             tokens = []
             for key, session in keys:
                 with self._locked(key):
                     found = self._read(key)
+                    if if_absent and found is not None:
+                        tokens.append(0)
+                        continue
                     token = (int(found[0]["token"]) if found else 0) + 1  # type: ignore[call-overload]
                     self._write(key, self._meta(token, Status.LIVE, session, ttl_s))
                 tokens.append(token)
@@ -246,10 +305,13 @@ class DirStore(StateStore):
 
     async def claim(self, key: SequenceKey, ttl_s: float) -> Claim:
         def claim() -> Claim:
+            self._check_epoch()
             with self._locked(key):
                 found = self._read(key)
                 if found is None:
-                    return Claim(False)
+                    until, grace = self._loss()
+                    now = time.time()
+                    return Claim(False, in_loss_window=now < until, in_loss_grace=now < grace)
                 entry = self._entry(*found)
                 ours = entry.owner == self.replica_id
                 if entry.status is Status.RELEASED or (

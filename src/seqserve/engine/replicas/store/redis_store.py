@@ -8,6 +8,9 @@ Keys (``prefix`` default ``seqserve:``):
   released, ``data`` (the checkpoint). Its TTL is the entry's expiry.
 - ``{prefix}hb:{replica}``: exists while the replica is alive (TTL ``heartbeat_ttl_s``).
 - channel ``{prefix}handover:{replica}``: handover requests for that replica (the key's text).
+- ``{prefix}epoch``: the store's epoch (a random name, no TTL); a Redis restarted empty lacks it.
+- ``{prefix}lost``: hash with ``until`` and ``grace`` (ms, the server's clock): the loss window
+  that ``recover`` marked (TTL: until it is over).
 
 The claim script reads the owner's heartbeat key, which it is not handed in KEYS: fine on one
 Redis server (or a primary with replicas), not on Redis Cluster (see docs/state-store.md).
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from typing import Any
 
@@ -30,12 +34,16 @@ from seqserve.engine.replicas.store.base import (
     StateStore,
     Status,
     StoreError,
+    StoreLostError,
     redact_url,
 )
 
 log = logging.getLogger("seqserve.statestore")
 
+# ARGV: me, ttl_ms, session, epoch, epoch key, if_absent. -1: the store lost its data.
 _REGISTER = """
+if redis.call('GET', ARGV[5]) ~= ARGV[4] then return -1 end
+if ARGV[6] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local tok = redis.call('HINCRBY', KEYS[1], 'token', 1)
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'status', 'live', 'session', ARGV[3])
 redis.call('HDEL', KEYS[1], 'data')
@@ -43,11 +51,19 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return tok
 """
 
-# ARGV: me, ttl_ms, heartbeat key prefix. {1, token, data|false, previous owner} when won; {0} when there is no
-# entry; {2, owner, token, status, session} when someone else holds it.
+# ARGV: me, ttl_ms, heartbeat key prefix, epoch, epoch key, loss key. {1, token, data|false, previous owner}
+# when won; {0, in loss window, in its grace} when there is no entry; {2, owner, token, status, session} when
+# someone else holds it; {3} when the store lost its data (not this replica's epoch).
 _CLAIM = """
+if redis.call('GET', ARGV[5]) ~= ARGV[4] then return {3} end
 local e = redis.call('HMGET', KEYS[1], 'owner', 'token', 'status', 'session')
-if not e[3] then return {0} end
+if not e[3] then
+  local lost = redis.call('HMGET', ARGV[6], 'until', 'grace')
+  if not lost[1] then return {0, 0, 0} end
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return {0, now < tonumber(lost[1]) and 1 or 0, now < tonumber(lost[2] or '0') and 1 or 0}
+end
 local st = e[3]
 if st == 'released' then
   local t = redis.call('TIME')
@@ -102,6 +118,26 @@ return 1
 """
 
 
+# KEYS: epoch, loss. ARGV: a new epoch, the caller's old one, window ms, grace ms. Answers the epoch.
+_RECOVER = """
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  redis.call('SET', KEYS[1], ARGV[1])
+  cur = ARGV[1]
+end
+if cur ~= ARGV[2] then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local lost = redis.call('HMGET', KEYS[2], 'until', 'grace')
+  local u = math.max(tonumber(lost[1] or '0'), now + tonumber(ARGV[3]))
+  local g = math.max(tonumber(lost[2] or '0'), now + tonumber(ARGV[4]))
+  redis.call('HSET', KEYS[2], 'until', u, 'grace', g)
+  redis.call('PEXPIRE', KEYS[2], math.max(u, g) - now + 1)
+end
+return cur
+"""
+
+
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
@@ -131,6 +167,7 @@ class RedisStore(StateStore):
         self._release = self._r.register_script(_RELEASE)
         self._end = self._r.register_script(_END)
         self._refresh = self._r.register_script(_REFRESH)
+        self._recover = self._r.register_script(_RECOVER)
         self._pubsub: Any = None
         self._listener: asyncio.Task[None] | None = None
         self._handler_tasks: set[asyncio.Task[None]] = set()
@@ -144,6 +181,14 @@ class RedisStore(StateStore):
     def _channel(self, replica: str) -> str:
         return f"{self.prefix}handover:{replica}"
 
+    @property
+    def _epoch_key(self) -> str:
+        return f"{self.prefix}epoch"
+
+    @property
+    def _lost_key(self) -> str:
+        return f"{self.prefix}lost"
+
     async def _do(self, what: str, coro: Any) -> Any:
         try:
             return await coro
@@ -151,6 +196,9 @@ class RedisStore(StateStore):
             raise StoreError(f"state store {self.url}: {what} failed: {e}") from None
 
     async def open(self, on_handover: HandoverHandler | None = None) -> None:
+        fresh = secrets.token_hex(8)
+        self.created_epoch = bool(await self._do("open", self._r.set(self._epoch_key, fresh, nx=True)))
+        self.epoch = _text(await self._do("open", self._r.get(self._epoch_key)) or b"")
         await self.heartbeat()
         if on_handover is not None:
             self._pubsub = self._r.pubsub(ignore_subscribe_messages=True)
@@ -193,8 +241,17 @@ class RedisStore(StateStore):
             await self._r.delete(self._hb(self.replica_id))
         await self._r.aclose()
 
-    async def heartbeat(self) -> None:
-        await self._do("heartbeat", self._r.set(self._hb(self.replica_id), b"1", px=_ms(self.heartbeat_ttl_s)))
+    async def heartbeat(self) -> bool:
+        pipe = self._r.pipeline(transaction=False)
+        pipe.set(self._hb(self.replica_id), b"1", px=_ms(self.heartbeat_ttl_s))
+        pipe.get(self._epoch_key)
+        _, epoch = await self._do("heartbeat", pipe.execute())
+        return epoch is not None and _text(epoch) == self.epoch
+
+    async def recover(self, window_s: float, grace_s: float) -> None:
+        keys = [self._epoch_key, self._lost_key]
+        args: list[str | int] = [secrets.token_hex(8), self.epoch, _ms(window_s), _ms(grace_s)]
+        self.epoch = _text(await self._do("recover", self._recover(keys=keys, args=args)))
 
     async def is_alive(self, replica_id: str) -> bool:
         return bool(await self._do("heartbeat check", self._r.exists(self._hb(replica_id))))
@@ -210,20 +267,35 @@ class RedisStore(StateStore):
             st, data = Status.EXPIRED, None  # (a claim makes it so in the store)
         return Entry(_text(owner or b""), int(token or 0), st, _text(session) == "1", data)
 
-    async def register(self, keys: list[tuple[SequenceKey, bool]], ttl_s: float) -> list[int]:
+    async def register(
+        self, keys: list[tuple[SequenceKey, bool]], ttl_s: float, *, if_absent: bool = False
+    ) -> list[int]:
         if not keys:
             return []
-        pipe = self._r.pipeline(transaction=False)
+        calls = []
         for key, session in keys:
-            await self._register(keys=[self._k(key)], args=[self.replica_id, _ms(ttl_s), int(session)], client=pipe)
-        return [int(t) for t in await self._do("register", pipe.execute())]
+            args: list[str | int] = [self.replica_id, _ms(ttl_s), int(session), self.epoch, self._epoch_key]
+            args.append(int(if_absent))
+            calls.append(([self._k(key)], args))
+        if len(calls) == 1:  # one round trip (a pipeline checks its scripts first: two)
+            tokens = [int(await self._do("register", self._register(keys=calls[0][0], args=calls[0][1])))]
+        else:
+            pipe = self._r.pipeline(transaction=False)
+            for k, args in calls:
+                await self._register(keys=k, args=args, client=pipe)
+            tokens = [int(t) for t in await self._do("register", pipe.execute())]
+        if -1 in tokens:
+            raise StoreLostError(f"state store {self.url} lost its data (it restarted empty?)")
+        return tokens
 
     async def claim(self, key: SequenceKey, ttl_s: float) -> Claim:
-        r = await self._do(
-            "claim", self._claim(keys=[self._k(key)], args=[self.replica_id, _ms(ttl_s), self.prefix + "hb:"])
-        )
+        args: list[str | int] = [self.replica_id, _ms(ttl_s), self.prefix + "hb:", self.epoch]
+        args += [self._epoch_key, self._lost_key]
+        r = await self._do("claim", self._claim(keys=[self._k(key)], args=args))
+        if r[0] == 3:
+            raise StoreLostError(f"state store {self.url} lost its data (it restarted empty?)")
         if r[0] == 0:
-            return Claim(False)
+            return Claim(False, in_loss_window=bool(r[1]), in_loss_grace=bool(r[2]))
         if r[0] == 1:
             return Claim(True, int(r[1]), r[2] or None, previous_owner=_text(r[3]))
         return Claim(False, entry=Entry(_text(r[1]), int(r[2]), Status(_text(r[3])), _text(r[4]) == "1"))
