@@ -38,6 +38,7 @@ class EngineOptions:
     sessions: SessionPolicy = field(default_factory=SessionPolicy)
     python_isolation: str = "thread"  # or "process": see docs/isolation.md
     inline_max_batch_us: int = DEFAULT_INLINE_MAX_BATCH_US  # 0: never run batches on the loop
+    kind_gpu_on_cpu: bool = False  # KIND_GPU groups without a usable GPU run on the CPU
 
     def new_server(self) -> Server:
         """The Server these settings describe, not started."""
@@ -52,6 +53,7 @@ class EngineOptions:
             python_isolation=self.python_isolation,
             max_backlog_sequences=self.max_backlog_sequences,
             inline_max_batch_us=self.inline_max_batch_us,
+            kind_gpu_on_cpu=self.kind_gpu_on_cpu,
         )
 
 

@@ -149,6 +149,7 @@ def _engine(args: argparse.Namespace, mode: ModelControlMode, models: list[str] 
         sessions=SessionPolicy(args.session_tombstone_secs, args.session_tombstone_max),
         python_isolation=args.python_isolation,
         inline_max_batch_us=args.inline_max_batch_us,
+        kind_gpu_on_cpu=args.kind_gpu_on_cpu,
     )
 
 

@@ -62,6 +62,7 @@ class LoadSettings:
     python_isolation: str
     max_backlog_sequences: int
     inline_max_batch_us: int
+    kind_gpu_on_cpu: bool = False
 
 
 @dataclass(slots=True)
@@ -434,6 +435,7 @@ class ModelTable:
                     python_isolation=settings.python_isolation,
                     max_backlog_sequences=settings.max_backlog_sequences,
                     inline_max_batch_us=settings.inline_max_batch_us,
+                    kind_gpu_on_cpu=settings.kind_gpu_on_cpu,
                 )
         except Exception as e:
             for m in versions.values():

@@ -60,6 +60,7 @@ class Server:
         python_isolation: str = "thread",
         max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES,
         inline_max_batch_us: int = DEFAULT_INLINE_MAX_BATCH_US,
+        kind_gpu_on_cpu: bool = False,
     ) -> None:
         """auto_sequence_ids: a request to a sequence model that names no sequence starts a new
         one with a server-generated id (returned as the `sequence_id` response parameter).
@@ -91,7 +92,11 @@ class Server:
         inline_max_batch_us: in-process Python models whose batches cost at most this many
         microseconds run them on the event loop's thread instead of handing each batch to an
         executor thread (0: never; a model's parameter ``inline_max_batch_us`` overrides it;
-        docs/architecture.md, "Inline execution")."""
+        docs/architecture.md, "Inline execution").
+
+        kind_gpu_on_cpu: a ``KIND_GPU`` instance group that cannot run on a GPU (none usable, or
+        a backend without GPU support) runs on the CPU with one warning per model, instead of
+        failing to load (docs/gpu.md)."""
         python_isolation = check_mode(python_isolation, "python_isolation")
         repos = [model_repository] if isinstance(model_repository, str | Path) else list(model_repository)
         if not repos:
@@ -109,7 +114,7 @@ class Server:
         #: the loaded models and every change to them
         self.models = ModelTable(
             [Path(r) for r in repos],
-            LoadSettings(self.sessions, python_isolation, max_backlog_sequences, inline_max_batch_us),
+            LoadSettings(self.sessions, python_isolation, max_backlog_sequences, inline_max_batch_us, kind_gpu_on_cpu),
             model_control=mode,
             repository_poll_secs=repository_poll_secs,
             exit_timeout_s=exit_timeout_s,
