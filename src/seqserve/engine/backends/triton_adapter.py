@@ -180,7 +180,10 @@ class TritonInstance(BackendInstance):
             elif self._batched:
                 inputs = [pb.Tensor(name, rows_of(arr, lo, hi)) for name, arr in tensors.items()]
             else:
-                inputs = [pb.Tensor(name, np.array(arr)) for name, arr in tensors.items()]
+                inputs = [
+                    pb.Tensor(name, np.array(arr) if isinstance(arr, np.ndarray) else arr)
+                    for name, arr in tensors.items()
+                ]
             flags = (pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if batch.start[i] else 0) | (
                 pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if batch.end[i] else 0
             )
@@ -289,7 +292,7 @@ class TritonInstance(BackendInstance):
                     loop.close()
 
 
-def rows_of(arr: Any, lo: int, hi: int) -> Any:
+def rows_of(arr: Any, lo: int, hi: int | None) -> Any:
     """Rows lo..hi of a batched tensor for one request: a numpy copy, or (a GPU instance's
     device state) a torch view of the device rows."""
     if isinstance(arr, np.ndarray):
