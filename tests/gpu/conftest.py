@@ -5,14 +5,10 @@ into a failure (the device check must run all of them)."""
 from __future__ import annotations
 
 import os
-import shutil
-from pathlib import Path
 
 import pytest
 
 from seqserve.engine.device.probe import probe_gpus
-
-BENCH_MODELS = Path(__file__).resolve().parents[2] / "bench" / "models"
 
 
 def gpu_missing() -> str:
@@ -36,15 +32,3 @@ def _needs_gpu() -> None:
         if os.environ.get("SEQSERVE_REQUIRE_GPU") == "1":
             pytest.fail(f"SEQSERVE_REQUIRE_GPU=1 but no GPU: {why}")
         pytest.skip(f"no GPU: {why}")
-
-
-def copy_model(repo: Path, source: str, name: str, *, replace: dict[str, str]) -> Path:
-    """bench/models/<source> as <name> in ``repo``, with config text replaced."""
-    dst = repo / name
-    shutil.copytree(BENCH_MODELS / source, dst)
-    cfg = (dst / "config.pbtxt").read_text().replace(f'name: "{source}"', f'name: "{name}"')
-    for old, new in replace.items():
-        assert old in cfg, old
-        cfg = cfg.replace(old, new)
-    (dst / "config.pbtxt").write_text(cfg)
-    return dst

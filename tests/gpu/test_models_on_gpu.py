@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from seqserve.engine.errors import Code, InferenceError
-from tests.gpu.conftest import copy_model
+from tests.support.gpu import copy_model
 
 INPUT, HIDDEN = 8, 16
 GPU = "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]"
