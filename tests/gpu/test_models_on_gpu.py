@@ -155,3 +155,23 @@ async def test_python_model_with_device_state_keeps_running_sums(repo, serve, so
             futs[sid] = s.submit("sum", {"X": x}, sequence_id=sid, sequence_start=step == 0, sequence_end=step == 4)
         for sid, fut in futs.items():
             np.testing.assert_allclose((await fut).outputs["OUT"][0], totals[sid])
+
+
+async def test_onnx_lstm_on_the_gpu_matches_the_cpu_or_says_why_not(repo, serve):
+    import onnxruntime
+
+    copy_model(repo, "lstm_onnx", "onnx_cpu", replace={})
+    cfg = (repo / "onnx_cpu" / "config.pbtxt").read_text()
+    kind = "KIND_CPU" if "KIND_CPU" in cfg else None
+    assert kind, "bench/models/lstm_onnx names its instance kind"
+    copy_model(repo, "lstm_onnx", "onnx_gpu", replace={"KIND_CPU": "KIND_GPU"})
+    s = await serve()
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        index = {m["name"]: m for m in s.repository_index()}
+        assert index["onnx_gpu"]["state"] == "UNAVAILABLE"
+        assert "onnxruntime-gpu" in index["onnx_gpu"]["reason"]
+        return
+    out = await run_interleaved(s, ["onnx_cpu", "onnx_gpu"], sequences=12, seed=3)
+    for (name, sid, step), value in out.items():
+        if name == "onnx_gpu":
+            np.testing.assert_allclose(value, out[("onnx_cpu", sid, step)], atol=1e-4, err_msg=f"{sid} {step}")

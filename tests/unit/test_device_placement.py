@@ -91,3 +91,15 @@ def test_probe_without_cuda_python_says_how_to_get_it():
     if probe.count:
         pytest.skip("this machine has a GPU")
     assert probe.reason  # e.g. "cuda-python is not installed (pip install 'seqserve[gpu]')"
+
+
+def test_onnxruntime_without_its_cuda_provider_says_so():
+    import onnxruntime
+
+    from seqserve.engine.backends.onnxrt_gpu import cuda_provider_missing
+
+    why = cuda_provider_missing(onnxruntime)
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        assert why == ""
+    else:
+        assert "install onnxruntime-gpu" in why
