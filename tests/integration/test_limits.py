@@ -216,9 +216,9 @@ def test_unimplemented_extensions_answer_501(server: ServerProcess) -> None:
         ("POST", "/v2/logging", "log settings"),
         ("GET", "/v2/trace/setting", "trace settings"),
         ("POST", "/v2/models/accumulator/trace/setting", "trace settings"),
-        ("GET", "/v2/systemsharedmemory/status", "shared memory"),
-        ("POST", "/v2/systemsharedmemory/region/r/register", "shared memory"),
-        ("POST", "/v2/cudasharedmemory/unregister", "shared memory"),
+        ("GET", "/v2/cudasharedmemory/status", "CUDA shared memory"),
+        ("POST", "/v2/cudasharedmemory/region/r/register", "CUDA shared memory"),
+        ("POST", "/v2/cudasharedmemory/unregister", "CUDA shared memory"),
         ("GET", "/v2/cudasharedmemory/region/r/status", "shared memory"),
     ):
         r = http_request(server, method, path, b"{}" if method == "POST" else None)

@@ -12,9 +12,8 @@ from tests.support.process import ServerProcess
 @pytest.mark.parametrize(
     ("call", "fragment"),
     [
-        ("get_system_shared_memory_status", "does not implement shared memory"),
-        ("get_cuda_shared_memory_status", "does not implement shared memory"),
-        ("unregister_system_shared_memory", "does not implement shared memory"),
+        ("get_cuda_shared_memory_status", "does not implement CUDA shared memory"),
+        ("unregister_cuda_shared_memory", "does not implement CUDA shared memory"),
         ("get_log_settings", "does not implement this extension"),
         ("get_trace_settings", "does not implement this extension"),
     ],

@@ -22,6 +22,7 @@ from seqserve.api.http.routes import HttpFrontend, close_when_exiting
 from seqserve.api.limits import shutdown_executor
 from seqserve.api.metrics import MetricsServer, start_metrics
 from seqserve.api.serve_options import GrpcOptions, HttpOptions, MetricsOptions, ServeOptions, StateStoreOptions
+from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.api.transport.asgi import asgi_app
 from seqserve.api.transport.exchange import Handler
 from seqserve.engine import Server, default_replica_id, open_store, redact_url
@@ -141,6 +142,7 @@ class FrontEnds:
         self._metrics_server: MetricsServer | None = None
         self._http_done = asyncio.Event()  # hypercorn's shutdown trigger
         self._stop_http: Callable[[], None] = self._http_done.set
+        self._shared_memory = SharedMemoryRegistry()  # both front-ends' regions, unmapped at the stop
 
     async def start(self, opts: ServeOptions) -> None:
         """StartupError when one cannot start; ``abort`` stops those that did."""
@@ -152,13 +154,13 @@ class FrontEnds:
             await self._launch_metrics(opts.metrics)
 
     async def _launch_grpc(self, grpc: GrpcOptions) -> None:
-        self._grpc_server = await _start_grpc(self._server, grpc, self._streams)
+        self._grpc_server = await _start_grpc(self._server, grpc, self._streams, self._shared_memory)
         log.info("gRPC (%s) listening on %s:%d%s", grpc.kind, grpc.host, grpc.port, _tls_note(grpc.tls))
         if grpc.restricted:
             log.info("gRPC restricted protocols: %s", grpc.restricted.describe())
 
     async def _launch_http(self, http: HttpOptions) -> None:
-        handler = _http_handler(self._server, http)
+        handler = _http_handler(self._server, http, self._shared_memory)
         kind = http.kind
         if kind == "builtin":
             self._stop_http = await _start_builtin(handler, http, self._tasks)
@@ -186,6 +188,7 @@ class FrontEnds:
         for t in self._tasks:
             with contextlib.suppress(BaseException):
                 await t
+        self._shared_memory.close()
 
     async def stop(self) -> None:
         log.info("stopping the front-ends")
@@ -201,13 +204,19 @@ class FrontEnds:
             await t
         if self._metrics_server is not None:
             await self._metrics_server.close()
+        self._shared_memory.close()
 
 
-def _http_handler(server: Server, http: HttpOptions) -> Handler:
+def _http_handler(server: Server, http: HttpOptions, shared_memory: SharedMemoryRegistry) -> Handler:
     """The KServe routes as one handler, behind the restrictions, closing connections once the
     process is exiting: the builtin server calls it directly, hypercorn and granian through
     the ASGI adapter."""
-    frontend = HttpFrontend(server, max_body_bytes=http.max_body_bytes, body_timeout_s=http.limits.body_timeout_s)
+    frontend = HttpFrontend(
+        server,
+        max_body_bytes=http.max_body_bytes,
+        body_timeout_s=http.limits.body_timeout_s,
+        shared_memory=shared_memory,
+    )
     # the routes themselves when nothing is restricted
     handler = security.restrict_http(
         frontend.handle, http.restricted, max_body_bytes=http.max_body_bytes, body_timeout_s=http.limits.body_timeout_s
@@ -305,7 +314,12 @@ def _reason(e: OSError) -> str:
     return (e.strerror or str(e)).lower()
 
 
-async def _start_grpc(server: Server, grpc: GrpcOptions, streams: StreamDrain | None = None) -> Any:
+async def _start_grpc(
+    server: Server,
+    grpc: GrpcOptions,
+    streams: StreamDrain | None = None,
+    shared_memory: SharedMemoryRegistry | None = None,
+) -> Any:
     from seqserve.api.grpc.serve import start_grpc
 
     # gRPC's own failure says neither why nor in one line
@@ -314,7 +328,7 @@ async def _start_grpc(server: Server, grpc: GrpcOptions, streams: StreamDrain | 
         sock.close()  # type: ignore[union-attr]
         sock = None
     try:
-        return await start_grpc(server, grpc, streams=streams, sock=sock)
+        return await start_grpc(server, grpc, streams=streams, sock=sock, shared_memory=shared_memory)
     except ssl.SSLError as e:  # the files were checked at startup (security.check_tls); changed since
         if sock is not None:
             sock.close()

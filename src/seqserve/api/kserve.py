@@ -16,9 +16,6 @@ import numpy as np
 
 from seqserve.engine import Code, DecoupledModelError, InferenceError, InferRequest, InferResult, Server, tensors
 
-#: why the shared-memory APIs and parameters are refused, on both front-ends
-NO_SHM = "seqserve does not implement shared memory: send tensor data in the request (raw_input_contents) instead"
-
 #: The protocol extensions the front-ends serve, reported by server metadata on HTTP and gRPC.
 EXTENSIONS = (
     "sequence",
@@ -29,10 +26,9 @@ EXTENSIONS = (
     "model_repository",
     "parameters",
     "schedule_policy",
+    "classification",
+    "system_shared_memory",
 )
-
-#: the refusal of Triton's shared-memory routes and parameters, on HTTP and gRPC alike
-NO_SHM = "seqserve does not implement shared memory: send tensor data in the request (raw_input_contents) instead"
 
 #: Protocol datatype -> numpy dtype, for every datatype numpy has (BYTES: object; not BF16).
 NUMPY_DTYPES: dict[str, np.dtype[Any]] = {d.wire: d.numpy for d in tensors.DATA_TYPES if d.numpy is not None}

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from seqserve._proto import grpc_service_pb2 as pb
+from seqserve.api.classification import CLASSIFICATION_PARAM, class_count
 from seqserve.api.kserve import (
     MAX_RANK,
-    NO_SHM,
     NUMPY_DTYPES,
     bad,
     check_shape,
@@ -28,6 +28,8 @@ from seqserve.api.kserve import (
     tensor_from_raw,
 )
 from seqserve.api.limits import OFFLOAD_BYTES
+from seqserve.api.shared_memory import REGION_PARAM, tensor_place
+from seqserve.api.tensor_extensions import TensorExtensions
 from seqserve.engine import Code, InferenceError, InferRequest
 
 EMPTY_FINAL = "triton_enable_empty_final_response"
@@ -38,6 +40,8 @@ class GrpcReplyOptions:
     """What a request asks of its replies on a stream."""
 
     empty_final: bool  # triton_enable_empty_final_response: a bare final flag is written as an empty response
+    #: shared-memory tensors and class counts (None: the request uses neither)
+    extensions: TensorExtensions | None = None
 
 
 # Shared by every request (no object per request).
@@ -137,7 +141,11 @@ def decode_request(msg: pb.ModelInferRequest, *, inline: bool = False) -> tuple[
             raise bad(f"invalid value type for '{key}' parameter, expected {_EXPECTED[key]}.")
 
     raw = msg.raw_input_contents
-    specs = msg.inputs
+    specs: Any = msg.inputs
+    extensions = None
+    if any(t.parameters for t in specs):
+        extensions = TensorExtensions()
+        specs = _place_inputs(specs, extensions)  # the rest, which raw_input_contents belong to
     if raw:
         if len(raw) > len(specs):
             raise bad(f"unexpected additional input data for model '{clip(msg.model_name)}'")
@@ -149,24 +157,65 @@ def decode_request(msg: pb.ModelInferRequest, *, inline: bool = False) -> tuple[
             inputs[t.name] = _raw_input(t, data, inline)
     else:
         for t in specs:
-            if t.name in inputs:
+            if t.name in inputs or (extensions is not None and t.name in extensions.inputs):
                 raise bad(f"input '{clip(t.name)}' already exists in request")
             _check_input(t)
             inputs[t.name] = _typed_contents(t, list(t.shape), inline)
     if msg.outputs:
         requested: dict[str, None] = {}
         for o in msg.outputs:
-            if "shared_memory_region" in o.parameters:
-                raise InferenceError(Code.UNSUPPORTED, NO_SHM)
+            if o.parameters:
+                extensions = extensions if extensions is not None else TensorExtensions()
+                _output_extensions(o, extensions)
             requested[o.name] = None
         request.outputs = tuple(requested)
+    if extensions:
+        return request, GrpcReplyOptions(options.empty_final, extensions)
     return request, options
+
+
+def parameter_values(params: Any) -> dict[str, Any]:
+    """A protobuf ``parameters`` map as plain values (whichever member of the oneof is set)."""
+    out = {}
+    for key in params:
+        p = params[key]
+        kind = p.WhichOneof("parameter_choice")
+        out[key] = None if kind is None else getattr(p, kind)
+    return out
+
+
+def _place_inputs(specs: Any, extensions: TensorExtensions) -> list[Any]:
+    """The inputs placed in shared memory, into ``extensions``; the others, in order."""
+    rest = []
+    for t in specs:
+        params = parameter_values(t.parameters) if t.parameters else {}
+        if REGION_PARAM not in params:
+            rest.append(t)
+            continue
+        if t.name in extensions.inputs:
+            raise bad(f"input '{clip(t.name)}' already exists in request")
+        if t.HasField("contents"):
+            raise bad(f"input '{clip(t.name)}' has shared memory and contents of its own")
+        _check_input(t)
+        place = tensor_place(t.name, params)
+        assert place is not None
+        extensions.inputs[t.name] = (t.datatype, list(t.shape), place)
+    return rest
+
+
+def _output_extensions(o: pb.ModelInferRequest.InferRequestedOutputTensor, extensions: TensorExtensions) -> None:
+    params = parameter_values(o.parameters)
+    place = tensor_place(o.name, params)
+    if place is not None:
+        extensions.outputs[o.name] = place
+    if CLASSIFICATION_PARAM in params:
+        count = class_count(o.name, params[CLASSIFICATION_PARAM])
+        if count:
+            extensions.classes[o.name] = count
 
 
 def _check_input(t: pb.ModelInferRequest.InferInputTensor) -> int:
     """Refusals that do not depend on the data; returns the shape's element count."""
-    if t.parameters and "shared_memory_region" in t.parameters:
-        raise InferenceError(Code.UNSUPPORTED, NO_SHM)
     if t.datatype not in NUMPY_DTYPES:
         if t.datatype == "BF16":
             raise InferenceError(Code.UNSUPPORTED, f"input '{clip(t.name)}': BF16 tensors are not supported")

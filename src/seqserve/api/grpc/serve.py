@@ -23,6 +23,7 @@ from seqserve.api.grpc.servicer import (
 )
 from seqserve.api.grpc.stream import StreamDrain, StreamStats
 from seqserve.api.serve_options import GrpcOptions
+from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.api.transport.grpc_context import Method
 from seqserve.api.transport.grpc_server import BuiltinGrpcServer
 from seqserve.engine import Server
@@ -58,6 +59,7 @@ async def start_grpc(
     stream_stats: StreamStats | None = None,
     streams: StreamDrain | None = None,
     sock: socket.socket | None = None,
+    shared_memory: SharedMemoryRegistry | None = None,
 ) -> grpc.aio.Server | BuiltinGrpcServer:
     """Serve as ``front_end`` says: on its host and port (``sock``, bound and listening, for the
     builtin server), with its TLS, the rpcs of its restricted groups guarded
@@ -65,7 +67,11 @@ async def start_grpc(
     (api/transport) or "grpcio" (grpc.aio). Both have ``stop(grace)``."""
     limits, tls = front_end.limits, front_end.tls
     inference = InferenceServicer(
-        server, stream_scoped=front_end.stream_scoped, stream_stats=stream_stats, streams=streams
+        server,
+        stream_scoped=front_end.stream_scoped,
+        stream_stats=stream_stats,
+        streams=streams,
+        shared_memory=shared_memory,
     )
     methods = method_table(inference, HealthServicer(server), front_end.restricted)
     if front_end.kind == "builtin":

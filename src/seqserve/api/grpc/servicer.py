@@ -14,6 +14,7 @@ from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
 from seqserve._proto import health_pb2, health_pb2_grpc
 from seqserve.api.grpc import codec, wire
 from seqserve.api.grpc.codec import Undecodable
+from seqserve.api.grpc.shared_memory_rpcs import CUDA_SHM_RPCS, SharedMemoryRpcs, placed_entries
 from seqserve.api.grpc.status import aborted, unexpected
 from seqserve.api.grpc.stream import (
     REPLY_ORDER_HEADER,
@@ -22,8 +23,9 @@ from seqserve.api.grpc.stream import (
     StreamSession,
     StreamStats,
 )
-from seqserve.api.kserve import EXTENSIONS, NO_SHM, SESSION_END_KEY, SESSION_ID_KEY, apply_session, clip, enqueue_single
+from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, clip, enqueue_single
 from seqserve.api.limits import offload
+from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.api.statistics import statistics_proto
 from seqserve.api.transport.grpc_context import CallAborted, CallContext, Status
 from seqserve.engine import InferenceError, SequenceScope, Server
@@ -34,18 +36,10 @@ RAW_RPCS = frozenset({"ModelInfer", "ModelStreamInfer"})
 #: unary rpcs that answer any unexpected exception themselves (one frame less on the hot path)
 CHECKS_ITSELF = frozenset({"ModelInfer"})
 
-_SHM_RPCS = (
-    "SystemSharedMemoryStatus",
-    "SystemSharedMemoryRegister",
-    "SystemSharedMemoryUnregister",
-    "CudaSharedMemoryStatus",
-    "CudaSharedMemoryRegister",
-    "CudaSharedMemoryUnregister",
-)
 #: rpcs answered UNIMPLEMENTED with a message that says why and what to do, instead of
 #: grpcio's bare "Method not implemented!"
 UNIMPLEMENTED_RPCS = {
-    **{rpc: f"{rpc}: {NO_SHM}" for rpc in _SHM_RPCS},
+    **CUDA_SHM_RPCS,
     **{rpc: f"{rpc}: seqserve does not implement this extension" for rpc in ("TraceSetting", "LogSettings")},
 }
 
@@ -62,14 +56,18 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         stream_scoped: bool = False,
         stream_stats: StreamStats | None = None,
         streams: StreamDrain | None = None,
+        shared_memory: SharedMemoryRegistry | None = None,
     ) -> None:
         """stream_scoped: sequences started on a ModelStreamInfer stream end when it closes,
         unless the stream says otherwise (``seqserve-stream-scoped`` header). ``streams``: the
-        open streams, which the shutdown ends with UNAVAILABLE (see ``StreamDrain``)."""
+        open streams, which the shutdown ends with UNAVAILABLE (see ``StreamDrain``).
+        ``shared_memory``: the regions registered with the server (shared with HTTP)."""
         self.server = server
         self.stream_scoped = stream_scoped
         self.stream_stats = stream_stats if stream_stats is not None else StreamStats()
         self.streams = streams if streams is not None else StreamDrain()
+        self.shared_memory = shared_memory if shared_memory is not None else SharedMemoryRegistry()
+        self._shm_rpcs = SharedMemoryRpcs(self.shared_memory)
 
     # ------------------------------------------------------------------------- health
 
@@ -166,9 +164,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if isinstance(msg, Undecodable):
                 raise msg.error()
             try:
-                infer_request, _ = codec.decode_request(msg, inline=True)
+                infer_request, options = codec.decode_request(msg, inline=True)
             except codec.DecodeOffLoop:
-                infer_request, _ = await offload(codec.decode_request, msg)
+                infer_request, options = await offload(codec.decode_request, msg)
+            extensions = options.extensions  # shared memory, classification
+            if extensions is not None:
+                extensions.prepare(self.server, infer_request, self.shared_memory)
             metadata = context.metadata
             if metadata:
                 session = end = None
@@ -182,11 +183,31 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 if session is not None or end is not None:
                     apply_session(self.server, infer_request, session, end)
             result = await enqueue_single(self.server, infer_request, "ModelInfer RPC")
+            if extensions is not None:
+                placed = extensions.finish(self.server, result, self.shared_memory)
+                return wire.infer_response(result) + placed_entries(placed)
             return wire.infer_response(result)
         except InferenceError as e:
             raise aborted(e) from None
         except Exception as e:
             raise unexpected("ModelInfer", e) from None
+
+    # ------------------------------------------------------------------ shared memory
+
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        return self._shm_rpcs.status(request)
+
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        return self._shm_rpcs.register(request)
+
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        return self._shm_rpcs.unregister(request)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[bytes], context: CallContext) -> AsyncIterator[bytes]:
         """See StreamSession. Headers: ``triton_grpc_error: true``, the first error ends the
@@ -230,6 +251,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             completion_order=completion_order,
             scope=SequenceScope(_STREAM_CLOSED) if scoped else None,
             stats=stats,
+            shared_memory=self.shared_memory,
         )
         self.streams.add(session)
         try:

@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve.api.errors import internal_error
 from seqserve.api.grpc import codec, wire
+from seqserve.api.grpc.shared_memory_rpcs import placed_stream_entries
 from seqserve.api.limits import offload
+from seqserve.api.shared_memory import SharedMemoryRegistry
+from seqserve.api.tensor_extensions import TensorExtensions
 from seqserve.engine import (
     Code,
     InferenceError,
@@ -127,6 +130,7 @@ class StreamSession:
         "_ready",
         "_scope",
         "_server",
+        "_shared_memory",
         "_stall_head",
         "_stall_timer",
         "_stats",
@@ -142,8 +146,11 @@ class StreamSession:
         completion_order: bool = False,
         scope: SequenceScope | None = None,
         stats: StreamStats | None = None,
+        shared_memory: SharedMemoryRegistry | None = None,
     ) -> None:
+        """``shared_memory``: the server's regions, for requests that place tensors in them."""
         self._server = server
+        self._shared_memory = shared_memory if shared_memory is not None else SharedMemoryRegistry()
         self._grpc_errors = grpc_errors
         self._completion_order = completion_order
         self._scope = scope
@@ -243,6 +250,9 @@ class StreamSession:
                 raise decoded
             else:
                 request, options = decoded
+            if options.extensions is not None:  # shared memory, classification
+                options.extensions.prepare(self._server, request, self._shared_memory)
+                req.extensions = options.extensions
             req.empty_final = options.empty_final
             req.sequence_id = request.sequence_id
             req.start = request.sequence_start
@@ -325,12 +335,25 @@ class StreamSession:
             reply = self._error_reply(req, response, final)
         elif response is not None:
             req.responded = True
-            reply = wire.stream_response(response, final)
+            if req.extensions is None:
+                reply = wire.stream_response(response, final)
+            else:
+                reply = self._extended_reply(req, req.extensions, response, final)
         elif req.empty_final:  # a final flag alone, written only when the client asked for it
             reply = wire.stream_reply(req.id, req.model, req.version, True)
         else:  # a bare final flag: nothing to write
             reply = None
         self._put(req, reply, final)
+
+    def _extended_reply(
+        self, req: _StreamRequest, extensions: TensorExtensions, response: InferResult, final: bool
+    ) -> Reply | None:
+        """A response whose outputs are classified or placed in shared memory first."""
+        try:
+            placed = extensions.finish(self._server, response, self._shared_memory)
+        except InferenceError as e:
+            return self._error_reply(req, e, final)
+        return wire.stream_response(response, final) + placed_stream_entries(placed)
 
     def _error_reply(self, req: _StreamRequest, err: InferenceError, final: bool | None) -> Reply | None:
         """What to write for a request that failed. UNAVAILABLE means the request was not run
@@ -407,6 +430,7 @@ class _StreamRequest:
     __slots__ = (
         "cancel",
         "empty_final",
+        "extensions",
         "id",
         "model",
         "ordered",
@@ -424,6 +448,7 @@ class _StreamRequest:
         self.model = model  # as requested, for the replies that carry no result
         self.version = version
         self.empty_final = False
+        self.extensions: TensorExtensions | None = None  # shared memory, classification
         self.ordered = False  # its reply waits for those of the requests before it
         self.outcome: _Item | None = None  # ordered: its reply, once known
         self.responded = False  # a response (not an error) has come for it

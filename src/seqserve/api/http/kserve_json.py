@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from seqserve.api.classification import CLASSIFICATION_PARAM, class_count
 from seqserve.api.kserve import (
     NUMPY_DTYPES,
     UINT64_MAX,
@@ -31,7 +32,9 @@ from seqserve.api.kserve import (
     tensor_from_raw,
     wire_datatype,
 )
-from seqserve.engine import Code, InferenceError, InferRequest, InferResult
+from seqserve.api.shared_memory import REGION_PARAM, tensor_place
+from seqserve.api.tensor_extensions import PlacedOutput, TensorExtensions
+from seqserve.engine import InferRequest, InferResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,8 @@ class HttpReplyOptions:
     #: requested outputs -> their binary_data flag (None: not said, binary_default applies);
     #: None when the request named no outputs
     binary: dict[str, bool | None] | None = None
+    #: shared-memory tensors and class counts (None: the request uses neither)
+    extensions: TensorExtensions | None = None
 
 
 # Requests that name no outputs share these (no object per request).
@@ -94,6 +99,7 @@ def decode_request(
     if not isinstance(specs, list):
         raise bad("the inference request must have an 'inputs' array")
     offset = 0
+    extensions: TensorExtensions | None = None  # made when a tensor uses one
     for spec in specs:
         if not isinstance(spec, dict):
             raise bad("each input must be a JSON object")
@@ -101,7 +107,7 @@ def decode_request(
         datatype = spec.get("datatype")
         if not isinstance(name, str) or not isinstance(datatype, str):
             raise bad("each input needs a string 'name' and 'datatype'")
-        if name in inputs:
+        if name in inputs or (extensions is not None and name in extensions.inputs):
             raise bad(f"input '{clip(name)}' already exists in request")
         count = check_shape(name, spec.get("shape"))
         shape: list[int] = spec["shape"]
@@ -110,9 +116,14 @@ def decode_request(
         iparams = spec.get("parameters") or {}
         if not isinstance(iparams, dict):
             raise bad(f"input '{clip(name)}': 'parameters' must be a JSON object")
-        if "shared_memory_region" in iparams:
-            raise InferenceError(Code.UNSUPPORTED, f"input '{clip(name)}': shared memory inputs are not supported")
-        if "binary_data_size" in iparams:
+        if REGION_PARAM in iparams:
+            if "data" in spec or "binary_data_size" in iparams:
+                raise bad(f"input '{clip(name)}' has shared memory and data of its own")
+            place = tensor_place(name, iparams)
+            assert place is not None
+            extensions = extensions if extensions is not None else TensorExtensions()
+            extensions.inputs[name] = (datatype, shape, place)
+        elif "binary_data_size" in iparams:
             size = iparams["binary_data_size"]
             if "data" in spec:
                 raise bad(f"input '{clip(name)}' has both 'data' and 'binary_data_size'")
@@ -134,6 +145,8 @@ def decode_request(
 
     outputs = doc.get("outputs")
     if outputs is None or outputs == []:  # absent or []: every output
+        if extensions is not None:
+            return request, HttpReplyOptions(binary_default, None, extensions)
         return request, _ALL_BINARY if binary_default else _ALL_JSON
     if not isinstance(outputs, list):
         raise bad("'outputs' must be an array")
@@ -144,16 +157,31 @@ def decode_request(
         oparams = o.get("parameters") or {}
         if not isinstance(oparams, dict):
             raise bad(f"output '{clip(o['name'])}': 'parameters' must be a JSON object")
-        if "shared_memory_region" in oparams:
-            raise InferenceError(
-                Code.UNSUPPORTED, f"output '{clip(o['name'])}': shared memory outputs are not supported"
-            )
+        if oparams:
+            extensions = _output_extensions(o["name"], oparams, extensions)
         flag = oparams.get("binary_data")
         if flag is not None and not isinstance(flag, bool):
             raise bad(f"output '{clip(o['name'])}': Unable to parse 'binary_data'")
         binary[o["name"]] = flag
     request.outputs = tuple(binary)
-    return request, HttpReplyOptions(binary_default, binary)
+    return request, HttpReplyOptions(binary_default, binary, extensions or None)
+
+
+def _output_extensions(
+    name: str, params: dict[str, Any], extensions: TensorExtensions | None
+) -> TensorExtensions | None:
+    """A requested output's shared-memory place and class count, into ``extensions`` (made
+    when the output uses one of them)."""
+    place = tensor_place(name, params)
+    count = class_count(name, params[CLASSIFICATION_PARAM]) if CLASSIFICATION_PARAM in params else 0
+    if place is None and not count:
+        return extensions
+    extensions = extensions if extensions is not None else TensorExtensions()
+    if place is not None:
+        extensions.outputs[name] = place
+    if count:
+        extensions.classes[name] = count
+    return extensions
 
 
 def loads(raw: bytes | memoryview) -> Any:
@@ -257,8 +285,11 @@ def _flatten(data: Any) -> list[Any]:
 # ------------------------------------------------------------------------ response
 
 
-def encode_response(result: InferResult, options: HttpReplyOptions) -> tuple[bytes, int | None]:
-    """Return (body, json_length); json_length is None when no binary tail follows."""
+def encode_response(
+    result: InferResult, options: HttpReplyOptions, placed: dict[str, PlacedOutput] | None = None
+) -> tuple[bytes, int | None]:
+    """Return (body, json_length); json_length is None when no binary tail follows. ``placed``:
+    the outputs written into shared memory, whose entries carry their place instead of data."""
     entries = []
     chunks: list[bytes] = []
     flags = options.binary
@@ -274,6 +305,8 @@ def encode_response(result: InferResult, options: HttpReplyOptions) -> tuple[byt
         else:
             entry["data"] = _json_data(name, arr)
         entries.append(entry)
+    if placed:
+        entries.extend(_placed_entry(name, out) for name, out in placed.items())
     doc: dict[str, Any] = {"model_name": result.model_name, "model_version": result.model_version, "outputs": entries}
     if result.id:
         doc["id"] = result.id
@@ -283,6 +316,13 @@ def encode_response(result: InferResult, options: HttpReplyOptions) -> tuple[byt
     if not chunks:
         return head, None
     return b"".join([head, *chunks]), len(head)
+
+
+def _placed_entry(name: str, out: PlacedOutput) -> dict[str, Any]:
+    params: dict[str, Any] = {"shared_memory_region": out.place.region, "shared_memory_byte_size": out.byte_size}
+    if out.place.offset:
+        params["shared_memory_offset"] = out.place.offset
+    return {"name": name, "datatype": out.datatype, "shape": out.shape, "parameters": params}
 
 
 def _json_data(name: str, arr: np.ndarray) -> Any:

@@ -19,10 +19,10 @@ from seqserve.api import sequences
 from seqserve.api.http import kserve_json
 from seqserve.api.http.body import BodyWatch, read_body
 from seqserve.api.http.router import Endpoint, Route, Router
+from seqserve.api.http.shared_memory_routes import SharedMemoryRoutes
 from seqserve.api.http.status import error_reply, json_reply, reply_for
 from seqserve.api.kserve import (
     EXTENSIONS,
-    NO_SHM,
     SESSION_END_KEY,
     SESSION_ID_KEY,
     apply_session,
@@ -36,6 +36,7 @@ from seqserve.api.limits import (
     inflate,
     offload,
 )
+from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.api.statistics import statistics_json
 from seqserve.api.transport.asgi import asgi_app
 from seqserve.api.transport.exchange import BodySource, Handler, HttpReply, HttpRequest
@@ -68,8 +69,11 @@ class HttpFrontend:
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+        shared_memory: SharedMemoryRegistry | None = None,
     ) -> None:
+        """``shared_memory``: the regions registered with the server (shared with gRPC)."""
         self.server = server
+        self.shared_memory = shared_memory if shared_memory is not None else SharedMemoryRegistry()
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self._body_watch = BodyWatch(body_timeout_s)
@@ -208,6 +212,9 @@ class HttpFrontend:
             req, options = await offload(kserve_json.decode_request, body, ihcl, model, version)
         else:
             req, options = kserve_json.decode_request(body, ihcl, model, version)
+        extensions = options.extensions  # shared memory, classification
+        if extensions is not None:
+            extensions.prepare(self.server, req, self.shared_memory)
         session = header(_SESSION_ID)
         end = header(_SESSION_END)
         if session is not None or end is not None:
@@ -221,7 +228,8 @@ class HttpFrontend:
             if e.args == (_DISCONNECTED,):  # the request, not this handler, was cancelled
                 return None
             raise
-        out, json_len = kserve_json.encode_response(result, options)
+        placed = None if extensions is None else extensions.finish(self.server, result, self.shared_memory)
+        out, json_len = kserve_json.encode_response(result, options, placed)
         reply = []
         if json_len is not None:
             reply.append((b"content-type", b"application/octet-stream"))
@@ -289,6 +297,7 @@ class HttpFrontend:
             Route("/v2/repository/models/{model}/load", s.load, ["POST"]),
             Route("/v2/repository/models/{model}/unload", s.unload, ["POST"]),
         ]
+        routes += SharedMemoryRoutes(self.shared_memory, self._body).routes()
         # Triton's extensions that seqserve does not implement: a clear 501 (the HTTP twin of the
         # gRPC UNIMPLEMENTED they get), not a bare 404.
         for path, methods, message in _UNIMPLEMENTED_ROUTES:
@@ -354,12 +363,6 @@ _UNIMPLEMENTED_ROUTES = [
     ("/v2/logging", ["GET", "POST"], f"log settings: {_NO_EXTENSION}"),
     ("/v2/trace/setting", ["GET", "POST"], f"trace settings: {_NO_EXTENSION}"),
     ("/v2/models/{model}/trace/setting", ["GET", "POST"], f"trace settings: {_NO_EXTENSION}"),
-    # status (GET), register and unregister (POST), for all regions or one
-    *[
-        (f"/v2/{kind}sharedmemory{path}", ["GET", "POST"], NO_SHM)
-        for kind in ("system", "cuda")
-        for path in ("/{action}", "/region/{region}/{action}")
-    ],
 ]
 
 

@@ -91,15 +91,45 @@ def config_to_json(cfg: ModelConfig) -> dict[str, Any]:
 
     Like Triton: snake_case field names, every field without presence
     printed (defaults included), enums by name, and 64-bit integers as JSON
-    numbers rather than the strings protobuf's JSON mapping uses.
+    numbers rather than the strings protobuf's JSON mapping uses. seqserve's
+    own fields (numbers from ``EXTENSION_FIELD_MIN``) appear only when the
+    config sets them, so that a client parsing the JSON strictly with Triton's
+    ``model_config.proto`` accepts every config that uses none of them.
     """
     out = json_format.MessageToDict(
         cfg,
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
     )
-    _unquote_int64(out, cast(Descriptor, cfg.DESCRIPTOR))
+    desc = cast(Descriptor, cfg.DESCRIPTOR)
+    _drop_unset_extensions(out, cfg, desc)
+    _unquote_int64(out, desc)
     return out
+
+
+#: seqserve's config extensions use field numbers from here on (protos/model_config.proto)
+EXTENSION_FIELD_MIN = 1000
+
+
+def _drop_unset_extensions(obj: dict[str, Any], msg: Any, desc: Descriptor) -> None:
+    """Remove from ``obj`` (``msg`` as a dict) each seqserve field that ``msg`` leaves at its
+    default; descend into the message fields both hold."""
+    for key in list(obj):
+        field = desc.fields_by_name.get(key)
+        if field is None:
+            continue
+        value = getattr(msg, key)
+        extension = field.number >= EXTENSION_FIELD_MIN and not field.is_repeated and not field.has_presence
+        if extension and value == field.default_value:
+            del obj[key]
+            continue
+        if field.message_type is None or field.message_type.GetOptions().map_entry:
+            continue
+        if _is_repeated(field):
+            for item_obj, item_msg in zip(obj[key], value, strict=True):
+                _drop_unset_extensions(item_obj, item_msg, field.message_type)
+        else:
+            _drop_unset_extensions(obj[key], value, field.message_type)
 
 
 _INT64_TYPES = frozenset(
