@@ -12,8 +12,6 @@ from tests.support.process import ServerProcess
 @pytest.mark.parametrize(
     ("call", "fragment"),
     [
-        ("get_cuda_shared_memory_status", "does not implement CUDA shared memory"),
-        ("unregister_cuda_shared_memory", "does not implement CUDA shared memory"),
         ("get_log_settings", "does not implement this extension"),
         ("get_trace_settings", "does not implement this extension"),
     ],

@@ -28,6 +28,7 @@ EXTENSIONS = (
     "schedule_policy",
     "classification",
     "system_shared_memory",
+    "cuda_shared_memory",
 )
 
 #: Protocol datatype -> numpy dtype, for every datatype numpy has (BYTES: object; not BF16).
