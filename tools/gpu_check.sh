@@ -24,6 +24,9 @@ SITE=$(mktemp -d /tmp/seqserve-gpu-site.XXXXXX)
 started=$(date +%s)
 status=0
 step() { echo "== $* ($(($(date +%s) - started)) s)" | tee -a "$OUT/summary.txt"; }
+# The whole check stays within 6 minutes: each step gets its own bound, and never more than
+# what is left of 340 s (the rest is for the wheels and the summary).
+budget() { local left=$((340 - ($(date +%s) - started))); echo $((left < $1 ? (left > 5 ? left : 5) : $1)); }
 
 step "machine"
 { nvidia-smi -L 2>&1; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
@@ -38,7 +41,7 @@ fi
 export PYTHONPATH="$SITE"
 
 step "build"
-timeout 150 "$PY" -c "
+timeout "$(budget 90)" "$PY" -c "
 from pybind11.setup_helpers import ParallelCompile; ParallelCompile(default=0).install()
 import runpy, sys; sys.argv=['setup.py','build_ext','--inplace']; runpy.run_path('setup.py', run_name='__main__')" \
   >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; echo "build failed" | tee -a "$OUT/summary.txt"; exit 1; }
@@ -47,13 +50,13 @@ export PYTHONPATH="$PWD/src:$PWD:$SITE"
   | tee -a "$OUT/summary.txt"
 
 step "tests/gpu"
-SEQSERVE_REQUIRE_GPU=1 timeout 200 "$PY" -m pytest -q -p no:cacheprovider -rs --junitxml "$OUT/tests.xml" \
+SEQSERVE_REQUIRE_GPU=1 timeout "$(budget 150)" "$PY" -m pytest -q -p no:cacheprovider -rs --junitxml "$OUT/tests.xml" \
   tests/gpu tests/unit/test_device_rows.py tests/unit/test_device_state_table.py tests/unit/test_device_placement.py \
   tests/unit/test_gpu_metrics.py >"$OUT/tests.txt" 2>&1 || status=1
 tail -5 "$OUT/tests.txt" | tee -a "$OUT/summary.txt"
 
 step "bench"
-timeout 150 "$PY" -m bench.studies.gpu --seconds 3 --out "$OUT" >"$OUT/bench.txt" 2>&1 || status=1
+timeout "$(budget 110)" "$PY" -m bench.studies.gpu --seconds 3 --out "$OUT" >"$OUT/bench.txt" 2>&1 || status=1
 tee -a "$OUT/summary.txt" <"$OUT/bench.txt"
 
 step "done: status $status"
