@@ -211,6 +211,19 @@ void bind_batch(py::module_& m) {
       .def_property_readonly("end", [](py::object self) { return flags_array(self, &Batch::end); })
       .def_property_readonly("ready", [](py::object self) { return flags_array(self, &Batch::ready); })
       .def_property_readonly("corrid", &corrid_array)
+      .def_property_readonly(
+          "slots",
+          [](BatchView& v) {
+            const Batch& b = v.get().batch;
+            py::array_t<int32_t> out(static_cast<py::ssize_t>(b.size));
+            int32_t* p = out.mutable_data();
+            for (int64_t i = 0; i < b.size; ++i)
+              p[i] = i < static_cast<int64_t>(b.rows.size()) ? static_cast<int32_t>(b.rows[i].slot) : -1;
+            return out;
+          },
+          "The sequence slot of every row (a copy; padding rows too, -1 past the formed rows). Device "
+          "state tables index their per-slot rows with it.")
+
       .def(
           "state",
           [](py::object self, const std::string& name) {

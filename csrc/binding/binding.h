@@ -57,6 +57,7 @@ const RequestHeaderObject* as_request_header(py::handle obj);
 py::object checkpoint_sequence(SequenceScheduler& sched, py::handle corrid, bool release);
 py::object restore_sequence(SequenceScheduler& sched, py::handle corrid, bool session, uint64_t steps, py::list states);
 
+void bind_dlpack(py::module_& m);  // DLPackView: engine-owned memory exported through DLPack
 void bind_spec(py::module_& m);   // enums, spec classes, statistics, Refusal, ExpiredSequence
 void bind_batch(py::module_& m);  // Batch, serialize_bytes, deserialize_bytes
 void bind_request(py::module_& m);    // RequestHeader

@@ -259,7 +259,7 @@ async def test_final_end_step_reaches_the_model(repo, serve):
 
 async def test_sequence_int32_controls_without_batching(repo, serve):
     write_model(repo, "seq_int32", SEQUENCE_INT32_CONFIG, SEQUENCE_INT32)
-    s = await serve()
+    s = await serve(kind_gpu_on_cpu=True)  # Triton QA's config asks for KIND_GPU
 
     async def acc(sid, v, **kw):
         r = await s.infer("seq_int32", {"INPUT": np.array([v], np.int32)}, sequence_id=sid, **kw)
@@ -269,7 +269,7 @@ async def test_sequence_int32_controls_without_batching(repo, serve):
     assert await asyncio.gather(*a) == [[5], [100]]
     assert await asyncio.gather(acc(10, 3), acc(11, 1)) == [[8], [101]]
     assert await asyncio.gather(acc(10, 10, sequence_end=True), acc(11, -1, sequence_end=True)) == [[18], [100]]
-    assert len(s.model("seq_int32")._instances) == 4  # KIND_GPU x4 runs on CPU here
+    assert len(s.model("seq_int32")._instances) == 4  # KIND_GPU x4 runs on the CPU (kind_gpu_on_cpu)
 
 
 # ----------------------------------------------------------------------------- add_sub

@@ -37,3 +37,23 @@ def test_h2_flood_study_runs() -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "quiet" in proc.stdout and "flooded" in proc.stdout and "frames written" in proc.stdout
+
+
+def test_gpu_bench_runs_on_the_cpu_path(tmp_path: Path) -> None:
+    """bench.studies.gpu's CPU half (the GPU half runs in tools/gpu_check.sh on a GPU machine)."""
+    import json
+    import subprocess
+
+    from tests.support.checks import import_torch
+
+    import_torch()
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.studies.gpu", "--cpu-only", "--seconds", "0.3", "--counts", "1,2",
+         "--out", str(tmp_path)],
+        cwd=root, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "gpu_bench.json").read_text())
+    assert [(r["model"], r["sequences"]) for r in doc["lstm"]] == [("lstm_cpu", 1), ("lstm_cpu", 2)]
+    assert all(r["steps_per_s"] > 0 for r in doc["lstm"])

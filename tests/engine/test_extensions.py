@@ -619,13 +619,24 @@ async def test_two_instances_for_every_scheduler(repo, serve, scheduler):
         assert mod.RECORD[-1][0] == first  # sticky: the sequence stays on its instance
 
 
-async def test_kind_gpu_without_gpu_runs_on_cpu_with_one_warning(repo, serve, caplog):
+async def test_kind_gpu_without_gpu_is_a_load_error_that_names_the_reason(repo, serve):
+    groups = 'instance_group [ { name: "g1" count: 2 kind: KIND_GPU } ]'
+    write_model(repo, "m", in_x_config(mbs=4, rest=groups), GATED)
+    s = await serve()
+    index = {m["name"]: m for m in s.repository_index()}
+    assert index["m"]["state"] == "UNAVAILABLE", index
+    reason = index["m"]["reason"]
+    assert "instance group 'g1' is KIND_GPU" in reason, reason
+    assert "--kind-gpu-on-cpu" in reason, reason
+
+
+async def test_kind_gpu_on_cpu_flag_runs_on_cpu_with_one_warning(repo, serve, caplog):
     groups = (
         'instance_group [ { name: "g1" count: 2 kind: KIND_GPU }, { name: "g2" count: 1 kind: KIND_GPU gpus: [ 0 ] } ]'
     )
     write_model(repo, "m", in_x_config(mbs=4, rest=groups), GATED)
     caplog.set_level(logging.WARNING)
-    s = await serve()
+    s = await serve(kind_gpu_on_cpu=True)
     m = s.model("m")
     assert m.instance_names == ["g1_0", "g1_1", "g2_0"]
     mod = sys.modules["seqserve_models.m.v1"]

@@ -113,8 +113,7 @@ CALLS: list[tuple[str, str, tuple[Any, ...], Any]] = [
     ("model-repository", "unload_model", ("accumulator",),
      ("503", "StatusCode.UNAVAILABLE", "explicit model load / unload is not allowed")),
     ("shared-memory", "get_system_shared_memory_status", (), None),
-    ("shared-memory", "get_cuda_shared_memory_status", (), NOT_SERVED),
-    ("shared-memory", "unregister_cuda_shared_memory", (), NOT_SERVED),
+    ("shared-memory", "get_cuda_shared_memory_status", (), None),
     ("trace", "get_trace_settings", (), None),
     ("logging", "get_log_settings", (), None),
 ]  # fmt: skip

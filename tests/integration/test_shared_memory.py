@@ -5,6 +5,7 @@ through shared memory, on unary calls and on a stream, and the refusals (an unkn
 
 from __future__ import annotations
 
+import base64
 import queue
 import uuid
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from seqserve.engine.device.probe import probe_gpus
 from tests.support.clients import http_request
 from tests.support.process import ServerProcess
 
@@ -141,7 +143,7 @@ def test_refusals(server: ServerProcess, regions: Regions, protocol: str) -> Non
     y.set_shared_memory("not-registered", 16)
     with pytest.raises(InferenceServerException) as ei:
         client.infer("add_sub", [x, y])
-    assert "Unable to find system shared memory region: 'not-registered'" in ei.value.message()
+    assert "Unable to find shared memory region: 'not-registered'" in ei.value.message()
     assert client.is_server_live()
 
 
@@ -189,7 +191,26 @@ def test_raw_http_routes(server: ServerProcess) -> None:
     bad = http_request(server, "POST", "/v2/systemsharedmemory/region/r/register", traversal)
     assert bad.status == 400 and "must be a name" in bad.error()
     cuda = http_request(server, "GET", "/v2/cudasharedmemory/status")
-    assert cuda.status == 501 and "CUDA shared memory" in cuda.error()
+    assert cuda.status == 200 and cuda.json() == []
+    handle = {"raw_handle": {"b64": base64.b64encode(bytes(64)).decode()}, "device_id": 0, "byte_size": 64}
+    refused = http_request(server, "POST", "/v2/cudasharedmemory/region/c/register", handle)
+    if not probe_gpus().count:  # the client's error, naming why; the server is unaffected
+        assert refused.status == 400 and "Unable to register CUDA shared memory region 'c'" in refused.error()
+    bad = http_request(server, "POST", "/v2/cudasharedmemory/region/c/register", {"raw_handle": {"b64": "%%"}})
+    assert bad.status == 400 and "not base64" in bad.error()
+
+
+def test_cuda_shared_memory_rpcs_answer_and_refuse_without_a_gpu(server: ServerProcess) -> None:
+    if probe_gpus().count:
+        pytest.skip("this machine has a GPU: tests/gpu registers real CUDA regions")
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    assert not client.get_cuda_shared_memory_status().regions
+    client.unregister_cuda_shared_memory("nothing")  # no error, as in Triton
+    with pytest.raises(InferenceServerException) as ei:
+        client.register_cuda_shared_memory("c", base64.b64encode(bytes(64)), 0, 64)  # tritonclient decodes it
+    assert ei.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "Unable to register CUDA shared memory region 'c'" in ei.value.message()
+    assert client.is_server_live()
 
 
 def test_a_sequence_on_a_stream_through_shared_memory(server: ServerProcess, regions: Regions) -> None:
@@ -232,7 +253,7 @@ def test_a_stream_request_naming_no_region_is_refused_and_the_stream_goes_on(ser
         client.async_stream_infer("add_sub", [x, y])
         error = replies.get(timeout=60)
         assert isinstance(error, InferenceServerException)
-        assert "Unable to find system shared memory region: 'not-registered'" in error.message()
+        assert "Unable to find shared memory region: 'not-registered'" in error.message()
         for t in (x, y):
             t.set_data_from_numpy(np.ones((1, 4), np.float32))
         client.async_stream_infer("add_sub", [x, y])

@@ -1,25 +1,28 @@
-"""RPCs seqserve does not implement answer UNIMPLEMENTED with a message that says why."""
+"""What seqserve does not serve says so: `generate` answers 501 with a message (until the
+pipelines issue builds it), and an rpc outside Triton's service is UNIMPLEMENTED; the server
+is unaffected either way."""
 
 from __future__ import annotations
 
+import grpc
 import pytest
-import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
 
+from tests.support.clients import http_request
 from tests.support.process import ServerProcess
 
 
-@pytest.mark.parametrize(
-    ("call", "fragment"),
-    [
-        ("get_cuda_shared_memory_status", "does not implement CUDA shared memory"),
-        ("unregister_cuda_shared_memory", "does not implement CUDA shared memory"),
-    ],
-)
-def test_grpc_extension_rpcs_are_unimplemented(server: ServerProcess, call: str, fragment: str) -> None:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    with pytest.raises(InferenceServerException) as ei:
-        getattr(client, call)()
-    assert ei.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert fragment in ei.value.message()
-    assert client.is_server_live()  # the server is unaffected
+@pytest.mark.parametrize("path", ["/v2/models/accumulator/generate", "/v2/models/accumulator/generate_stream"])
+def test_generate_answers_501_with_a_message(server: ServerProcess, path: str) -> None:
+    r = http_request(server, "POST", path, b"{}")
+    assert r.status == 501 and "use /infer" in r.error(), (r.status, r.body)
+    assert http_request(server, "GET", "/v2/health/live").status == 200
+
+
+def test_an_rpc_outside_the_service_is_unimplemented(server: ServerProcess) -> None:
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/NoSuchRpc")
+        with pytest.raises(grpc.RpcError) as ei:
+            call(b"", timeout=30)
+        assert ei.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive")
+        assert live(b"", timeout=30) is not None

@@ -30,6 +30,7 @@ EXTENSIONS = (
     "system_shared_memory",
     "logging",
     "trace",
+    "cuda_shared_memory",
 )
 
 #: Protocol datatype -> numpy dtype, for every datatype numpy has (BYTES: object; not BF16).

@@ -45,6 +45,7 @@ class EngineOptions:
     auto_complete_config: bool = True  # Triton's --disable-auto-complete-config turns it off
     default_max_batch_size: int = 4  # Triton's --backend-config=default-max-batch-size
     backend_directory: Path | None = None  # third-party backends (Triton's --backend-directory)
+    kind_gpu_on_cpu: bool = False  # KIND_GPU groups without a usable GPU run on the CPU
 
     def new_server(self) -> Server:
         """The Server these settings describe, not started."""
@@ -64,6 +65,7 @@ class EngineOptions:
             auto_complete_config=self.auto_complete_config,
             default_max_batch_size=self.default_max_batch_size,
             backend_directory=self.backend_directory,
+            kind_gpu_on_cpu=self.kind_gpu_on_cpu,
         )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from seqserve.api.cuda_shared_memory import CudaRegion
 from seqserve.api.kserve import bad, clip, raw_bytes, tensor_from_raw
 from seqserve.engine import Code, InferenceError
 
@@ -36,12 +37,6 @@ MAX_KEY = 255
 REGION_PARAM = "shared_memory_region"
 SIZE_PARAM = "shared_memory_byte_size"
 OFFSET_PARAM = "shared_memory_offset"
-
-#: what the CUDA shared-memory routes and rpcs answer (501 / UNIMPLEMENTED)
-NO_CUDA_SHM = (
-    "seqserve does not implement CUDA shared memory (it comes with GPU support): use system shared "
-    "memory or send tensor data in the request"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,16 +158,25 @@ def object_path(key: str) -> str:
 
 
 class SharedMemoryRegistry:
-    """The registered system shared-memory regions of one server, by name."""
+    """The registered shared-memory regions of one server, by name: system regions (``Region``)
+    and CUDA regions (``CudaRegion``, api/cuda_shared_memory.py), names unique across both."""
 
     __slots__ = ("_regions", "max_input_bytes", "max_regions")
 
     def __init__(self, *, max_regions: int = MAX_REGIONS, max_input_bytes: int = MAX_REQUEST_INPUT_BYTES) -> None:
-        self._regions: dict[str, Region] = {}
+        self._regions: dict[str, Region | CudaRegion] = {}
         self.max_regions = max_regions
         self.max_input_bytes = max_input_bytes
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._admit(name)
+        self._regions[name] = Region(name, key, offset, byte_size)
+
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        self._admit(name)
+        self._regions[name] = CudaRegion(name, raw_handle, device_id, byte_size)
+
+    def _admit(self, name: str) -> None:
         if not name:
             raise bad("a shared memory region needs a name")
         self._drop_removed()
@@ -184,26 +188,32 @@ class SharedMemoryRegistry:
                 f"{self.max_regions} shared memory regions are registered, the most this server holds: "
                 "unregister one first",
             )
-        self._regions[name] = Region(name, key, offset, byte_size)
 
-    def unregister(self, name: str = "") -> None:
-        """One region (no error if it is not registered, as in Triton), or every one."""
+    def unregister(self, name: str = "", *, cuda: bool | None = None) -> None:
+        """One region (no error if it is not registered, as in Triton), or every one; ``cuda``:
+        only regions of that kind (None: both)."""
         names = [name] if name else list(self._regions)
         for n in names:
-            region = self._regions.pop(n, None)
-            if region is not None:
+            region = self._regions.get(n)
+            if region is not None and (cuda is None or isinstance(region, CudaRegion) == cuda):
+                del self._regions[n]
                 region.close()
 
-    def status(self, name: str = "") -> list[dict[str, Any]]:
+    def status(self, name: str = "", *, cuda: bool = False) -> list[dict[str, Any]]:
+        """The status of every region of one kind, or of one named region of that kind."""
         self._drop_removed()
         if not name:
-            return [r.status() for r in self._regions.values()]
-        return [self.region(name).status()]
+            return [r.status() for r in self._regions.values() if isinstance(r, CudaRegion) == cuda]
+        region = self._regions.get(name)
+        if region is None or isinstance(region, CudaRegion) != cuda:
+            kind = "cuda" if cuda else "system"
+            raise InferenceError(Code.NOT_FOUND, f"Unable to find {kind} shared memory region: '{clip(name)}'")
+        return [region.status()]
 
-    def region(self, name: str) -> Region:
+    def region(self, name: str) -> Region | CudaRegion:
         region = self._regions.get(name)
         if region is None:
-            raise InferenceError(Code.NOT_FOUND, f"Unable to find system shared memory region: '{clip(name)}'")
+            raise InferenceError(Code.NOT_FOUND, f"Unable to find shared memory region: '{clip(name)}'")
         return region
 
     def close(self) -> None:

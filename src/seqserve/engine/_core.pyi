@@ -461,6 +461,10 @@ class Batch(metaclass=_Pybind11Type):
         """Ragged inputs: each request's shape (batch dim included), in request order; the
         input's array holds their elements end to end."""
     def controls(self) -> dict[str, np.ndarray]: ...
+    @property
+    def slots(self) -> np.ndarray:
+        """The sequence slot of every row (a copy; padding rows too, -1 past the formed rows).
+        Device state tables index their per-slot rows with it."""
     def states(self) -> dict[str, np.ndarray]:
         """Implicit state keyed by state input name (read-only views)."""
     @property
@@ -583,3 +587,26 @@ class Scheduler(metaclass=_Pybind11Type):
         """Stop the executors once queues drain (force: now); unanswered requests fail UNAVAILABLE.
         Waits up to timeout_s (None: without limit) for the executor threads; returns the indices
         of the instances whose executor was still running then (left behind, never joined)."""
+
+class DLPackView(metaclass=_Pybind11Type):
+    """A view of memory the engine owns, exported through DLPack without a copy. The owner
+    object is kept alive by the view and by every export of it."""
+
+    def __init__(
+        self, address: int, shape: list[int], dtype: str, device_type: int, device_id: int, owner: object
+    ) -> None: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: object | None = None,
+        max_version: object | None = None,
+        dl_device: object | None = None,
+        copy: object | None = None,
+    ) -> object: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    @property
+    def address(self) -> int: ...
+    @property
+    def shape(self) -> list[int]: ...
+    @property
+    def dtype(self) -> str: ...

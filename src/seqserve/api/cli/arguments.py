@@ -170,6 +170,7 @@ def _engine(
         auto_complete_config=not args.disable_auto_complete_config and args.strict_model_config is not True,
         default_max_batch_size=4 if default_max_batch_size is None else default_max_batch_size,
         backend_directory=args.backend_directory,
+        kind_gpu_on_cpu=args.kind_gpu_on_cpu,
     )
 
 

@@ -270,3 +270,9 @@ def _add_execution_flags(s: argparse.ArgumentParser) -> None:
         "'inline_max_batch_us' overrides it. "
         f"0: never (default: {DEFAULT_INLINE_MAX_BATCH_US})",
     )
+    s.add_argument(
+        "--kind-gpu-on-cpu",
+        action="store_true",
+        help="run KIND_GPU instance groups on the CPU (one warning per model) when there is no usable GPU or the "
+        "backend cannot use one; without it such a model fails to load and says why (docs/gpu.md)",
+    )

@@ -15,7 +15,7 @@ from seqserve._proto import grpc_service_pb2_grpc as pb_grpc
 from seqserve._proto import health_pb2, health_pb2_grpc
 from seqserve.api.grpc import codec, wire
 from seqserve.api.grpc.codec import Undecodable
-from seqserve.api.grpc.shared_memory_rpcs import CUDA_SHM_RPCS, SharedMemoryRpcs, placed_entries
+from seqserve.api.grpc.shared_memory_rpcs import SharedMemoryRpcs, placed_entries
 from seqserve.api.grpc.status import aborted, unexpected
 from seqserve.api.grpc.stream import (
     REPLY_ORDER_HEADER,
@@ -42,9 +42,7 @@ CHECKS_ITSELF = frozenset({"ModelInfer"})
 
 #: rpcs answered UNIMPLEMENTED with a message that says why and what to do, instead of
 #: grpcio's bare "Method not implemented!"
-UNIMPLEMENTED_RPCS = {
-    **CUDA_SHM_RPCS,
-}
+UNIMPLEMENTED_RPCS: dict[str, str] = {}  # every rpc of Triton's service is served now
 
 
 #: what the requests still queued in a stream-scoped sequence are told when its stream closes
@@ -238,6 +236,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
     ) -> pb.SystemSharedMemoryUnregisterResponse:
         return self._shm_rpcs.unregister(request)
+
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: Any
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        return self._shm_rpcs.cuda_status(request)
+
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        return self._shm_rpcs.cuda_register(request)
+
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        return self._shm_rpcs.cuda_unregister(request)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[bytes], context: CallContext) -> AsyncIterator[bytes]:
         """See StreamSession. Headers: ``triton_grpc_error: true``, the first error ends the

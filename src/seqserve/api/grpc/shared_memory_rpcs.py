@@ -1,6 +1,5 @@
-"""The gRPC side of Triton's system shared-memory extension: the three rpcs over one registry
-(CUDA's answer UNIMPLEMENTED, ``shared_memory.NO_CUDA_SHM``), and the reply entries of outputs
-written into regions."""
+"""The gRPC side of Triton's system and CUDA shared-memory extensions: their rpcs over one
+registry, and the reply entries of outputs written into regions."""
 
 from __future__ import annotations
 
@@ -8,15 +7,9 @@ from typing import Any
 
 from seqserve._proto import grpc_service_pb2 as pb
 from seqserve.api.grpc.status import aborted
-from seqserve.api.shared_memory import NO_CUDA_SHM, OFFSET_PARAM, REGION_PARAM, SIZE_PARAM, SharedMemoryRegistry
+from seqserve.api.shared_memory import OFFSET_PARAM, REGION_PARAM, SIZE_PARAM, SharedMemoryRegistry
 from seqserve.api.tensor_extensions import PlacedOutput
 from seqserve.engine import InferenceError
-
-#: the CUDA shared-memory rpcs, answered UNIMPLEMENTED with why
-CUDA_SHM_RPCS = {
-    rpc: f"{rpc}: {NO_CUDA_SHM}"
-    for rpc in ("CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister")
-}
 
 
 class SharedMemoryRpcs:
@@ -43,8 +36,29 @@ class SharedMemoryRpcs:
         return pb.SystemSharedMemoryRegisterResponse()
 
     def unregister(self, request: pb.SystemSharedMemoryUnregisterRequest) -> pb.SystemSharedMemoryUnregisterResponse:
-        self.registry.unregister(request.name)
+        self.registry.unregister(request.name, cuda=False)
         return pb.SystemSharedMemoryUnregisterResponse()
+
+    def cuda_status(self, request: pb.CudaSharedMemoryStatusRequest) -> pb.CudaSharedMemoryStatusResponse:
+        try:
+            regions = self.registry.status(request.name, cuda=True)
+        except InferenceError as e:
+            raise aborted(e) from None
+        resp = pb.CudaSharedMemoryStatusResponse()
+        for r in regions:
+            resp.regions[r["name"]].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(**r))
+        return resp
+
+    def cuda_register(self, request: pb.CudaSharedMemoryRegisterRequest) -> pb.CudaSharedMemoryRegisterResponse:
+        try:
+            self.registry.register_cuda(request.name, request.raw_handle, request.device_id, request.byte_size)
+        except InferenceError as e:
+            raise aborted(e) from None
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    def cuda_unregister(self, request: pb.CudaSharedMemoryUnregisterRequest) -> pb.CudaSharedMemoryUnregisterResponse:
+        self.registry.unregister(request.name, cuda=True)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
 
 def placed_stream_entries(placed: dict[str, PlacedOutput]) -> bytes:

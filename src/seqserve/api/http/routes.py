@@ -328,6 +328,7 @@ class HttpFrontend:
             Route("/v2/models/{model}/trace/setting", s.trace_setting, ["GET", "POST"]),
         ]
         routes += SharedMemoryRoutes(self.shared_memory, self._body).routes()
+        routes += SharedMemoryRoutes(self.shared_memory, self._body, cuda=True).routes()
         # Triton's extensions that seqserve does not implement: a clear 501 (the HTTP twin of the
         # gRPC UNIMPLEMENTED they get), not a bare 404.
         for path, methods, message in _UNIMPLEMENTED_ROUTES:

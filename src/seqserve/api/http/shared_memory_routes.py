@@ -1,17 +1,18 @@
-"""The HTTP routes of Triton's system shared-memory extension over one registry: status
-(GET), register and unregister (POST), for every region or one (``/region/<name>/``).
-CUDA shared memory answers 501 (``shared_memory.NO_CUDA_SHM``)."""
+"""The HTTP routes of Triton's system and CUDA shared-memory extensions over one registry:
+status (GET), register and unregister (POST), for every region of the kind or one
+(``/region/<name>/``)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from seqserve.api.cuda_shared_memory import raw_handle_from_json
 from seqserve.api.http.kserve_json import loads
 from seqserve.api.http.router import Route
 from seqserve.api.http.status import error_reply, json_reply
 from seqserve.api.kserve import bad
-from seqserve.api.shared_memory import NO_CUDA_SHM, SharedMemoryRegistry
+from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.api.transport.exchange import HttpReply, HttpRequest
 
 #: reads a request's body within the front-end's limits
@@ -30,17 +31,24 @@ _CUDA = "/v2/cudasharedmemory"
 
 
 class SharedMemoryRoutes:
-    """Register, unregister and status of system shared-memory regions."""
+    """Register, unregister and status of system (``cuda`` false) or CUDA shared-memory regions."""
 
-    def __init__(self, registry: SharedMemoryRegistry, read_body: BodyReader) -> None:
+    def __init__(self, registry: SharedMemoryRegistry, read_body: BodyReader, *, cuda: bool = False) -> None:
         self.registry = registry
         self.read_body = read_body
+        self.cuda = cuda
 
     async def status(self, request: HttpRequest, p: dict[str, Any]) -> HttpReply:
-        return json_reply(self.registry.status(p.get("region", "")))
+        return json_reply(self.registry.status(p.get("region", ""), cuda=self.cuda))
 
     async def register(self, request: HttpRequest, p: dict[str, Any]) -> HttpReply:
         doc = loads(await self.read_body(request))
+        if self.cuda:
+            if not isinstance(doc, dict):
+                raise bad("the register request must be a JSON object with 'raw_handle', 'device_id' and 'byte_size'")
+            handle = raw_handle_from_json(doc)
+            self.registry.register_cuda(p["region"], handle, _size(doc, "device_id", 0), _size(doc, "byte_size", None))
+            return json_reply({})
         if not isinstance(doc, dict):
             raise bad("the register request must be a JSON object with 'key', 'offset' and 'byte_size'")
         key = doc.get("key")
@@ -52,7 +60,7 @@ class SharedMemoryRoutes:
 
     async def unregister(self, request: HttpRequest, p: dict[str, Any]) -> HttpReply:
         await self.read_body(request)
-        self.registry.unregister(p.get("region", ""))
+        self.registry.unregister(p.get("region", ""), cuda=self.cuda)
         return json_reply({})
 
     async def action(self, request: HttpRequest, p: dict[str, Any]) -> HttpReply:
@@ -68,13 +76,10 @@ class SharedMemoryRoutes:
 
     def routes(self) -> list[Route]:
         """The templates of ``security.HTTP_API`` (one group, "shared-memory")."""
-        actions = "/{action}"
-        region = "/region/{region}/{action}"
+        base = _CUDA if self.cuda else _SYSTEM
         return [
-            Route(_SYSTEM + actions, self.action, ["GET", "POST"]),
-            Route(_SYSTEM + region, self.action, ["GET", "POST"]),
-            Route(_CUDA + actions, _no_cuda, ["GET", "POST"]),
-            Route(_CUDA + region, _no_cuda, ["GET", "POST"]),
+            Route(base + "/{action}", self.action, ["GET", "POST"]),
+            Route(base + "/region/{region}/{action}", self.action, ["GET", "POST"]),
         ]
 
 
@@ -83,7 +88,3 @@ def _size(doc: dict[str, Any], field: str, default: int | None) -> int:
     if type(value) is not int or value < 0:
         raise bad(f"Unable to parse '{field}': expected a non-negative integer")
     return value
-
-
-async def _no_cuda(request: HttpRequest, p: dict[str, Any]) -> HttpReply:
-    return error_reply(NO_CUDA_SHM, 501)

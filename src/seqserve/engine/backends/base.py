@@ -37,7 +37,11 @@ class InstanceContext:
     model: ModelContext
     index: int
     name: str
-    device: str  # "cpu", or "cuda:N"
+    device: str  # "cpu", "model", or "cuda:N"
+    #: the CUDA stream (cudaStream_t, as an int) a GPU instance runs on: the engine issues the
+    #: state copies of its batches on it, so a model that runs on it needs no synchronization
+    #: with them. 0 off the GPU.
+    cuda_stream: int = 0
 
 
 #: Triton's default for --backend-config=default-max-batch-size
@@ -100,6 +104,11 @@ class Backend(ABC):
 
     def __init__(self, ctx: ModelContext) -> None:
         self.ctx = ctx
+
+    def gpu_unsupported_reason(self) -> str:
+        """Why this backend's instances cannot run on a GPU ("" when they can); named in the load
+        error of a KIND_GPU group."""
+        return f"the '{self.names[0] if self.names else type(self).__name__}' backend does not run on a GPU"
 
     @classmethod  # noqa: B027 - optional hook
     def autocomplete_config(

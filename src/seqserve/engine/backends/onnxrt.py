@@ -45,6 +45,7 @@ from seqserve.engine.backends.base import (
     InstanceContext,
     ModelContext,
 )
+from seqserve.engine.backends.onnxrt_tensors import OnnxPlan, to_bytes, to_text
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.paths import inside
@@ -307,18 +308,7 @@ def _check_tensor(model: str, t: _Tensor, arg: Any, mbs: int) -> tuple[int, ...]
     return None
 
 
-@dataclass(slots=True, frozen=True)
-class _Plan:
-    """How one instance feeds the graph and reads it back; computed once at load."""
-
-    feeds: tuple[tuple[str, str, tuple[int, ...] | None, bool], ...]  # (name, where, reshape, is_string)
-    outputs: tuple[str, ...]  # config outputs, then state outputs
-    state_outputs: frozenset[str]
-    string_outputs: frozenset[str]
-    reshape_outputs: tuple[tuple[str, tuple[int, ...]], ...]
-
-
-def _plan(cfg: mc.ModelConfig, session: Any) -> _Plan:
+def _plan(cfg: mc.ModelConfig, session: Any) -> OnnxPlan:
     model = cfg.name
     mbs = cfg.max_batch_size
     inputs, outputs = _expected(cfg)
@@ -361,7 +351,7 @@ def _plan(cfg: mc.ModelConfig, session: Any) -> _Plan:
             reshape_outputs.append((t.name, t.reshape))
         elif scalar is not None:
             reshape_outputs.append((t.name, t.dims))
-    return _Plan(
+    return OnnxPlan(
         feeds=tuple(feeds),
         outputs=tuple(t.name for t in outputs),
         state_outputs=frozenset(st.output_name or st.name for st in cfg.sequence_batching.state),
@@ -373,36 +363,13 @@ def _plan(cfg: mc.ModelConfig, session: Any) -> _Plan:
 # ------------------------------------------------------------------------------ strings
 
 
-def _to_text(arr: np.ndarray) -> np.ndarray:
-    """A BYTES tensor (object array of bytes) as ONNX Runtime takes strings."""
-    if arr.dtype.kind == "U":
-        return arr.copy()  # padding rows may be overwritten
-    flat = arr.reshape(-1)
-    try:
-        text = [bytes(v).decode() if isinstance(v, bytes | bytearray | memoryview) else str(v) for v in flat]
-    except UnicodeDecodeError:
-        return np.array([bytes(v) if not isinstance(v, str) else v.encode() for v in flat], dtype=np.bytes_).reshape(
-            arr.shape
-        )
-    out = np.empty(flat.shape, dtype=object)
-    out[:] = text
-    return out.reshape(arr.shape)
-
-
-def _to_bytes(arr: np.ndarray) -> np.ndarray:
-    flat = arr.reshape(-1)
-    out = np.empty(flat.shape, dtype=object)
-    out[:] = [v.encode() if isinstance(v, str) else v for v in flat]
-    return out.reshape(arr.shape)
-
-
 # ----------------------------------------------------------------------------- backend
 
 
 class _Instance(BackendInstance):
     __slots__ = ("_batched", "_plan", "_run", "_run_options", "_session")
 
-    def __init__(self, session: Any, plan: _Plan, run_options: Any, batched: bool) -> None:
+    def __init__(self, session: Any, plan: OnnxPlan, run_options: Any, batched: bool) -> None:
         self._session = session
         self._run = session.run
         self._plan = plan
@@ -416,7 +383,7 @@ class _Instance(BackendInstance):
         for name, where, reshape, is_string in plan.feeds:
             arr = sources[where][name]
             if is_string:
-                arr = _to_text(arr)
+                arr = to_text(arr)
                 if self._batched and where != "controls":
                     # Padding rows hold empty strings, which a graph that parses its strings
                     # (Cast to a number) rejects, failing the real rows too: give them a real row's.
@@ -435,7 +402,7 @@ class _Instance(BackendInstance):
         result = dict(zip(names, values, strict=True))
         for name in plan.string_outputs:
             if name in result:
-                result[name] = _to_bytes(result[name])
+                result[name] = to_bytes(result[name])
         for name, dims in plan.reshape_outputs:
             if name in result:
                 value = result[name]
@@ -467,13 +434,26 @@ class OnnxRuntimeBackend(Backend):
         providers = _providers(self._ort, device, self.ctx.name)
         return _open_session(self._ort, self.path, self.ctx.name, self._options, providers)
 
+    def gpu_unsupported_reason(self) -> str:
+        from seqserve.engine.backends.onnxrt_gpu import cuda_provider_missing
+
+        return cuda_provider_missing(self._ort)
+
     def create_instance(self, ictx: InstanceContext) -> BackendInstance:
         device = ictx.device if ictx.device.startswith("cuda") else "cpu"
-        if device == "cpu" and self._spare is not None:
+        batched = self.ctx.config.max_batch_size > 0
+        if device != "cpu":
+            from seqserve.engine.backends.onnxrt_gpu import OnnxGpuInstance
+
+            ordinal = int(device.partition(":")[2] or 0)
+            return OnnxGpuInstance(
+                self._session(device), self.plan, self._run_options, batched, ordinal=ordinal, stream=ictx.cuda_stream
+            )
+        if self._spare is not None:
             session, self._spare = self._spare, None
         else:
             session = self._session(device)
-        return _Instance(session, self.plan, self._run_options, self.ctx.config.max_batch_size > 0)
+        return _Instance(session, self.plan, self._run_options, batched)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": "onnxruntime", "model_file": str(self.path), "onnxruntime": self._ort.__version__}

@@ -99,6 +99,9 @@ class PythonBackend(Backend):
     supports_decoupled = True
     supports_ragged_batch = True
 
+    def gpu_unsupported_reason(self) -> str:
+        return ""  # the model decides what runs on its GPU; its device states arrive as DLPack arrays
+
     def __init__(self, ctx: ModelContext) -> None:
         super().__init__(ctx)
         self._module = _load_module(ctx)

@@ -39,7 +39,14 @@ process) - both are process-wide in torch, so the last model loaded wins;
 
 The forward pass runs on the instance's executor thread; torch releases the GIL inside its
 ops, so instances of one or several models run in parallel. Not supported yet: TYPE_STRING
-and TYPE_BF16 tensors, GPU instances (KIND_GPU runs on the CPU here).
+and TYPE_BF16 tensors.
+
+GPU instances (``KIND_GPU``, or ``KIND_AUTO`` where torch sees CUDA): the module is moved to
+``cuda:N`` and runs on the instance's CUDA stream (``torch.cuda.ExternalStream``), the stream the
+engine issues the state copies on. Inputs and control tensors go through pinned host buffers
+and asynchronous copies; fixed-shape implicit states are device memory the engine owns (DLPack,
+no copy) and the next states the model returns stay on the device; only the outputs a reply
+carries come back to the host (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -223,6 +230,11 @@ class TorchScriptBackend(Backend):
             except RuntimeError as e:  # inter-op threads can be set once, before parallel work
                 log.warning("model '%s': %s=%d not applied: %s", self.ctx.name, key, n, e)
 
+    def gpu_unsupported_reason(self) -> str:
+        if not self.torch.cuda.is_available():
+            return f"torch {self.torch.__version__} sees no CUDA device (torch.cuda.is_available() is false)"
+        return ""
+
     def create_instance(self, ictx: InstanceContext) -> BackendInstance:
         torch = self.torch
         try:
@@ -238,6 +250,9 @@ class TorchScriptBackend(Backend):
             raise InferenceError(Code.INVALID_ARG, f"TorchScript model {self.path} has no scripted forward method")
         if self.plan is None:
             self.plan = _Plan(self.ctx.name, schema, self.feeds, self.produced)
+        if ictx.device.startswith("cuda:"):
+            module.to(torch.device(ictx.device))
+            return TorchScriptGpuInstance(self, module, self.plan, ictx)
         return TorchScriptInstance(self, module, self.plan)
 
     def describe(self) -> dict[str, Any]:
@@ -306,3 +321,61 @@ class TorchScriptInstance(BackendInstance):
                 f"model '{self._model}': forward returned {type(t).__name__} for '{name}', expected a Tensor",
             )
         return t.detach().cpu().contiguous().numpy()  # type: ignore[no-any-return]
+
+
+class TorchScriptGpuInstance(TorchScriptInstance):
+    """A TorchScript instance on ``cuda:N``, running on the instance's CUDA stream."""
+
+    def __init__(self, backend: TorchScriptBackend, module: Any, plan: _Plan, ictx: InstanceContext) -> None:
+        super().__init__(backend, module, plan)
+        torch = self._torch
+        self._device = torch.device(ictx.device)
+        self._stream = torch.cuda.ExternalStream(ictx.cuda_stream, device=self._device)
+        self._pinned: dict[str, Any] = {}  # feed name -> its pinned host buffer
+        self._uploaded = torch.cuda.Event()  # the last batch's copies out of the pinned buffers
+        seq = backend.ctx.config.sequence_batching
+        self._state_output_of = {(s.input_name or s.name): (s.output_name or s.name) for s in seq.state}
+
+    def execute(self, batch: ExecuteBatch) -> Mapping[str, np.ndarray]:
+        torch = self._torch
+        plan = self._plan
+        on_device = {self._state_output_of[n] for n, v in batch.states.items() if not isinstance(v, np.ndarray)}
+        with torch.cuda.device(self._device), torch.cuda.stream(self._stream), self._guard():
+            self._uploaded.synchronize()  # the pinned buffers are free again
+            feeds: dict[str, Any] = {}
+            for name, arr in {**batch.inputs, **batch.controls, **batch.states}.items():
+                feeds[name] = self._upload(name, arr) if isinstance(arr, np.ndarray) else torch.from_dlpack(arr)
+            self._uploaded.record(self._stream)
+            if plan.dict_arg is not None:
+                result = self._module(**{plan.dict_arg: feeds})
+            else:
+                result = self._module(**{plan.kwargs[n]: t for n, t in feeds.items() if n in plan.kwargs})
+            return self._device_outputs(batch, result, on_device)
+
+    def _upload(self, name: str, arr: np.ndarray) -> Any:
+        """``arr`` on the device: copied into this feed's pinned buffer, then asynchronously on
+        the stream (a pinned source makes the copy truly asynchronous)."""
+        torch = self._torch
+        src = torch.from_numpy(arr)
+        pinned = self._pinned.get(name)
+        if pinned is None or pinned.shape != src.shape or pinned.dtype != src.dtype:
+            pinned = self._pinned[name] = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+        pinned.copy_(src)
+        return pinned.to(self._device, non_blocking=True)
+
+    def _device_outputs(self, batch: ExecuteBatch, result: Any, on_device: set[str]) -> dict[str, Any]:
+        """Device-held next states stay on the device (contiguous); the rest come to the host."""
+        wanted = {o for outs in batch.request_outputs if outs for o in outs} | self._state_outputs
+        if isinstance(result, dict):
+            picked = {name: result[name] for name in wanted if result.get(name) is not None}
+        else:
+            items = list(_flatten(result))
+            positions = self._plan.positions
+            picked = {n: items[i] for n in wanted if (i := positions.get(n)) is not None and i < len(items)}
+        out: dict[str, Any] = {}
+        for name, t in picked.items():
+            if name in on_device and isinstance(t, self._torch.Tensor):
+                out[name] = t.detach().contiguous()
+            else:
+                out[name] = self._numpy(name, t)
+        return out

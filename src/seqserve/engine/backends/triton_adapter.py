@@ -49,6 +49,7 @@ from seqserve.engine.backends import triton_utils as pb
 from seqserve.engine.backends.base import BackendInstance, InstanceContext, RequestResults
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.config import config_to_json
+from seqserve.engine.device.arrays import is_device_array, to_host
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.responses import DEFERRED
 
@@ -135,7 +136,10 @@ class TritonInstance(BackendInstance):
                 assert err is not None
                 outcomes[owner] = InferenceError(err.code(), err.message())
             else:
-                outcomes[owner] = {t.name(): t.as_numpy() for t in response.output_tensors()}
+                outcomes[owner] = {
+                    t.name(): t.device_array if t.name() in self._state_outputs else to_host(t.device_array)
+                    for t in response.output_tensors()
+                }
                 picked[owner] = outcomes[owner]
         return RequestResults(outcomes, self._next_states(batch, spans, picked, outcomes))
 
@@ -174,9 +178,12 @@ class TritonInstance(BackendInstance):
                     for name, arr in tensors.items()
                 ]
             elif self._batched:
-                inputs = [pb.Tensor(name, np.array(arr[lo:hi])) for name, arr in tensors.items()]
+                inputs = [pb.Tensor(name, rows_of(arr, lo, hi)) for name, arr in tensors.items()]
             else:
-                inputs = [pb.Tensor(name, np.array(arr)) for name, arr in tensors.items()]
+                inputs = [
+                    pb.Tensor(name, np.array(arr) if isinstance(arr, np.ndarray) else arr)
+                    for name, arr in tensors.items()
+                ]
             flags = (pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if batch.start[i] else 0) | (
                 pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if batch.end[i] else 0
             )
@@ -241,6 +248,11 @@ class TritonInstance(BackendInstance):
             current = batch.states.get(in_name)
             if current is None:
                 continue
+            if is_device_array(current):
+                device_new = next_device_state(current, picked, spans, out_name, batched=self._batched)
+                if device_new is not None:
+                    out[out_name] = device_new
+                continue
             new: np.ndarray | None = None
             for i, tensors in enumerate(picked):
                 value = None if tensors is None else tensors.get(out_name)
@@ -279,3 +291,45 @@ class TritonInstance(BackendInstance):
                 thread.join(timeout=5)
                 if not thread.is_alive():
                     loop.close()
+
+
+def rows_of(arr: Any, lo: int, hi: int | None) -> Any:
+    """Rows lo..hi of a batched tensor for one request: a numpy copy, or (a GPU instance's
+    device state) a torch view of the device rows."""
+    if isinstance(arr, np.ndarray):
+        return np.array(arr[lo:hi])
+    return _torch_for_device_states().from_dlpack(arr)[lo:hi]
+
+
+def next_device_state(
+    current: Any, picked: list[dict[str, Any] | None], spans: list[tuple[int, int]], out_name: str, *, batched: bool
+) -> Any:
+    """A device state's next value for the whole batch, from the requests' responses (torch on
+    the device; rows without a response keep their current value); None when none answered."""
+    torch = _torch_for_device_states()
+    new = None
+    for i, tensors in enumerate(picked):
+        value = None if tensors is None else tensors.get(out_name)
+        if value is None:
+            continue
+        value_t = value if isinstance(value, torch.Tensor) else torch.from_dlpack(value)
+        if new is None:
+            new = torch.from_dlpack(current).clone()
+        if not batched:
+            new = value_t.to(new.device)
+            continue
+        lo, hi = spans[i]
+        new[lo:hi] = value_t.to(new.device)
+    return new
+
+
+def _torch_for_device_states() -> Any:
+    try:
+        import torch
+    except ImportError as e:
+        raise InferenceError(
+            Code.UNSUPPORTED,
+            "a Triton-style Python model with implicit state on a GPU instance needs torch (pip install torch) to "
+            "split its device state by request",
+        ) from e
+    return torch

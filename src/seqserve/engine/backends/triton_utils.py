@@ -26,6 +26,7 @@ import numpy as np
 
 from seqserve._proto.model_config_pb2 import TYPE_BOOL
 from seqserve.engine.backends import triton_metrics
+from seqserve.engine.device.arrays import is_device_array
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.responses import Responder
 from seqserve.engine.tensors import DATA_TYPES, of_numpy
@@ -127,54 +128,96 @@ Metric = triton_metrics.TritonMetric
 
 
 class Tensor:
-    """A named numpy array."""
+    """A named array: numpy on the CPU, or a device array (DLPack on a GPU: a torch or cupy
+    CUDA tensor, or a device state the engine hands over) that stays where it is."""
 
-    __slots__ = ("_array", "_name")
+    __slots__ = ("_array", "_device", "_name")
 
     def __init__(self, name: str, array: Any) -> None:
         if not isinstance(name, str):
             raise TypeError(f"Tensor name must be a str, not {type(name).__name__}")
+        self._name = name
+        self._device: Any = None
+        if is_device_array(array):
+            self._device = array
+            self._array: np.ndarray | None = None
+            return
         arr = np.asarray(array)
         if arr.dtype.kind == "U":  # Triton stores string tensors as bytes objects
             arr = np.char.encode(arr, "utf-8").astype(np.object_)
-        self._name = name
         self._array = arr
 
     def name(self) -> str:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
+        if self._array is None:
+            raise TritonModelException(
+                f"tensor '{self._name}' is on the GPU: as_numpy() needs a CPU tensor (use to_dlpack(), or copy it)"
+            )
         return self._array
 
     def shape(self) -> list[int]:
+        if self._array is None:
+            return [int(d) for d in _device_shape(self._device)]
         return list(self._array.shape)
 
     def triton_dtype(self) -> int:
+        if self._array is None:
+            return numpy_to_triton_type(np.dtype(_device_dtype(self._device))) or 0
         return numpy_to_triton_type(self._array.dtype) or 0
 
     def is_cpu(self) -> bool:
-        return True
+        return self._array is not None
 
     def to_dlpack(self) -> Any:
-        return self._array.__dlpack__()
+        return self.__dlpack__()
 
     def __dlpack__(self, stream: Any = None) -> Any:
+        if self._array is None:
+            return self._device.__dlpack__(stream=stream)
         return self._array.__dlpack__()
 
     def __dlpack_device__(self) -> tuple[int, int]:
+        if self._array is None:
+            return tuple(self._device.__dlpack_device__())  # type: ignore[return-value]
         return self._array.__dlpack_device__()  # type: ignore[no-any-return]
+
+    @property
+    def device_array(self) -> Any:
+        """The array itself: numpy, or the device array (seqserve's, for the engine)."""
+        return self._device if self._array is None else self._array
 
     @staticmethod
     def from_dlpack(name: str, dlpack_object: Any) -> Tensor:
-        """A tensor from an object with ``__dlpack__`` (CPU memory only)."""
-        if hasattr(dlpack_object, "__dlpack__"):
-            return Tensor(name, np.from_dlpack(dlpack_object))
-        raise TritonModelException(
-            "Tensor.from_dlpack: seqserve accepts objects that implement __dlpack__ (not raw capsules)"
-        )
+        """A tensor from an object with ``__dlpack__``: CPU memory becomes numpy (no copy), GPU
+        memory is kept as the object itself (no copy)."""
+        if not hasattr(dlpack_object, "__dlpack__"):
+            raise TritonModelException(
+                "Tensor.from_dlpack: seqserve accepts objects that implement __dlpack__ (not raw capsules)"
+            )
+        if is_device_array(dlpack_object):
+            return Tensor(name, dlpack_object)
+        return Tensor(name, np.from_dlpack(dlpack_object))
 
     def __repr__(self) -> str:
-        return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
+        where = "cpu" if self._array is not None else "gpu"
+        return f"Tensor({self._name!r}, shape={self.shape()}, {where})"
+
+
+def _device_shape(value: Any) -> tuple[int, ...]:
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        shape = value.__cuda_array_interface__["shape"]
+    return tuple(shape)
+
+
+def _device_dtype(value: Any) -> Any:
+    iface = getattr(value, "__cuda_array_interface__", None)
+    if iface is not None:
+        return iface["typestr"]
+    dtype = getattr(value, "dtype", "")
+    return str(dtype).removeprefix("torch.")
 
 
 # ---------------------------------------------------------------------------- requests

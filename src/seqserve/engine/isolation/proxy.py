@@ -506,6 +506,9 @@ class IsolatedBackend(Backend):
     """Creates process-isolated instances of a model served by ``real`` (the python backend).
     The model's files are loaded in each child only, never in the server."""
 
+    def gpu_unsupported_reason(self) -> str:
+        return "process isolation does not run GPU instances yet (set parameter isolation: thread)"
+
     def __init__(self, ctx: ModelContext, real: type[Backend], *, execute_timeout_s: float | None = None) -> None:
         super().__init__(ctx)
         self._real = real

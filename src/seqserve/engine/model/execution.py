@@ -32,6 +32,8 @@ class ExecutionSettings:
     process: bool  # each instance in a child process
     execute_timeout_s: float | None  # None: no timeout
     inline_max_batch_us: int = 0  # batches this cheap run on the event loop (0: never)
+    #: KIND_GPU groups run on the CPU when there is no usable GPU (else the load fails)
+    kind_gpu_on_cpu: bool = False
 
 
 def check_mode(value: str, what: str) -> str:
@@ -46,6 +48,7 @@ def execution_settings(
     python_backend: bool,
     default: str = "thread",
     inline_max_batch_us: int = DEFAULT_INLINE_MAX_BATCH_US,
+    kind_gpu_on_cpu: bool = False,
 ) -> ExecutionSettings:
     """The settings of one model; INVALID_ARG for values that make no sense.
 
@@ -78,7 +81,7 @@ def execution_settings(
             )
         timeout_s = ms / 1000 if ms else None
     inline_us = _whole_number(cfg, INLINE_MAX_BATCH_US, "microseconds (0: never inline)", inline_max_batch_us)
-    return ExecutionSettings(mode == "process", timeout_s, inline_us)
+    return ExecutionSettings(mode == "process", timeout_s, inline_us, kind_gpu_on_cpu)
 
 
 def _whole_number(cfg: mc.ModelConfig, key: str, unit: str, default: int) -> int:

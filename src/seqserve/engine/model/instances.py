@@ -9,8 +9,10 @@ from pathlib import Path
 
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends import Backend, BackendInstance, InstanceContext, ModelContext
-from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.device.placement import place_instances
+from seqserve.engine.device.probe import GpuProbe, probe_gpus
 from seqserve.engine.isolation import IsolatedBackend
+from seqserve.engine.model.devices import InstanceDevices
 from seqserve.engine.model.execution import ExecutionSettings
 
 log = logging.getLogger("seqserve.model")
@@ -21,6 +23,7 @@ class StartedInstances:
     backend: Backend
     instances: list[BackendInstance]  # by instance index
     names: list[str]  # instance index -> its name
+    devices: InstanceDevices  # the GPU instances' streams (and, later, state tables)
 
 
 def start_instances(
@@ -41,44 +44,38 @@ def start_instances(
         if execution.process
         else backend(ctx)
     )
-    instances, names = _create_instances(cfg, ctx, started)
+    instances, names, devices = _create_instances(cfg, ctx, started, execution)
     if isinstance(started, IsolatedBackend):
         started.wait_ready()  # the children load the model in parallel
-    return StartedInstances(started, instances, names)
+    return StartedInstances(started, instances, names, devices)
 
 
 def _create_instances(
-    cfg: mc.ModelConfig, ctx: ModelContext, backend: Backend
-) -> tuple[list[BackendInstance], list[str]]:
-    """One backend instance per (non-passive) instance_group count, and their names; no GPUs
-    here yet."""
+    cfg: mc.ModelConfig, ctx: ModelContext, backend: Backend, execution: ExecutionSettings
+) -> tuple[list[BackendInstance], list[str], InstanceDevices]:
+    """One backend instance per placed instance (engine/device/placement.py), their names, and
+    the CUDA streams of the GPU ones."""
+    places = place_instances(
+        cfg,
+        probe=probe_gpus() if _wants_gpu(cfg) else GpuProbe(reason="not asked"),
+        backend_gpu=backend.gpu_unsupported_reason(),
+        kind_gpu_on_cpu=execution.kind_gpu_on_cpu,
+    )
+    for warning in places.warnings:
+        log.warning("%s", warning)
+    devices = InstanceDevices(places.instances)
     instances: list[BackendInstance] = []
-    names: list[str] = []
-    warned_gpu = False
-    for group in cfg.instance_group:
-        if group.passive:
-            continue
-        kind = group.kind
-        if kind == mc.ModelInstanceGroup.KIND_GPU and not warned_gpu:
-            log.warning(
-                "model '%s': instance group '%s' asks for KIND_GPU but no GPU is available; running on CPU",
-                cfg.name,
-                group.name,
-            )
-            warned_gpu = True
-        elif kind == mc.ModelInstanceGroup.KIND_CPU and group.gpus:
-            log.warning(
-                "model '%s': instance group '%s' is KIND_CPU; its 'gpus' %s are ignored",
-                cfg.name,
-                group.name,
-                list(group.gpus),
-            )
-        device = "model" if kind == mc.ModelInstanceGroup.KIND_MODEL else "cpu"
-        for j in range(max(1, group.count)):
-            iname = f"{group.name}_{j}"
-            names.append(iname)
-            ictx = InstanceContext(ctx, len(instances), iname, device)
+    try:
+        for i, place in enumerate(places.instances):
+            ictx = InstanceContext(ctx, i, place.name, place.device, cuda_stream=devices.stream(i))
             instances.append(backend.create_instance(ictx))
-    if not instances:
-        raise InferenceError(Code.INVALID_ARG, f"model '{cfg.name}' has no (non-passive) instances")
-    return instances, names
+    except Exception:
+        devices.close()
+        raise
+    return instances, [p.name for p in places.instances], devices
+
+
+def _wants_gpu(cfg: mc.ModelConfig) -> bool:
+    """Whether placing this model needs to know the GPUs (probing imports cuda-python)."""
+    kinds = (mc.ModelInstanceGroup.KIND_GPU, mc.ModelInstanceGroup.KIND_AUTO)
+    return any(g.kind in kinds and not g.passive for g in cfg.instance_group)

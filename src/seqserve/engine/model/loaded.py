@@ -38,6 +38,7 @@ from seqserve.engine.errors import DecoupledModelError, InferenceError
 from seqserve.engine.isolation import IsolatedBackend
 from seqserve.engine.model.checkpoints import SequenceCheckpoints
 from seqserve.engine.model.delivery import Delivery, Pending, Reply
+from seqserve.engine.model.devices import device_states, host_outputs
 from seqserve.engine.model.execution import DEFAULT_INLINE_MAX_BATCH_US, execution_settings
 from seqserve.engine.model.failures import FailureReport
 from seqserve.engine.model.inline import InlineExecution, inline_eligible
@@ -101,6 +102,7 @@ class LoadedModel:
         python_isolation: str = "thread",
         max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES,
         inline_max_batch_us: int = DEFAULT_INLINE_MAX_BATCH_US,
+        kind_gpu_on_cpu: bool = False,
     ) -> None:
         """``max_backlog_sequences``: the server's bound on backlogged sequences (0: none), for
         a sequence model whose config sets none (``sequence_batching.max_backlog_sequences``).
@@ -128,18 +130,24 @@ class LoadedModel:
         backend_cls.check(cfg)
         python_backend = "python" in backend_cls.names
         execution = execution_settings(
-            cfg, python_backend=python_backend, default=python_isolation, inline_max_batch_us=inline_max_batch_us
+            cfg,
+            python_backend=python_backend,
+            default=python_isolation,
+            inline_max_batch_us=inline_max_batch_us,
+            kind_gpu_on_cpu=kind_gpu_on_cpu,
         )
         started = start_instances(cfg, version=version, model_dir=model_dir, backend=backend_cls, execution=execution)
         self.backend = started.backend
         self._instances = started.instances
         self.instance_names = started.names
+        self._devices = started.devices
 
         spec = build_core_spec(
             cfg, model_dir, len(self._instances), sessions, max_backlog_sequences=max_backlog_sequences
         )
         self.strategy_name = spec.strategy_name
         self._spec = spec
+        self._devices.attach_states(spec.scheduler)
         self._validator = RequestValidator(cfg, spec)
         self._delivery = Delivery(cfg, self.version_str, loop, preserve_ordering=spec.preserve_ordering)
         self._failures = FailureReport(self.name, self.version_str, is_sequence=self.is_sequence)
@@ -225,10 +233,20 @@ class LoadedModel:
         return self._checkpoints.slot_sequences()
 
     def checkpoint_sequence(self, sequence_id: SequenceId, *, release: bool) -> SequenceCheckpoint | None:
+        self._refuse_device_checkpoints()
         return self._checkpoints.checkpoint_sequence(sequence_id, release=release)
 
     def restore_sequence(self, ckpt: SequenceCheckpoint) -> None:
+        self._refuse_device_checkpoints()
         self._checkpoints.restore_sequence(ckpt)
+
+    def _refuse_device_checkpoints(self) -> None:
+        if self._devices.holds_state:
+            raise InferenceError(
+                Code.UNSUPPORTED,
+                f"model '{self.name}' keeps its implicit state on the GPU: checkpoints (state handoff, sequence "
+                "export) of GPU instances are not supported yet",
+            )
 
     # ------------------------------------------------------------------------- reports
 
@@ -418,11 +436,14 @@ class LoadedModel:
     def _build(self, cb: Batch, recs: list[Pending | None]) -> ExecuteBatch:
         """The batch as the model sees it: the core's arrays and each request's rows, outputs, id."""
         checked = [r.checked if r is not None else None for r in recs]
+        states: Mapping[str, Any] = StateViews(self._spec.state_names, cb) if self._spec.state_names else {}
+        if self._devices.table(cb.instance) is not None:
+            states = device_states(self._devices, cb, self._spec.state_names)
         batch = ExecuteBatch(
             size=cb.size,
             instance=cb.instance,
             inputs=cb.inputs(),
-            states=StateViews(self._spec.state_names, cb) if self._spec.state_names else {},
+            states=states,
             controls=cb.controls(),
             start=cb.start,
             end=cb.end,
@@ -453,10 +474,19 @@ class LoadedModel:
         delivery = self._delivery
         if self.decoupled:
             produced = delivery.decoupled_results(recs, produced)
+        table = self._devices.table(cb.instance)
         for index, out_name in self._spec.state_outputs:
             value = produced.get(out_name)
-            if value is not None:
+            if value is None:
+                continue
+            held = table.output_of(out_name) if table is not None else None
+            if held is not None:
+                table.commit(held, value)  # type: ignore[union-attr]
+            else:
                 cb.set_state(index, np.asarray(value))
+        if table is not None:
+            table.finish()
+            produced = host_outputs(produced, self._spec.state_outputs)
         return delivery.replies(recs, cb.size, produced, responders=responders)
 
     def _finish(self, cb: Batch, replies: list[tuple[Pending, Reply]]) -> None:
@@ -469,6 +499,9 @@ class LoadedModel:
             self._delivery.post(replies)
 
     def _batch_failed(self, cb: Batch, recs: list[Pending | None], e: Exception) -> bool:
+        table = self._devices.table(cb.instance)
+        if table is not None:
+            table.finish()
         err = (
             e
             if isinstance(e, InferenceError)
@@ -538,6 +571,8 @@ class LoadedModel:
             except Exception:
                 log.exception("model '%s': finalize failed", self.name)
         self._delivery.close_open()
+        if not hung:
+            self._devices.close()
         return [self.instance_names[i] for i in hung]
 
 

@@ -66,6 +66,7 @@ class LoadSettings:
     config_name: str | None = None  # Triton's --model-config-name: configs/<name>.pbtxt
     auto_complete: bool = True  # backends complete configs (Triton's default)
     default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE  # for a completed config that can batch
+    kind_gpu_on_cpu: bool = False
 
 
 @dataclass(slots=True)
@@ -441,6 +442,7 @@ class ModelTable:
                     python_isolation=settings.python_isolation,
                     max_backlog_sequences=settings.max_backlog_sequences,
                     inline_max_batch_us=settings.inline_max_batch_us,
+                    kind_gpu_on_cpu=settings.kind_gpu_on_cpu,
                 )
         except Exception as e:
             for m in versions.values():

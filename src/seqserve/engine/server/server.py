@@ -71,6 +71,7 @@ class Server:
         auto_complete_config: bool = True,
         default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         backend_directory: str | Path | None = None,
+        kind_gpu_on_cpu: bool = False,
     ) -> None:
         """server_id: the name the server metadata reports (Triton's --id).
         model_config_name: load each model's ``configs/<name>.pbtxt`` where it has one
@@ -110,7 +111,11 @@ class Server:
         inline_max_batch_us: in-process Python models whose batches cost at most this many
         microseconds run them on the event loop's thread instead of handing each batch to an
         executor thread (0: never; a model's parameter ``inline_max_batch_us`` overrides it;
-        docs/architecture.md, "Inline execution")."""
+        docs/architecture.md, "Inline execution").
+
+        kind_gpu_on_cpu: a ``KIND_GPU`` instance group that cannot run on a GPU (none usable, or
+        a backend without GPU support) runs on the CPU with one warning per model, instead of
+        failing to load (docs/gpu.md)."""
         python_isolation = check_mode(python_isolation, "python_isolation")
         repos = [model_repository] if isinstance(model_repository, str | Path) else list(model_repository)
         if not repos:
@@ -140,6 +145,7 @@ class Server:
                 config_name=model_config_name,
                 auto_complete=auto_complete_config,
                 default_max_batch_size=default_max_batch_size,
+                kind_gpu_on_cpu=kind_gpu_on_cpu,
             ),
             model_control=mode,
             repository_poll_secs=repository_poll_secs,

@@ -24,8 +24,25 @@ class MeasuredStore(StateStore):
     """``inner``, with each operation's time and failure recorded by operation name."""
 
     def __init__(self, inner: StateStore) -> None:
-        super().__init__(inner.replica_id, heartbeat_ttl_s=inner.heartbeat_ttl_s)
         self.inner = inner
+        super().__init__(inner.replica_id, heartbeat_ttl_s=inner.heartbeat_ttl_s)
+
+    # The epoch is the inner store's: it learns it at open and recover.
+    @property  # type: ignore[override]
+    def epoch(self) -> str:
+        return self.inner.epoch
+
+    @epoch.setter
+    def epoch(self, value: str) -> None:
+        self.inner.epoch = value
+
+    @property  # type: ignore[override]
+    def created_epoch(self) -> bool:
+        return self.inner.created_epoch
+
+    @created_epoch.setter
+    def created_epoch(self, value: bool) -> None:
+        self.inner.created_epoch = value
 
     async def _timed(self, op: str, call: Awaitable[T]) -> T:
         started = time.perf_counter()
@@ -43,8 +60,11 @@ class MeasuredStore(StateStore):
     async def close(self) -> None:
         await self._timed("close", self.inner.close())
 
-    async def heartbeat(self) -> None:
-        await self._timed("heartbeat", self.inner.heartbeat())
+    async def heartbeat(self) -> bool:
+        return await self._timed("heartbeat", self.inner.heartbeat())
+
+    async def recover(self, window_s: float, grace_s: float) -> None:
+        await self._timed("recover", self.inner.recover(window_s, grace_s))
 
     async def is_alive(self, replica_id: str) -> bool:
         return await self._timed("is_alive", self.inner.is_alive(replica_id))
@@ -52,8 +72,10 @@ class MeasuredStore(StateStore):
     async def get(self, key: SequenceKey) -> Entry | None:
         return await self._timed("get", self.inner.get(key))
 
-    async def register(self, keys: list[tuple[SequenceKey, bool]], ttl_s: float) -> list[int]:
-        return await self._timed("register", self.inner.register(keys, ttl_s))
+    async def register(
+        self, keys: list[tuple[SequenceKey, bool]], ttl_s: float, *, if_absent: bool = False
+    ) -> list[int]:
+        return await self._timed("register", self.inner.register(keys, ttl_s, if_absent=if_absent))
 
     async def claim(self, key: SequenceKey, ttl_s: float) -> Claim:
         return await self._timed("claim", self.inner.claim(key, ttl_s))
