@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import json
+import queue
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -69,6 +71,21 @@ def test_id_and_header_forwarding(tmp_path: Path, launch: Callable[..., ServerPr
         assert seen == {"prefix_tenant": "t1"}
     finally:
         client.close()
+
+    # a stream's metadata reaches each of its requests; a request's own parameter wins
+    replies: queue.Queue[Any] = queue.Queue()
+    stream_client = grpcclient.InferenceServerClient(srv.grpc_url)
+    try:
+        stream_client.start_stream(
+            callback=lambda result, error: replies.put(error or result), headers={"prefix_tenant": "t2", "x": "no"}
+        )
+        stream_client.async_stream_infer("parameters", [x], parameters={"prefix_tenant": "mine"})
+        stream_client.async_stream_infer("parameters", [x])
+        got = [json.loads(replies.get(timeout=60).as_numpy("OUT")[0]) for _ in range(2)]
+        assert got == [{"prefix_tenant": "mine"}, {"prefix_tenant": "t2"}]
+    finally:
+        stream_client.stop_stream()
+        stream_client.close()
 
 
 @pytest.mark.timeout(180)

@@ -61,10 +61,9 @@ def test_routing_answers() -> None:
     redirect = _serve("GET", "/v2/health/live/", (b"host", b"h:1"), query=b"a=1")
     assert redirect.status == 307 and redirect.headers == [(b"location", b"http://h:1/v2/health/live?a=1")]
     assert _serve("GET", "/v2/health/live/").headers == [(b"location", b"http://127.0.0.1:8000/v2/health/live")]
-    cuda = _serve("POST", "/v2/cudasharedmemory/region/r/register")
-    assert cuda.status == 501 and "CUDA shared memory" in orjson.loads(cuda.body)["error"]
-    no_body = _serve("POST", "/v2/systemsharedmemory/region/r/register")  # no JSON: a 400, not a 501
-    assert no_body.status == 400 and "failed to parse the request JSON" in orjson.loads(no_body.body)["error"]
+    for kind in ("cuda", "system"):
+        no_body = _serve("POST", f"/v2/{kind}sharedmemory/region/r/register")  # no JSON: a 400
+        assert no_body.status == 400 and "failed to parse the request JSON" in orjson.loads(no_body.body)["error"]
 
 
 @pytest.mark.parametrize(

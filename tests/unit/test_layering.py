@@ -13,6 +13,9 @@ API_MAY_IMPORT = {
     "seqserve.engine.tensors",
     "seqserve.engine.tracing",
     "seqserve.engine.custom_metrics",
+    # the GPU's metrics and CUDA IPC regions, served by the front-ends (docs/gpu.md)
+    "seqserve.engine.device.nvml",
+    "seqserve.engine.device.ipc",
 }
 
 

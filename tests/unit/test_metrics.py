@@ -120,6 +120,18 @@ def test_collector_families() -> None:
     assert "nv_inference" not in text
 
 
+def test_cpu_and_gpu_metrics_follow_their_allow_flags() -> None:
+    """--allow-cpu-metrics=false drops the host's families; without a GPU (or with
+    --allow-gpu-metrics=false) there are no GPU families at all."""
+    quiet = exposition(SeqserveCollector(_Server(), cpu=False, gpu=False)).decode()  # type: ignore[arg-type]
+    assert "nv_cpu_" not in quiet and "nv_gpu_" not in quiet
+    default = exposition(SeqserveCollector(_Server())).decode()  # type: ignore[arg-type]
+    assert "nv_cpu_memory_total_bytes" in default
+    from seqserve.engine.device.nvml import GpuMetricsReader
+
+    assert ("nv_gpu_memory_total_bytes" in default) == GpuMetricsReader().available
+
+
 @pytest.mark.parametrize(
     ("settings", "expected"),
     [

@@ -187,7 +187,13 @@ class FrontEnds:
     async def _launch_metrics(self, metrics: MetricsOptions) -> None:
         sock = _listen("metrics", metrics.host, metrics.port)
         self._metrics_server = await start_metrics(
-            self._server, sock, interval_ms=metrics.interval_ms, config=metrics.config, summaries=self._summaries
+            self._server,
+            sock,
+            interval_ms=metrics.interval_ms,
+            config=metrics.config,
+            summaries=self._summaries,
+            cpu=metrics.cpu,
+            gpu=metrics.gpu,
         )
         log.info("metrics listening on http://%s:%d/metrics", metrics.host, metrics.port)
 

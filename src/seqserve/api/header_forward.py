@@ -23,3 +23,12 @@ def forward_headers(
 def decoded_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str | bytes]]:
     """HTTP header pairs as text (names are lower-case ASCII; values latin-1, as HTTP's)."""
     return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
+
+
+def forwarded_metadata(
+    metadata: Iterable[tuple[str, str | bytes]], pattern: re.Pattern[str] | None
+) -> tuple[tuple[str, str], ...]:
+    """The entries of a stream's metadata that become parameters of each of its requests."""
+    if pattern is None:
+        return ()
+    return tuple((name, value) for name, value in metadata if type(value) is str and pattern.search(name))

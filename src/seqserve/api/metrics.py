@@ -40,6 +40,7 @@ from prometheus_client.registry import Collector
 from seqserve.api.latency_summaries import DEFAULT_QUANTILES, LatencySummaries, parse_quantiles
 from seqserve.api.metric_families import custom_families, summary_families
 from seqserve.engine import ModelCounters, Server
+from seqserve.engine.device.nvml import GPU_FAMILIES, GpuMetricsReader
 
 log = logging.getLogger("seqserve.metrics")
 
@@ -208,12 +209,20 @@ class SeqserveCollector(Collector):
         *,
         interval_ms: int = DEFAULT_INTERVAL_MS,
         summaries: LatencySummaries | None = None,
+        cpu: bool = True,
+        gpu: bool = True,
     ) -> None:
-        """``summaries``: the latency summaries (``summary_latencies``), fed by the trace hook."""
+        """``summaries``: the latency summaries (``summary_latencies``), fed by the trace hook.
+        ``cpu`` / ``gpu``: serve the host's CPU and memory metrics, and Triton's GPU metrics
+        (through NVML, when there is a GPU: engine/device/nvml.py), as ``--allow-cpu-metrics``
+        and ``--allow-gpu-metrics`` say."""
         self.server = server
         self.config = config or MetricsConfig()
         self.summaries = summaries
-        self._cpu = _CpuSampler(interval_ms / 1000.0)
+        self._cpu = _CpuSampler(interval_ms / 1000.0) if cpu else None
+        self._gpu = GpuMetricsReader() if gpu else None
+        if self._gpu is not None and not self._gpu.available:
+            log.debug("no GPU metrics: %s", self._gpu.reason)
 
     def describe(self) -> list[Metric]:
         return []  # registering the collector does not scrape
@@ -258,12 +267,28 @@ class SeqserveCollector(Collector):
                     m.add_sample(m.name, labels, int(getattr(c, attr)))
         if self.summaries is not None:
             families += summary_families(self.summaries, [(c.model, c.version, model_labels(c)) for c in counters])
-        for (name, doc), value in zip(CPU, self._cpu.read(), strict=True):
-            if value is not None:
-                family(name, "gauge", doc).add_sample(name, {}, value)
+        if self._cpu is not None:
+            for (name, doc), value in zip(CPU, self._cpu.read(), strict=True):
+                if value is not None:
+                    family(name, "gauge", doc).add_sample(name, {}, value)
+        if self._gpu is not None and self._gpu.available:
+            families += gpu_families(self._gpu)
         own = {m.name for m in families}
         families += [m for m in custom_families() if m.name not in own]  # a model cannot shadow these
         return [m for m in families if m.samples]
+
+
+def gpu_families(reader: GpuMetricsReader) -> list[Metric]:
+    """Triton's GPU families, one series per GPU labelled ``gpu_uuid``."""
+    samples = reader.read()
+    out = []
+    for name, typ, doc in GPU_FAMILIES:
+        m = Metric(name, doc, typ)
+        for s in samples:
+            if name in s.values:
+                m.add_sample(name, {"gpu_uuid": s.uuid}, s.values[name])
+        out.append(m)
+    return out
 
 
 def model_labels(c: ModelCounters) -> dict[str, str]:
@@ -472,10 +497,12 @@ async def start_metrics(
     interval_ms: int = DEFAULT_INTERVAL_MS,
     config: MetricsConfig | None = None,
     summaries: LatencySummaries | None = None,
+    cpu: bool = True,
+    gpu: bool = True,
 ) -> MetricsServer:
     """Serve ``server``'s metrics at ``/metrics`` on the running loop: on a listening socket, or
     on (host, port)."""
-    collector = SeqserveCollector(server, config, interval_ms=interval_ms, summaries=summaries)
+    collector = SeqserveCollector(server, config, interval_ms=interval_ms, summaries=summaries, cpu=cpu, gpu=gpu)
     metrics = MetricsServer(lambda: exposition(collector))
     if isinstance(where, socket.socket):
         await metrics.start(sock=where)

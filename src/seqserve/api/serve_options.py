@@ -123,6 +123,8 @@ class MetricsOptions:
     port: int = DEFAULT_METRICS_PORT
     interval_ms: int = DEFAULT_INTERVAL_MS
     config: MetricsConfig = field(default_factory=MetricsConfig)
+    cpu: bool = True  # the host's CPU and memory metrics (Triton's --allow-cpu-metrics)
+    gpu: bool = True  # the GPU metrics, where there is a GPU (Triton's --allow-gpu-metrics)
 
 
 @dataclass(frozen=True, slots=True)

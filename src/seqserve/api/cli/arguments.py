@@ -238,6 +238,8 @@ def _metrics(args: argparse.Namespace) -> MetricsOptions | None:
         port=args.metrics_port,
         interval_ms=args.metrics_interval_ms,
         config=config,
+        cpu=args.allow_cpu_metrics,
+        gpu=args.allow_gpu_metrics,
     )
 
 
@@ -299,7 +301,6 @@ def _not_implemented_yet(args: argparse.Namespace) -> None:
     pending = {
         "--grpc-max-connection-age": args.grpc_max_connection_age,
         "--grpc-max-connection-age-grace": args.grpc_max_connection_age_grace,
-        "--allow-cpu-metrics=false": not args.allow_cpu_metrics,
         "--model-load-thread-count": args.model_load_thread_count != 4,
     }
     for flag, value in pending.items():

@@ -109,7 +109,7 @@ def bool_flag(add: Callable[..., argparse.Action], name: str, default: bool, hel
 
 
 _THREADS = "seqserve serves every connection on one event loop; it has no thread pool to size"
-_GPU = "this build runs models on the CPU (the GPU path is a later issue)"
+_GPU = "seqserve allocates device memory per GPU instance through CUDA's stream-ordered pool (docs/gpu.md)"
 _PINGS = "the builtin gRPC server counts no client PING against the client (more permissive than Triton)"
 _NO_CACHE = "seqserve has no response cache"
 
@@ -164,7 +164,7 @@ def _add_ignored(add: Callable[..., argparse.Action]) -> None:
     ):
         ignored(add, name, _GPU)
     ignored(add, "--enable-peer-access", _GPU, _unless_false)
-    ignored(add, "--allow-gpu-metrics", "this build has no GPU metrics", _unless_false)
+    bool_flag(add, "--allow-gpu-metrics", True, "serve Triton's GPU metrics where there is a GPU (default: true)")
     ignored(add, "--model-load-retry-count", "a model that fails to load is not retried", _unless_zero)
     ignored(add, "--model-namespacing", "a model name must be unique across the repositories", _unless_false)
     ignored(add, "--grpc-infer-response-compression-level", "gRPC responses are not compressed", _unless_off)

@@ -24,7 +24,7 @@ from seqserve.api.grpc.stream import (
     StreamSession,
     StreamStats,
 )
-from seqserve.api.header_forward import forward_headers
+from seqserve.api.header_forward import forward_headers, forwarded_metadata
 from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, clip, enqueue_single
 from seqserve.api.limits import offload
 from seqserve.api.logs import log_settings_request
@@ -299,6 +299,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             stats=stats,
             shared_memory=self.shared_memory,
             trace_parent=trace_parent,
+            forwarded=forwarded_metadata(context.metadata, self.header_forward),
         )
         self.streams.add(session)
         try:

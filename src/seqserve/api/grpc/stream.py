@@ -121,6 +121,7 @@ class StreamSession:
     __slots__ = (
         "_completion_order",
         "_drain_reason",
+        "_forwarded",
         "_grpc_errors",
         "_in_order",
         "_loop",
@@ -149,12 +150,16 @@ class StreamSession:
         stats: StreamStats | None = None,
         shared_memory: SharedMemoryRegistry | None = None,
         trace_parent: str = "",
+        forwarded: tuple[tuple[str, str], ...] = (),
     ) -> None:
         """``shared_memory``: the server's regions, for requests that place tensors in them.
-        ``trace_parent``: the call's W3C ``traceparent``: its requests' traces continue it."""
+        ``trace_parent``: the call's W3C ``traceparent``: its requests' traces continue it.
+        ``forwarded``: the call's metadata that --grpc-header-forward-pattern forwards, set as
+        parameters of each of its requests (a parameter a request sets itself wins)."""
         self._server = server
         self._shared_memory = shared_memory if shared_memory is not None else SharedMemoryRegistry()
         self._trace_parent = trace_parent
+        self._forwarded = forwarded
         self._grpc_errors = grpc_errors
         self._completion_order = completion_order
         self._scope = scope
@@ -263,6 +268,8 @@ class StreamSession:
             request.scope = self._scope
             if self._trace_parent:
                 request.trace_parent = self._trace_parent
+            for name, value in self._forwarded:
+                request.parameters.setdefault(name, value)
             req.session = self
             req.cancel = self._server.enqueue_streaming(request, req.respond, model=model)
             self._open.add(req)
