@@ -193,9 +193,16 @@ class SeqserveCollector(Collector):
     (refreshed at most once per ``interval_ms``, Triton's "per interval" metrics)."""
 
     def __init__(
-        self, server: Server, config: MetricsConfig | None = None, *, interval_ms: int = DEFAULT_INTERVAL_MS
+        self,
+        server: Server,
+        config: MetricsConfig | None = None,
+        *,
+        interval_ms: int = DEFAULT_INTERVAL_MS,
+        extra: Callable[[], Iterable[Metric]] | None = None,
     ) -> None:
+        """``extra``: more families, read at each scrape (the front-ends' connection counts)."""
         self.server = server
+        self.extra = extra
         self.config = config or MetricsConfig()
         self._cpu = _CpuSampler(interval_ms / 1000.0)
 
@@ -243,6 +250,8 @@ class SeqserveCollector(Collector):
         for (name, doc), value in zip(CPU, self._cpu.read(), strict=True):
             if value is not None:
                 family(name, "gauge", doc).add_sample(name, {}, value)
+        if self.extra is not None:
+            families.extend(self.extra())
         return [m for m in families if m.samples]
 
 
@@ -451,10 +460,11 @@ async def start_metrics(
     *,
     interval_ms: int = DEFAULT_INTERVAL_MS,
     config: MetricsConfig | None = None,
+    extra: Callable[[], Iterable[Metric]] | None = None,
 ) -> MetricsServer:
     """Serve ``server``'s metrics at ``/metrics`` on the running loop: on a listening socket, or
-    on (host, port)."""
-    collector = SeqserveCollector(server, config, interval_ms=interval_ms)
+    on (host, port); ``extra``: more families (``SeqserveCollector``)."""
+    collector = SeqserveCollector(server, config, interval_ms=interval_ms, extra=extra)
     metrics = MetricsServer(lambda: exposition(collector))
     if isinstance(where, socket.socket):
         await metrics.start(sock=where)

@@ -23,7 +23,7 @@ from seqserve.api.grpc.stream import (
     StreamStats,
 )
 from seqserve.api.kserve import EXTENSIONS, NO_SHM, SESSION_END_KEY, SESSION_ID_KEY, apply_session, clip, enqueue_single
-from seqserve.api.limits import offload
+from seqserve.api.limits import DEFAULT_GRPC_STREAM_BACKLOG, offload
 from seqserve.api.statistics import statistics_proto
 from seqserve.api.transport.grpc_context import CallAborted, CallContext, Status
 from seqserve.engine import InferenceError, SequenceScope, Server
@@ -62,11 +62,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         stream_scoped: bool = False,
         stream_stats: StreamStats | None = None,
         streams: StreamDrain | None = None,
+        stream_backlog: int = DEFAULT_GRPC_STREAM_BACKLOG,
     ) -> None:
         """stream_scoped: sequences started on a ModelStreamInfer stream end when it closes,
         unless the stream says otherwise (``seqserve-stream-scoped`` header). ``streams``: the
-        open streams, which the shutdown ends with UNAVAILABLE (see ``StreamDrain``)."""
+        open streams, which the shutdown ends with UNAVAILABLE (see ``StreamDrain``).
+        ``stream_backlog``: requests a stream may have read and not answered (see StreamSession)."""
         self.server = server
+        self.stream_backlog = stream_backlog
         self.stream_scoped = stream_scoped
         self.stream_stats = stream_stats if stream_stats is not None else StreamStats()
         self.streams = streams if streams is not None else StreamDrain()
@@ -230,6 +233,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             completion_order=completion_order,
             scope=SequenceScope(_STREAM_CLOSED) if scoped else None,
             stats=stats,
+            max_backlog=self.stream_backlog,
         )
         self.streams.add(session)
         try:

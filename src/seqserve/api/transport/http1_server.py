@@ -13,7 +13,8 @@ Its limits beyond those of the connection (``http1``'s docstring):
 - one timer (``idle_s``) for a connection's wait for the next request and for its headers
   (slow-header clients), checked by one sweep for all connections rather than a timer each;
   the body's deadline is the handler's (``api.http.body.BodyWatch``);
-- ``max_connections``: a connection beyond gets 503 with a JSON error and is closed;
+- ``max_connections`` in total and ``max_connections_per_peer`` from one address
+  (``ConnectionAdmission``): a connection beyond gets 503 with a JSON error and is closed;
 - a reply waits while the transport's write buffer is full; a client that reads nothing for
   ``body_timeout_s`` is cut off;
 - TLS (and client certificates) through the loop's own TLS transport.
@@ -27,7 +28,7 @@ import logging
 import ssl
 from typing import Any
 
-from seqserve.api.limits import HttpLimits
+from seqserve.api.limits import ConnectionAdmission, HttpLimits, peer_host
 from seqserve.api.transport.exchange import Handler, HttpRequest
 from seqserve.api.transport.http1 import (
     DEFAULT_MAX_HEAD_BYTES,
@@ -61,7 +62,10 @@ class Http1Server:
         ssl_context: ssl.SSLContext | None = None,
         max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES,
         grace_s: float = 1.0,
+        admission: ConnectionAdmission | None = None,
     ) -> None:
+        """``admission``: the connection caps (one of ``limits``' caps when None), given to
+        share its counts with the metrics."""
         self.handler = handler
         self.limits = limits
         self.idle_s = limits.idle_s
@@ -70,6 +74,7 @@ class Http1Server:
         self.max_head_bytes = max_head_bytes
         self.grace_s = grace_s
         self.connections: set[Connection] = set()
+        self.admission = admission or ConnectionAdmission(limits.max_connections, limits.max_connections_per_peer)
         self.stopping = False
         self._stop = asyncio.Event()
         self._listener: asyncio.AbstractServer | None = None
@@ -174,6 +179,7 @@ class Connection(asyncio.Protocol):
         "lingering",
         "local",
         "loop",
+        "peer",
         "reading",
         "scheme",
         "server",
@@ -194,26 +200,31 @@ class Connection(asyncio.Protocol):
         self.local: tuple[str, int] | None = None
         self.scheme = "http"
         self.lingering: asyncio.TimerHandle | None = None
+        self.peer: str | None = None  # the client's address, once admitted
 
     # ------------------------------------------------------------------ transport events
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         self.transport = transport
         srv = self.server
-        if srv.stopping or len(srv.connections) >= srv.limits.max_connections:
-            msg = f"too many connections: the server serves at most {srv.limits.max_connections} at once"
-            transport.write(error_reply(503, "the server is shutting down" if srv.stopping else msg))
+        peer = peer_host(transport.get_extra_info("peername"))
+        refused = srv.admission.admit(peer, stopping=srv.stopping)
+        if refused is not None:
+            transport.write(error_reply(503, srv.admission.refusal_message(refused)))
             self.idle_since = None
             self.core.closing = True
             self._close(linger=True)  # the client may be sending its request
             return
+        self.peer = peer
         srv.connections.add(self)
         self.local = _address(transport.get_extra_info("sockname"))
         if transport.get_extra_info("sslcontext") is not None:
             self.scheme = "https"
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.server.connections.discard(self)
+        if self in self.server.connections:
+            self.server.connections.discard(self)
+            self.server.admission.release(self.peer)
         if self.lingering is not None:
             self.lingering.cancel()
         self.idle_since = None

@@ -1,7 +1,7 @@
 """hypercorn (``--http-server hypercorn``) behind seqserve's own accept loop, for what its
-settings lack and granian's have (granian's settings are passed in app.py): a cap on
-concurrent connections, and JSON bodies on the errors its HTTP/1 parser answers by itself (a
-malformed request line, header or framing), so that every non-200 a client gets is a
+settings lack and granian's have (granian's settings are passed in app.py): caps on
+concurrent connections (in total and per peer address), and JSON bodies on the errors its
+HTTP/1 parser answers by itself (a malformed request line, header or framing), so that every non-200 a client gets is a
 ``{"error": "..."}`` document, as tritonclient expects.
 
 Nothing of hypercorn is patched: the loop here accepts the connections, refuses those beyond
@@ -20,6 +20,8 @@ from typing import Any
 
 import orjson
 
+from seqserve.api.limits import ConnectionAdmission, peer_host
+
 log = logging.getLogger("seqserve.http")
 
 #: hypercorn's own refusals (h11's status hints), worded for the client
@@ -31,10 +33,15 @@ PARSE_ERRORS = {
 
 
 async def serve_hypercorn(
-    app: Any, cfg: Any, sock: Any, max_connections: int, shutdown_trigger: Callable[[], Awaitable[Any]]
+    app: Any,
+    cfg: Any,
+    sock: Any,
+    admission: ConnectionAdmission,
+    shutdown_trigger: Callable[[], Awaitable[Any]],
 ) -> None:
     """Serve ASGI ``app`` with hypercorn Config ``cfg`` on listening socket ``sock`` until
-    ``shutdown_trigger`` returns; then connections get ``cfg.graceful_timeout`` to finish."""
+    ``shutdown_trigger`` returns; then connections get ``cfg.graceful_timeout`` to finish.
+    ``admission``: the connection caps (a connection beyond gets 503 and is closed)."""
     from hypercorn.asyncio.tcp_server import TCPServer
     from hypercorn.asyncio.worker_context import WorkerContext
     from hypercorn.utils import wrap_app
@@ -42,7 +49,6 @@ async def serve_hypercorn(
     loop = asyncio.get_running_loop()
     wrapped = wrap_app(app, cfg.wsgi_max_body_size, "asgi")
     context = WorkerContext(None)
-    slots = ConnectionSlots(max_connections)
     tasks: set[asyncio.Task[Any]] = set()
 
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -50,8 +56,10 @@ async def serve_hypercorn(
         if task is not None:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-        if not slots.take():
-            await _refuse_connection(writer, max_connections)
+        peer = peer_host(writer.get_extra_info("peername"))
+        refused = admission.admit(peer)
+        if refused is not None:
+            await _refuse_connection(writer, admission.refusal_message(refused))
             return
         released = False
 
@@ -59,7 +67,7 @@ async def serve_hypercorn(
             nonlocal released
             if not released:
                 released = True
-                slots.give_back()
+                admission.release(peer)
 
         try:
             reader_in_front: Any = SlotReader(reader, release)  # the parts of a stream hypercorn uses
@@ -85,25 +93,6 @@ async def serve_hypercorn(
         if tasks:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), cfg.graceful_timeout)
-
-
-class ConnectionSlots:
-    """Connections in use against the cap."""
-
-    __slots__ = ("limit", "used")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def take(self) -> bool:
-        if self.used >= self.limit:
-            return False
-        self.used += 1
-        return True
-
-    def give_back(self) -> None:
-        self.used -= 1
 
 
 class SlotReader:
@@ -163,8 +152,8 @@ def json_error(head: bytes) -> bytes:
     return b"\r\n".join(out) + b"\r\n\r\n" + body
 
 
-async def _refuse_connection(writer: asyncio.StreamWriter, limit: int) -> None:
-    body = orjson.dumps({"error": f"too many connections: the server serves at most {limit} at once"})
+async def _refuse_connection(writer: asyncio.StreamWriter, message: str) -> None:
+    body = orjson.dumps({"error": message})
     head = (
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
