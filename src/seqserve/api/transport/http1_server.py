@@ -48,6 +48,13 @@ log = logging.getLogger("seqserve.http")
 #: reads and drops what still arrives, for up to this long, before it closes: a close with unread
 #: data resets the connection, and the client could lose the reply it has not read yet
 LINGER_S = 2.0
+#: at stop, how long the listener and the idle connections are still read, so that a request
+#: already on its way (in flight, or in the socket's buffer while the loop was busy) gets 503 with
+#: ``Connection: close`` instead of a reset
+LAST_CALL_S = 0.25
+#: at stop, how long a request whose handler runs may take to be answered before its connection
+#: is cut (the engine has drained by then: such a request is answered 503 at once)
+REPLY_GRACE_S = 5.0
 
 
 class Http1Server:
@@ -94,21 +101,35 @@ class Http1Server:
         self._sweep_later()
 
     def stop(self) -> None:
-        """Stop accepting; close idle connections now and the others after their reply."""
+        """Stop taking requests: every connection closes after its reply (see ``serve``)."""
         self.stopping = True
         for conn in self.connections:
             conn.core.stopping = True
         self._stop.set()
 
     async def serve(self) -> None:
+        """Serve until ``stop``, then close without resetting a request the client has sent:
+        for LAST_CALL_S the listener still accepts (a new connection gets 503 and is read until
+        the client closes) and idle connections are still read (a request that arrives is
+        answered with ``Connection: close``; the engine has drained, so an inference gets 503);
+        then idle connections end their writing side and read and drop what still comes
+        (``Connection.close_idle``), requests in progress get their replies (up to
+        REPLY_GRACE_S), and what is left after ``grace_s`` is cut."""
         await self._stop.wait()
+        # stop() marked every connection stopping: a request read from now on is answered (the
+        # engine has drained: 503) with Connection: close
+        await asyncio.sleep(LAST_CALL_S)
         if self._listener is not None:
             self._listener.close()
         for conn in list(self.connections):
-            conn.close_when_idle()
+            conn.close_idle()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.grace_s
-        while self.connections and loop.time() < deadline:
+        now = loop.time()
+        deadline, reply_deadline = now + self.grace_s, now + REPLY_GRACE_S
+        while self.connections:
+            now = loop.time()
+            if now >= reply_deadline or (now >= deadline and not any(c.answering for c in self.connections)):
+                break
             await asyncio.sleep(0.02)
         for conn in list(self.connections):
             conn.abort()
@@ -129,8 +150,11 @@ class Http1Server:
         expired, stalled = now - self.idle_s, now - self.limits.body_timeout_s
         for conn in list(self.connections):
             idle, paused = conn.idle_since, conn.write_paused_since
-            if (idle is not None and idle < expired) or (paused is not None and paused < stalled):
+            if paused is not None and paused < stalled:
                 conn.abort()
+            elif idle is not None and idle < expired:
+                # not an abort: a request the client sent meanwhile would be reset
+                conn.close_idle()
         self._sweep_later()
 
 
@@ -344,9 +368,17 @@ class Connection(asyncio.Protocol):
         with contextlib.suppress(RuntimeError):
             t.resume_reading()
 
-    def close_when_idle(self) -> None:
-        if self.core.close_when_idle() and self.transport is not None:
-            self.transport.close()
+    def close_idle(self) -> None:
+        """At stop: an idle connection ends its writing side and reads and drops what still
+        comes until the client closes (a close with unread data would reset it)."""
+        if self.core.idle:
+            self._close(linger=True)
+
+    @property
+    def answering(self) -> bool:
+        """A request of this connection is read and not yet answered."""
+        core = self.core
+        return core.running is not None or bool(core.waiting)
 
     def abort(self) -> None:
         if self.transport is not None:
