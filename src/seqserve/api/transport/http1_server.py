@@ -41,6 +41,7 @@ from seqserve.api.transport.http1 import (
     error_body,
     error_reply,
 )
+from seqserve.api.transport.listener import accept_queue_length, refuse_new_handshakes
 
 log = logging.getLogger("seqserve.http")
 
@@ -55,6 +56,8 @@ LAST_CALL_S = 0.25
 #: at stop, how long a request whose handler runs may take to be answered before its connection
 #: is cut (the engine has drained by then: such a request is answered 503 at once)
 REPLY_GRACE_S = 5.0
+#: at stop, once new handshakes are dropped, the longest the loop gets to accept those queued
+QUEUE_DRAIN_S = 1.0
 
 
 class Http1Server:
@@ -120,6 +123,9 @@ class Http1Server:
         # engine has drained: 503) with Connection: close
         await asyncio.sleep(LAST_CALL_S)
         if self._listener is not None:
+            # Closing a listener resets the connections queued on it: new handshakes are dropped
+            # first, and those queued are accepted (and answered 503) before it closes.
+            await _accept_queued(self._listener)
             self._listener.close()
         for conn in list(self.connections):
             conn.close_idle()
@@ -383,6 +389,19 @@ class Connection(asyncio.Protocol):
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
+
+
+async def _accept_queued(listener: asyncio.AbstractServer) -> None:
+    """Drop new handshakes on ``listener``'s sockets, then give the loop until their accept
+    queues are empty (at most QUEUE_DRAIN_S), so that closing them resets no connection."""
+    sockets = [s for s in listener.sockets if refuse_new_handshakes(s)]
+    if not sockets:
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + QUEUE_DRAIN_S
+    await asyncio.sleep(0.01)  # handshakes under way complete
+    while loop.time() < deadline and any(accept_queue_length(s) for s in sockets):
+        await asyncio.sleep(0.005)
 
 
 def _wake(ex: Exchange) -> None:
