@@ -87,7 +87,7 @@ class Http1Server:
         self.admission = admission or ConnectionAdmission(limits.max_connections, limits.max_connections_per_peer)
         self.stopping = False
         self._stop = asyncio.Event()
-        self._listener: asyncio.AbstractServer | None = None
+        self._listener: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
     async def start(self, sock: Any) -> None:
@@ -391,7 +391,7 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
 
 
-async def _accept_queued(listener: asyncio.AbstractServer) -> None:
+async def _accept_queued(listener: asyncio.Server) -> None:
     """Drop new handshakes on ``listener``'s sockets, then give the loop until their accept
     queues are empty (at most QUEUE_DRAIN_S), so that closing them resets no connection."""
     sockets = [s for s in listener.sockets if refuse_new_handshakes(s)]
