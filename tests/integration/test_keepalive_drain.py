@@ -85,8 +85,11 @@ def keep_alive_client(port: int, stop: threading.Event, out: Outcomes) -> None:
 
 
 @pytest.mark.parametrize("run", range(RUNS))
-def test_sigterm_under_keep_alive_load_resets_no_request(launch: Callable[..., ServerProcess], run: int) -> None:
-    srv = launch(None, exit_timeout_s=5.0)
+@pytest.mark.parametrize("http_server", ["builtin", "hypercorn"])
+def test_sigterm_under_keep_alive_load_resets_no_request(
+    launch: Callable[..., ServerProcess], http_server: str, run: int
+) -> None:
+    srv = launch(None, "--http-server", http_server, exit_timeout_s=5.0)
     stop, out = threading.Event(), Outcomes()
     threads = [threading.Thread(target=keep_alive_client, args=(srv.http_port, stop, out)) for _ in range(CLIENTS)]
     for t in threads:

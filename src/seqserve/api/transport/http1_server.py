@@ -41,7 +41,7 @@ from seqserve.api.transport.http1 import (
     error_body,
     error_reply,
 )
-from seqserve.api.transport.listener import accept_queue_length, refuse_new_handshakes
+from seqserve.api.transport.listener import accept_queued
 
 log = logging.getLogger("seqserve.http")
 
@@ -125,7 +125,7 @@ class Http1Server:
         if self._listener is not None:
             # Closing a listener resets the connections queued on it: new handshakes are dropped
             # first, and those queued are accepted (and answered 503) before it closes.
-            await _accept_queued(self._listener)
+            await accept_queued(self._listener, QUEUE_DRAIN_S)
             self._listener.close()
         for conn in list(self.connections):
             conn.close_idle()
@@ -389,19 +389,6 @@ class Connection(asyncio.Protocol):
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
-
-
-async def _accept_queued(listener: asyncio.Server) -> None:
-    """Drop new handshakes on ``listener``'s sockets, then give the loop until their accept
-    queues are empty (at most QUEUE_DRAIN_S), so that closing them resets no connection."""
-    sockets = [s for s in listener.sockets if refuse_new_handshakes(s)]
-    if not sockets:
-        return
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + QUEUE_DRAIN_S
-    await asyncio.sleep(0.01)  # handshakes under way complete
-    while loop.time() < deadline and any(accept_queue_length(s) for s in sockets):
-        await asyncio.sleep(0.005)
 
 
 def _wake(ex: Exchange) -> None:

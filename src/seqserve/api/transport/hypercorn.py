@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from seqserve.api.limits import ConnectionAdmission, peer_host
+from seqserve.api.transport.listener import accept_queued
 
 log = logging.getLogger("seqserve.http")
 
@@ -30,6 +31,12 @@ PARSE_ERRORS = {
     414: "request target too long",
     431: "request head too large",
 }
+#: at stop, how long new connections are still accepted (and answered 503) before the listener
+#: closes, so that a request on its way is answered rather than reset (as the builtin server)
+LAST_CALL_S = 0.25
+#: how long a refused connection's writing side stays closed while what the client still sends
+#: is read and dropped: a close with unread data would reset it, and could cost it the 503
+LINGER_S = 2.0
 
 
 async def serve_hypercorn(
@@ -50,6 +57,7 @@ async def serve_hypercorn(
     wrapped = wrap_app(app, cfg.wsgi_max_body_size, "asgi")
     context = WorkerContext(None)
     tasks: set[asyncio.Task[Any]] = set()
+    stopping = False
 
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -57,9 +65,9 @@ async def serve_hypercorn(
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         peer = peer_host(writer.get_extra_info("peername"))
-        refused = admission.admit(peer)
+        refused = admission.admit(peer, stopping=stopping)
         if refused is not None:
-            await _refuse_connection(writer, admission.refusal_message(refused))
+            await _refuse_connection(reader, writer, admission.refusal_message(refused))
             return
         released = False
 
@@ -87,6 +95,11 @@ async def serve_hypercorn(
     try:
         await shutdown_trigger()
     finally:
+        # New connections get 503 for a moment, then those queued on the listener are accepted
+        # (and get it) before it closes: closing it with connections queued would reset them.
+        stopping = True
+        await asyncio.sleep(LAST_CALL_S)
+        await accept_queued(server)
         await context.terminated.set()
         server.close()
         await server.wait_closed()
@@ -152,7 +165,12 @@ def json_error(head: bytes) -> bytes:
     return b"\r\n".join(out) + b"\r\n\r\n" + body
 
 
-async def _refuse_connection(writer: asyncio.StreamWriter, message: str) -> None:
+async def _drop_until_eof(reader: asyncio.StreamReader) -> None:
+    while await reader.read(65536):
+        pass
+
+
+async def _refuse_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, message: str) -> None:
     body = orjson.dumps({"error": message})
     head = (
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
@@ -161,6 +179,10 @@ async def _refuse_connection(writer: asyncio.StreamWriter, message: str) -> None
     with contextlib.suppress(Exception):
         writer.write(head + body)
         await asyncio.wait_for(writer.drain(), 5.0)
+    with contextlib.suppress(Exception):  # read and drop the request, until the client closes
+        if writer.can_write_eof():
+            writer.write_eof()
+            await asyncio.wait_for(_drop_until_eof(reader), LINGER_S)
     with contextlib.suppress(Exception):
         writer.close()
         await asyncio.wait_for(writer.wait_closed(), 5.0)

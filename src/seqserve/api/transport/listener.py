@@ -10,6 +10,7 @@ closes. Linux only; elsewhere the listener simply closes.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import socket
 import struct
@@ -54,3 +55,17 @@ def accept_queue_length(sock: Any) -> int | None:
     if len(info) < _TCPI_UNACKED + 4:
         return None
     return int(struct.unpack_from("=I", info, _TCPI_UNACKED)[0])
+
+
+async def accept_queued(listener: asyncio.Server, within_s: float = 1.0) -> None:
+    """Drop new handshakes on ``listener``'s sockets, then give the loop until their accept
+    queues are empty (at most ``within_s``) to accept what is queued, so that closing the
+    listener resets no connection."""
+    sockets = [s for s in listener.sockets if refuse_new_handshakes(s)]
+    if not sockets:
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    await asyncio.sleep(0.01)  # handshakes under way complete
+    while loop.time() < deadline and any(accept_queue_length(s) for s in sockets):
+        await asyncio.sleep(0.005)
