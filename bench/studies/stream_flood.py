@@ -131,7 +131,7 @@ def flood(srv: Server, n: int, *, read: bool, seconds: float) -> dict[str, Any]:
     last, still = -1, 0.0  # replies at the last check, and since when they have not moved
     while time.monotonic() - t0 < seconds:
         peak = max(peak, srv.rss())
-        if http is None and (counts["refusals"] > 1000 or (not read and time.monotonic() - t0 > 5)):
+        if http is None and (counts["refusals"] > min(1000, n // 10) or (not read and time.monotonic() - t0 > 5)):
             http = srv.http_start()
         if read and counts["replies"] == last and time.monotonic() - still > 5:
             break  # every reply that will come has come
@@ -161,12 +161,13 @@ def main() -> None:
     ap.add_argument("--starts", type=int, default=300_000)
     ap.add_argument("--seconds", type=float, default=600.0, help="the longest one flood runs")
     ap.add_argument("--never-read-seconds", type=float, default=30.0)
+    ap.add_argument("--warm-up", type=int, default=3000, help="STARTs of the flood before the measured one")
     args = ap.parse_args()
     rows = []
     for read in (True, False):
         srv = Server()
         try:
-            flood(srv, 3000, read=True, seconds=60)  # warm-up: what the stream path allocates once
+            flood(srv, args.warm_up, read=True, seconds=60)  # warm-up: what the stream path allocates once
             time.sleep(6)  # its backlogged sequences expire (the demo's 5 s idle timeout)
             rows.append(flood(srv, args.starts, read=read, seconds=args.seconds if read else args.never_read_seconds))
         finally:

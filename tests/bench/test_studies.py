@@ -24,3 +24,20 @@ def test_isolation_bench_runs(tmp_path: Path) -> None:
     assert [r["case"] for r in doc["execute"]] == ["small, B=1", "small, B=8", "1 MiB state, B=1"]
     assert all(r["process_median_us"] > 0 for r in doc["execute"])
     assert "added p50" in proc.stdout
+
+
+def test_stream_flood_study_runs() -> None:
+    """The stream flood study with a tiny flood, against a real server."""
+    import json
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.studies.stream_flood", "--starts", "2000", "--seconds", "120",
+         "--never-read-seconds", "3", "--warm-up", "300"],
+        cwd=root, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reads, never = (json.loads(line) for line in proc.stdout.splitlines())
+    assert reads["client"] == "reads" and reads["refusals"] > 0 and reads["http_start"]["status"] == 503
+    assert never["client"] == "never reads" and never["replies"] == 0
