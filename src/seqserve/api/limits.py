@@ -32,9 +32,10 @@ DEFAULT_BODY_TIMEOUT_S = 10.0
 DEFAULT_KEEPALIVE_S = 10.0
 #: concurrent HTTP connections
 DEFAULT_MAX_CONNECTIONS = 1024
-#: concurrent connections from one peer address (HTTP and gRPC, each): a quarter of the total, so
-#: one client holding its share idle leaves the rest to the others
-DEFAULT_MAX_CONNECTIONS_PER_PEER = 256
+#: concurrent connections from one peer address (HTTP and gRPC, each): half the total, so one
+#: client holding its share idle leaves the other half to the others, and a load generator or a
+#: small proxy on one address still gets a few hundred
+DEFAULT_MAX_CONNECTIONS_PER_PEER = 512
 #: requests one ModelStreamInfer stream may have read and not yet answered before it stops reading
 DEFAULT_GRPC_STREAM_BACKLOG = 4096
 #: gRPC: streams per connection, idle connections, keepalive pings (gRPC's and Triton's 2 h, 20 s)
