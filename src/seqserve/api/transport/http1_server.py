@@ -84,6 +84,9 @@ class Http1Server:
         self.max_head_bytes = max_head_bytes
         self.grace_s = grace_s
         self.connections: set[Connection] = set()
+        # refused at accept and reading what the client still sends: a stop waits for them too,
+        # since closing them with the request unread would reset the 503 the client has not read
+        self.refused: set[Connection] = set()
         self.admission = admission or ConnectionAdmission(limits.max_connections, limits.max_connections_per_peer)
         self.stopping = False
         self._stop = asyncio.Event()
@@ -132,12 +135,12 @@ class Http1Server:
         loop = asyncio.get_running_loop()
         now = loop.time()
         deadline, reply_deadline = now + self.grace_s, now + REPLY_GRACE_S
-        while self.connections:
+        while self.connections or self.refused:
             now = loop.time()
             if now >= reply_deadline or (now >= deadline and not any(c.answering for c in self.connections)):
                 break
             await asyncio.sleep(0.02)
-        for conn in list(self.connections):
+        for conn in [*self.connections, *self.refused]:
             conn.abort()
         if self._sweeper is not None:
             self._sweeper.cancel()
@@ -241,6 +244,7 @@ class Connection(asyncio.Protocol):
         refused = srv.admission.admit(peer, stopping=srv.stopping)
         if refused is not None:
             transport.write(error_reply(503, srv.admission.refusal_message(refused)))
+            srv.refused.add(self)
             self.idle_since = None
             self.core.closing = True
             self._close(linger=True)  # the client may be sending its request
@@ -252,6 +256,7 @@ class Connection(asyncio.Protocol):
             self.scheme = "https"
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.server.refused.discard(self)
         if self in self.server.connections:
             self.server.connections.discard(self)
             self.server.admission.release(self.peer)
