@@ -57,3 +57,20 @@ def test_gpu_bench_runs_on_the_cpu_path(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "gpu_bench.json").read_text())
     assert [(r["model"], r["sequences"]) for r in doc["lstm"]] == [("lstm_cpu", 1), ("lstm_cpu", 2)]
     assert all(r["steps_per_s"] > 0 for r in doc["lstm"])
+
+
+def test_stream_flood_study_runs() -> None:
+    """The stream flood study with a tiny flood, against a real server."""
+    import json
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.studies.stream_flood", "--starts", "600", "--seconds", "60",
+         "--never-read-seconds", "1", "--warm-up", "100"],
+        cwd=root, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reads, never = (json.loads(line) for line in proc.stdout.splitlines())
+    assert reads["client"] == "reads" and reads["refusals"] > 0 and reads["http_start"]["status"] == 503
+    assert never["client"] == "never reads" and never["replies"] == 0

@@ -17,9 +17,10 @@ from typing import Any
 
 from seqserve import __version__
 from seqserve.api import security
-from seqserve.api.grpc.stream import StreamDrain
+from seqserve.api.front_end_metrics import FrontEndMetrics
+from seqserve.api.grpc.stream import StreamDrain, StreamStats
 from seqserve.api.http.routes import HttpFrontend, close_when_exiting
-from seqserve.api.limits import shutdown_executor
+from seqserve.api.limits import ConnectionAdmission, shutdown_executor
 from seqserve.api.metrics import MetricsServer, start_metrics
 from seqserve.api.observability import Observability, start_observability
 from seqserve.api.serve_options import GrpcOptions, HttpOptions, MetricsOptions, ServeOptions, StateStoreOptions
@@ -154,6 +155,9 @@ class FrontEnds:
         self._http_done = asyncio.Event()  # hypercorn's shutdown trigger
         self._stop_http: Callable[[], None] = self._http_done.set
         self._shared_memory = SharedMemoryRegistry()  # both front-ends' regions, unmapped at the stop
+        # the connection caps of the front-ends that have them, by protocol, and the streams' counts
+        self._admissions: dict[str, ConnectionAdmission] = {}
+        self._stream_stats: StreamStats | None = None
 
     async def start(self, opts: ServeOptions) -> None:
         """StartupError when one cannot start; ``abort`` stops those that did."""
@@ -165,7 +169,20 @@ class FrontEnds:
             await self._launch_metrics(opts.metrics)
 
     async def _launch_grpc(self, grpc: GrpcOptions) -> None:
-        self._grpc_server = await _start_grpc(self._server, grpc, self._streams, self._shared_memory)
+        limits = grpc.limits
+        self._stream_stats = StreamStats()
+        admission = None
+        if grpc.kind == "builtin":
+            admission = ConnectionAdmission(limits.max_connections, limits.max_connections_per_peer)
+            self._admissions["grpc"] = admission
+        self._grpc_server = await _start_grpc(
+            self._server,
+            grpc,
+            self._streams,
+            self._shared_memory,
+            stream_stats=self._stream_stats,
+            admission=admission,
+        )
         log.info("gRPC (%s) listening on %s:%d%s", grpc.kind, grpc.host, grpc.port, _tls_note(grpc.tls))
         if grpc.restricted:
             log.info("gRPC restricted protocols: %s", grpc.restricted.describe())
@@ -173,12 +190,15 @@ class FrontEnds:
     async def _launch_http(self, http: HttpOptions) -> None:
         handler = _http_handler(self._server, http, self._shared_memory)
         kind = http.kind
+        admission = ConnectionAdmission(http.limits.max_connections, http.limits.max_connections_per_peer)
         if kind == "builtin":
-            self._stop_http = await _start_builtin(handler, http, self._tasks)
+            self._admissions["http"] = admission
+            self._stop_http = await _start_builtin(handler, http, self._tasks, admission)
         elif kind == "granian":
             self._stop_http = await _start_granian(asgi_app(handler), http, self._tasks)
         else:
-            _start_hypercorn(asgi_app(handler), http, self._tasks, self._http_done)
+            self._admissions["http"] = admission
+            _start_hypercorn(asgi_app(handler), http, self._tasks, self._http_done, admission)
         scheme = "https" if http.tls is not None else "http"
         log.info("HTTP (%s) listening on %s://%s:%d%s", kind, scheme, http.host, http.port, _tls_note(http.tls))
         if http.restricted:
@@ -186,6 +206,7 @@ class FrontEnds:
 
     async def _launch_metrics(self, metrics: MetricsOptions) -> None:
         sock = _listen("metrics", metrics.host, metrics.port)
+        front_ends = FrontEndMetrics(self._admissions, self._stream_stats)
         self._metrics_server = await start_metrics(
             self._server,
             sock,
@@ -194,6 +215,7 @@ class FrontEnds:
             summaries=self._summaries,
             cpu=metrics.cpu,
             gpu=metrics.gpu,
+            extra=front_ends.collect,
         )
         log.info("metrics listening on http://%s:%d/metrics", metrics.host, metrics.port)
 
@@ -340,6 +362,9 @@ async def _start_grpc(
     grpc: GrpcOptions,
     streams: StreamDrain | None = None,
     shared_memory: SharedMemoryRegistry | None = None,
+    *,
+    stream_stats: StreamStats | None = None,
+    admission: ConnectionAdmission | None = None,
 ) -> Any:
     from seqserve.api.grpc.serve import start_grpc
 
@@ -349,7 +374,15 @@ async def _start_grpc(
         sock.close()  # type: ignore[union-attr]
         sock = None
     try:
-        return await start_grpc(server, grpc, streams=streams, sock=sock, shared_memory=shared_memory)
+        return await start_grpc(
+            server,
+            grpc,
+            streams=streams,
+            sock=sock,
+            shared_memory=shared_memory,
+            stream_stats=stream_stats,
+            admission=admission,
+        )
     except ssl.SSLError as e:  # the files were checked at startup (security.check_tls); changed since
         if sock is not None:
             sock.close()
@@ -360,7 +393,9 @@ async def _start_grpc(
         raise StartupError(f"cannot listen for gRPC on {grpc.host}:{grpc.port} (port {grpc.port})") from None
 
 
-def _start_hypercorn(app: Any, http: HttpOptions, tasks: list[asyncio.Task[None]], done: asyncio.Event) -> None:
+def _start_hypercorn(
+    app: Any, http: HttpOptions, tasks: list[asyncio.Task[None]], done: asyncio.Event, admission: ConnectionAdmission
+) -> None:
     from hypercorn.config import Config
 
     from seqserve.api.transport.hypercorn import serve_hypercorn
@@ -380,10 +415,12 @@ def _start_hypercorn(app: Any, http: HttpOptions, tasks: list[asyncio.Task[None]
     cfg.graceful_timeout = 1.0
     if http.tls is not None:
         security.hypercorn_tls(cfg, http.tls)
-    tasks.append(asyncio.create_task(serve_hypercorn(app, cfg, sock, limits.max_connections, done.wait)))
+    tasks.append(asyncio.create_task(serve_hypercorn(app, cfg, sock, admission, done.wait)))
 
 
-async def _start_builtin(handler: Handler, http: HttpOptions, tasks: list[asyncio.Task[None]]) -> Callable[[], None]:
+async def _start_builtin(
+    handler: Handler, http: HttpOptions, tasks: list[asyncio.Task[None]], admission: ConnectionAdmission
+) -> Callable[[], None]:
     """seqserve's own HTTP/1.1 server (api/transport/http1_server.py) on this loop."""
     from seqserve.api.transport.http1_server import Http1Server
 
@@ -392,7 +429,7 @@ async def _start_builtin(handler: Handler, http: HttpOptions, tasks: list[asynci
         ctx = None if tls is None else security.builtin_tls(tls)
     except (OSError, ssl.SSLError) as e:
         raise StartupError(f"cannot use the HTTP TLS certificate or key: {e}") from None
-    server = Http1Server(handler, http.limits, ssl_context=ctx)
+    server = Http1Server(handler, http.limits, ssl_context=ctx, admission=admission)
     sock = _listen("HTTP", http.host, http.port, reuse_port=http.reuse_port)
     try:
         await server.start(sock)

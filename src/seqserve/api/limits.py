@@ -32,6 +32,12 @@ DEFAULT_BODY_TIMEOUT_S = 10.0
 DEFAULT_KEEPALIVE_S = 10.0
 #: concurrent HTTP connections
 DEFAULT_MAX_CONNECTIONS = 1024
+#: concurrent connections from one peer address (HTTP and gRPC, each): half the total, so one
+#: client holding its share idle leaves the other half to the others, and a load generator or a
+#: small proxy on one address still gets a few hundred
+DEFAULT_MAX_CONNECTIONS_PER_PEER = 512
+#: requests one ModelStreamInfer stream may have read and not yet answered before it stops reading
+DEFAULT_GRPC_STREAM_BACKLOG = 4096
 #: gRPC: streams per connection, idle connections, keepalive pings (gRPC's and Triton's 2 h, 20 s)
 DEFAULT_GRPC_MAX_CONCURRENT_STREAMS = 1024
 DEFAULT_GRPC_MAX_CONNECTION_IDLE_S = 300.0
@@ -236,6 +242,8 @@ class GrpcLimits:
     max_send_message_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_concurrent_streams: int = DEFAULT_GRPC_MAX_CONCURRENT_STREAMS
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # the builtin server's; grpc core has none
+    max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER  # 0: no per-peer bound
+    stream_backlog: int = DEFAULT_GRPC_STREAM_BACKLOG  # per ModelStreamInfer stream
     max_connection_idle_s: float = DEFAULT_GRPC_MAX_CONNECTION_IDLE_S  # 0: never closed for idleness
     keepalive_s: float = DEFAULT_GRPC_KEEPALIVE_S
     keepalive_timeout_s: float = DEFAULT_GRPC_KEEPALIVE_TIMEOUT_S
@@ -272,6 +280,7 @@ class HttpLimits:
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     keepalive_s: float = DEFAULT_KEEPALIVE_S  # 0: no keep-alive, one request per connection
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER  # 0: no per-peer bound
 
     @property
     def idle_s(self) -> float:
@@ -280,3 +289,69 @@ class HttpLimits:
         if self.keepalive_s <= 0:
             return self.header_timeout_s
         return min(self.header_timeout_s, self.keepalive_s)
+
+
+# --------------------------------------------------------------------- connections
+
+
+class ConnectionAdmission:
+    """The connections one front-end serves, counted in total and per peer address (event loop
+    only): a new one is admitted while both counts are under their caps. The total bounds the
+    memory; the per-peer cap keeps one client (one address) from taking every connection, so
+    that others still connect while it holds its share open. Refusals are counted per reason
+    for the metrics endpoint."""
+
+    __slots__ = ("by_peer", "max_per_peer", "max_total", "refused", "total")
+
+    #: why a connection was refused: the keys of ``refused``
+    REASONS = ("total", "peer", "stopping")
+
+    def __init__(self, max_total: int, max_per_peer: int = 0) -> None:
+        self.max_total = max_total
+        self.max_per_peer = max_per_peer  # 0: none
+        self.total = 0
+        self.by_peer: dict[str, int] = {}
+        self.refused: dict[str, int] = dict.fromkeys(self.REASONS, 0)
+
+    def admit(self, peer: str | None, *, stopping: bool = False) -> str | None:
+        """Count in a new connection from ``peer`` (its host address; None: unknown, counted in
+        the total only) and return None, or the reason it is refused (counted, not admitted)."""
+        reason = None
+        if stopping:
+            reason = "stopping"
+        elif self.total >= self.max_total:
+            reason = "total"
+        elif peer is not None and self.max_per_peer > 0 and self.by_peer.get(peer, 0) >= self.max_per_peer:
+            reason = "peer"
+        if reason is not None:
+            self.refused[reason] += 1
+            return reason
+        self.total += 1
+        if peer is not None:
+            self.by_peer[peer] = self.by_peer.get(peer, 0) + 1
+        return None
+
+    def release(self, peer: str | None) -> None:
+        """An admitted connection from ``peer`` has closed."""
+        self.total -= 1
+        if peer is not None:
+            left = self.by_peer.get(peer, 0) - 1
+            if left > 0:
+                self.by_peer[peer] = left
+            else:
+                self.by_peer.pop(peer, None)
+
+    def refusal_message(self, reason: str) -> str:
+        """What a refused client is told."""
+        if reason == "peer":
+            return f"too many connections from one address: the server serves at most {self.max_per_peer} per client"
+        if reason == "stopping":
+            return "the server is shutting down"
+        return f"too many connections: the server serves at most {self.max_total} at once"
+
+
+def peer_host(address: Any) -> str | None:
+    """The host part of a socket's peer address (``transport.get_extra_info("peername")``)."""
+    if isinstance(address, tuple) and address:
+        return str(address[0])
+    return None

@@ -211,12 +211,15 @@ class SeqserveCollector(Collector):
         summaries: LatencySummaries | None = None,
         cpu: bool = True,
         gpu: bool = True,
+        extra: Callable[[], Iterable[Metric]] | None = None,
     ) -> None:
         """``summaries``: the latency summaries (``summary_latencies``), fed by the trace hook.
         ``cpu`` / ``gpu``: serve the host's CPU and memory metrics, and Triton's GPU metrics
         (through NVML, when there is a GPU: engine/device/nvml.py), as ``--allow-cpu-metrics``
-        and ``--allow-gpu-metrics`` say."""
+        and ``--allow-gpu-metrics`` say. ``extra``: more families, read at each scrape (the
+        front-ends' connection counts)."""
         self.server = server
+        self.extra = extra
         self.config = config or MetricsConfig()
         self.summaries = summaries
         self._cpu = _CpuSampler(interval_ms / 1000.0) if cpu else None
@@ -273,6 +276,8 @@ class SeqserveCollector(Collector):
                     family(name, "gauge", doc).add_sample(name, {}, value)
         if self._gpu is not None and self._gpu.available:
             families += gpu_families(self._gpu)
+        if self.extra is not None:
+            families.extend(self.extra())
         own = {m.name for m in families}
         families += [m for m in custom_families() if m.name not in own]  # a model cannot shadow these
         return [m for m in families if m.samples]
@@ -499,10 +504,13 @@ async def start_metrics(
     summaries: LatencySummaries | None = None,
     cpu: bool = True,
     gpu: bool = True,
+    extra: Callable[[], Iterable[Metric]] | None = None,
 ) -> MetricsServer:
     """Serve ``server``'s metrics at ``/metrics`` on the running loop: on a listening socket, or
-    on (host, port)."""
-    collector = SeqserveCollector(server, config, interval_ms=interval_ms, summaries=summaries, cpu=cpu, gpu=gpu)
+    on (host, port); ``extra``: more families (``SeqserveCollector``)."""
+    collector = SeqserveCollector(
+        server, config, interval_ms=interval_ms, summaries=summaries, cpu=cpu, gpu=gpu, extra=extra
+    )
     metrics = MetricsServer(lambda: exposition(collector))
     if isinstance(where, socket.socket):
         await metrics.start(sock=where)

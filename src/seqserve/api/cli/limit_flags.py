@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 
 from seqserve.api import limits as lim
-from seqserve.api.cli.values import int32_size, seconds, timer_seconds
+from seqserve.api.cli.values import int32_size, non_negative_int, seconds, timer_seconds
 
 #: ``add_argument`` of the argument group the flags go to
 AddFlag = Callable[..., argparse.Action]
@@ -60,6 +60,16 @@ def _add_http_limits(add: AddFlag) -> None:
         help="most HTTP connections served at once (granian: more wait to be accepted; hypercorn: more get "
         f"503) (default: {lim.DEFAULT_MAX_CONNECTIONS})",
     )
+    add(
+        "--http-max-connections-per-peer",
+        type=non_negative_int,
+        default=lim.DEFAULT_MAX_CONNECTIONS_PER_PEER,
+        metavar="N",
+        help="most HTTP connections served at once from one client address, so that one client cannot take "
+        "them all; more get 503 (builtin and hypercorn; granian: not limited). Behind a proxy every client "
+        "shares its address: raise it, or 0 for no per-address limit "
+        f"(default: {lim.DEFAULT_MAX_CONNECTIONS_PER_PEER})",
+    )
 
 
 def _add_grpc_message_limits(add: AddFlag) -> None:
@@ -96,6 +106,24 @@ def _add_grpc_connection_limits(add: AddFlag) -> None:
         metavar="N",
         help="most gRPC connections served at once by the builtin gRPC server; one beyond gets a GOAWAY and "
         f"is closed (grpcio: not limited) (default: {lim.DEFAULT_MAX_CONNECTIONS})",
+    )
+    add(
+        "--grpc-max-connections-per-peer",
+        type=non_negative_int,
+        default=lim.DEFAULT_MAX_CONNECTIONS_PER_PEER,
+        metavar="N",
+        help="most gRPC connections served at once from one client address by the builtin gRPC server; one "
+        "beyond gets a GOAWAY and is closed (grpcio: not limited); 0: no per-address limit "
+        f"(default: {lim.DEFAULT_MAX_CONNECTIONS_PER_PEER})",
+    )
+    add(
+        "--grpc-max-stream-backlog",
+        type=int32_size,
+        default=lim.DEFAULT_GRPC_STREAM_BACKLOG,
+        metavar="N",
+        help="requests one ModelStreamInfer stream may have read and not yet answered; beyond, the stream stops "
+        "reading until its replies are written (the client waits on flow control) "
+        f"(default: {lim.DEFAULT_GRPC_STREAM_BACKLOG})",
     )
     add(
         "--grpc-max-connection-idle-secs",

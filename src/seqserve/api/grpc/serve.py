@@ -22,6 +22,7 @@ from seqserve.api.grpc.servicer import (
     InferenceServicer,
 )
 from seqserve.api.grpc.stream import StreamDrain, StreamStats
+from seqserve.api.limits import ConnectionAdmission
 from seqserve.api.serve_options import GrpcOptions
 from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.api.transport.grpc_context import Method
@@ -60,11 +61,13 @@ async def start_grpc(
     streams: StreamDrain | None = None,
     sock: socket.socket | None = None,
     shared_memory: SharedMemoryRegistry | None = None,
+    admission: ConnectionAdmission | None = None,
 ) -> grpc.aio.Server | BuiltinGrpcServer:
     """Serve as ``front_end`` says: on its host and port (``sock``, bound and listening, for the
     builtin server), with its TLS, the rpcs of its restricted groups guarded
     (security.restrict_grpc), within its limits, on its kind of server: "builtin"
-    (api/transport) or "grpcio" (grpc.aio). Both have ``stop(grace)``."""
+    (api/transport) or "grpcio" (grpc.aio). Both have ``stop(grace)``. ``admission``: the
+    builtin server's connection caps, shared with the metrics (grpc.aio has none)."""
     limits, tls = front_end.limits, front_end.tls
     inference = InferenceServicer(
         server,
@@ -73,11 +76,15 @@ async def start_grpc(
         streams=streams,
         shared_memory=shared_memory,
         header_forward=front_end.header_forward,
+        stream_backlog=limits.stream_backlog,
     )
     methods = method_table(inference, HealthServicer(server), front_end.restricted)
     if front_end.kind == "builtin":
         builtin = BuiltinGrpcServer(
-            methods, limits, ssl_context=None if tls is None else security.builtin_tls(tls, alpn="h2")
+            methods,
+            limits,
+            ssl_context=None if tls is None else security.builtin_tls(tls, alpn="h2"),
+            admission=admission,
         )
         if sock is None:
             sock = socket.create_server((front_end.host, front_end.port), backlog=1024)

@@ -26,7 +26,7 @@ from seqserve.api.grpc.stream import (
 )
 from seqserve.api.header_forward import forward_headers, forwarded_metadata
 from seqserve.api.kserve import EXTENSIONS, SESSION_END_KEY, SESSION_ID_KEY, apply_session, clip, enqueue_single
-from seqserve.api.limits import offload
+from seqserve.api.limits import DEFAULT_GRPC_STREAM_BACKLOG, offload
 from seqserve.api.logs import log_settings_request
 from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.api.statistics import statistics_proto
@@ -59,13 +59,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         streams: StreamDrain | None = None,
         shared_memory: SharedMemoryRegistry | None = None,
         header_forward: re.Pattern[str] | None = None,
+        stream_backlog: int = DEFAULT_GRPC_STREAM_BACKLOG,
     ) -> None:
         """stream_scoped: sequences started on a ModelStreamInfer stream end when it closes,
         unless the stream says otherwise (``seqserve-stream-scoped`` header). ``streams``: the
         open streams, which the shutdown ends with UNAVAILABLE (see ``StreamDrain``).
-        ``shared_memory``: the regions registered with the server (shared with HTTP)."""
+        ``shared_memory``: the regions registered with the server (shared with HTTP).
+        ``stream_backlog``: requests a stream may have read and not answered (see StreamSession)."""
         self.server = server
         self.header_forward = header_forward  # metadata forwarded as ModelInfer parameters
+        self.stream_backlog = stream_backlog
         self.stream_scoped = stream_scoped
         self.stream_stats = stream_stats if stream_stats is not None else StreamStats()
         self.streams = streams if streams is not None else StreamDrain()
@@ -300,6 +303,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             shared_memory=self.shared_memory,
             trace_parent=trace_parent,
             forwarded=forwarded_metadata(context.metadata, self.header_forward),
+            max_backlog=self.stream_backlog,
         )
         self.streams.add(session)
         try:

@@ -14,7 +14,7 @@ from seqserve._proto import grpc_service_pb2 as pb
 from seqserve.api.errors import internal_error
 from seqserve.api.grpc import codec, wire
 from seqserve.api.grpc.shared_memory_rpcs import placed_stream_entries
-from seqserve.api.limits import offload
+from seqserve.api.limits import DEFAULT_GRPC_STREAM_BACKLOG, offload
 from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.api.tensor_extensions import TensorExtensions
 from seqserve.engine import (
@@ -68,6 +68,8 @@ class StreamStats:
     stalls: int = 0  # head replies that held back ready replies longer than the threshold
     stalls_by_model: dict[str, int] = field(default_factory=dict)  # the head request's model
     stall_threshold_s: float = DEFAULT_STALL_THRESHOLD_S
+    refused_at_once: int = 0  # temporary refusals written ahead of the replies before them
+    reading_paused: int = 0  # times a stream stopped reading: its backlog of unanswered requests was full
     _last_log: float = -1e9
     _unlogged: int = 0
 
@@ -92,6 +94,14 @@ class StreamSession:
     As in Triton, the replies to non-decoupled requests (and refusals) are written in request
     order; a decoupled request's responses are written as they come. With ``completion_order``
     (the ``seqserve-reply-order: completion`` header) every reply is written as it comes.
+    A temporary refusal (UNAVAILABLE with a retry hint: a full backlog, a draining server) is
+    written at once in either order, with ``[request id: ...]`` leading its message in request
+    order: held in line behind a START that waits for a slot, a flood of refusals would cost
+    memory the client never takes back, and the client could not learn of them in time.
+
+    At most ``max_backlog`` requests are read and not yet answered (their last reply not yet
+    taken by the writer): beyond, reading pauses until replies are written, so a client that
+    sends without reading waits on HTTP/2 flow control instead of growing the server.
     Every response carries ``triton_final_response``; a final flag that comes without a
     response is written (as an empty response) only for requests that set
     ``triton_enable_empty_final_response``. A failing request gets an ``error_message`` reply
@@ -125,10 +135,12 @@ class StreamSession:
         "_grpc_errors",
         "_in_order",
         "_loop",
+        "_max_backlog",
         "_open",
         "_reader",
         "_reading",
         "_ready",
+        "_room",
         "_scope",
         "_server",
         "_shared_memory",
@@ -151,6 +163,7 @@ class StreamSession:
         shared_memory: SharedMemoryRegistry | None = None,
         trace_parent: str = "",
         forwarded: tuple[tuple[str, str], ...] = (),
+        max_backlog: int = DEFAULT_GRPC_STREAM_BACKLOG,
     ) -> None:
         """``shared_memory``: the server's regions, for requests that place tensors in them.
         ``trace_parent``: the call's W3C ``traceparent``: its requests' traces continue it.
@@ -174,6 +187,8 @@ class StreamSession:
         self._in_order: OrderedRelease[_StreamRequest] = OrderedRelease(self._release)
         self._open: set[_StreamRequest] = set()  # submitted, final response not yet come
         self._unfinished = 0  # requests read whose last reply has not been taken from the queue
+        self._max_backlog = max(1, max_backlog)
+        self._room: asyncio.Future[None] | None = None  # the reader, waiting for _unfinished to fall
         self._stall_timer: asyncio.TimerHandle | None = None
         self._stall_head: _StreamRequest | None = None  # the head reply the stall timer watches
         self._reader: asyncio.Task[None] | None = None
@@ -209,6 +224,8 @@ class StreamSession:
         parse = codec.parse_infer_request
         try:
             while True:
+                if self._unfinished >= self._max_backlog:
+                    await self._until_room()
                 item = await read()
                 if item is None or self._drain_reason is not None:  # read after the drain began: not run
                     break
@@ -277,7 +294,10 @@ class StreamSession:
             err = e if isinstance(e, InferenceError) else internal_error("gRPC ModelStreamInfer", e)
             if not req.ordered and not self._completion_order:  # an unknown model: Triton orders its reply too
                 self._hold_place(req)
-            self._put(req, self._error_reply(req, err, None), True)
+            if _temporary(err):
+                self._refuse_at_once(req, err, None)
+            else:
+                self._put(req, self._error_reply(req, err, None), True)
 
     async def next_replies(self) -> list[Reply] | None:
         """The replies ready to write now, in order (waiting for one if none is); None once the
@@ -291,6 +311,9 @@ class StreamSession:
                     reply, last = ready.popleft()
                     if last:
                         self._unfinished -= 1
+                        if self._room is not None and self._unfinished < self._max_backlog:
+                            self._room.set_result(None)
+                            self._room = None
                     if reply is not None:
                         out.append(reply)
                 if out:
@@ -306,6 +329,17 @@ class StreamSession:
                 await waiter
             finally:
                 self._waiter = None
+
+    async def _until_room(self) -> None:
+        self._stats.reading_paused += 1
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        room = self._room = loop.create_future()
+        try:
+            await room
+        finally:
+            self._room = None
 
     def _end_reading(self) -> None:
         self._reading = False
@@ -345,6 +379,9 @@ class StreamSession:
             req.cancel = _nothing
         reply: Reply | None
         if isinstance(response, InferenceError):
+            if final and not req.responded and _temporary(response):  # refused after an await (replicas)
+                self._refuse_at_once(req, response, final)
+                return
             reply = self._error_reply(req, response, final)
         elif response is not None:
             req.responded = True
@@ -380,6 +417,18 @@ class StreamSession:
             self.drain(err.message)  # no-op when draining already
             return None
         return err if self._grpc_errors else req.error(err, final)
+
+    def _refuse_at_once(self, req: _StreamRequest, err: InferenceError, final: bool | None) -> None:
+        """Write a temporary refusal now, ahead of the replies in line before it (see the class's
+        doc); its message names the request in request order, where tritonclient's callback gets
+        only the message of an error."""
+        if req.ordered:
+            req.ordered = False
+            self._in_order.withdraw(req)
+            if req.id and not err.message.startswith("[request id:"):
+                err = InferenceError(err.code, f"[request id: {req.id}] {err.message}", retry_after_s=err.retry_after_s)
+            self._stats.refused_at_once += 1
+        self._push((self._error_reply(req, err, final), True))
 
     def _hold_place(self, req: _StreamRequest) -> None:
         req.ordered = True
@@ -481,6 +530,12 @@ class _StreamRequest:
 
 def _nothing() -> None:
     pass
+
+
+def _temporary(err: Exception) -> bool:
+    """A refusal that says "not run, try again" (a full backlog, a draining server, a sequence
+    on its way between replicas): it needs no place in the stream's reply order."""
+    return isinstance(err, InferenceError) and err.code is Code.UNAVAILABLE and err.retry_after_s is not None
 
 
 class StreamDrain:

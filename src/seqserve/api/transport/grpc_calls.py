@@ -18,6 +18,7 @@ import collections
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from seqserve.api.limits import peer_host
 from seqserve.api.transport import grpc_runner
 from seqserve.api.transport.grpc_context import CallAborted, Metadata, Method, Status
 from seqserve.api.transport.grpc_messages import (
@@ -79,6 +80,7 @@ class GrpcConnection:
         self.max_receive = limits.max_receive_message_bytes
         self.max_send = limits.max_send_message_bytes
         self.peer = ""
+        self.peer_host: str | None = None  # admitted from this address (the server's connection caps)
         self.ping_sent: float | None = None
 
     # ------------------------------------------------------------------ events
@@ -110,13 +112,18 @@ class GrpcConnection:
             host, port = address[0], address[1]
             self.peer = f"ipv6:[{host}]:{port}" if ":" in str(host) else f"ipv4:{host}:{port}"
         server = self.server
-        if len(server.connections) >= server.limits.max_connections or server.stopping:
-            self.protocol.close(ENHANCE_YOUR_CALM if not server.stopping else NO_ERROR, "too many connections")
+        host = peer_host(address)
+        refused = server.admission.admit(host, stopping=server.stopping)
+        if refused is not None:
+            self.protocol.close(ENHANCE_YOUR_CALM if refused != "stopping" else NO_ERROR, "too many connections")
             return
+        self.peer_host = host
         server.connections.add(self)
 
     def connection_lost(self) -> None:
-        self.server.connections.discard(self)
+        if self in self.server.connections:
+            self.server.connections.discard(self)
+            self.server.admission.release(self.peer_host)
 
     def writable(self) -> None:
         for s in list(self.h2.streams.values()):

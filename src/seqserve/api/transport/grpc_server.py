@@ -7,7 +7,8 @@ the loop and its reply back, with Python objects and a completion-queue round tr
 unary call cost more there than all of Triton's server (bench/docs/front-ends.md, "gRPC: the
 builtin server"). Here a call costs one ``data_received`` on the loop's own thread, a task for the
 handler and one ``write`` for its reply. The connection limits are grpc.aio's: idle GOAWAY,
-keepalive pings, concurrent streams, and a cap on connections.
+keepalive pings, concurrent streams, and caps on connections, in total and per peer address
+(``ConnectionAdmission``; a connection beyond gets a GOAWAY ENHANCE_YOUR_CALM and is closed).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import asyncio
 import ssl
 from typing import Any
 
-from seqserve.api.limits import GrpcLimits
+from seqserve.api.limits import ConnectionAdmission, GrpcLimits
 from seqserve.api.transport.grpc_calls import MAX_HEADER_LIST_BYTES, PREFACE_TIMEOUT_S, GrpcConnection
 from seqserve.api.transport.grpc_context import Method
 from seqserve.api.transport.h2_frames import CANCEL, NO_ERROR
@@ -27,10 +28,18 @@ class BuiltinGrpcServer:
     """Serves ``methods`` (path → Method) on a listening socket; ``stop`` as grpc.aio's."""
 
     def __init__(
-        self, methods: dict[bytes, Method], limits: GrpcLimits, *, ssl_context: ssl.SSLContext | None = None
+        self,
+        methods: dict[bytes, Method],
+        limits: GrpcLimits,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        admission: ConnectionAdmission | None = None,
     ) -> None:
+        """``admission``: the connection caps (one of ``limits``' caps when None), given to
+        share its counts with the metrics."""
         self.methods = methods
         self.limits = limits
+        self.admission = admission or ConnectionAdmission(limits.max_connections, limits.max_connections_per_peer)
         self.ssl_context = ssl_context
         self.connections: set[GrpcConnection] = set()
         self.stopping = False

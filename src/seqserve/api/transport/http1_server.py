@@ -13,7 +13,8 @@ Its limits beyond those of the connection (``http1``'s docstring):
 - one timer (``idle_s``) for a connection's wait for the next request and for its headers
   (slow-header clients), checked by one sweep for all connections rather than a timer each;
   the body's deadline is the handler's (``api.http.body.BodyWatch``);
-- ``max_connections``: a connection beyond gets 503 with a JSON error and is closed;
+- ``max_connections`` in total and ``max_connections_per_peer`` from one address
+  (``ConnectionAdmission``): a connection beyond gets 503 with a JSON error and is closed;
 - a reply waits while the transport's write buffer is full; a client that reads nothing for
   ``body_timeout_s`` is cut off;
 - TLS (and client certificates) through the loop's own TLS transport.
@@ -27,7 +28,7 @@ import logging
 import ssl
 from typing import Any
 
-from seqserve.api.limits import HttpLimits
+from seqserve.api.limits import ConnectionAdmission, HttpLimits, peer_host
 from seqserve.api.transport.exchange import Handler, HttpRequest
 from seqserve.api.transport.http1 import (
     DEFAULT_MAX_HEAD_BYTES,
@@ -40,6 +41,7 @@ from seqserve.api.transport.http1 import (
     error_body,
     error_reply,
 )
+from seqserve.api.transport.listener import accept_queued
 
 log = logging.getLogger("seqserve.http")
 
@@ -47,6 +49,15 @@ log = logging.getLogger("seqserve.http")
 #: reads and drops what still arrives, for up to this long, before it closes: a close with unread
 #: data resets the connection, and the client could lose the reply it has not read yet
 LINGER_S = 2.0
+#: at stop, how long the listener and the idle connections are still read, so that a request
+#: already on its way (in flight, or in the socket's buffer while the loop was busy) gets 503 with
+#: ``Connection: close`` instead of a reset
+LAST_CALL_S = 0.25
+#: at stop, how long a request whose handler runs may take to be answered before its connection
+#: is cut (the engine has drained by then: such a request is answered 503 at once)
+REPLY_GRACE_S = 5.0
+#: at stop, once new handshakes are dropped, the longest the loop gets to accept those queued
+QUEUE_DRAIN_S = 1.0
 
 
 class Http1Server:
@@ -61,7 +72,10 @@ class Http1Server:
         ssl_context: ssl.SSLContext | None = None,
         max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES,
         grace_s: float = 1.0,
+        admission: ConnectionAdmission | None = None,
     ) -> None:
+        """``admission``: the connection caps (one of ``limits``' caps when None), given to
+        share its counts with the metrics."""
         self.handler = handler
         self.limits = limits
         self.idle_s = limits.idle_s
@@ -70,9 +84,13 @@ class Http1Server:
         self.max_head_bytes = max_head_bytes
         self.grace_s = grace_s
         self.connections: set[Connection] = set()
+        # refused at accept and reading what the client still sends: a stop waits for them too,
+        # since closing them with the request unread would reset the 503 the client has not read
+        self.refused: set[Connection] = set()
+        self.admission = admission or ConnectionAdmission(limits.max_connections, limits.max_connections_per_peer)
         self.stopping = False
         self._stop = asyncio.Event()
-        self._listener: asyncio.AbstractServer | None = None
+        self._listener: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
     async def start(self, sock: Any) -> None:
@@ -89,23 +107,40 @@ class Http1Server:
         self._sweep_later()
 
     def stop(self) -> None:
-        """Stop accepting; close idle connections now and the others after their reply."""
+        """Stop taking requests: every connection closes after its reply (see ``serve``)."""
         self.stopping = True
         for conn in self.connections:
             conn.core.stopping = True
         self._stop.set()
 
     async def serve(self) -> None:
+        """Serve until ``stop``, then close without resetting a request the client has sent:
+        for LAST_CALL_S the listener still accepts (a new connection gets 503 and is read until
+        the client closes) and idle connections are still read (a request that arrives is
+        answered with ``Connection: close``; the engine has drained, so an inference gets 503);
+        then idle connections end their writing side and read and drop what still comes
+        (``Connection.close_idle``), requests in progress get their replies (up to
+        REPLY_GRACE_S), and what is left after ``grace_s`` is cut."""
         await self._stop.wait()
+        # stop() marked every connection stopping: a request read from now on is answered (the
+        # engine has drained: 503) with Connection: close
+        await asyncio.sleep(LAST_CALL_S)
         if self._listener is not None:
+            # Closing a listener resets the connections queued on it: new handshakes are dropped
+            # first, and those queued are accepted (and answered 503) before it closes.
+            await accept_queued(self._listener, QUEUE_DRAIN_S)
             self._listener.close()
         for conn in list(self.connections):
-            conn.close_when_idle()
+            conn.close_idle()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.grace_s
-        while self.connections and loop.time() < deadline:
+        now = loop.time()
+        deadline, reply_deadline = now + self.grace_s, now + REPLY_GRACE_S
+        while self.connections or self.refused:
+            now = loop.time()
+            if now >= reply_deadline or (now >= deadline and not any(c.answering for c in self.connections)):
+                break
             await asyncio.sleep(0.02)
-        for conn in list(self.connections):
+        for conn in [*self.connections, *self.refused]:
             conn.abort()
         if self._sweeper is not None:
             self._sweeper.cancel()
@@ -124,8 +159,11 @@ class Http1Server:
         expired, stalled = now - self.idle_s, now - self.limits.body_timeout_s
         for conn in list(self.connections):
             idle, paused = conn.idle_since, conn.write_paused_since
-            if (idle is not None and idle < expired) or (paused is not None and paused < stalled):
+            if paused is not None and paused < stalled:
                 conn.abort()
+            elif idle is not None and idle < expired:
+                # not an abort: a request the client sent meanwhile would be reset
+                conn.close_idle()
         self._sweep_later()
 
 
@@ -174,6 +212,7 @@ class Connection(asyncio.Protocol):
         "lingering",
         "local",
         "loop",
+        "peer",
         "reading",
         "scheme",
         "server",
@@ -194,26 +233,33 @@ class Connection(asyncio.Protocol):
         self.local: tuple[str, int] | None = None
         self.scheme = "http"
         self.lingering: asyncio.TimerHandle | None = None
+        self.peer: str | None = None  # the client's address, once admitted
 
     # ------------------------------------------------------------------ transport events
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         self.transport = transport
         srv = self.server
-        if srv.stopping or len(srv.connections) >= srv.limits.max_connections:
-            msg = f"too many connections: the server serves at most {srv.limits.max_connections} at once"
-            transport.write(error_reply(503, "the server is shutting down" if srv.stopping else msg))
+        peer = peer_host(transport.get_extra_info("peername"))
+        refused = srv.admission.admit(peer, stopping=srv.stopping)
+        if refused is not None:
+            transport.write(error_reply(503, srv.admission.refusal_message(refused)))
+            srv.refused.add(self)
             self.idle_since = None
             self.core.closing = True
             self._close(linger=True)  # the client may be sending its request
             return
+        self.peer = peer
         srv.connections.add(self)
         self.local = _address(transport.get_extra_info("sockname"))
         if transport.get_extra_info("sslcontext") is not None:
             self.scheme = "https"
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.server.connections.discard(self)
+        self.server.refused.discard(self)
+        if self in self.server.connections:
+            self.server.connections.discard(self)
+            self.server.admission.release(self.peer)
         if self.lingering is not None:
             self.lingering.cancel()
         self.idle_since = None
@@ -333,9 +379,17 @@ class Connection(asyncio.Protocol):
         with contextlib.suppress(RuntimeError):
             t.resume_reading()
 
-    def close_when_idle(self) -> None:
-        if self.core.close_when_idle() and self.transport is not None:
-            self.transport.close()
+    def close_idle(self) -> None:
+        """At stop: an idle connection ends its writing side and reads and drops what still
+        comes until the client closes (a close with unread data would reset it)."""
+        if self.core.idle:
+            self._close(linger=True)
+
+    @property
+    def answering(self) -> bool:
+        """A request of this connection is read and not yet answered."""
+        core = self.core
+        return core.running is not None or bool(core.waiting)
 
     def abort(self) -> None:
         if self.transport is not None:

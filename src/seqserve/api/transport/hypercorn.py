@@ -1,8 +1,9 @@
 """hypercorn (``--http-server hypercorn``) behind seqserve's own accept loop, for what its
-settings lack and granian's have (granian's settings are passed in app.py): a cap on
-concurrent connections, the builtin server's request rules in front of h11 (``http1_filter``:
-the request-smuggling shapes h11 would answer), and JSON bodies on the errors its HTTP/1 parser answers by itself (a
-malformed request line, header or framing), so that every non-200 a client gets is a
+settings lack and granian's have (granian's settings are passed in app.py): caps on
+concurrent connections (in total and per peer address), the builtin server's request rules in
+front of h11 (``http1_filter``: the request-smuggling shapes h11 would answer), and JSON bodies
+on the errors its HTTP/1 parser answers by itself (a malformed request line, header or framing),
+so that every non-200 a client gets is a
 ``{"error": "..."}`` document, as tritonclient expects.
 
 Nothing of hypercorn is patched: the loop here accepts the connections, refuses those beyond
@@ -21,7 +22,9 @@ from typing import Any
 
 import orjson
 
+from seqserve.api.limits import ConnectionAdmission, peer_host
 from seqserve.api.transport.http1_filter import RequestFilter
+from seqserve.api.transport.listener import accept_queued
 
 log = logging.getLogger("seqserve.http")
 
@@ -32,13 +35,24 @@ PARSE_ERRORS = {
     431: "request head too large",
     501: "a Transfer-Encoding other than chunked is not supported",
 }
+#: at stop, how long new connections are still accepted (and answered 503) before the listener
+#: closes, so that a request on its way is answered rather than reset (as the builtin server)
+LAST_CALL_S = 0.25
+#: how long a refused connection's writing side stays closed while what the client still sends
+#: is read and dropped: a close with unread data would reset it, and could cost it the 503
+LINGER_S = 2.0
 
 
 async def serve_hypercorn(
-    app: Any, cfg: Any, sock: Any, max_connections: int, shutdown_trigger: Callable[[], Awaitable[Any]]
+    app: Any,
+    cfg: Any,
+    sock: Any,
+    admission: ConnectionAdmission,
+    shutdown_trigger: Callable[[], Awaitable[Any]],
 ) -> None:
     """Serve ASGI ``app`` with hypercorn Config ``cfg`` on listening socket ``sock`` until
-    ``shutdown_trigger`` returns; then connections get ``cfg.graceful_timeout`` to finish."""
+    ``shutdown_trigger`` returns; then connections get ``cfg.graceful_timeout`` to finish.
+    ``admission``: the connection caps (a connection beyond gets 503 and is closed)."""
     from hypercorn.asyncio.tcp_server import TCPServer
     from hypercorn.asyncio.worker_context import WorkerContext
     from hypercorn.utils import wrap_app
@@ -46,16 +60,18 @@ async def serve_hypercorn(
     loop = asyncio.get_running_loop()
     wrapped = wrap_app(app, cfg.wsgi_max_body_size, "asgi")
     context = WorkerContext(None)
-    slots = ConnectionSlots(max_connections)
     tasks: set[asyncio.Task[Any]] = set()
+    stopping = False
 
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-        if not slots.take():
-            await _refuse_connection(writer, max_connections)
+        peer = peer_host(writer.get_extra_info("peername"))
+        refused = admission.admit(peer, stopping=stopping)
+        if refused is not None:
+            await _refuse_connection(reader, writer, admission.refusal_message(refused))
             return
         released = False
 
@@ -63,7 +79,7 @@ async def serve_hypercorn(
             nonlocal released
             if not released:
                 released = True
-                slots.give_back()
+                admission.release(peer)
 
         try:
             checks = RequestFilter()
@@ -84,31 +100,17 @@ async def serve_hypercorn(
     try:
         await shutdown_trigger()
     finally:
+        # New connections get 503 for a moment, then those queued on the listener are accepted
+        # (and get it) before it closes: closing it with connections queued would reset them.
+        stopping = True
+        await asyncio.sleep(LAST_CALL_S)
+        await accept_queued(server)
         await context.terminated.set()
         server.close()
         await server.wait_closed()
         if tasks:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), cfg.graceful_timeout)
-
-
-class ConnectionSlots:
-    """Connections in use against the cap."""
-
-    __slots__ = ("limit", "used")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def take(self) -> bool:
-        if self.used >= self.limit:
-            return False
-        self.used += 1
-        return True
-
-    def give_back(self) -> None:
-        self.used -= 1
 
 
 class SlotReader:
@@ -178,8 +180,13 @@ def json_error(head: bytes, refusal: str | None = None) -> bytes:
     return b"\r\n".join(out) + b"\r\n\r\n" + body
 
 
-async def _refuse_connection(writer: asyncio.StreamWriter, limit: int) -> None:
-    body = orjson.dumps({"error": f"too many connections: the server serves at most {limit} at once"})
+async def _drop_until_eof(reader: asyncio.StreamReader) -> None:
+    while await reader.read(65536):
+        pass
+
+
+async def _refuse_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, message: str) -> None:
+    body = orjson.dumps({"error": message})
     head = (
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
@@ -187,6 +194,10 @@ async def _refuse_connection(writer: asyncio.StreamWriter, limit: int) -> None:
     with contextlib.suppress(Exception):
         writer.write(head + body)
         await asyncio.wait_for(writer.drain(), 5.0)
+    with contextlib.suppress(Exception):  # read and drop the request, until the client closes
+        if writer.can_write_eof():
+            writer.write_eof()
+            await asyncio.wait_for(_drop_until_eof(reader), LINGER_S)
     with contextlib.suppress(Exception):
         writer.close()
         await asyncio.wait_for(writer.wait_closed(), 5.0)
