@@ -245,6 +245,11 @@ class GrpcLimits:
     max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER  # 0: no per-peer bound
     stream_backlog: int = DEFAULT_GRPC_STREAM_BACKLOG  # per ModelStreamInfer stream
     max_connection_idle_s: float = DEFAULT_GRPC_MAX_CONNECTION_IDLE_S  # 0: never closed for idleness
+    #: a connection this old gets a GOAWAY (no new calls); 0: no limit (Triton's
+    #: --grpc-max-connection-age, in seconds here)
+    max_connection_age_s: float = 0.0
+    #: after that GOAWAY, how long its calls get before the connection closes; None: no limit
+    max_connection_age_grace_s: float | None = None
     keepalive_s: float = DEFAULT_GRPC_KEEPALIVE_S
     keepalive_timeout_s: float = DEFAULT_GRPC_KEEPALIVE_TIMEOUT_S
 
@@ -261,6 +266,10 @@ class GrpcLimits:
         ]
         if self.max_connection_idle_s > 0:
             opts.append(("grpc.max_connection_idle_ms", _ms(self.max_connection_idle_s)))
+        if self.max_connection_age_s > 0:
+            opts.append(("grpc.max_connection_age_ms", _ms(self.max_connection_age_s)))
+        if self.max_connection_age_grace_s is not None:
+            opts.append(("grpc.max_connection_age_grace_ms", _ms(self.max_connection_age_grace_s)))
         return opts
 
 

@@ -218,6 +218,8 @@ def _grpc(
             max_connections_per_peer=args.grpc_max_connections_per_peer,
             stream_backlog=args.grpc_max_stream_backlog,
             max_connection_idle_s=args.grpc_max_connection_idle_secs,
+            max_connection_age_s=args.grpc_max_connection_age,
+            max_connection_age_grace_s=args.grpc_max_connection_age_grace,
             keepalive_s=args.grpc_keepalive_secs,
             keepalive_timeout_s=args.grpc_keepalive_timeout_secs,
         ),
@@ -302,8 +304,6 @@ def _not_implemented_yet(args: argparse.Namespace) -> None:
     none is silently without effect."""
     log = logging.getLogger("seqserve")
     pending = {
-        "--grpc-max-connection-age": args.grpc_max_connection_age,
-        "--grpc-max-connection-age-grace": args.grpc_max_connection_age_grace,
         "--model-load-thread-count": args.model_load_thread_count != 4,
     }
     for flag, value in pending.items():

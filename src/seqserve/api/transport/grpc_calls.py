@@ -82,6 +82,8 @@ class GrpcConnection:
         self.peer = ""
         self.peer_host: str | None = None  # admitted from this address (the server's connection caps)
         self.ping_sent: float | None = None
+        self.opened_at = self.loop.time()
+        self.aged_at: float | None = None  # when --grpc-max-connection-age sent its GOAWAY
 
     # ------------------------------------------------------------------ events
 

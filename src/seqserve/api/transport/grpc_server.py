@@ -113,6 +113,8 @@ class BuiltinGrpcServer:
                 conn.protocol.abort()
                 continue
             conn.end_stalled(now)
+            if limits.max_connection_age_s > 0 and self._aged(conn, now):
+                continue
             if (
                 limits.max_connection_idle_s > 0
                 and h2.idle_since is not None
@@ -125,3 +127,20 @@ class BuiltinGrpcServer:
                 conn.ping_sent = now
                 h2.ping(self._ping.to_bytes(8, "big"))
         self._sweeper = loop.call_later(1.0, self._sweep)
+
+    def _aged(self, conn: GrpcConnection, now: float) -> bool:
+        """gRPC's max_connection_age: past it, a GOAWAY (the calls in flight go on, new ones go
+        to a new connection); once they are done, or the grace is over, the connection closes.
+        True when the connection is on its way out."""
+        limits = self.limits
+        if conn.aged_at is None:
+            if now - conn.opened_at <= limits.max_connection_age_s:
+                return False
+            conn.aged_at = now
+            conn.h2.send_goaway(NO_ERROR, "max_age")
+        grace = limits.max_connection_age_grace_s
+        if not conn.h2.streams or (grace is not None and now - conn.aged_at >= grace):
+            for s in list(conn.h2.streams.values()):
+                conn.reset(s, CANCEL)
+            conn.protocol.close(NO_ERROR, "max_age")
+        return True
