@@ -2,7 +2,8 @@
 // small; its typed description is src/seqserve/engine/_core.pyi. Each bind_*.cc beside this
 // file binds one part: bind_spec.cc the values that cross the boundary (enums, the model spec,
 // statistics, refusals), bind_request.cc a request's header, bind_batch.cc the batch a runner
-// is handed, bind_scheduler.cc the scheduler and its hooks, bind_checkpoint.cc the checkpoints.
+// is handed, bind_scheduler.cc the scheduler and its hooks, bind_checkpoint.cc the checkpoints,
+// bind_rings.cc the worker <-> engine shared-memory transport.
 #include "binding.h"
 
 PYBIND11_MODULE(_core, m) {
@@ -12,4 +13,5 @@ PYBIND11_MODULE(_core, m) {
   bind_request(m);
   bind_batch(m);
   bind_scheduler(m);
+  bind_rings(m);
 }
