@@ -10,9 +10,10 @@ Sections:
    (this process) drains them in C++ (``Region::drain_requests``, the path the engine will use)
    and checks each one (per-producer order, checksum, tensor bytes). Reported: records/s, wall
    ns per record (push + pop, all processes together), and the engine side's CPU ns per record
-   (getrusage of this process around the drain). Cases: 1 and 4 producers, a busy-polling and a
-   sleeping engine, and records with a 256-byte tensor in a slab block (allocated and written by
-   the producer, read in place and freed by the engine).
+   (getrusage of this process around the drain). Cases: 1 and 4 producers; an engine that
+   busy-polls, one that sleeps on its doorbell as soon as the rings are empty, and one that
+   keeps looking for 50 us first; records with a 256-byte tensor in a slab block (allocated and
+   written by the producer, read in place and freed by the engine).
 2. Paced producers: each pushes one record, then pauses ``--pause-us``, so the engine sleeps
    between records; reported: the share of records that needed an eventfd write (a wake-up), and
    the engine's CPU per record when it sleeps instead of spinning.
@@ -57,28 +58,35 @@ def producer(fds: Fds, worker: int, first_id: int, count: int, settings: dict[st
     out.send((checksum, cpu_seconds() - start))
 
 
-def throughput(processes: int, records: int, *, sleep: bool, **settings: int) -> dict[str, Any]:
+def throughput(processes: int, records: int, *, sleep: bool, spin_us: float = 0, **settings: int) -> dict[str, Any]:
     """One run: `processes` producers, `records` in all, drained here."""
     region = ShmRegion(workers=max(1, min(processes, 4)), request_slots=1024, slab_classes=[(256, 256), (4096, 16)])
     fds = (region.fd, region.engine_eventfd, region.worker_eventfds)
-    count = records // processes
+    threads = settings.get("threads", 1)
+    producers = processes * threads
+    count = records // producers  # per producer thread
     pipes = []
     children = []
     for p in range(processes):
         ours, theirs = FORK.Pipe(duplex=False)
-        child = FORK.Process(target=producer, args=(fds, p % region.workers, p, count, settings, theirs), daemon=True)
+        args = (fds, p % region.workers, p * threads, count, settings, theirs)
+        child = FORK.Process(target=producer, args=args, daemon=True)
         child.start()
         pipes.append(ours)
         children.append(child)
     cpu_before = cpu_seconds()
-    result = region.stress_consume(processes, count * processes, sleep=sleep, limit=600)
+    result = region.stress_consume(producers, count * producers, sleep=sleep, limit=600, spin_us=spin_us)
     engine_cpu = cpu_seconds() - cpu_before
+    if result["records"] < count * producers:  # ran past the limit: producers would spin forever
+        for child in children:
+            child.terminate()
+        raise SystemExit(f"only {result['records']} of {count * producers} records arrived: {result}")
     sent = [pipe.recv() for pipe in pipes]
     for child in children:
         child.join()
     checksum = sum(s for s, _ in sent) & ((1 << 64) - 1)
     ok = (
-        result["records"] == count * processes
+        result["records"] == count * producers
         and result["misordered"] == 0
         and result["bad"] == 0
         and int(result["checksum"]) == checksum
@@ -153,13 +161,16 @@ def python_calls(records: int) -> dict[str, float]:
     return {"request_push_pop_ns": requests, "reply_push_pop_ns": replies}
 
 
-CASES: list[tuple[str, int, bool, dict[str, int]]] = [
-    ("1 producer, busy engine", 1, False, {}),
-    ("1 producer, sleeping engine", 1, True, {}),
-    ("4 producers, busy engine", 4, False, {}),
-    ("4 producers, sleeping engine", 4, True, {}),
-    ("4 producers x 2 threads, sleeping engine", 4, True, {"threads": 2}),
-    ("4 producers, 256 B tensor, sleeping engine", 4, True, {"tensor_bytes": 256}),
+# (name, producer processes, engine sleeps, engine spins before sleeping (us), producer settings)
+CASES: list[tuple[str, int, bool, float, dict[str, int]]] = [
+    ("1 producer, busy engine", 1, False, 0, {}),
+    ("1 producer, sleeping engine", 1, True, 0, {}),
+    ("1 producer, engine spins 50 us, then sleeps", 1, True, 50, {}),
+    ("4 producers, busy engine", 4, False, 0, {}),
+    ("4 producers, sleeping engine", 4, True, 0, {}),
+    ("4 producers, engine spins 50 us, then sleeps", 4, True, 50, {}),
+    ("4 producers x 2 threads, spin 50 us", 4, True, 50, {"threads": 2}),
+    ("4 producers, 256 B tensor, spin 50 us", 4, True, 50, {"tensor_bytes": 256}),
 ]
 
 
@@ -216,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         "throughput": [],
         "paced": [],
     }
-    for name, processes, sleep, settings in CASES:
-        runs = [throughput(processes, args.records, sleep=sleep, **settings) for _ in range(args.reps)]
+    for name, processes, sleep, spin_us, settings in CASES:
+        runs = [throughput(processes, args.records, sleep=sleep, spin_us=spin_us, **settings) for _ in range(args.reps)]
         doc["throughput"].append({"case": name} | median_of(runs))
     for processes in (1, 4):
         runs = [

@@ -59,6 +59,10 @@ int checked_worker(const Region& r, int w) {
   return w;
 }
 
+// RequestHeader's type (bind_request.cc made it): pop_request builds one per record. A borrowed
+// handle: the module holds the type for as long as anything can call pop_request.
+py::handle g_request_header_type;
+
 int timeout_ms(double seconds) { return seconds < 0 ? -1 : static_cast<int>(seconds * 1000.0 + 0.5); }
 
 // Stress records name their producer and their place in its stream: every loss, duplicate or
@@ -108,8 +112,11 @@ struct ConsumeResult {
   double seconds = 0;
 };
 
+// The engine's drain loop as the integration will run it: drain, and when the rings are empty
+// keep looking for spin_us before sleeping on the doorbell (a short spin saves the producers'
+// eventfd writes and this side's wake-ups while records keep coming).
 ConsumeResult consume(Region& region, uint32_t producers, uint64_t expected, bool sleep, int sleep_ms,
-                      double limit_s) {
+                      double limit_s, int64_t spin_us) {
   ConsumeResult res;
   std::vector<uint64_t> last(producers, 0);
   const int64_t start = now_ns();
@@ -134,12 +141,18 @@ ConsumeResult consume(Region& region, uint32_t producers, uint64_t expected, boo
     res.checksum += r.header.sequence_id;
     ++res.records;
   };
+  int64_t idle_since = 0;
   while (res.records < expected && now_ns() < limit) {
-    if (region.drain_requests(check, 256) > 0) continue;
-    if (!sleep) {
+    if (region.drain_requests(check, 256) > 0) {
+      idle_since = 0;
+      continue;
+    }
+    if (idle_since == 0) idle_since = now_ns();
+    if (!sleep || now_ns() - idle_since < spin_us * 1000) {
       sched_yield();
       continue;
     }
+    idle_since = 0;
     ++res.sleeps;
     const shm::Wake wake = region.wait_requests(sleep_ms);
     if (wake == shm::Wake::kRang) ++res.rang;
@@ -153,6 +166,7 @@ ConsumeResult consume(Region& region, uint32_t producers, uint64_t expected, boo
 }  // namespace
 
 void bind_rings(py::module_& m) {
+  g_request_header_type = m.attr("RequestHeader");
   py::class_<Region>(m, "ShmRegion",
                      "The shared-memory transport between front-end workers and the engine: per worker a request\n"
                      "ring, a reply ring and two slab pools, in one memfd; eventfds wake a sleeping side.")
@@ -275,8 +289,7 @@ void bind_rings(py::module_& m) {
             r.pop_request(checked_worker(r, w), [&](int, const RequestRecord& rec) {
               py::object id = rec.header.has(kFlagStringId) ? py::object(py::str(rec.string_id.data(), rec.string_id.size()))
                                                             : py::object(py::int_(rec.header.sequence_id));
-              py::object header = py::module_::import("seqserve.engine._core")
-                                      .attr("RequestHeader")(
+              py::object header = g_request_header_type(
                                           py::arg("handle") = rec.header.handle, py::arg("sequence_id") = id,
                                           py::arg("start") = rec.header.has(kFlagStart), py::arg("end") = rec.header.has(kFlagEnd),
                                           py::arg("session") = rec.header.has(kFlagSession),
@@ -392,11 +405,12 @@ void bind_rings(py::module_& m) {
           "Test/bench: `threads` producers (ids producer..) each push `count` checked records; the sum of their ids.")
       .def(
           "stress_consume",
-          [](Region& r, uint32_t producers, uint64_t expected, bool sleep, double sleep_timeout, double limit) {
+          [](Region& r, uint32_t producers, uint64_t expected, bool sleep, double sleep_timeout, double limit,
+             double spin_us) {
             ConsumeResult res;
             {
               py::gil_scoped_release unlocked;
-              res = consume(r, producers, expected, sleep, timeout_ms(sleep_timeout), limit);
+              res = consume(r, producers, expected, sleep, timeout_ms(sleep_timeout), limit, static_cast<int64_t>(spin_us));
             }
             py::dict d;
             d["records"] = res.records;
@@ -410,8 +424,9 @@ void bind_rings(py::module_& m) {
             return d;
           },
           py::arg("producers"), py::arg("expected"), py::kw_only(), py::arg("sleep") = true,
-          py::arg("sleep_timeout") = 1.0, py::arg("limit") = 60.0,
-          "Test/bench: drain every worker's ring in C++ until `expected` records, checking each.");
+          py::arg("sleep_timeout") = 1.0, py::arg("limit") = 60.0, py::arg("spin_us") = 0.0,
+          "Test/bench: drain every worker's ring in C++ until `expected` records, checking each; with sleep,\n"
+          "look for spin_us microseconds after the last record before sleeping on the doorbell.");
 }
 
 }  // namespace seqserve::binding

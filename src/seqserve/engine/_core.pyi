@@ -671,6 +671,14 @@ class ShmRegion(metaclass=_Pybind11Type):
     ) -> int:
         """Test/bench: `threads` producers (ids producer..) each push `count` checked records; the sum of their ids."""
     def stress_consume(
-        self, producers: int, expected: int, *, sleep: bool = True, sleep_timeout: float = 1.0, limit: float = 60.0
+        self,
+        producers: int,
+        expected: int,
+        *,
+        sleep: bool = True,
+        sleep_timeout: float = 1.0,
+        limit: float = 60.0,
+        spin_us: float = 0.0,
     ) -> dict[str, float]:
-        """Test/bench: drain every worker's ring in C++ until `expected` records, checking each."""
+        """Test/bench: drain every worker's ring in C++ until `expected` records, checking each; with sleep,
+        look for spin_us microseconds after the last record before sleeping on the doorbell."""
