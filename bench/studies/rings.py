@@ -201,7 +201,7 @@ def report(doc: dict[str, Any]) -> str:
         "",
         "## 3. round trip through Python, both sides sleeping (two eventfd wake-ups)",
         "",
-        f"{rt['trips']} trips: median {rt['median_us']:.1f} us, p99 {rt['p99_us']:.1f} us",
+        f"{rt['trips']:.0f} trips: median {rt['median_us']:.1f} us, p99 {rt['p99_us']:.1f} us",
         "",
         "## 4. the Python methods alone (one process)",
         "",
