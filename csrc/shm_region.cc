@@ -2,12 +2,17 @@
 // encoding and checking. See shm_region.h for the layout and the roles.
 #include "shm_region.h"
 
-#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sched.h>
 #include <sys/stat.h>
 
 #include <stdexcept>
+
+// memfd and eventfd are Linux's; elsewhere the core builds and a region cannot be created.
+#if defined(__linux__)
+#include <sys/eventfd.h>
+#define SEQSERVE_HAS_RINGS 1
+#endif
 
 namespace seqserve::shm {
 
@@ -201,6 +206,9 @@ SlabPool Region::pool(int w, Direction d) const {
 std::unique_ptr<Region> Region::create(const Geometry& g) {
   const std::string why = check_geometry(g);
   if (!why.empty()) throw std::invalid_argument(why);
+#ifndef SEQSERVE_HAS_RINGS
+  throw std::runtime_error("the worker rings need Linux (memfd, eventfd)");
+#else
   std::unique_ptr<Region> r(new Region());
   r->geometry_ = g;
   r->lay_out();
@@ -234,6 +242,7 @@ std::unique_ptr<Region> Region::create(const Geometry& g) {
     r->pool(static_cast<int>(w), Direction::kToWorker).format();
   }
   return r;
+#endif
 }
 
 std::unique_ptr<Region> Region::attach(int memfd, int engine_eventfd, const std::vector<int>& worker_eventfds) {
