@@ -120,12 +120,16 @@ void SlabPool::format() {
   for (int i = 0; i < count_; ++i) {
     const Class& c = classes_[i];
     ShmRing::format(region_ + c.ring_at, free_ring_slots(c.blocks), ShmRing::cell_bytes_for(4));
-    ShmRing ring(region_ + c.ring_at);
+    ShmRing ring = free_ring(c);
     for (uint32_t b = 0; b < c.blocks; ++b) {
       new (state(c, b)) std::atomic<uint32_t>(0);
       ring.push_bytes(&b, 4);
     }
   }
+}
+
+ShmRing SlabPool::free_ring(const Class& c) const {
+  return ShmRing(region_ + c.ring_at, free_ring_slots(c.blocks), ShmRing::cell_bytes_for(4));
 }
 
 uint64_t SlabPool::alloc(uint64_t nbytes) {
@@ -134,7 +138,7 @@ uint64_t SlabPool::alloc(uint64_t nbytes) {
     if (c.block_bytes < nbytes) continue;
     uint32_t b = UINT32_MAX;
     // A larger class serves when this one is exhausted: a slower path, never a failure.
-    if (!ShmRing(region_ + c.ring_at).pop([&](const uint8_t* p, uint32_t) { std::memcpy(&b, p, 4); })) continue;
+    if (!free_ring(c).pop([&](const uint8_t* p, uint32_t) { std::memcpy(&b, p, 4); })) continue;
     if (b >= c.blocks) continue;  // only a corrupted ring holds such an index: drop it
     state(c, b)->store(1, std::memory_order_relaxed);
     return c.blocks_at + uint64_t(b) * c.block_bytes;
@@ -160,7 +164,7 @@ bool SlabPool::free(uint64_t offset) {
   uint32_t expected = 1;
   // A second free of the same block fails here rather than putting it on the list twice.
   if (!state(*c, b)->compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) return false;
-  ShmRing ring(region_ + c->ring_at);
+  ShmRing ring = free_ring(*c);
   while (!ring.push_bytes(&b, 4)) sched_yield();  // never truly full: see free_ring_slots
   return true;
 }
@@ -175,7 +179,7 @@ bool SlabPool::holds(uint64_t offset, uint64_t nbytes) const {
 
 uint64_t SlabPool::free_blocks() const {
   uint64_t n = 0;
-  for (int i = 0; i < count_; ++i) n += ShmRing(region_ + classes_[i].ring_at).size();
+  for (int i = 0; i < count_; ++i) n += free_ring(classes_[i]).size();
   return n;
 }
 

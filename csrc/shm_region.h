@@ -139,6 +139,7 @@ class SlabPool {
     uint32_t blocks = 0;
     uint64_t ring_at = 0, state_at = 0;       // its free-index ring, its blocks' states
   };
+  ShmRing free_ring(const Class& c) const;
   const Class* class_of(uint64_t offset, uint32_t* index) const;
   std::atomic<uint32_t>* state(const Class& c, uint32_t i) const {
     return reinterpret_cast<std::atomic<uint32_t>*>(region_ + c.state_at) + i;
@@ -168,8 +169,14 @@ class Region {
   uint64_t bytes() const { return bytes_; }
   uint8_t* base() const { return base_; }
 
-  ShmRing request_ring(int w) const { return ShmRing(base_ + worker_at(w) + request_ring_at_); }
-  ShmRing reply_ring(int w) const { return ShmRing(base_ + worker_at(w) + reply_ring_at_); }
+  ShmRing request_ring(int w) const {
+    return ShmRing(base_ + worker_at(w) + request_ring_at_, geometry_.request_slots,
+                   ShmRing::cell_bytes_for(geometry_.request_record_bytes));
+  }
+  ShmRing reply_ring(int w) const {
+    return ShmRing(base_ + worker_at(w) + reply_ring_at_, geometry_.reply_slots,
+                   ShmRing::cell_bytes_for(geometry_.reply_record_bytes));
+  }
   SlabPool pool(int w, Direction d) const;
   Doorbell& engine_doorbell() const { return header()->engine; }
   Doorbell& worker_doorbell(int w) const { return reinterpret_cast<WorkerHeader*>(base_ + worker_at(w))->worker; }

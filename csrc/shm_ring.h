@@ -51,7 +51,10 @@ static_assert(sizeof(CellHead) == 16, "a cell's payload starts 16 bytes in");
 class ShmRing {
  public:
   ShmRing() = default;
-  explicit ShmRing(uint8_t* at) : h_(reinterpret_cast<RingHeader*>(at)) {}
+  // slots and cell_bytes come from this process's own copy of the layout, never from the shared
+  // header: another process scribbling on the region cannot send this one out of bounds.
+  ShmRing(uint8_t* at, uint32_t slots, uint32_t cell_bytes)
+      : h_(reinterpret_cast<RingHeader*>(at)), slots_(slots), cell_bytes_(cell_bytes) {}
 
   static uint32_t cell_bytes_for(uint32_t max_payload) {
     return static_cast<uint32_t>(round_up(sizeof(CellHead) + max_payload, 16));
@@ -73,8 +76,8 @@ class ShmRing {
     }
   }
 
-  uint32_t slots() const { return h_->slots; }
-  uint32_t max_payload() const { return h_->cell_bytes - sizeof(CellHead); }
+  uint32_t slots() const { return slots_; }
+  uint32_t max_payload() const { return cell_bytes_ - sizeof(CellHead); }
 
   // Claims a cell, lets fill(uint8_t* payload) write `length` bytes into it in place, then
   // publishes it. False (and fill is not called) when the ring is full or length is too large.
@@ -129,7 +132,7 @@ class ShmRing {
       CellHead* c;
       uint64_t next;
       ~Release() { c->seq.store(next, std::memory_order_release); }
-    } release{c, pos + h_->slots};
+    } release{c, pos + slots_};
     const uint32_t length = c->length <= max_payload() ? c->length : max_payload();
     use(static_cast<const uint8_t*>(payload(c)), length);
     return true;
@@ -149,11 +152,12 @@ class ShmRing {
  private:
   CellHead* cell(uint64_t pos) const {
     auto* cells = reinterpret_cast<uint8_t*>(h_) + sizeof(RingHeader);
-    return reinterpret_cast<CellHead*>(cells + (pos & (h_->slots - 1)) * uint64_t(h_->cell_bytes));
+    return reinterpret_cast<CellHead*>(cells + (pos & (slots_ - 1)) * uint64_t(cell_bytes_));
   }
   static uint8_t* payload(CellHead* c) { return reinterpret_cast<uint8_t*>(c) + sizeof(CellHead); }
 
   RingHeader* h_ = nullptr;
+  uint32_t slots_ = 0, cell_bytes_ = 0;
 };
 
 // One consumer's sleep flag in shared memory, with an eventfd (a per-process descriptor of one
