@@ -62,5 +62,6 @@ void bind_spec(py::module_& m);   // enums, spec classes, statistics, Refusal, E
 void bind_batch(py::module_& m);  // Batch, serialize_bytes, deserialize_bytes
 void bind_request(py::module_& m);    // RequestHeader
 void bind_scheduler(py::module_& m);  // Scheduler, InlineStats
+void bind_rings(py::module_& m);      // ShmRegion (the worker <-> engine transport)
 
 }  // namespace seqserve::binding

@@ -4,6 +4,7 @@
 // statistics, refusals), bind_request.cc a request's header, bind_batch.cc the batch a runner
 // is handed, bind_scheduler.cc the scheduler and its hooks, bind_checkpoint.cc the checkpoints,
 // bind_dlpack.cc the DLPack view of engine-owned (device) memory.
+// bind_rings.cc the worker <-> engine shared-memory transport.
 #include "binding.h"
 
 PYBIND11_MODULE(_core, m) {
@@ -14,4 +15,5 @@ PYBIND11_MODULE(_core, m) {
   bind_batch(m);
   bind_scheduler(m);
   bind_dlpack(m);
+  bind_rings(m);
 }

@@ -610,3 +610,105 @@ class DLPackView(metaclass=_Pybind11Type):
     def shape(self) -> list[int]: ...
     @property
     def dtype(self) -> str: ...
+#: A tensor in a slab block, as a ring record names it: (input or output index, region
+#: offset, nbytes, shape).
+_SlabTensor: TypeAlias = tuple[int, int, int, tuple[int, ...]]
+_SlabTensorArg: TypeAlias = tuple[int, int, int, list[int] | tuple[int, ...]]
+
+class ShmRegion(metaclass=_Pybind11Type):
+    """The shared-memory transport between front-end workers and the engine: per worker a request
+    ring, a reply ring and two slab pools, in one memfd; eventfds wake a sleeping side. The engine
+    drains request rings in C++; these methods serve tests and the workers' event loops."""
+
+    def __init__(
+        self,
+        *,
+        workers: int,
+        request_slots: int = 1024,
+        request_record_bytes: int = 1008,
+        reply_slots: int = 1024,
+        reply_record_bytes: int = 1008,
+        slab_classes: list[tuple[int, int]] = ...,
+    ) -> None: ...
+    @staticmethod
+    def attach(fd: int, engine_eventfd: int, worker_eventfds: list[int]) -> ShmRegion:
+        """Maps a region another process created, from its descriptors (inherited, or received with SCM_RIGHTS)."""
+    @property
+    def fd(self) -> int:
+        """The region's memfd, to hand to a worker process."""
+    @property
+    def engine_eventfd(self) -> int: ...
+    @property
+    def worker_eventfds(self) -> list[int]: ...
+    @property
+    def workers(self) -> int: ...
+    @property
+    def size(self) -> int:
+        """Bytes mapped."""
+    def alloc(self, worker: int, to_engine: bool, nbytes: int) -> int:
+        """A slab block of at least nbytes, by its offset; 0 when none is free."""
+    def free(self, worker: int, to_engine: bool, offset: int) -> bool:
+        """Returns a block; False when offset is not an allocated block of that pool."""
+    def free_blocks(self, worker: int, to_engine: bool) -> int: ...
+    def buffer(self, offset: int, nbytes: int) -> memoryview:
+        """A writable view of region bytes (a slab block's)."""
+    def push_request(
+        self,
+        worker: int,
+        target: int,
+        header: RequestHeader,
+        inputs: list[_SlabTensorArg] = ...,
+        *,
+        cancel: bool = False,
+    ) -> bool:
+        """Worker side: publish a request; False when the ring is full (back-pressure)."""
+    def pop_request(self, worker: int) -> tuple[int, bool, RequestHeader, list[_SlabTensor]] | None:
+        """Engine side, for tests: the oldest request of one worker as (target, cancel, header, inputs), or None."""
+    def push_reply(
+        self,
+        worker: int,
+        handle: int,
+        outputs: list[_SlabTensorArg] = ...,
+        *,
+        code: int = 0,
+        error: str = "",
+        final: bool = True,
+    ) -> bool:
+        """Engine side: publish a reply (an error when code or error is set); False when the ring is full."""
+    def pop_reply(self, worker: int) -> tuple[int, bool, int, str | None, list[_SlabTensor]] | None:
+        """Worker side: the oldest reply as (handle, final, code, error or None, outputs), or None."""
+    def wait_requests(self, timeout: float) -> bool:
+        """Engine side: sleep until a worker publishes a request (at once if one is there); False on timeout."""
+    def wait_replies(self, worker: int, timeout: float) -> bool:
+        """Worker side: sleep until the engine publishes a reply; False on timeout."""
+    def arm_reply_wakeup(self, worker: int) -> bool:
+        """Worker side, for an event loop watching worker_eventfds[worker]: True when replies are already
+        there (drain them); False when the eventfd will become readable at the next reply (read it to reset
+        it, drain, arm again)."""
+    def pending(self, worker: int, requests: bool) -> int:
+        """Records waiting on a worker's request (or reply) ring."""
+    def counters(self) -> dict[str, int]: ...
+    def stress_produce(
+        self,
+        worker: int,
+        producer: int,
+        count: int,
+        *,
+        threads: int = 1,
+        tensor_bytes: int = 0,
+        burst: int = 0,
+        pause_us: int = 0,
+    ) -> int:
+        """Test/bench: `threads` producers (ids producer..) each push `count` checked records; the sum of their ids."""
+    def stress_consume(
+        self,
+        producers: int,
+        expected: int,
+        *,
+        sleep: bool = True,
+        sleep_timeout: float = 1.0,
+        limit: float = 60.0,
+        spin_us: float = 0.0,
+    ) -> dict[str, float]:
+        """Test/bench: drain every worker's ring in C++ until `expected` records, checking each; with sleep,
+        look for spin_us microseconds after the last record before sleeping on the doorbell."""
