@@ -3,7 +3,7 @@
 // file binds one part: bind_spec.cc the values that cross the boundary (enums, the model spec,
 // statistics, refusals), bind_request.cc a request's header, bind_batch.cc the batch a runner
 // is handed, bind_scheduler.cc the scheduler and its hooks, bind_checkpoint.cc the checkpoints,
-// bind_dlpack.cc the DLPack view of engine-owned (device) memory.
+// bind_dlpack.cc the DLPack view of engine-owned (device) memory,
 // bind_rings.cc the worker <-> engine shared-memory transport.
 #include "binding.h"
 
