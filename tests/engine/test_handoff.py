@@ -43,7 +43,7 @@ async def replica(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         await server.start(["accumulator"])
         store = open_store(url, name, heartbeat_ttl_s=heartbeat_ttl_s)
         if prefix:
-            store.prefix = prefix  # type: ignore[attr-defined]
+            getattr(store, "inner", store).prefix = prefix  # the Redis client under the timing wrapper
         await server.enable_state_store(store, **kwargs)
         servers.append(server)
         return server

@@ -31,7 +31,9 @@ async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
     async def make(replica: str, *, heartbeat_ttl_s: float = 3.0, on_handover=None) -> StateStore:  # type: ignore[no-untyped-def]
         s = open_store(url, replica, heartbeat_ttl_s=heartbeat_ttl_s)
         if prefix:
-            s.prefix = prefix  # type: ignore[attr-defined]  # tests share one redis-server
+            getattr(
+                s, "inner", s
+            ).prefix = prefix  # tests share one redis-server (the Redis client under the timing wrapper)
         await s.open(on_handover)
         made.append(s)
         return s
@@ -208,7 +210,7 @@ async def test_a_store_that_lost_its_data_says_so(wipeable: tuple[str, str, Call
     a, b = open_store(url, "A"), open_store(url, "B")
     for s in (a, b):
         if prefix:
-            s.prefix = prefix  # type: ignore[attr-defined]
+            getattr(s, "inner", s).prefix = prefix  # the Redis client under the timing wrapper
         await s.open()
     try:
         assert a.created_epoch and not b.created_epoch and a.epoch == b.epoch
