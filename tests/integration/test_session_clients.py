@@ -9,10 +9,16 @@ from __future__ import annotations
 import http.client
 import json
 from collections.abc import Callable
+from urllib.parse import unquote
 
+import pytest
+
+from seqserve.api.transport import h2_frames as f
 from tests.support.clients import new_str_id
 from tests.support.fleet import Reply
+from tests.support.h2_peer import HELLO, LivePeer, grpc_message, headers_frame, stream_done
 from tests.support.process import ServerProcess
+from tests.support.wire import acc_request
 
 FLOODER = "127.0.0.2"
 OTHER = "127.0.0.3"
@@ -57,8 +63,21 @@ def metric(srv: ServerProcess, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
-def test_a_flooding_client_evicts_only_its_own_tombstones(launch: Callable[..., ServerProcess]) -> None:
-    srv = launch(None, "--session-tombstone-max", "40", "--session-tombstone-max-per-client", "10")
+@pytest.mark.parametrize("http_server", ["builtin", "granian"])
+def test_a_flooding_client_evicts_only_its_own_tombstones(
+    launch: Callable[..., ServerProcess], http_server: str
+) -> None:
+    if http_server == "granian":
+        pytest.importorskip("granian")
+    srv = launch(
+        None,
+        "--http-server",
+        http_server,
+        "--session-tombstone-max",
+        "40",
+        "--session-tombstone-max-per-client",
+        "10",
+    )
     others = end_sessions(srv, OTHER, 5)
     flooded = end_sessions(srv, FLOODER, 120)
     for s in others:  # exact tombstones: the flood pushed none of them out
@@ -90,3 +109,59 @@ def test_a_client_that_fills_its_filter_share_is_refused_alone(launch: Callable[
     reply, _ = step(srv, OTHER, others[-1])
     assert reply.status == 410 and ENDED in reply.error, reply  # and its newest tombstone is exact
     assert metric(srv, "seqserve_session_starts_refused_total") == 1
+
+
+class GrpcClient:
+    """Raw ModelInfer calls on one HTTP/2 connection from `source` (grpcio's client cannot choose
+    its source address)."""
+
+    def __init__(self, srv: ServerProcess, source: str) -> None:
+        self.peer = LivePeer(srv.grpc_port, source=source)
+        self.peer.send(HELLO)
+        self.sid = -1
+
+    def call(self, session: str, *, end: bool = False) -> tuple[str, str]:
+        """(grpc-status, grpc-message) of one session step."""
+        self.sid += 2
+        fields = [(":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
+                  (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers"),
+                  ("inference-session-id", session)]  # fmt: skip
+        if end:
+            fields.append(("inference-session-end", "true"))
+        self.peer.send(headers_frame(self.peer.encoder.block(fields), self.sid))
+        self.peer.send(f.frame(f.DATA, f.END_STREAM, self.sid, grpc_message(acc_request().SerializeToString())))
+        trailers = self.peer.read_until(lambda r: stream_done(r, self.sid)).trailers(self.sid)
+        return trailers.get("grpc-status", "?"), unquote(trailers.get("grpc-message", ""))
+
+    def close(self) -> None:
+        self.peer.close()
+
+
+@pytest.mark.parametrize("grpc_server", ["builtin", "grpcio"])
+def test_grpc_clients_are_told_apart(launch: Callable[..., ServerProcess], grpc_server: str) -> None:
+    srv = launch(
+        None,
+        "--grpc-server",
+        grpc_server,
+        "--session-tombstone-max",
+        "40",
+        "--session-tombstone-max-per-client",
+        "10",
+    )
+    flooder, other = GrpcClient(srv, FLOODER), GrpcClient(srv, OTHER)
+    try:
+        others = [new_str_id() for _ in range(3)]
+        for s in others:
+            assert other.call(s, end=True)[0] == "0"
+        flooded = [new_str_id() for _ in range(30)]
+        for s in flooded:
+            assert flooder.call(s, end=True)[0] == "0"
+        for s in others:  # NOT_FOUND with the exact reason: not one of them was evicted
+            status, message = other.call(s)
+            assert status == "5" and ENDED in message, (status, message)
+        for s in flooded:
+            assert flooder.call(s)[0] == "5"
+    finally:
+        flooder.close()
+        other.close()
+    assert metric(srv, "seqserve_session_tombstones_evicted_client_cap_total") == 20
