@@ -9,13 +9,14 @@ from __future__ import annotations
 import http.client
 import json
 from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
 
 from seqserve.api.transport import h2_frames as f
 from tests.support.clients import new_str_id
-from tests.support.fleet import Reply
+from tests.support.fleet import Replica, Reply
 from tests.support.h2_peer import HELLO, LivePeer, grpc_message, headers_frame, stream_done
 from tests.support.process import ServerProcess
 from tests.support.wire import acc_request
@@ -165,3 +166,27 @@ def test_grpc_clients_are_told_apart(launch: Callable[..., ServerProcess], grpc_
         flooder.close()
         other.close()
     assert metric(srv, "seqserve_session_tombstones_evicted_client_cap_total") == 20
+
+
+def test_with_a_state_store(redis_url: str, tmp_path: Path) -> None:
+    """Tombstones live in the store (any replica answers 410); the accounting per client is each
+    replica's own, and its refusal leaves nothing behind in the store."""
+    flags = ("--session-tombstone-max", "100000", "--session-tombstone-max-per-client", "1")
+    a = Replica(redis_url, "clients-A", tmp_path, *flags)
+    b = Replica(redis_url, "clients-B", tmp_path, *flags)
+    try:
+        others = end_sessions(a.srv, OTHER, 2)
+        flooded = end_sessions(a.srv, FLOODER, 6)  # 5 evicted on A: its share is full there
+        refused = new_str_id()
+        reply, retry_after = step(a.srv, FLOODER, refused)
+        assert reply.status == 503 and retry_after is not None, reply
+        for s in flooded + others:  # every ended session is 410 on both replicas
+            for srv in (a.srv, b.srv):
+                reply, _ = step(srv, FLOODER, s)
+                assert reply.status == 410, (s, reply)
+        reply, _ = step(a.srv, OTHER, refused)  # the refused start left no entry behind
+        assert reply.value == 1.0, reply
+        reply, _ = step(b.srv, FLOODER, new_str_id())  # B counts its own clients
+        assert reply.value == 1.0, reply
+    finally:
+        assert a.drain() == 0 and b.drain() == 0
