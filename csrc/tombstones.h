@@ -245,6 +245,13 @@ class Tombstones {
       ++c.filtered[0];
     }
     unlink(it);
+    if (clients_.size() > 2 * max_ + kClientSlack) prune();
+  }
+  // Clients that hold no tombstone but were evicted from lately stay to be refused; so many
+  // addresses (IPv6) cannot grow memory without bound, past twice the cap those are forgotten
+  // (their evicted ids stay in the shared filter: only the refusal by client is lost for them).
+  void prune() {
+    for (auto it = clients_.begin(); it != clients_.end();) it = it->second.lru.empty() ? clients_.erase(it) : std::next(it);
   }
   // Past the time limit at the cold end: drop. Over the count: the client holding the most
   // loses its least recently used.
@@ -252,11 +259,19 @@ class Tombstones {
     while (!lru_.empty() && (now && now - index_.find(*lru_.back())->second.t.at_ns > ttl_ns_))
       unlink(index_.find(*lru_.back()));
     while (index_.size() > max_) {
+      // Among the clients holding the most, the one with the least recently used entry of all.
+      auto coldest = index_.find(*lru_.back());
+      const uint64_t cold_client = coldest->second.client;
+      if (held_by(cold_client) == by_count_.rbegin()->first) {
+        evict(coldest, kGlobalCap, now);
+        continue;
+      }
       Client& top = clients_[by_count_.rbegin()->second];
       evict(index_.find(*top.lru.back()), kGlobalCap, now);
     }
   }
 
+  static constexpr size_t kClientSlack = 1024;
   int64_t ttl_ns_ = 0;
   size_t max_ = 0;
   size_t per_client_ = 0;  // 0: no bound but max_

@@ -141,6 +141,15 @@ def test_a_client_that_fills_its_filter_share_is_refused_alone(core: Any) -> Non
     assert isinstance(c.sched.submit(_core.RequestHeader(handle=999, sequence_id=77, start=True), (c.keep[0],)), int)
 
 
+def test_among_equal_holders_the_oldest_record_goes(core: Any) -> None:
+    c = core(max_tombstones=3)
+    for client in (7, 5, 9, 1):  # one each; the fourth is over the total
+        c.one_request_session(f"s-{client}", client)
+    assert EVICTED in c.refusal("s-7", 7).message  # the oldest, whatever its client's key
+    for client in (5, 9, 1):
+        assert ENDED in c.refusal(f"s-{client}", client).message
+
+
 def test_the_shared_key_is_one_client(core: Any) -> None:
     c = core(max_tombstones=100, max_tombstones_per_client=2)
     end_sessions(c, 0, "inproc", 5)
@@ -178,3 +187,19 @@ def test_client_key() -> None:
     assert client_key("") == 0
     assert client_key("127.0.0.2") == client_key("127.0.0.2") != client_key("127.0.0.3")
     assert 0 <= client_key("::1") < 2**64
+    # IPv6 by its /64; an IPv4-mapped address as the IPv4 one
+    assert client_key("2001:db8:1:2::5") == client_key("2001:db8:1:2:ffff::9") != client_key("2001:db8:1:3::5")
+    assert client_key("::ffff:127.0.0.2") == client_key("127.0.0.2")
+    assert client_key("fe80::1%eth0") == client_key("fe80::2")
+    assert client_key("not:an:address") == client_key("not:an:address")
+
+
+def test_many_clients_do_not_grow_memory_without_bound(core: Any) -> None:
+    # each client's one tombstone is evicted by the total cap of 2 when the next arrives; the
+    # books of clients that hold none are forgotten past 2 * max + 1024 of them
+    c = core(max_tombstones=2, max_tombstones_per_client=1)
+    for client in range(1, 3000):
+        c.one_request_session(f"s-{client}", client)
+    stats = c.sched.stats()
+    assert stats.tombstones_evicted == 2997
+    assert all(c.refusal(f"s-{k}", k).code is _core.Code.NOT_FOUND for k in (1, 1500, 2999))

@@ -21,6 +21,8 @@ gets its new sessions refused (UNAVAILABLE with a retry-after), other clients do
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 from dataclasses import dataclass
 
 from seqserve.engine.errors import Code, InferenceError
@@ -62,9 +64,25 @@ class SessionPolicy:
 
 
 def client_key(client: str) -> int:
-    """The core's key for a client's address ("": the shared key, 0). Local to this process,
-    as the accounting is."""
-    return hash(client) & 0xFFFF_FFFF_FFFF_FFFF if client else 0
+    """The core's key for a client's address ("": the shared key, 0); an IPv6 address counts by
+    its /64 prefix, as one host usually holds a whole /64. Local to this process, as the
+    accounting is."""
+    if not client:
+        return 0
+    if ":" in client:
+        client = _ipv6_prefix(client)
+    return hash(client) & 0xFFFF_FFFF_FFFF_FFFF
+
+
+@functools.lru_cache(maxsize=4096)
+def _ipv6_prefix(address: str) -> str:
+    try:
+        ip = ipaddress.IPv6Address(address.partition("%")[0])
+    except ValueError:
+        return address  # not an address: the text is the key
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
 
 
 def peer_host(peer: str) -> str:
