@@ -114,7 +114,8 @@ class Tombstones {
     // A client's share of the filter is its share of the tombstones (all of it when unbounded).
     filter_share_ = EvictedIds::kCapacity;
     if (per_client_)
-      filter_share_ = std::max<size_t>(1, static_cast<size_t>(static_cast<double>(EvictedIds::kCapacity) * per_client_ / max_));
+      filter_share_ =
+          std::max<size_t>(1, static_cast<size_t>(static_cast<double>(EvictedIds::kCapacity) * per_client_ / max_));
     trim(0);
   }
   // Dropped by a count cap before their time (a metric for operators), in all and by cap.
@@ -251,7 +252,8 @@ class Tombstones {
   // addresses (IPv6) cannot grow memory without bound, past twice the cap those are forgotten
   // (their evicted ids stay in the shared filter: only the refusal by client is lost for them).
   void prune() {
-    for (auto it = clients_.begin(); it != clients_.end();) it = it->second.lru.empty() ? clients_.erase(it) : std::next(it);
+    for (auto it = clients_.begin(); it != clients_.end();)
+      it = it->second.lru.empty() ? clients_.erase(it) : std::next(it);
   }
   // Past the time limit at the cold end: drop. Over the count: the client holding the most
   // loses its least recently used.
@@ -307,8 +309,8 @@ inline std::string session_gone_message(const CorrId& id, const Tombstone& t) {
 inline std::string evicted_session_message(const CorrId& id) {
   return "session '" + id.repr() +
          "' may have ended here: more ended sessions than the server remembers (--session-tombstone-max, "
-         "--session-tombstone-max-per-client) ended lately, and its record may be one that was dropped; start a new session with a new id, "
-         "or send START (sequence_start) to begin this one afresh";
+         "--session-tombstone-max-per-client) ended lately, and its record may be one that was dropped; "
+         "start a new session with a new id, or send START (sequence_start) to begin this one afresh";
 }
 
 // The refusal of a new session for a client whose evicted tombstones fill its share of the filter.
