@@ -63,6 +63,7 @@ struct Request {
   CorrId id;
   bool start = false, end = false;
   bool session = false;      // sequence models: START is implied when the id is not live
+  uint64_t client = 0;       // sessions: whom its tombstone counts against (tombstones.h)
   uint8_t kind = kNormal;
   int64_t arrival_ns = 0;
   int64_t timeout_ns = 0;
@@ -121,6 +122,7 @@ class RequestPool {
     r->kind = kNormal;
     r->start = r->end = false;
     r->session = false;
+    r->client = 0;
     r->timeout_ns = 0;
     r->rows = 1;
     r->level = 0;

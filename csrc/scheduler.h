@@ -45,7 +45,10 @@ struct BatchStat {
 struct Stats {
   uint64_t inference_count = 0, execution_count = 0, last_inference_ms = 0;
   uint64_t backlog_full = 0;  // STARTs refused because the backlog held its bound of sequences
-  uint64_t tombstones_evicted = 0;  // session tombstones the count cap dropped before their time
+  uint64_t tombstones_evicted = 0;  // session tombstones the count caps dropped before their time
+  // ... of them by the per-client cap and by the total cap; new sessions refused because their
+  // client's evicted ids fill its share of the filter (tombstones.h).
+  uint64_t tombstones_evicted_client_cap = 0, tombstones_evicted_global_cap = 0, session_starts_refused = 0;
   DurationStat success, fail, queue, compute_input, compute_infer, compute_output;
   std::map<int64_t, BatchStat> batches;
   // Failures by Triton's `reason` label: REJECTED (queue and backlog timeouts), BACKEND (the
@@ -109,6 +112,7 @@ struct SubmitResult {
   Code code = kUnknown;
   std::string message;
   bool backlog_full = false;  // admission control: worth retrying later
+  int64_t retry_after_ms = 0;  // a refusal that lasts this long (0: none said)
   // Checkpoints: the sequence has a request queued or running (retry after its step); a
   // non-START request names a sequence that was checkpointed and released from here.
   bool busy = false, released = false;

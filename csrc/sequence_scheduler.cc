@@ -6,7 +6,8 @@ SequenceScheduler::SequenceScheduler(ModelSpec spec, Hooks hooks, bool gather_st
     : Scheduler(std::move(spec), std::move(hooks), true, gather_state),
       table_(spec_.instance_count, spec_.slots_per_instance, spec_.idle_ns, spec_.max_backlog_sequences, counts_) {
   rep_state_shapes_.resize(spec_.states.size());
-  table_.tombstones().configure(spec_.tombstone_ns, static_cast<size_t>(std::max<int64_t>(0, spec_.max_tombstones)));
+  table_.tombstones().configure(spec_.tombstone_ns, static_cast<size_t>(std::max<int64_t>(0, spec_.max_tombstones)),
+                                static_cast<size_t>(std::max<int64_t>(0, spec_.max_tombstones_per_client)));
   released_ids_.configure(kReleasedTtlNs, kMaxReleased);
 }
 
@@ -30,6 +31,16 @@ SubmitResult SequenceScheduler::enqueue_locked(Request* r, int, Instance*& wake,
       return refuse(kNotFound, evicted_session_message(r->id));
     if (!accepting_) return refuse(kUnavailable, kStopping);
     r->start = true;
+  }
+  if (r->session && r->start && !known) {
+    // A new session of a client whose evicted tombstones fill its share of the filter: only
+    // this client is refused, until those ids age out of the filter.
+    if (const int64_t wait_ns = table_.tombstones().start_refused_for(r->client, r->arrival_ns)) {
+      ++stats_.session_starts_refused;
+      SubmitResult res = refuse(kUnavailable, session_share_full_message(wait_ns));
+      res.retry_after_ms = std::max<int64_t>(1000, wait_ns / 1000000);
+      return res;
+    }
   }
   if (!r->start && !known) {
     SubmitResult res = refuse(kInvalidArg, "inference request for sequence " + r->id.repr() + " to model '" +
@@ -95,7 +106,7 @@ void SequenceScheduler::drop_backlog_queue_locked(uint64_t serial, const CorrId&
 }
 
 void SequenceScheduler::forget_locked(SequenceTable::Seqs::iterator it, Tombstone::Reason reason, int64_t now) {
-  if (it->second.session) table_.tombstones().record(it->first, reason, 0, now);
+  if (it->second.session) table_.tombstones().record(it->first, it->second.client, reason, 0, now);
   ++stats_.sequences_ended;
   table_.erase(it);
 }
@@ -203,7 +214,7 @@ void SequenceScheduler::reaper_loop() {
         x.slot = sl.index;
         expired.push_back(std::move(x));
       }
-      if (e.session) table_.tombstones().record(it->first, Tombstone::kExpired, idle_s, now);
+      if (e.session) table_.tombstones().record(it->first, e.client, Tombstone::kExpired, idle_s, now);
       ++stats_.sequences_expired;
       end_in_slot_locked(it, now);
     }
@@ -293,6 +304,8 @@ void SequenceScheduler::gauges_locked(Stats& s) {
   s.sequences_active = slots - table_.free_slots();
   s.sequences_backlogged = table_.backlog_sequences();
   s.tombstones_evicted = table_.tombstones().evictions();
+  s.tombstones_evicted_client_cap = table_.tombstones().evictions(Tombstones::kClientCap);
+  s.tombstones_evicted_global_cap = table_.tombstones().evictions(Tombstones::kGlobalCap);
   uint64_t bytes = 0;
   for (int g = 0; g < slots; ++g) {
     const Slot& sl = table_.slot(g);
@@ -345,7 +358,7 @@ bool SequenceScheduler::end_sequence_locked(const CorrId& id, SequenceInfo& out,
   if (!table_.found(it)) return false;
   const int64_t now = now_ns();
   info_locked(id, it->second, now, out);
-  table_.tombstones().record(id, Tombstone::kEndedByApi, 0, now);
+  table_.tombstones().record(id, it->second.client, Tombstone::kEndedByApi, 0, now);
   ++stats_.sequences_ended;
   if (it->second.gslot >= 0) {
     end_in_slot_locked(it, now);
@@ -470,7 +483,7 @@ SubmitResult SequenceScheduler::checkpoint_locked(const CorrId& id, bool release
   // It moved: no END step, no tombstone, not counted as ended; remembered as released so that
   // a request for it here is not taken for a new sequence.
   ++stats_.sequences_released;
-  released_ids_.record(id, Tombstone::kEnded, 0, now);
+  released_ids_.record(id, 0, Tombstone::kEnded, 0, now);
   table_.erase(it);
   inst.state.discard_staged(sl.index);
   table_.release(sl.instance, sl.index);  // a backlogged sequence may take the slot at once

@@ -52,6 +52,7 @@ struct SeqEntry {
   bool armed = false;    // has a live idle timer
   bool started = false;  // its START has been answered: only then does the idle clock run
   bool session = false;  // a session request named it: its end or expiry is remembered
+  uint64_t client = 0;   // whom its tombstone counts against (its latest session request's client)
 };
 
 class SequenceTable {
@@ -170,7 +171,7 @@ int SequenceTable::queue_new(Request* r, Queued queued) {
   const bool end = r->end;
   const int64_t now = r->arrival_ns;
   tomb_.erase(id);  // a new sequence under this id
-  if (end && r->session) tomb_.record(id, Tombstone::kEnded, 0, now);
+  if (end && r->session) tomb_.record(id, r->client, Tombstone::kEnded, 0, now);
   if (!free_.empty()) {
     auto [s, i] = *free_.begin();
     free_.erase(free_.begin());
@@ -190,6 +191,7 @@ int SequenceTable::queue_new(Request* r, Queued queued) {
       e.last_arrival_ns = now;
       e.start_ns = now;
       e.session = r->session;
+      e.client = r->client;
       e.serial = next_serial_++;
       e.owner = r->handle;
       seqs_.emplace(id, e);
@@ -211,6 +213,7 @@ int SequenceTable::queue_new(Request* r, Queued queued) {
     e.last_arrival_ns = now;
     e.start_ns = now;
     e.session = r->session;
+    e.client = r->client;
     e.serial = next_serial_++;
     e.owner = r->handle;
     seqs_.emplace(id, e);
@@ -238,9 +241,10 @@ int SequenceTable::queue_known(Seqs::iterator it, Request* r, Queued queued) {
     if (r->timeout_ns > 0 && now + r->timeout_ns < e.bq->expiry_ns) backlog_timer(*e.bq, now + r->timeout_ns);
   }
   e.session |= r->session;
+  if (r->session) e.client = r->client;
   if (r->start) e.start_ns = now;
   if (end) {
-    if (e.session) tomb_.record(it->first, Tombstone::kEnded, 0, now);
+    if (e.session) tomb_.record(it->first, e.client, Tombstone::kEnded, 0, now);
     seqs_.erase(it);
   } else {
     e.last_arrival_ns = now;

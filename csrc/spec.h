@@ -90,6 +90,7 @@ struct ModelSpec {
   // ids are remembered this long, at most this many per model (0: not at all).
   int64_t tombstone_ns = 3600LL * 1000000000LL;
   int64_t max_tombstones = 10000;
+  int64_t max_tombstones_per_client = 0;  // 0: no bound but max_tombstones
   // Upper bounds (ms) of the request latency histogram's buckets (Triton's first-response
   // histogram); +Inf is implied.
   std::vector<double> latency_buckets_ms{100, 500, 2000, 5000};

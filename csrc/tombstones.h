@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <list>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -96,36 +97,79 @@ class EvictedIds {
   int64_t full_until_ = 0;
 };
 
+// Tombstones are accounted per client (the peer's address, hashed; 0 for in-process callers):
+// a client holds at most `per_client` of them (its own oldest is evicted past that), and when
+// the total reaches `max` the client holding the most loses its oldest. Evicted ids go into the
+// shared EvictedIds filter (still refused, never a fresh start); each client may add at most
+// its share of the filter's capacity per tombstone lifetime, after which only that client's
+// new session starts are refused (start_refused_for) until its additions age out.
 class Tombstones {
  public:
-  void configure(int64_t ttl_ns, size_t max) {
+  enum Eviction { kClientCap = 0, kGlobalCap = 1 };
+
+  void configure(int64_t ttl_ns, size_t max, size_t per_client = 0) {
     ttl_ns_ = ttl_ns;
     max_ = ttl_ns > 0 ? max : 0;
+    per_client_ = per_client > 0 && per_client < max_ ? per_client : 0;
+    // A client's share of the filter is its share of the tombstones (all of it when unbounded).
+    filter_share_ = EvictedIds::kCapacity;
+    if (per_client_)
+      filter_share_ =
+          std::max<size_t>(1, static_cast<size_t>(static_cast<double>(EvictedIds::kCapacity) * per_client_ / max_));
     trim(0);
   }
-  // Dropped by the count cap before their time (a metric for operators).
-  uint64_t evictions() const { return evictions_; }
-  // `id` may be a session whose tombstone the cap dropped: never start it implicitly.
-  bool maybe_evicted(const CorrId& id, int64_t now) {
-    return evictions_ && evicted_.maybe(id, now, ttl_ns_);
+  // Dropped by a count cap before their time (a metric for operators), in all and by cap.
+  uint64_t evictions() const { return evictions_[kClientCap] + evictions_[kGlobalCap]; }
+  uint64_t evictions(Eviction why) const { return evictions_[why]; }
+  // `id` may be a session whose tombstone a cap dropped: never start it implicitly.
+  bool maybe_evicted(const CorrId& id, int64_t now) { return evictions() && evicted_.maybe(id, now, ttl_ns_); }
+  // `client` has added its share of ids to the filter lately: its new sessions are refused for
+  // the returned nanoseconds (0: not refused).
+  int64_t start_refused_for(uint64_t client, int64_t now) {
+    if (!max_) return 0;
+    auto it = clients_.find(client);
+    if (it == clients_.end()) return 0;
+    Client& c = it->second;
+    age(c, now);
+    if (c.filtered[0] + c.filtered[1] < filter_share_) return 0;
+    return c.window_start + (c.filtered[0] >= filter_share_ ? 2 : 1) * ttl_ns_ - now;
   }
   bool enabled() const { return max_ > 0; }
   bool empty() const { return index_.empty(); }
   size_t size() const { return index_.size(); }
+  size_t held_by(uint64_t client) const {
+    auto it = clients_.find(client);
+    return it == clients_.end() ? 0 : it->second.lru.size();
+  }
 
-  void record(const CorrId& id, Tombstone::Reason reason, double idle_s, int64_t now) {
+  void record(const CorrId& id, uint64_t client, Tombstone::Reason reason, double idle_s, int64_t now) {
     if (!max_) return;
     auto it = index_.find(id);
-    if (it != index_.end()) {
-      lru_.splice(lru_.begin(), lru_, it->second);
-    } else {
-      lru_.push_front(Entry{id, {}});
-      index_.emplace(id, lru_.begin());
+    if (it != index_.end() && it->second.client != client) {
+      unlink(it);  // the id ended again for another client: it counts against that one now
+      it = index_.end();
     }
-    Tombstone& t = lru_.front().t;
+    if (it == index_.end()) {
+      it = index_.emplace(id, Entry{}).first;
+      Entry& e = it->second;
+      e.client = client;
+      lru_.push_front(&it->first);
+      e.pos = lru_.begin();
+      Client& c = clients_[client];
+      counted(client, c, +1);
+      c.lru.push_front(&it->first);
+      e.client_pos = c.lru.begin();
+    } else {
+      touch(it->second);
+    }
+    Tombstone& t = it->second.t;
     t.reason = reason;
     t.at_ns = now;
     t.idle_s = idle_s;
+    if (per_client_) {
+      Client& c = clients_[client];
+      while (c.lru.size() > per_client_) evict(index_.find(*c.lru.back()), kClientCap, now);
+    }
     trim(now);
   }
 
@@ -134,48 +178,112 @@ class Tombstones {
     if (index_.empty()) return nullptr;
     auto it = index_.find(id);
     if (it == index_.end()) return nullptr;
-    if (now - it->second->t.at_ns > ttl_ns_) {
-      lru_.erase(it->second);
-      index_.erase(it);
+    if (now - it->second.t.at_ns > ttl_ns_) {
+      unlink(it);
       return nullptr;
     }
-    lru_.splice(lru_.begin(), lru_, it->second);
-    return &lru_.front().t;
+    touch(it->second);
+    return &it->second.t;
   }
 
   void erase(const CorrId& id) {
     if (index_.empty()) return;
     auto it = index_.find(id);
-    if (it == index_.end()) return;
-    lru_.erase(it->second);
-    index_.erase(it);
+    if (it != index_.end()) unlink(it);
   }
 
  private:
+  using Order = std::list<const CorrId*>;  // front: most recently recorded or looked up
   struct Entry {
-    CorrId id;
     Tombstone t;
+    uint64_t client = 0;
+    Order::iterator pos, client_pos;
   };
-  // Over the count: drop the least recently used (remembered as evicted while its tombstone
-  // would have lived). Past the time limit at the cold end: drop.
+  using Index = std::unordered_map<CorrId, Entry, CorrIdHash>;
+  struct Client {
+    Order lru;
+    // Ids added to the filter in this window of `ttl` and the one before; a window's additions
+    // have aged out of the filter once the next window ends.
+    size_t filtered[2] = {0, 0};
+    int64_t window_start = 0;
+  };
+
+  void touch(Entry& e) {
+    lru_.splice(lru_.begin(), lru_, e.pos);
+    Order& own = clients_[e.client].lru;
+    own.splice(own.begin(), own, e.client_pos);
+  }
+  void counted(uint64_t client, const Client& c, int delta) {
+    if (!c.lru.empty()) by_count_.erase({c.lru.size(), client});
+    const size_t n = c.lru.size() + delta;
+    if (n) by_count_.insert({n, client});
+  }
+  void unlink(Index::iterator it) {
+    Entry& e = it->second;
+    auto ci = clients_.find(e.client);
+    Client& c = ci->second;
+    counted(e.client, c, -1);
+    c.lru.erase(e.client_pos);
+    if (c.lru.empty() && c.filtered[0] + c.filtered[1] == 0) clients_.erase(ci);
+    lru_.erase(e.pos);
+    index_.erase(it);
+  }
+  void age(Client& c, int64_t now) {
+    while (now >= c.window_start + ttl_ns_) {
+      c.filtered[1] = c.filtered[0];
+      c.filtered[0] = 0;
+      c.window_start = now - c.window_start >= 2 * ttl_ns_ ? now : c.window_start + ttl_ns_;
+    }
+  }
+  // Drops `it` before its time: its id is remembered as evicted while its tombstone would have lived.
+  void evict(Index::iterator it, Eviction why, int64_t now) {
+    if (now && now - it->second.t.at_ns <= ttl_ns_) {
+      ++evictions_[why];
+      evicted_.add(it->first, now, ttl_ns_);
+      Client& c = clients_[it->second.client];
+      if (c.window_start == 0) c.window_start = now;
+      age(c, now);
+      ++c.filtered[0];
+    }
+    unlink(it);
+    if (clients_.size() > 2 * max_ + kClientSlack) prune();
+  }
+  // Clients that hold no tombstone but were evicted from lately stay to be refused; so many
+  // addresses (IPv6) cannot grow memory without bound, past twice the cap those are forgotten
+  // (their evicted ids stay in the shared filter: only the refusal by client is lost for them).
+  void prune() {
+    for (auto it = clients_.begin(); it != clients_.end();)
+      it = it->second.lru.empty() ? clients_.erase(it) : std::next(it);
+  }
+  // Past the time limit at the cold end: drop. Over the count: the client holding the most
+  // loses its least recently used.
   void trim(int64_t now) {
-    while (!lru_.empty() && (lru_.size() > max_ || (now && now - lru_.back().t.at_ns > ttl_ns_))) {
-      const Entry& cold = lru_.back();
-      if (now && now - cold.t.at_ns <= ttl_ns_) {
-        ++evictions_;
-        evicted_.add(cold.id, now, ttl_ns_);
+    while (!lru_.empty() && (now && now - index_.find(*lru_.back())->second.t.at_ns > ttl_ns_))
+      unlink(index_.find(*lru_.back()));
+    while (index_.size() > max_) {
+      // Among the clients holding the most, the one with the least recently used entry of all.
+      auto coldest = index_.find(*lru_.back());
+      const uint64_t cold_client = coldest->second.client;
+      if (held_by(cold_client) == by_count_.rbegin()->first) {
+        evict(coldest, kGlobalCap, now);
+        continue;
       }
-      index_.erase(cold.id);
-      lru_.pop_back();
+      Client& top = clients_[by_count_.rbegin()->second];
+      evict(index_.find(*top.lru.back()), kGlobalCap, now);
     }
   }
 
+  static constexpr size_t kClientSlack = 1024;
   int64_t ttl_ns_ = 0;
   size_t max_ = 0;
-  uint64_t evictions_ = 0;
+  size_t per_client_ = 0;  // 0: no bound but max_
+  size_t filter_share_ = EvictedIds::kCapacity;
+  uint64_t evictions_[2] = {0, 0};
   EvictedIds evicted_;
-  std::list<Entry> lru_;  // front: most recently recorded or looked up
-  std::unordered_map<CorrId, std::list<Entry>::iterator, CorrIdHash> index_;
+  Index index_;
+  Order lru_;
+  std::unordered_map<uint64_t, Client> clients_;
+  std::set<std::pair<size_t, uint64_t>> by_count_;  // (tombstones held, client)
 };
 
 // The refusal a session's request gets when its session is gone.
@@ -200,9 +308,16 @@ inline std::string session_gone_message(const CorrId& id, const Tombstone& t) {
 // The refusal of an implied START for an id whose tombstone the count cap may have dropped.
 inline std::string evicted_session_message(const CorrId& id) {
   return "session '" + id.repr() +
-         "' may have ended here: more ended sessions than the server remembers (--session-tombstone-max) "
-         "ended lately, and its record may be one that was dropped; start a new session with a new id, "
-         "or send START (sequence_start) to begin this one afresh";
+         "' may have ended here: more ended sessions than the server remembers (--session-tombstone-max, "
+         "--session-tombstone-max-per-client) ended lately, and its record may be one that was dropped; "
+         "start a new session with a new id, or send START (sequence_start) to begin this one afresh";
+}
+
+// The refusal of a new session for a client whose evicted tombstones fill its share of the filter.
+inline std::string session_share_full_message(int64_t wait_ns) {
+  return "too many of this client's ended sessions were dropped from memory lately "
+         "(--session-tombstone-max-per-client): its new sessions are refused for " +
+         std::to_string((wait_ns + 999999999) / 1000000000) + " s; sequences with START still start";
 }
 
 }  // namespace seqserve

@@ -9,9 +9,9 @@ namespace seqserve::binding {
 
 namespace {
 
-enum Field { kHandle, kSequenceId, kStart, kEnd, kSession, kTimeoutUs, kRows, kPriority, kFieldCount };
-constexpr const char* kFieldNames[kFieldCount] = {"handle",  "sequence_id", "start", "end",
-                                                   "session", "timeout_us",  "rows",  "priority"};
+enum Field { kHandle, kSequenceId, kStart, kEnd, kSession, kTimeoutUs, kRows, kPriority, kClient, kFieldCount };
+constexpr const char* kFieldNames[kFieldCount] = {"handle",     "sequence_id", "start",    "end",   "session",
+                                                   "timeout_us", "rows",        "priority", "client"};
 PyObject* g_field_names[kFieldCount];  // interned, in Field order
 
 PyTypeObject g_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
@@ -77,6 +77,7 @@ bool fill(RequestHeaderObject* h, PyObject* const* vals) {
     }
     f.priority = static_cast<int32_t>(priority);
   }
+  if (vals[kClient] && !read_u64(vals[kClient], &h->client)) return false;
   return true;
 }
 
@@ -105,6 +106,7 @@ PyObject* header_vectorcall(PyObject* type, PyObject* const* args, size_t nargsf
   if (h == nullptr) return nullptr;
   h->fixed = RequestHeader{};
   h->string_id = nullptr;
+  h->client = 0;
   if (!fill(h, vals)) {
     Py_DECREF(h);
     return nullptr;
@@ -136,6 +138,9 @@ PyObject* get_session(PyObject* self, void*) { return PyBool_FromLong(fixed_of(s
 PyObject* get_timeout_us(PyObject* self, void*) { return PyLong_FromUnsignedLongLong(fixed_of(self).timeout_us); }
 PyObject* get_rows(PyObject* self, void*) { return PyLong_FromLongLong(fixed_of(self).rows); }
 PyObject* get_priority(PyObject* self, void*) { return PyLong_FromLong(fixed_of(self).priority); }
+PyObject* get_client(PyObject* self, void*) {
+  return PyLong_FromUnsignedLongLong(reinterpret_cast<RequestHeaderObject*>(self)->client);
+}
 
 PyGetSetDef g_getset[] = {
     {"handle", get_handle, nullptr, "The caller's name for the request: answers and cancel() use it.", nullptr},
@@ -149,6 +154,7 @@ PyGetSetDef g_getset[] = {
     {"timeout_us", get_timeout_us, nullptr, "Queue timeout (0: the queue policy's default).", nullptr},
     {"rows", get_rows, nullptr, "Batch rows the request occupies.", nullptr},
     {"priority", get_priority, nullptr, "Priority level (0: the model's default).", nullptr},
+    {"client", get_client, nullptr, "The client a session's tombstones count against (0: the shared key).", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
@@ -182,7 +188,7 @@ void bind_request(py::module_& m) {
   g_type.tp_flags = Py_TPFLAGS_DEFAULT;
   g_type.tp_doc =
       "RequestHeader(*, handle, sequence_id=0, start=False, end=False, session=False, timeout_us=0, rows=1, "
-      "priority=0)\n--\n\nA request's scalars for Scheduler.submit, by name; its tensors go apart.";
+      "priority=0, client=0)\n--\n\nA request's scalars for Scheduler.submit, by name; its tensors go apart.";
   g_type.tp_new = header_new;
   g_type.tp_dealloc = header_dealloc;
   g_type.tp_repr = header_repr;

@@ -124,6 +124,7 @@ class PyScheduler {
     Request* r = sched_->new_request();  // lent by the pool: back through submit() or recycle()
     try {
       r->take_header(header->fixed, string_id);
+      r->client = header->client;
       r->inputs.resize(spec.inputs.size());
       for (size_t k = 0; k < spec.inputs.size(); ++k) fill_input(r->inputs[k], inputs[k]);
     } catch (...) {

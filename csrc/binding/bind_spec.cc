@@ -171,7 +171,7 @@ void bind_model_spec(py::module_& m) {
                        std::vector<int64_t> preferred_batch_sizes, uint64_t batch_delay_us, int priority_levels,
                        int default_priority, std::vector<QueuePolicy> queue_policies, bool timeout_complete,
                        uint64_t tombstone_us, int64_t max_tombstones, std::vector<double> latency_buckets_ms,
-                       int64_t max_backlog_sequences) {
+                       int64_t max_backlog_sequences, int64_t max_tombstones_per_client) {
              if (max_backlog_sequences < 0) throw py::value_error("max_backlog_sequences must be >= 0 (0: no bound)");
              ModelSpec s;
              s.name = std::move(name);
@@ -195,6 +195,7 @@ void bind_model_spec(py::module_& m) {
              s.timeout_complete = timeout_complete;
              s.tombstone_ns = us_to_ns(tombstone_us);
              s.max_tombstones = max_tombstones;
+             s.max_tombstones_per_client = max_tombstones_per_client;
              s.latency_buckets_ms = std::move(latency_buckets_ms);
              s.max_backlog_sequences = max_backlog_sequences;
              return s;
@@ -209,7 +210,7 @@ void bind_model_spec(py::module_& m) {
            py::arg("queue_policies") = std::vector<QueuePolicy>{}, py::arg("timeout_complete") = false,
            py::arg("tombstone_us") = 3600ULL * 1000000ULL, py::arg("max_tombstones") = 10000,
            py::arg("latency_buckets_ms") = std::vector<double>{100, 500, 2000, 5000},
-           py::arg("max_backlog_sequences") = 0)
+           py::arg("max_backlog_sequences") = 0, py::arg("max_tombstones_per_client") = 0)
       .def_readonly("name", &ModelSpec::name)
       .def_readonly("strategy", &ModelSpec::strategy)
       .def_readonly("max_batch_size", &ModelSpec::max_batch_size)
@@ -231,13 +232,14 @@ void bind_model_spec(py::module_& m) {
       .def_readonly("timeout_complete", &ModelSpec::timeout_complete)
       .def_property_readonly("tombstone_us", [](const ModelSpec& s) { return ns_to_us(s.tombstone_ns); })
       .def_readonly("max_tombstones", &ModelSpec::max_tombstones)
+      .def_readonly("max_tombstones_per_client", &ModelSpec::max_tombstones_per_client)
       .def_readonly("latency_buckets_ms", &ModelSpec::latency_buckets_ms)
       .def_readonly("max_backlog_sequences", &ModelSpec::max_backlog_sequences);
   add_repr(model, {"name", "strategy", "max_batch_size", "instance_count", "slots_per_instance", "idle_us",
                    "max_queue_delay_us", "min_slot_utilization", "inputs", "controls", "states", "delay_requests",
                    "delay_backlog_requests", "preferred_batch_sizes", "batch_delay_us", "priority_levels",
                    "default_priority", "queue_policies", "timeout_complete", "tombstone_us", "max_tombstones",
-                   "latency_buckets_ms", "max_backlog_sequences"});
+                   "latency_buckets_ms", "max_backlog_sequences", "max_tombstones_per_client"});
 }
 
 void bind_results(py::module_& m) {
@@ -245,6 +247,7 @@ void bind_results(py::module_& m) {
   refusal.def_readonly("code", &SubmitResult::code)
       .def_readonly("message", &SubmitResult::message)
       .def_readonly("backlog_full", &SubmitResult::backlog_full)
+      .def_readonly("retry_after_ms", &SubmitResult::retry_after_ms)
       .def_readonly("busy", &SubmitResult::busy)
       .def_readonly("released", &SubmitResult::released);
   add_repr(refusal, {"code", "message", "backlog_full", "busy", "released"});
@@ -297,13 +300,17 @@ void bind_results(py::module_& m) {
       .def_readonly("sequences_backlogged", &Stats::sequences_backlogged)
       .def_readonly("state_bytes", &Stats::state_bytes)
       .def_readonly("backlog_full", &Stats::backlog_full)
-      .def_readonly("tombstones_evicted", &Stats::tombstones_evicted);
+      .def_readonly("tombstones_evicted", &Stats::tombstones_evicted)
+      .def_readonly("tombstones_evicted_client_cap", &Stats::tombstones_evicted_client_cap)
+      .def_readonly("tombstones_evicted_global_cap", &Stats::tombstones_evicted_global_cap)
+      .def_readonly("session_starts_refused", &Stats::session_starts_refused);
   add_repr(stats, {"inference_count", "execution_count", "last_inference_ms", "success", "fail", "queue",
                    "compute_input", "compute_infer", "compute_output", "batches", "fail_rejected", "fail_backend",
                    "fail_canceled", "sequences_started", "sequences_ended", "sequences_expired", "sequences_released",
                    "sequences_restored", "latency_counts",
                    "latency_sum_ms", "pending_requests", "sequence_slots", "sequences_active",
-                   "sequences_backlogged", "state_bytes", "backlog_full", "tombstones_evicted"});
+                   "sequences_backlogged", "state_bytes", "backlog_full", "tombstones_evicted",
+                   "tombstones_evicted_client_cap", "tombstones_evicted_global_cap", "session_starts_refused"});
 
   py::class_<SequenceInfo> seq(m, "SequenceInfo", "One live sequence, as the sequence API shows it.");
   seq.def_property_readonly("sequence_id", [](const SequenceInfo& x) { return corrid_object(x.id); })

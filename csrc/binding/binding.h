@@ -48,6 +48,9 @@ struct RequestHeaderObject {
   PyObject_HEAD
   RequestHeader fixed;
   PyObject* string_id;  // a reference to the str id, or nullptr for a numeric id
+  // The client a session's tombstones are accounted to (tombstones.h; 0: the shared key).
+  // Beside the fixed header, not in it: the request ring's record layout stays as it is.
+  uint64_t client;
 };
 // `obj` as a RequestHeader, or nullptr when it is not one.
 const RequestHeaderObject* as_request_header(py::handle obj);

@@ -292,10 +292,11 @@ def stream_done(reader: Reader, sid: int) -> bool:
 
 
 class LivePeer:
-    """A raw HTTP/2 connection to a real server: frames in, frames out (blocking, with a timeout)."""
+    """A raw HTTP/2 connection to a real server: frames in, frames out (blocking, with a timeout);
+    ``source``: the loopback address it connects from (to be another client)."""
 
-    def __init__(self, port: int, timeout: float = 15.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 15.0, *, source: str = "127.0.0.1") -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=(source, 0))
         self.encoder = Encoder()
         self.reader = Reader()
         self.timeout = timeout

@@ -139,8 +139,26 @@ _SEQUENCE = (
     (
         "seqserve_session_tombstones_evicted_total",
         "counter",
-        "Ended sessions' records dropped by --session-tombstone-max before their time (their ids get no implied START)",
+        "Ended sessions' records dropped by a count cap before their time (their ids get no implied START)",
         "tombstones_evicted",
+    ),
+    (
+        "seqserve_session_tombstones_evicted_client_cap_total",
+        "counter",
+        "Ended sessions' records dropped because their client held --session-tombstone-max-per-client",
+        "tombstones_evicted_client_cap",
+    ),
+    (
+        "seqserve_session_tombstones_evicted_global_cap_total",
+        "counter",
+        "Ended sessions' records dropped at --session-tombstone-max, from the client holding the most",
+        "tombstones_evicted_global_cap",
+    ),
+    (
+        "seqserve_session_starts_refused_total",
+        "counter",
+        "New sessions refused (503) because their client had too many ended sessions dropped lately",
+        "session_starts_refused",
     ),
 )
 

@@ -40,6 +40,7 @@ from seqserve.engine.server.model_control import (
 from seqserve.engine.server.models import SERVER_STOPPING
 from seqserve.engine.server.server import Server
 from seqserve.engine.sessions import (
+    DEFAULT_PER_CLIENT_DIVISOR,
     DEFAULT_TOMBSTONE_MAX,
     DEFAULT_TOMBSTONE_S,
     EndedSequence,
@@ -48,12 +49,14 @@ from seqserve.engine.sessions import (
     SessionGoneError,
     SessionPolicy,
     parse_sequence_id,
+    peer_host,
 )
 from seqserve.engine.statistics import ModelStatistics
 
 __all__ = [
     "DEFAULT_INLINE_MAX_BATCH_US",
     "DEFAULT_MAX_BACKLOG_SEQUENCES",
+    "DEFAULT_PER_CLIENT_DIVISOR",
     "DEFAULT_REPOSITORY_POLL_SECS",
     "DEFAULT_TOMBSTONE_MAX",
     "DEFAULT_TOMBSTONE_S",
@@ -90,6 +93,7 @@ __all__ = [
     "default_replica_id",
     "open_store",
     "parse_sequence_id",
+    "peer_host",
     "redact_url",
     "startup_models",
 ]

@@ -176,6 +176,7 @@ class ModelSpec(metaclass=_Pybind11Type):
         max_tombstones: int = 10000,
         latency_buckets_ms: list[float] = ...,
         max_backlog_sequences: int = 0,
+        max_tombstones_per_client: int = 0,
     ) -> None: ...
     @property
     def name(self) -> str: ...
@@ -228,6 +229,9 @@ class ModelSpec(metaclass=_Pybind11Type):
     @property
     def max_backlog_sequences(self) -> int:
         """Sequences: how many may wait in the backlog; a START beyond it is refused (0: no bound)."""
+    @property
+    def max_tombstones_per_client(self) -> int:
+        """How many of them one client holds at most (0: no bound but max_tombstones)."""
 
 @final
 class RequestHeader:
@@ -246,6 +250,7 @@ class RequestHeader:
         timeout_us: int = 0,
         rows: int = 1,
         priority: int = 0,
+        client: int = 0,
     ) -> RequestHeader: ...
     @property
     def handle(self) -> int:
@@ -270,6 +275,9 @@ class RequestHeader:
     @property
     def priority(self) -> int:
         """Priority level (0: the model's default)."""
+    @property
+    def client(self) -> int:
+        """The client a session's tombstones count against (0: the shared key)."""
 
 class Refusal(metaclass=_Pybind11Type):
     """Why submit() did not queue a request. NOT_FOUND: a session request whose session ended
@@ -283,6 +291,10 @@ class Refusal(metaclass=_Pybind11Type):
     def backlog_full(self) -> bool:
         """Admission control refused a START, or no slot was free for a restore: the backlog
         held its bound (worth retrying later)."""
+    @property
+    def retry_after_ms(self) -> int:
+        """A refusal that lasts this long (0: none said): a client's new sessions while its
+        evicted tombstones fill its share of the filter."""
     @property
     def busy(self) -> bool:
         """checkpoint_sequence: the sequence has a request queued or running, or waits in the
@@ -406,6 +418,15 @@ class Stats(metaclass=_Pybind11Type):
     def tombstones_evicted(self) -> int:
         """Session tombstones the count cap dropped before their time (their ids are then refused
         an implied START until the tombstone would have expired)."""
+    @property
+    def tombstones_evicted_client_cap(self) -> int:
+        """... of them because their client held max_tombstones_per_client."""
+    @property
+    def tombstones_evicted_global_cap(self) -> int:
+        """... of them at max_tombstones, from the client holding the most."""
+    @property
+    def session_starts_refused(self) -> int:
+        """New sessions refused because their client had too many tombstones evicted lately."""
 
 class SequenceInfo(metaclass=_Pybind11Type):
     """One live sequence, as the sequence API shows it."""

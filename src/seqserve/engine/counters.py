@@ -38,7 +38,10 @@ class ModelCounters:
     sequences_released: int = 0  # checkpointed and released from their slot: moved, neither ended nor expired
     sequences_restored: int = 0  # restored into a slot from a checkpoint
     backlog_full: int = 0  # STARTs refused because the backlog held max_backlog_sequences sequences
-    tombstones_evicted: int = 0  # session tombstones the count cap dropped before their time
+    tombstones_evicted: int = 0  # session tombstones the count caps dropped before their time
+    tombstones_evicted_client_cap: int = 0  # ... by a client's own cap
+    tombstones_evicted_global_cap: int = 0  # ... by the total cap (from the client holding the most)
+    session_starts_refused: int = 0  # new sessions refused: their client had too many evicted lately
     state_bytes: int = 0  # implicit state held by the sequences in slots
     #: inline execution (docs/architecture.md): its bound (0: the model never runs on the event loop)
     inline_max_batch_us: float = 0.0

@@ -34,6 +34,9 @@ class InferRequest:
     #: named by a session (engine/sessions.py): START is implied when the sequence is not
     #: live, and a session that ended or expired is refused (SessionGoneError)
     session: bool = False
+    #: who sent it: the peer's address without port as the front-end saw it ("": in-process).
+    #: A session's tombstones are accounted to it (engine/sessions.py)
+    client: str = ""
     #: the sequences this request starts end when the scope closes (a gRPC stream's, say)
     scope: SequenceScope | None = None
     #: the W3C ``traceparent`` the client sent (front-ends read it only while tracing is on)

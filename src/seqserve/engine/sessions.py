@@ -7,13 +7,22 @@ without START for a sequence that is not live is refused), a session request sta
 session when the server does not know it: START is implied. An implied start must never hide
 lost state, so the core remembers sessions that ended (an END request, or the sequence API)
 or expired (idle timeout) for ``SessionPolicy.tombstone_s`` seconds, at most
-``SessionPolicy.tombstone_max`` of them per model version (least recently used dropped
-first), and refuses their next request with ``SessionGoneError``. A request that sets START
-explicitly starts the id afresh. A restarted server remembers nothing.
+``SessionPolicy.tombstone_max`` of them per model version, and refuses their next request with
+``SessionGoneError``. A request that sets START explicitly starts the id afresh. A restarted
+server remembers nothing.
+
+Tombstones count against the client whose request ended or last stepped the session (its
+peer address, or ``""`` for in-process callers): one client holds at most
+``SessionPolicy.per_client_cap`` of them (its own least recently used one is dropped past
+that), and at the total cap the client holding the most loses its least recently used one. A
+dropped id is still refused (csrc/tombstones.h); a client that has had too many dropped lately
+gets its new sessions refused (UNAVAILABLE with a retry-after), other clients do not.
 """
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 from dataclasses import dataclass
 
 from seqserve.engine.errors import Code, InferenceError
@@ -23,20 +32,70 @@ from seqserve.engine.request import SequenceId
 DEFAULT_TOMBSTONE_S = 3600.0
 #: how many ended or expired sessions each model version remembers at most, by default
 DEFAULT_TOMBSTONE_MAX = 10_000
+#: a client's share of ``tombstone_max`` when none is given: one in four, so that it takes at
+#: least four flooding addresses to fill the total, and the client holding the most pays first
+DEFAULT_PER_CLIENT_DIVISOR = 4
 
 
 @dataclass(frozen=True, slots=True)
 class SessionPolicy:
-    """How long and how many ended or expired sessions are remembered (0: none)."""
+    """How long and how many ended or expired sessions are remembered (0: none), in all and
+    per client (``tombstone_max_per_client``: None for a quarter of ``tombstone_max``; 0 for no
+    bound but the total, as when every client reaches the server through one proxy)."""
 
     tombstone_s: float = DEFAULT_TOMBSTONE_S
     tombstone_max: int = DEFAULT_TOMBSTONE_MAX
+    tombstone_max_per_client: int | None = None
+
+    @property
+    def per_client_cap(self) -> int:
+        """Tombstones one client may hold (0: no bound but ``tombstone_max``)."""
+        if self.tombstone_max_per_client is None:
+            return max(1, self.tombstone_max // DEFAULT_PER_CLIENT_DIVISOR) if self.tombstone_max else 0
+        return self.tombstone_max_per_client
 
     def __post_init__(self) -> None:
         if not self.tombstone_s >= 0:
             raise ValueError(f"tombstone_s must be >= 0, got {self.tombstone_s}")
         if self.tombstone_max < 0:
             raise ValueError(f"tombstone_max must be >= 0, got {self.tombstone_max}")
+        if self.tombstone_max_per_client is not None and self.tombstone_max_per_client < 0:
+            raise ValueError(f"tombstone_max_per_client must be >= 0, got {self.tombstone_max_per_client}")
+
+
+def client_key(client: str) -> int:
+    """The core's key for a client's address ("": the shared key, 0); an IPv6 address counts by
+    its /64 prefix, as one host usually holds a whole /64. Local to this process, as the
+    accounting is."""
+    if not client:
+        return 0
+    if ":" in client:
+        client = _ipv6_prefix(client)
+    return hash(client) & 0xFFFF_FFFF_FFFF_FFFF
+
+
+@functools.lru_cache(maxsize=4096)
+def _ipv6_prefix(address: str) -> str:
+    try:
+        ip = ipaddress.IPv6Address(address.partition("%")[0])
+    except ValueError:
+        return address  # not an address: the text is the key
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
+
+
+def peer_host(peer: str) -> str:
+    """The address without its port, from grpc's ``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5`` (grpcio
+    writes ``ipv6:%5B::1%5D:5``) or a plain ``host:port`` (or ``host``)."""
+    for scheme in ("ipv4:", "ipv6:"):
+        if peer.startswith(scheme):
+            peer = peer[len(scheme) :].replace("%5B", "[").replace("%5D", "]")
+            break
+    if peer.startswith("["):
+        return peer[1 : peer.find("]")] if "]" in peer else peer[1:]
+    host, sep, port = peer.rpartition(":")
+    return host if sep and port.isdigit() and ":" not in host else peer
 
 
 class SessionGoneError(InferenceError):

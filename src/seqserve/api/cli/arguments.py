@@ -162,7 +162,9 @@ def _engine(
         exit_timeout_s=args.exit_timeout_secs,
         strict_sequence_ids=args.strict_sequence_ids,
         max_backlog_sequences=args.max_backlog_sequences,
-        sessions=SessionPolicy(args.session_tombstone_secs, args.session_tombstone_max),
+        sessions=SessionPolicy(
+            args.session_tombstone_secs, args.session_tombstone_max, args.session_tombstone_max_per_client
+        ),
         python_isolation=args.python_isolation,
         inline_max_batch_us=args.inline_max_batch_us,
         server_id=args.id or "seqserve",

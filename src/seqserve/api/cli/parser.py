@@ -28,6 +28,7 @@ from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT
 from seqserve.engine import (
     DEFAULT_INLINE_MAX_BATCH_US,
     DEFAULT_MAX_BACKLOG_SEQUENCES,
+    DEFAULT_PER_CLIENT_DIVISOR,
     DEFAULT_REPOSITORY_POLL_SECS,
     DEFAULT_TOMBSTONE_MAX,
     DEFAULT_TOMBSTONE_S,
@@ -247,6 +248,16 @@ def _add_session_flags(s: argparse.ArgumentParser) -> None:
         metavar="N",
         help="how many ended or expired sessions each model version remembers at most, the least recently "
         f"used forgotten first (default: {DEFAULT_TOMBSTONE_MAX}; 0: none)",
+    )
+    s.add_argument(
+        "--session-tombstone-max-per-client",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help="how many of those one client (peer address) holds at most, its own least recently used "
+        "forgotten first; a client that has many forgotten lately gets its new sessions refused, others do not "
+        f"(default: a {DEFAULT_PER_CLIENT_DIVISOR}th of --session-tombstone-max; 0: no bound but the total, "
+        "for clients that all come through one proxy)",
     )
 
 

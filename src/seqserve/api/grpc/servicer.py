@@ -32,7 +32,7 @@ from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.api.statistics import statistics_proto
 from seqserve.api.tracing import grpc_trace_setting
 from seqserve.api.transport.grpc_context import CallAborted, CallContext, Status
-from seqserve.engine import InferenceError, SequenceScope, Server
+from seqserve.engine import InferenceError, SequenceScope, Server, peer_host
 
 #: rpcs that take and return bytes: the server calls no (de)serializer, the servicer parses the
 #: request itself and encodes the reply with ``wire``
@@ -212,6 +212,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     elif key == "traceparent":
                         infer_request.trace_parent = value
                 if session is not None or end is not None:
+                    infer_request.client = peer_host(context.peer())
                     apply_session(self.server, infer_request, session, end)
             result = await enqueue_single(self.server, infer_request, "ModelInfer RPC")
             if extensions is not None:

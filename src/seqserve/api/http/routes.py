@@ -241,6 +241,7 @@ class HttpFrontend:
         session = header(_SESSION_ID)
         end = header(_SESSION_END)
         if session is not None or end is not None:
+            req.client = request.peer
             apply_session(self.server, req, session, end)
         fut = enqueue_single(self.server, req, _ENDPOINT)
         if watch:

@@ -41,6 +41,7 @@ def asgi_app(handler: Handler) -> ASGIApp:
         if kind != "http":
             return
         server = scope.get("server")
+        client = scope.get("client")
         request = HttpRequest(
             scope["method"],
             scope["path"],
@@ -49,6 +50,7 @@ def asgi_app(handler: Handler) -> ASGIApp:
             AsgiBody(receive),
             scheme=scope.get("scheme", "http"),
             server=(str(server[0]), int(server[1])) if server and server[1] is not None else None,
+            peer=str(client[0]) if client else "",
         )
         reply = await handler(request)
         if reply is not None:

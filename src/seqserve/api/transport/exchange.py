@@ -32,6 +32,7 @@ class HttpRequest:
     body: BodySource
     scheme: str = "http"
     server: tuple[str, int] | None = None  # the local address, for URLs built without Host
+    peer: str = ""  # the client's address without its port ("": unknown)
     _index: dict[bytes, bytes] | None = field(default=None, repr=False)
 
     def header(self, name: bytes) -> str | None:

@@ -331,7 +331,14 @@ class Connection(asyncio.Protocol):
         head = ex.head
         assert head is not None
         request = HttpRequest(
-            head.method, head.path, head.query, head.headers, ex.user, scheme=self.scheme, server=self.local
+            head.method,
+            head.path,
+            head.query,
+            head.headers,
+            ex.user,
+            scheme=self.scheme,
+            server=self.local,
+            peer=_host(self.transport.get_extra_info("peername")),
         )
         try:
             reply = await self.server.handler(request)
@@ -400,6 +407,10 @@ def _wake(ex: Exchange) -> None:
     body = ex.user
     if isinstance(body, RequestBody):
         body.wake()
+
+
+def _host(addr: Any) -> str:
+    return str(addr[0]) if isinstance(addr, tuple) and addr else ""
 
 
 def _address(addr: Any) -> tuple[str, int] | None:

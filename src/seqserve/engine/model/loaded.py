@@ -354,7 +354,10 @@ class LoadedModel:
                 self._rejected += 1
             # Sequence-batcher errors carry no request id in Triton; the others do.
             msg = token.message if self.is_sequence else f"[request id: {request.id or '<id_unknown>'}] {token.message}"
-            raise InferenceError(token.code, msg, retry_after_s=BACKLOG_RETRY_AFTER_S if token.backlog_full else None)
+            retry_after_s = BACKLOG_RETRY_AFTER_S if token.backlog_full else None
+            if token.retry_after_ms:  # a client's new sessions refused for a while (engine/sessions.py)
+                retry_after_s = token.retry_after_ms / 1000
+            raise InferenceError(token.code, msg, retry_after_s=retry_after_s)
         rec.handle = handle
         rec.token = token
         if request.trace is not None and self.is_sequence and request.sequence_start and request.trace.wants_slot:

@@ -104,6 +104,7 @@ def build_core_spec(
         timeout_complete=is_sequence and sb.timeout_action == mc.TIMEOUT_COMPLETE,
         tombstone_us=int(sessions.tombstone_s * 1e6),
         max_tombstones=sessions.tombstone_max,
+        max_tombstones_per_client=sessions.per_client_cap,
         latency_buckets_ms=_latency_buckets(cfg),
         max_backlog_sequences=backlog_bound(sb.max_backlog_sequences, max_backlog_sequences) if is_sequence else 0,
         **batching,

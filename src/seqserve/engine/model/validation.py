@@ -16,6 +16,7 @@ from seqserve.engine._core import RequestHeader
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.model.spec import CoreSpec
 from seqserve.engine.request import InferRequest, SequenceId
+from seqserve.engine.sessions import client_key
 from seqserve.engine.tensors import numpy_wire_name, serialize_bytes, to_numpy_dtype, wire_dtype_name
 
 MAX_STRING_ID = 128
@@ -67,6 +68,7 @@ class CheckedRequest:
             timeout_us=timeout_us if 0 <= timeout_us <= _MAX_TIMEOUT_US else max(0, min(timeout_us, _MAX_TIMEOUT_US)),
             rows=self.rows,
             priority=priority if 0 <= priority <= _MAX_PRIORITY else 0,
+            client=client_key(request.client) if request.session else 0,
         )
 
 

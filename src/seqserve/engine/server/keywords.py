@@ -24,6 +24,7 @@ class RequestOptions(TypedDict, total=False):
     request_id: str
     timeout_us: int
     priority: int
+    client: str  # whom a session's tombstones count against ("": the in-process callers' shared key)
 
 
 _OPTION_NAMES = frozenset(RequestOptions.__annotations__)
@@ -47,4 +48,5 @@ def keyword_request(caller: str, model: str, inputs: Mapping[str, np.ndarray], o
         outputs=tuple(options.get("outputs") or ()),
         priority=options.get("priority", 0),
         timeout_us=options.get("timeout_us", 0),
+        client=options.get("client", ""),
     )

@@ -406,8 +406,10 @@ class Server:
         self, model: str, inputs: Mapping[str, np.ndarray], **options: Unpack[RequestOptions]
     ) -> asyncio.Future[InferResult]:
         """``enqueue`` with the request given as keywords: ``version``, ``sequence_id``,
-        ``sequence_start``, ``sequence_end``, ``outputs``, ``request_id``, ``timeout_us`` and
-        ``priority`` (``RequestOptions``), each defaulting as ``InferRequest`` does."""
+        ``sequence_start``, ``sequence_end``, ``outputs``, ``request_id``, ``timeout_us``,
+        ``priority`` and ``client`` (``RequestOptions``), each defaulting as ``InferRequest``
+        does. ``client`` names the caller for session tombstones (engine/sessions.py); callers
+        that give none share one key."""
         return self.enqueue(keyword_request("Server.submit", model, inputs, options))
 
     def submit_streaming(
