@@ -631,6 +631,7 @@ class DLPackView(metaclass=_Pybind11Type):
     def shape(self) -> list[int]: ...
     @property
     def dtype(self) -> str: ...
+
 #: A tensor in a slab block, as a ring record names it: (input or output index, region
 #: offset, nbytes, shape).
 _SlabTensor: TypeAlias = tuple[int, int, int, tuple[int, ...]]
