@@ -66,8 +66,8 @@ def test_stream_flood_study_runs() -> None:
 
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.studies.stream_flood", "--starts", "600", "--seconds", "60",
-         "--never-read-seconds", "1", "--warm-up", "100"],
+        [sys.executable, "-m", "bench.studies.stream_flood", "--starts", "2000", "--seconds", "120",
+         "--never-read-seconds", "2", "--warm-up", "300"],
         cwd=root, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

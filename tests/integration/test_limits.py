@@ -210,11 +210,10 @@ def test_keepalive_off(launch: Callable[..., ServerProcess], http_server: str) -
 
 
 def test_unimplemented_extensions_answer_501(server: ServerProcess) -> None:
+    """What is not built yet says so (501, JSON), instead of a bare 404."""
     for method, path, fragment in (
-        ("GET", "/v2/cudasharedmemory/status", "CUDA shared memory"),
-        ("POST", "/v2/cudasharedmemory/region/r/register", "CUDA shared memory"),
-        ("POST", "/v2/cudasharedmemory/unregister", "CUDA shared memory"),
-        ("GET", "/v2/cudasharedmemory/region/r/status", "shared memory"),
+        ("POST", "/v2/models/accumulator/generate", "generate"),
+        ("POST", "/v2/models/accumulator/versions/1/generate_stream", "generate_stream"),
     ):
         r = http_request(server, method, path, b"{}" if method == "POST" else None)
         assert r.status == 501 and fragment in r.error(), (path, r.status, r.body)

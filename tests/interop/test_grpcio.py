@@ -135,7 +135,7 @@ def test_cancelled_stream_stops_the_model(interop: ServerProcess, channel: grpc.
         next(stream.call)
     assert ended.value.code() == grpc.StatusCode.CANCELLED
     wait_until_sync(lambda: len(uc_stops(interop)) > before, timeout=CALL_TIMEOUT_S, what="uc to stop")
-    assert uc_stops(interop)[-1].endswith("cancelled=True")
+    assert "cancelled=True" in uc_stops(interop)[-1]
     assert stub.ServerLive(pb.ServerLiveRequest(), timeout=10).live
 
 
@@ -151,7 +151,7 @@ def test_deadline_ends_the_stream_and_the_model(interop: ServerProcess, channel:
             pass
     assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     wait_until_sync(lambda: len(uc_stops(interop)) > before, timeout=CALL_TIMEOUT_S, what="uc to stop")
-    assert uc_stops(interop)[-1].endswith("cancelled=True")
+    assert "cancelled=True" in uc_stops(interop)[-1]
     seq = new_int_id()
     reply = stub.ModelInfer(step_request(seq, 1.0, start=True, end=True), timeout=CALL_TIMEOUT_S)
     assert first_output(reply) == [1.0]

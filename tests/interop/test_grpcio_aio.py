@@ -117,7 +117,7 @@ async def test_cancelled_stream_stops_the_model(interop: ServerProcess, stub: pb
     assert call.cancel()
     assert call.cancelled()
     await wait_until(lambda: len(uc_stops(interop)) > before, "uc stops", timeout=CALL_TIMEOUT_S)
-    assert uc_stops(interop)[-1].endswith("cancelled=True")
+    assert "cancelled=True" in uc_stops(interop)[-1]
     assert (await stub.ServerLive(pb.ServerLiveRequest(), timeout=10)).live
 
 
@@ -132,7 +132,7 @@ async def test_deadline_ends_the_stream_and_the_model(
             pass
     assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     await wait_until(lambda: len(uc_stops(interop)) > before, "uc stops", timeout=CALL_TIMEOUT_S)
-    assert uc_stops(interop)[-1].endswith("cancelled=True")
+    assert "cancelled=True" in uc_stops(interop)[-1]
 
 
 async def test_unary_deadline_shorter_than_the_call(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
