@@ -53,16 +53,9 @@ instance_group [ {{ count: 1 kind: {kind} }} ]
 
 
 def gpu_missing() -> str:
-    from seqserve.engine.device.probe import probe_gpus
+    from seqserve.engine.device.probe import torch_gpu_missing
 
-    probe = probe_gpus()
-    if not probe.count:
-        return probe.reason
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    return "" if torch.cuda.is_available() else "torch sees no CUDA device"
+    return torch_gpu_missing()
 
 
 def write_models(repo: Path, cpu_only: bool) -> None:

@@ -8,21 +8,12 @@ import os
 
 import pytest
 
-from seqserve.engine.device.probe import probe_gpus
+from seqserve.engine.device.probe import torch_gpu_missing
 
 
 def gpu_missing() -> str:
     """Why these tests cannot run here ("" when they can)."""
-    probe = probe_gpus()
-    if not probe.count:
-        return probe.reason
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return f"torch {torch.__version__} sees no CUDA device"
-    return ""
+    return torch_gpu_missing()
 
 
 @pytest.fixture(autouse=True)

@@ -40,3 +40,16 @@ def probe_gpus() -> GpuProbe:
         name = prop.name if err == runtime.cudaError_t.cudaSuccess else b"?"
         names.append(name.split(b"\0", 1)[0].decode(errors="replace") if isinstance(name, bytes) else str(name))
     return GpuProbe(names=tuple(names))
+
+
+def torch_gpu_missing() -> str:
+    """Why torch cannot run on a GPU here ("" when it can): the GPU tests' and the GPU bench's
+    precondition (no GPU, torch missing, or torch without CUDA)."""
+    probe = probe_gpus()
+    if not probe.count:
+        return probe.reason
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    return "" if torch.cuda.is_available() else f"torch {torch.__version__} sees no CUDA device"
