@@ -19,14 +19,18 @@ class SharedMemoryRpcs:
         self.registry = registry
 
     def status(self, request: pb.SystemSharedMemoryStatusRequest) -> pb.SystemSharedMemoryStatusResponse:
+        resp = pb.SystemSharedMemoryStatusResponse()
+        self._status(request.name, resp, cuda=False)
+        return resp
+
+    def _status(self, name: str, resp: Any, *, cuda: bool) -> None:
+        """The regions of one kind into a System- or CudaSharedMemoryStatusResponse."""
         try:
-            regions = self.registry.status(request.name)
+            regions = self.registry.status(name, cuda=cuda)
         except InferenceError as e:
             raise aborted(e) from None
-        resp = pb.SystemSharedMemoryStatusResponse()
         for r in regions:
-            resp.regions[r["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**r))
-        return resp
+            resp.regions[r["name"]].CopyFrom(type(resp).RegionStatus(**r))
 
     def register(self, request: pb.SystemSharedMemoryRegisterRequest) -> pb.SystemSharedMemoryRegisterResponse:
         try:
@@ -40,13 +44,8 @@ class SharedMemoryRpcs:
         return pb.SystemSharedMemoryUnregisterResponse()
 
     def cuda_status(self, request: pb.CudaSharedMemoryStatusRequest) -> pb.CudaSharedMemoryStatusResponse:
-        try:
-            regions = self.registry.status(request.name, cuda=True)
-        except InferenceError as e:
-            raise aborted(e) from None
         resp = pb.CudaSharedMemoryStatusResponse()
-        for r in regions:
-            resp.regions[r["name"]].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(**r))
+        self._status(request.name, resp, cuda=True)
         return resp
 
     def cuda_register(self, request: pb.CudaSharedMemoryRegisterRequest) -> pb.CudaSharedMemoryRegisterResponse:

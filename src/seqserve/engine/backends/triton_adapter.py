@@ -136,12 +136,16 @@ class TritonInstance(BackendInstance):
                 assert err is not None
                 outcomes[owner] = InferenceError(err.code(), err.message())
             else:
-                outcomes[owner] = {
-                    t.name(): t.device_array if t.name() in self._state_outputs else to_host(t.device_array)
-                    for t in response.output_tensors()
-                }
+                outcomes[owner] = {t.name(): self._output_array(t) for t in response.output_tensors()}
                 picked[owner] = outcomes[owner]
         return RequestResults(outcomes, self._next_states(batch, spans, picked, outcomes))
+
+    def _output_array(self, t: pb.Tensor) -> Any:
+        """A response tensor as the engine takes it: numpy, or (a GPU model's) a device array
+        left on the device for a state output and copied to the host for a reply."""
+        if t.is_cpu():
+            return t.as_numpy()
+        return t.device_array if t.name() in self._state_outputs else to_host(t.device_array)
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:

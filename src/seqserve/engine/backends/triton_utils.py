@@ -138,7 +138,7 @@ class Tensor:
             raise TypeError(f"Tensor name must be a str, not {type(name).__name__}")
         self._name = name
         self._device: Any = None
-        if is_device_array(array):
+        if not isinstance(array, np.ndarray) and is_device_array(array):  # numpy: the common case
             self._device = array
             self._array: np.ndarray | None = None
             return
