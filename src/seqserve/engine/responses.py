@@ -47,6 +47,18 @@ class _Deferred:
 DEFERRED: Any = _Deferred()
 
 
+class _Reschedule:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "RESCHEDULE"
+
+
+#: A ``RequestResults`` outcome of an iterative sequence model: answered through its responder
+#: like ``DEFERRED``, and queued again as its sequence's next step (engine/model/iterations.py).
+RESCHEDULE: Any = _Reschedule()
+
+
 class Responder:
     """Sends one request's responses. Thread-safe; usable until the final response.
 

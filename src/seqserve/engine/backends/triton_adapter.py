@@ -51,7 +51,7 @@ from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.config import config_to_json
 from seqserve.engine.device.arrays import is_device_array, to_host
 from seqserve.engine.errors import Code, InferenceError
-from seqserve.engine.responses import DEFERRED
+from seqserve.engine.responses import DEFERRED, RESCHEDULE
 
 log = logging.getLogger("seqserve.model")
 
@@ -87,6 +87,7 @@ class TritonInstance(BackendInstance):
         self._instance_name = ictx.name  # Triton names the instance in execute's errors
         self._batched = cfg.max_batch_size > 0
         self._decoupled = cfg.model_transaction_policy.decoupled
+        self._iterative = cfg.HasField("sequence_batching") and cfg.sequence_batching.iterative_sequence
         # state input name -> output name
         self._states = {(s.input_name or s.name): (s.output_name or s.name) for s in cfg.sequence_batching.state}
         self._state_outputs = tuple(self._states.values())
@@ -138,7 +139,26 @@ class TritonInstance(BackendInstance):
             else:
                 outcomes[owner] = {t.name(): self._output_array(t) for t in response.output_tensors()}
                 picked[owner] = outcomes[owner]
+            if req.release_flags() & pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                outcomes[owner] = self._rescheduled(outcomes[owner])
         return RequestResults(outcomes, self._next_states(batch, spans, picked, outcomes))
+
+    def _rescheduled(self, outcome: Any) -> Any:
+        """A request the model released with RESCHEDULE: it runs again (an iterative sequence
+        model's; its responses go through its sender), or fails with Triton's error."""
+        if self._iterative and self._decoupled and outcome is DEFERRED:
+            return RESCHEDULE
+        if not self._iterative:
+            return InferenceError(
+                Code.INVALID_ARG,
+                "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
+                "configured to handle such a flag.",
+            )
+        return InferenceError(
+            Code.INVALID_ARG,
+            f"model '{self._name}' rescheduled a request it answered by returning a response: only a decoupled "
+            "model (model_transaction_policy { decoupled: true }) may reschedule a request",
+        )
 
     def _output_array(self, t: pb.Tensor) -> Any:
         """A response tensor as the engine takes it: numpy, or (a GPU model's) a device array
@@ -273,7 +293,7 @@ class TritonInstance(BackendInstance):
                         f"model '{self._name}' produced state '{out_name}' with shape {list(value.shape)}; "
                         f"expected {list(new[lo:hi].shape)}"
                     )
-                    if outcomes[i] is DEFERRED:  # its responses are out already: keep the state
+                    if outcomes[i] is DEFERRED or outcomes[i] is RESCHEDULE:  # responses out: keep the state
                         log.error("%s; the sequence keeps its previous state", msg)
                     else:
                         outcomes[i] = InferenceError(Code.INTERNAL, msg)

@@ -9,8 +9,9 @@ flag constants and the helper functions of ``triton_python_backend_utils.py``).
 
 Custom metrics (``MetricFamily``, ``Metric``) appear on ``/metrics`` (``triton_metrics``).
 Not provided: BLS (``InferenceRequest.exec``/``async_exec`` raise), GPU tensors,
-``auto_complete_config``, request rescheduling. Response senders work as in Triton
-(decoupled models stream any number of responses; see ``seqserve.engine.backends.triton_adapter``).
+``auto_complete_config``. Response senders work as in Triton (decoupled models stream any
+number of responses; see ``seqserve.engine.backends.triton_adapter``), and so does request
+rescheduling (``set_release_flags``) in iterative sequence models.
 """
 
 from __future__ import annotations
@@ -322,6 +323,7 @@ class InferenceRequest:
         "_model_name",
         "_model_version",
         "_parameters",
+        "_release_flags",
         "_request_id",
         "_requested",
         "_responder",
@@ -359,6 +361,7 @@ class InferenceRequest:
         self._make_responder: Callable[[], Responder] | None = None
         self._responder: Responder | None = None
         self._state_names: tuple[str, ...] = ()  # implicit-state outputs a sender records
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -411,8 +414,18 @@ class InferenceRequest:
         return self._responder
 
     def set_release_flags(self, flags: int) -> None:
-        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise TritonModelException("request rescheduling is not supported by seqserve")
+        """TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: once execute returns, the request runs
+        again as its sequence's next step (an iterative sequence model's only; the adapter
+        answers other models' rescheduled requests with Triton's error)."""
+        if not isinstance(flags, int) or flags & ~(
+            TRITONSERVER_REQUEST_RELEASE_ALL | TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+        ):
+            raise TritonModelException(f"invalid request release flags: {flags!r}")
+        self._release_flags = flags
+
+    def release_flags(self) -> int:
+        """What set_release_flags set (TRITONSERVER_REQUEST_RELEASE_ALL by default)."""
+        return self._release_flags
 
     def exec(self, decoupled: bool = False) -> Any:
         raise TritonModelException("BLS (InferenceRequest.exec) is not supported by seqserve yet")

@@ -25,7 +25,7 @@ from seqserve.engine.backends.base import RequestResults
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.model.validation import CheckedRequest
 from seqserve.engine.ordering import OrderedRelease
-from seqserve.engine.responses import DEFERRED, InferResult, Outcome, Responder, ResponseCallback
+from seqserve.engine.responses import DEFERRED, RESCHEDULE, InferResult, Outcome, Responder, ResponseCallback
 from seqserve.engine.tensors import to_numpy_dtype, wire_dtype_name
 
 log = logging.getLogger("seqserve.model")
@@ -218,7 +218,7 @@ class Delivery:
             )
         replies: list[tuple[Pending, Reply]] = []
         for rec, outcome in zip(recs, outcomes, strict=True):
-            if rec is not None and outcome is not DEFERRED:
+            if rec is not None and outcome is not DEFERRED and outcome is not RESCHEDULE:
                 reply = outcome if isinstance(outcome, InferenceError) else self._request_reply(rec, outcome)
                 if isinstance(reply, InferenceError):
                     self.request_failures += 1

@@ -43,6 +43,7 @@ from seqserve.engine.model.execution import DEFAULT_INLINE_MAX_BATCH_US, executi
 from seqserve.engine.model.failures import FailureReport
 from seqserve.engine.model.inline import InlineExecution, inline_eligible
 from seqserve.engine.model.instances import start_instances
+from seqserve.engine.model.iterations import check_iterative, iterations_of
 from seqserve.engine.model.reports import ModelReports
 from seqserve.engine.model.request_log import RequestLog
 from seqserve.engine.model.sequence_views import SequenceViews, expiry_log
@@ -136,6 +137,7 @@ class LoadedModel:
             inline_max_batch_us=inline_max_batch_us,
             kind_gpu_on_cpu=kind_gpu_on_cpu,
         )
+        check_iterative(cfg, process=execution.process)
         started = start_instances(cfg, version=version, model_dir=model_dir, backend=backend_cls, execution=execution)
         self.backend = started.backend
         self._instances = started.instances
@@ -174,6 +176,7 @@ class LoadedModel:
             max_batch_us=execution.inline_max_batch_us,
         )
         self._inline = InlineExecution(self._core, loop, execution.inline_max_batch_us) if eligible else None
+        self._iterations = iterations_of(cfg, self._core, self._pending, self._delivery, _handles.__next__)
         self._reports = ModelReports(
             cfg, self.version_str, core=self._core, spec=spec, validator=self._validator, delivery=self._delivery
         )
@@ -338,8 +341,11 @@ class LoadedModel:
             if self.is_sequence and request.trace.wants_slot:  # an END step's slot is gone once it runs
                 request.trace.slot = self._core.slot_of(checked.corrid)
             request.trace.stamp(QUEUE_START)
+        header = checked.core_header(handle)
+        if self._iterations is not None:
+            header = self._iterations.first_header(checked, header)
         try:
-            token = self._core.submit(checked.core_header(handle), checked.buffers)
+            token = self._core.submit(header, checked.buffers)
         except BaseException:
             del self._pending[handle]  # refused by the binding: nothing of it stays behind
             raise
@@ -360,6 +366,8 @@ class LoadedModel:
             raise InferenceError(token.code, msg, retry_after_s=retry_after_s)
         rec.handle = handle
         rec.token = token
+        if self._iterations is not None:
+            self._iterations.queued(header)
         if request.trace is not None and self.is_sequence and request.sequence_start and request.trace.wants_slot:
             request.trace.slot = self._core.slot_of(checked.corrid)
         if self._inline is not None:
@@ -401,6 +409,7 @@ class LoadedModel:
         # returns, or close() when it left this thread behind in execute.
         running[cb.instance] = recs
         traces = self._batch_traces(cb, recs) if self._traced else None
+        started_ns = time.monotonic_ns() if self._iterations is not None else 0
         try:
             batch = self._build(cb, recs)
             if traces:
@@ -423,6 +432,8 @@ class LoadedModel:
         if traces:
             _stamp(traces, COMPUTE_END)
         self._finish(cb, replies)
+        if self._iterations is not None:  # rescheduled steps go back to the core
+            self._iterations.after_batch(recs, getattr(produced, "outcomes", None), started_ns)
         return True
 
     def _batch_traces(self, cb: Batch, recs: list[Pending | None]) -> list[RequestTrace]:
@@ -512,10 +523,14 @@ class LoadedModel:
         )
         cb.finish(False)
         self._delivery.batch_failed(recs, err, lambda rec, error: self._failures.failed(rec, error, e))
+        if self._iterations is not None:  # their sequences end with them
+            self._iterations.after_batch(recs, None, 0)
         return False
 
     def _on_fail(self, handles: list[int], code: Code, message: str) -> None:
         recs = [r for r in (self._pending.pop(h, None) for h in handles) if r is not None]
+        if self._iterations is not None:  # dropped before they ran
+            self._iterations.forget(handles)
         self._delivery.refused(recs, InferenceError(code, message))
 
     # -------------------------------------------------------------------------- lifecycle
