@@ -232,9 +232,3 @@ def test_trace_settings_over_http_and_grpc(launch: Callable[..., ServerProcess],
     assert http_request(srv, "GET", "/v2/models/nope/trace/setting").status == 404
     # a traced request still answers as before, and its trace is written at exit
     assert three_steps(srv, new_int_id()) == [1.0, 3.0, 6.0]
-
-
-def test_generate_endpoints_answer_501(server: ServerProcess) -> None:
-    for path in ("/v2/models/accumulator/generate", "/v2/models/accumulator/versions/1/generate_stream"):
-        r = http_request(server, "POST", path, {"text_input": "x"})
-        assert r.status == 501 and "use /infer" in r.body.decode()

@@ -19,7 +19,8 @@ from seqserve.api import sequences
 from seqserve.api.header_forward import decoded_headers, forward_headers
 from seqserve.api.http import kserve_json
 from seqserve.api.http.body import BodyWatch, read_body
-from seqserve.api.http.router import Endpoint, Route, Router
+from seqserve.api.http.generate import GenerateRoutes
+from seqserve.api.http.router import Route, Router
 from seqserve.api.http.shared_memory_routes import SharedMemoryRoutes
 from seqserve.api.http.status import error_reply, json_reply, reply_for
 from seqserve.api.kserve import (
@@ -330,10 +331,7 @@ class HttpFrontend:
         ]
         routes += SharedMemoryRoutes(self.shared_memory, self._body).routes()
         routes += SharedMemoryRoutes(self.shared_memory, self._body, cuda=True).routes()
-        # Triton's extensions that seqserve does not implement: a clear 501 (the HTTP twin of the
-        # gRPC UNIMPLEMENTED they get), not a bare 404.
-        for path, methods, message in _UNIMPLEMENTED_ROUTES:
-            routes.append(Route(path, _unimplemented(message), methods))
+        routes += GenerateRoutes(self.server, self._body).routes()
         return routes
 
 
@@ -388,21 +386,3 @@ def close_when_exiting(handler: Handler, server: Server) -> Handler:
         return reply
 
     return serve
-
-
-_NO_EXTENSION = "seqserve does not implement this extension"
-_UNIMPLEMENTED_ROUTES = [
-    # the pipelines issue builds these; until then a clear 501, not a 404
-    *[
-        (f"/v2/models/{{model}}{v}/{g}", ["POST"], f"{g}: {_NO_EXTENSION} yet; use /infer")
-        for g in ("generate", "generate_stream")
-        for v in ("", "/versions/{version:int}")
-    ],
-]
-
-
-def _unimplemented(message: str) -> Endpoint:
-    async def route(request: HttpRequest, p: dict[str, Any]) -> HttpReply:
-        return error_reply(message, 501)
-
-    return route

@@ -60,6 +60,9 @@ def asgi_app(handler: Handler) -> ASGIApp:
 
 
 async def send_reply(send: Send, reply: HttpReply) -> None:
+    if reply.stream is not None:
+        await send_stream(send, reply)
+        return
     headers = [*reply.headers, (b"content-length", b"%d" % len(reply.body))]
     if reply.close:
         headers.append((b"connection", b"close"))
@@ -68,6 +71,32 @@ async def send_reply(send: Send, reply: HttpReply) -> None:
         await send({"type": "http.response.body", "body": reply.body})
     except OSError:  # the client is gone (ASGI servers may raise on a closed connection)
         pass
+
+
+async def send_stream(send: Send, reply: HttpReply) -> None:
+    """A reply whose body streams: no content-length (the server frames it), each part sent as
+    it comes; the stream is closed whatever happens (the client gone: the send fails)."""
+    stream = reply.stream
+    assert stream is not None
+    headers = list(reply.headers)
+    if reply.close:
+        headers.append((b"connection", b"close"))
+    try:
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+        await send({"type": "http.response.body", "body": reply.body, "more_body": True})
+        async for part in stream:
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    except OSError:  # the client is gone
+        pass
+    finally:
+        await _close_stream(stream)
+
+
+async def _close_stream(stream: object) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

@@ -5,7 +5,7 @@ no ASGI in between."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -46,12 +46,18 @@ class HttpRequest:
 
 @dataclass(slots=True)
 class HttpReply:
-    """A whole reply; the server writes its framing (content-length, connection)."""
+    """A reply; the server writes its framing (content-length, or chunks; connection).
+
+    ``stream``: the rest of the body, produced part by part after ``body`` (server-sent events):
+    the server writes each part as it comes (chunked in HTTP/1.1) and ends the body when the
+    iterator ends. When the client goes away first, the server stops reading it and closes it
+    (``aclose``), so the producer's ``finally`` can let go of what it holds."""
 
     status: int
     headers: list[tuple[bytes, bytes]]
     body: bytes = b""
     close: bool = False  # the connection closes after it
+    stream: AsyncIterator[bytes] | None = None
 
 
 #: a route: the reply, or None when the client is gone and nothing is to be sent

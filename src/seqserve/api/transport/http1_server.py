@@ -29,7 +29,7 @@ import ssl
 from typing import Any
 
 from seqserve.api.limits import ConnectionAdmission, HttpLimits, peer_host
-from seqserve.api.transport.exchange import Handler, HttpRequest
+from seqserve.api.transport.exchange import Handler, HttpReply, HttpRequest
 from seqserve.api.transport.http1 import (
     DEFAULT_MAX_HEAD_BYTES,
     JSON_HEADERS,
@@ -352,7 +352,10 @@ class Connection(asyncio.Protocol):
             raise
         else:
             if reply is not None and not ex.finished:
-                core.reply(ex, reply.status, reply.headers, reply.body, close=reply.close)
+                if reply.stream is None:
+                    core.reply(ex, reply.status, reply.headers, reply.body, close=reply.close)
+                else:
+                    await self._stream(ex, reply)
         _wake(ex)
         # The handler is done with its body: the exchange lets go of it, so the pair (each refers
         # to the other) is freed now rather than by the cyclic collector, whose passes, several
@@ -367,6 +370,27 @@ class Connection(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing():
             return
         self._handle(core.reply_done(ex))
+
+    async def _stream(self, ex: Exchange, reply: HttpReply) -> None:
+        """A reply whose body streams: its head and first part, then each part as it comes
+        (chunked), written as the transport takes it; the client gone, the stream is closed."""
+        core, stream = self.core, reply.stream
+        assert stream is not None
+        core.reply(ex, reply.status, reply.headers, reply.body, end=False, close=reply.close)
+        self.flush()
+        try:
+            async for part in stream:
+                if ex.disconnected or self.transport is None or self.transport.is_closing():
+                    break
+                core.reply_body(ex, part, end=False)
+                self.flush()
+                if self.writable is not None:
+                    await self.writable
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        core.reply_body(ex, b"", end=True)
 
     # ------------------------------------------------------------------ closing
 
