@@ -32,6 +32,11 @@ last response that carried it before ``execute`` returned (kept when none did): 
 step of the sequence may run as soon as ``execute`` returns. A decoupled request that never
 gets its final flag keeps its client waiting, as in Triton, until the model is unloaded,
 which fails it; shutdown waits for such requests up to the exit timeout.
+
+Request rescheduling: a request released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``
+(``request.set_release_flags``) in a decoupled model with ``iterative_sequence: true`` has
+the outcome ``RESCHEDULE``: the engine queues it again as its sequence's next step
+(engine/model/iterations.py). Other models fail it with Triton's error.
 """
 
 from __future__ import annotations
