@@ -69,6 +69,13 @@ class Ring {
     buf_[(head_ + size_) % buf_.size()] = std::move(v);
     ++size_;
   }
+  // At the front: the next pop() returns it.
+  void push_front(T v) {
+    if (size_ == buf_.size()) grow();
+    head_ = (head_ + buf_.size() - 1) % buf_.size();
+    buf_[head_] = std::move(v);
+    ++size_;
+  }
   T pop() {
     T v = std::move(buf_[head_]);
     head_ = (head_ + 1) % buf_.size();

@@ -43,9 +43,7 @@ SubmitResult SequenceScheduler::enqueue_locked(Request* r, int, Instance*& wake,
     }
   }
   if (!r->start && !known) {
-    SubmitResult res = refuse(kInvalidArg, "inference request for sequence " + r->id.repr() + " to model '" +
-                                               spec_.name +
-                                               "' must specify the START flag on the first request of the sequence");
+    SubmitResult res = start_error(r->id);
     res.released = moved;
     return res;
   }
@@ -73,6 +71,45 @@ SubmitResult SequenceScheduler::enqueue_locked(Request* r, int, Instance*& wake,
     if (!inst.executing) wake = &inst;
   }
   return {};
+}
+
+SubmitResult SequenceScheduler::start_error(const CorrId& id) const {
+  return refuse(kInvalidArg, "inference request for sequence " + id.repr() + " to model '" + spec_.name +
+                                 "' must specify the START flag on the first request of the sequence");
+}
+
+SubmitResult SequenceScheduler::requeue_front(Request* r) {
+  SubmitResult res;
+  std::string warning;
+  Instance* wake = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    r->kind = kNormal;
+    r->start = r->end = false;
+    r->arrival_ns = now_ns();
+    auto it = table_.find(r->id);
+    if (closing_) {
+      res = refuse(kUnavailable, kStopping);
+    } else if (!table_.found(it)) {
+      res = start_error(r->id);
+    } else if (it->second.gslot < 0) {
+      res = enqueue_locked(r, 0, wake, warning);  // backlogged (restarted meanwhile): in turn
+    } else {
+      SeqEntry& e = it->second;
+      e.last_arrival_ns = r->arrival_ns;
+      Slot& sl = table_.slot(e.gslot);
+      Instance& inst = *instances_[sl.instance];
+      sl.queue.push_front(r);
+      ++counts_.queued;
+      int& max_active = table_.max_active(sl.instance);
+      max_active = std::max(max_active, sl.index);
+      slot_queued_locked(inst, sl.index);
+      if (released_locked() && !inst.executing) wake = &inst;
+    }
+    if (!res.accepted) recycle_locked(r);
+  }
+  if (res.accepted && wake) wake->cv.notify_one();
+  return res;
 }
 
 Request* SequenceScheduler::take_marker_locked(uint8_t kind, const CorrId& id, int64_t now) {

@@ -58,6 +58,12 @@ class SequenceScheduler : public Scheduler {
   SubmitResult checkpoint_sequence(const CorrId& id, bool release, const StateSink& sink, SequenceInfo& info,
                                    bool& found);
   SubmitResult restore_sequence(const CorrId& id, bool session, uint64_t steps, const std::vector<StateValue>& states);
+  // Iterative sequences: `r` (neither START nor END) is a request of sequence r->id that the
+  // model released with RESCHEDULE; it goes to the front of the sequence's slot queue, ahead
+  // of the sequence's later steps, so it is the sequence's next step (the slot, its state and
+  // the START processing stay as they are). Refused with the START error when the sequence is
+  // no longer live (ended, expired); a sequence waiting in the backlog takes it the usual way.
+  SubmitResult requeue_front(Request* r);
 
  protected:
   // How long and how many released sequences are remembered (released_ids_).
@@ -99,6 +105,8 @@ class SequenceScheduler : public Scheduler {
   void drop_backlog_queue_locked(uint64_t serial, const CorrId& id, const std::string& why, Tombstone::Reason reason);
   // Forgets the live sequence `it` before its END (counted as ended; a session's remembered).
   void forget_locked(SequenceTable::Seqs::iterator it, Tombstone::Reason reason, int64_t now);
+  // The refusal of a non-START request for a sequence that is not live.
+  SubmitResult start_error(const CorrId& id) const;
   // The message for the requests of a sequence cancelled because one of them was.
   std::string cancelled_message(const CorrId& id) const;
   // A marker request (kForceEnd, kNotify) lent by the pool; it goes back like any request.

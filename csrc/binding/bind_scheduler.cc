@@ -108,8 +108,35 @@ class PyScheduler {
   // caller keeps the arrays alive until the handle completes. The header is copied; `inputs`
   // is borrowed for this call only.
   py::object submit(py::handle header_obj, py::tuple inputs) {
+    const RequestHeaderObject* header = header_of(header_obj);
+    Request* r = lend_request(header, inputs);
+    const uint32_t token = r->index;  // r may be answered and reused once the lock is dropped
+    SubmitResult res = sched_->submit(r, header->fixed.priority);
+    if (res.accepted) return py::int_(token);
+    return py::cast(std::move(res));
+  }
+
+  // An iterative sequence's rescheduled request, queued again as its sequence's next step
+  // (SequenceScheduler::requeue_front); executor thread or event loop, GIL held.
+  py::object requeue_front(py::handle header_obj, py::tuple inputs) {
+    if (sequences_ == nullptr) return not_a_sequence_model_refusal("requests are rescheduled in sequences only");
+    Request* r = lend_request(header_of(header_obj), inputs);
+    const uint32_t token = r->index;
+    SubmitResult res = sequences_->requeue_front(r);
+    if (res.accepted) return py::int_(token);
+    return py::cast(std::move(res));
+  }
+
+ private:
+  // A request lent by the pool and filled from a header and the input buffers; it goes back
+  // through submit, requeue_front or (on error, here) recycle.
+  static const RequestHeaderObject* header_of(py::handle header_obj) {
     const RequestHeaderObject* header = as_request_header(header_obj);
     if (header == nullptr) throw py::type_error("submit() takes a RequestHeader");
+    return header;
+  }
+
+  Request* lend_request(const RequestHeaderObject* header, py::tuple inputs) {
     std::string_view string_id;
     if (header->string_id) {
       Py_ssize_t n = 0;
@@ -131,11 +158,15 @@ class PyScheduler {
       sched_->recycle(r);
       throw;
     }
-    const uint32_t token = r->index;  // r may be answered and reused once the lock is dropped
-    SubmitResult res = sched_->submit(r, header->fixed.priority);
-    if (res.accepted) return py::int_(token);
-    return py::cast(std::move(res));
+    return r;
   }
+
+  py::object not_a_sequence_model_refusal(const std::string& what) {
+    return py::cast(
+        SubmitResult{false, kUnsupported, "model '" + sched_->spec().name + "' is not a sequence model: " + what});
+  }
+
+ public:
 
   // Called on the event loop with the GIL: the scheduler lock is taken under it (the lock
   // order), and cancelled requests are reported from here.
@@ -202,6 +233,10 @@ void bind_scheduler(py::module_& m) {
       .def("submit", &PyScheduler::submit, py::arg("header"), py::arg("inputs"),
            "Queue a request: its header and one buffer per configured input. Returns its cancel() token\n"
            "(an int) when accepted, else the Refusal.")
+      .def("requeue_front", &PyScheduler::requeue_front, py::arg("header"), py::arg("inputs"),
+           "Queue an iterative sequence's rescheduled request as its sequence's next step, at the front of\n"
+           "its slot queue. Returns its cancel() token (an int) when accepted, else the Refusal (the START\n"
+           "error when the sequence is no longer live).")
       .def("cancel", &PyScheduler::cancel, py::arg("token"), py::arg("handle"),
            "Drop a queued request whose client is gone (a sequence's takes its sequence); it is answered "
            "CANCELLED. False when it is no longer queued or running.")

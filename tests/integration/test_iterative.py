@@ -61,7 +61,7 @@ class TritonPythonModel:
 """
 
 
-def stepper_config(name: str, *, mbs: int, delay_ms: int, idle_us: int = 5_000_000) -> str:
+def stepper_config(name: str, *, mbs: int, delay_ms: int, idle_us: int = 5_000_000, strategy: str = "") -> str:
     return f"""
 name: "{name}"
 backend: "python"
@@ -75,6 +75,7 @@ model_transaction_policy {{ decoupled: true }}
 sequence_batching {{
   iterative_sequence: true
   max_sequence_idle_microseconds: {idle_us}
+  {strategy}
   state [ {{
     input_name: "STEP" output_name: "STEP_OUT" data_type: TYPE_INT32 dims: [ 1 ]
     initial_state {{ data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "zero" }}
@@ -107,6 +108,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_countdown(repo, "plain_oldest", "sequence_batching { oldest { } iterative_sequence: false }")
     write_countdown(repo, "plain_dynamic", "dynamic_batching { }")
     write_model(repo, "stepper", stepper_config("stepper", mbs=4, delay_ms=30), STEPPER)
+    oldest = "oldest { max_candidate_sequences: 4 }"
+    write_model(repo, "stepper_oldest", stepper_config("stepper_oldest", mbs=4, delay_ms=30, strategy=oldest), STEPPER)
     write_model(repo, "slow_stepper", stepper_config("slow_stepper", mbs=0, delay_ms=20), STEPPER)
     with serving(repo, log_dir=repo) as s:
         yield s
@@ -192,12 +195,13 @@ def test_unsupported_dynamic_scheduler(srv: ServerProcess) -> None:
 # ------------------------------------------------------------------ beyond the L0 test
 
 
-def test_state_carried_inputs_kept_and_iterations_batched(srv: ServerProcess) -> None:
+@pytest.mark.parametrize("model", ["stepper", "stepper_oldest"])
+def test_state_carried_inputs_kept_and_iterations_batched(srv: ServerProcess, model: str) -> None:
     n, sequences = 6, 4
     stream = SyncStream(srv)
     try:
-        for _ in range(sequences):
-            stream.send(model_name="stepper", inputs=[int_input("N", n, [1, 1])])
+        for i in range(sequences):
+            stream.send(model_name=model, inputs=[int_input("N", n, [1, 1])], request_id=f"r{i}")
         got = collect(stream, n * sequences)
     finally:
         stream.close()
@@ -209,9 +213,9 @@ def test_state_carried_inputs_kept_and_iterations_batched(srv: ServerProcess) ->
         by_request.setdefault(response.id, []).append(int(result.as_numpy("LEFT")[0][0]))
         batches.append(int(result.as_numpy("BATCH")[0][0]))
     # one auto-assigned sequence per request: each counts down from its state, step by step
-    assert len(got) == n * sequences
+    assert len(got) == n * sequences and len(by_request) == sequences
     for values in by_request.values():
-        assert values == sorted(values, reverse=True)
+        assert values == list(range(n - 1, -1, -1))
     assert sorted(v for vs in by_request.values() for v in vs) == sorted(list(range(n)) * sequences)
     # the sequences' steps ran together (in-flight batching)
     assert max(batches) > 1
@@ -251,3 +255,19 @@ def test_explicit_sequence_id_ends_with_its_request(srv: ServerProcess) -> None:
     finally:
         stream.close()
     assert error is not None and START_ERROR in str(error)
+
+
+def test_a_rescheduled_step_goes_ahead_of_the_sequences_later_requests(srv: ServerProcess) -> None:
+    # the client queues another request of the sequence while its iterative request runs: the
+    # rescheduled steps come first (the sequence's next step), and the sequence ends with the
+    # iterative request, so the later request is answered CANCELLED
+    sid = 77_001
+    stream = SyncStream(srv)
+    try:
+        stream.send(model_name="stepper", inputs=[int_input("N", 3, [1, 1])], sequence_id=sid, sequence_start=True)
+        stream.send(model_name="stepper", inputs=[int_input("N", 3, [1, 1])], sequence_id=sid)
+        got = collect(stream, 4)
+    finally:
+        stream.close()
+    assert [int(r.as_numpy("LEFT")[0][0]) for r, e in got[:3]] == [2, 1, 0]
+    assert got[3][1] is not None and "was ended" in str(got[3][1]), got[3]

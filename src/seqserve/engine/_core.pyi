@@ -554,6 +554,10 @@ class Scheduler(metaclass=_Pybind11Type):
     def submit(self, header: RequestHeader, inputs: tuple[_InputArg, ...]) -> int | Refusal:
         """Queue a request: its header and one buffer per configured input. Returns its cancel() token
         (an int) when accepted, else the Refusal."""
+    def requeue_front(self, header: RequestHeader, inputs: tuple[_InputArg, ...]) -> int | Refusal:
+        """Queue an iterative sequence's rescheduled request as its sequence's next step, at the front of
+        its slot queue. Returns its cancel() token (an int) when accepted, else the Refusal (the START
+        error when the sequence is no longer live)."""
     def cancel(self, token: int, handle: int) -> bool:
         """Drop a queued request whose client is gone (a sequence's takes its sequence); it is answered
         CANCELLED. False when it is no longer queued or running."""

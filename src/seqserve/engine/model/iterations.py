@@ -6,9 +6,11 @@ As in Triton:
 
 - a request without a sequence id gets one of its own from a per-model counter starting at 1
   (it may meet a client's numeric id, as in Triton) and the START flag only;
-- a rescheduled request is queued again through the sequence's normal path with neither START
-  nor END: it lands in its sequence's slot (implicit state carried, batched with the other
-  sequences' steps), keeps its inputs and its client (the same stream or response sender);
+- a rescheduled request is queued again with neither START nor END as its sequence's next
+  step: at the front of its sequence's slot queue, ahead of the sequence's later steps (the
+  core's ``requeue_front``; Triton queues it behind them), its implicit state carried, batched
+  with the other sequences' steps; it keeps its inputs and its client (the same stream or
+  response sender);
 - a request released for good (not rescheduled, not an END) ends its sequence: the slot frees
   for the next sequence (the backlog's oldest first);
 - a step that comes back later than ``max_sequence_idle_microseconds`` after it was queued
@@ -155,7 +157,7 @@ class Iterations:
         self._pending[handle] = rec
         with self._lock:
             self._steps[handle] = Step(step.owner, time.monotonic_ns(), False)
-        token = self._core.submit(header, rec.checked.buffers)
+        token = self._core.requeue_front(header, rec.checked.buffers)
         if not isinstance(token, int):
             self._pending.pop(handle, None)
             self.forget([handle])
