@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +215,13 @@ def test_unknown_model_is_404_and_big_bodies_413(srv: ServerProcess, kind: str) 
     r = post(srv, "add_sub", {"INPUT0": [1.0] * MAX_BODY, "INPUT1": [1, 1, 1, 1]}, kind=kind)
     assert r.status_code == 413, r.text
     assert requests.get(f"{srv.base_url}/v2/health/live", timeout=30).status_code == 200
+
+
+def test_generate_is_restricted_as_inference(launch: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    repo = copy_demo_models(tmp_path / "repo", "add_sub")
+    srv = launch(repo, "--http-restricted-api=inference:gen-key=gen-value")
+    doc = {"INPUT0": [1, 2, 3, 4], "INPUT1": [1, 1, 1, 1]}
+    for kind in ("generate", "generate_stream"):
+        assert post(srv, "add_sub", doc, kind=kind).status_code == 403
+        r = post(srv, "add_sub", doc, kind=kind, headers={"gen-key": "gen-value"})
+        assert r.status_code == 200, r.text
