@@ -58,6 +58,7 @@ class EnsembleModel:
         self.max_batch_size = cfg.max_batch_size
         self.decoupled = cfg.model_transaction_policy.decoupled
         self.plan = EnsemblePlan(cfg)
+        self.output_dims = {t.name: tuple(t.dims) for t in cfg.output}
         self._loop = loop
         self._lookup = lookup
         self._decoupled_steps = decoupled_steps

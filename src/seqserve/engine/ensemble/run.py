@@ -15,25 +15,59 @@ from __future__ import annotations
 import functools
 import itertools
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 
-from seqserve.engine.ensemble.plan import Step
+from seqserve._proto import model_config_pb2 as mc
+from seqserve.engine.ensemble.plan import EnsemblePlan, Step
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.request import InferRequest
 from seqserve.engine.responses import InferResult, ResponseCallback
 
-if TYPE_CHECKING:
-    from seqserve.engine.ensemble.model import EnsembleModel
+
+class StepTarget(Protocol):
+    """What a run needs of a step's model version (``LoadedModel``, or a nested ensemble)."""
+
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def config(self) -> mc.ModelConfig: ...
+
+    def submit_streaming(
+        self, request: InferRequest, on_response: ResponseCallback, *, response_parameters: dict[str, Any] | None = ...
+    ) -> Callable[[], None]: ...
+
+
+class RunHost(Protocol):
+    """What a run needs of its ensemble (``EnsembleModel``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def version_str(self) -> str: ...
+    @property
+    def decoupled(self) -> bool: ...
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def plan(self) -> EnsemblePlan: ...
+    @property
+    def output_dims(self) -> Mapping[str, tuple[int, ...]]: ...
+
+    def step_model(self, step: Step) -> StepTarget: ...
+    def step_decoupled(self, step: Step) -> bool: ...
+    def admit(self, step: Step, launch: Callable[[], None]) -> None: ...
+    def release(self, step: Step) -> None: ...
+    def finished(self, run: EnsembleRun, *, ok: bool) -> None: ...
 
 
 class EnsembleRun:
     """The steps of one ensemble request in flight, and what they produced so far."""
 
     def __init__(
-        self, ensemble: EnsembleModel, request: InferRequest, outputs: tuple[str, ...], on_response: ResponseCallback
+        self, ensemble: RunHost, request: InferRequest, outputs: tuple[str, ...], on_response: ResponseCallback
     ) -> None:
         self.ensemble = ensemble
         self.request = request
@@ -41,7 +75,8 @@ class EnsembleRun:
         self.started_ns = time.monotonic_ns()
         self._outputs = outputs
         self._on_response = on_response
-        self._values: dict[tuple[str, int], np.ndarray] = {}
+        #: (tensor, iteration) -> (value, its batch size: 0 when it comes from a model that does not batch)
+        self._values: dict[tuple[str, int], tuple[np.ndarray, int]] = {}
         self._launched: set[tuple[int, int]] = set()
         self._answered: set[int] = set()
         self._iterations = itertools.count(1)
@@ -56,8 +91,9 @@ class EnsembleRun:
     # ------------------------------------------------------------------------- start
 
     def start(self) -> None:
+        batch = self.rows if self.ensemble.max_batch_size > 0 else 0
         for name, arr in self.request.inputs.items():
-            self._put(name, 0, arr)
+            self._put(name, 0, arr, batch)
         self._settle()
 
     def cancel(self) -> None:
@@ -72,8 +108,8 @@ class EnsembleRun:
 
     # ------------------------------------------------------------------ tensors, steps
 
-    def _put(self, tensor: str, iteration: int, value: np.ndarray) -> None:
-        self._values[(tensor, iteration)] = value
+    def _put(self, tensor: str, iteration: int, value: np.ndarray, batch: int) -> None:
+        self._values[(tensor, iteration)] = (value, batch)
         for step in self.ensemble.plan.consumers.get(tensor, ()):
             if (step.index, iteration) in self._launched:
                 continue
@@ -91,10 +127,23 @@ class EnsembleRun:
             return
         number = next(self._numbers)
         r = self.request
+        try:
+            model = self.ensemble.step_model(step)
+        except InferenceError as e:
+            self._step_done(step)
+            self._fail(e)
+            self._settle()
+            return
+        batching = model.max_batch_size > 0
+        dims = {t.name: tuple(t.dims) for t in model.config.input}
+        inputs = {}
+        for key, tensor in step.inputs:
+            value, batch = self._values[(tensor, iteration)]
+            inputs[key] = fit_batching(value, batch, dims.get(key, ()), batching)
         step_request = InferRequest(
             model=step.model,
             version=step.version,
-            inputs={key: self._values[(tensor, iteration)] for key, tensor in step.inputs},
+            inputs=inputs,
             id=r.id,
             sequence_id=r.sequence_id,
             sequence_start=r.sequence_start,
@@ -107,10 +156,10 @@ class EnsembleRun:
             client=r.client,
             scope=r.scope,
         )
+        out_batch = _rows(inputs) if batching else 0
         try:
-            model = self.ensemble.step_model(step)
             self._cancels[number] = model.submit_streaming(
-                step_request, lambda response, final: self._on_step(step, iteration, number, response, final)
+                step_request, lambda response, final: self._on_step(step, iteration, number, out_batch, response, final)
             )
         except InferenceError as e:
             self._step_done(step)
@@ -122,6 +171,7 @@ class EnsembleRun:
         step: Step,
         iteration: int,
         number: int,
+        out_batch: int,
         response: InferResult | InferenceError | None,
         final: bool,
     ) -> None:
@@ -132,7 +182,7 @@ class EnsembleRun:
             for key, tensor in step.outputs:
                 value = response.outputs.get(key)
                 if value is not None:
-                    self._put(tensor, target, value)
+                    self._put(tensor, target, value, out_batch)
         if final:
             self._cancels.pop(number, None)
             self._step_done(step)
@@ -150,11 +200,13 @@ class EnsembleRun:
         if not all((o, iteration) in self._values for o in self._outputs):
             return
         self._answered.add(iteration)
+        ensemble = self.ensemble
+        outputs = {}
+        for o in self._outputs:
+            value, batch = self._values[(o, iteration)]
+            outputs[o] = fit_batching(value, batch, ensemble.output_dims[o], ensemble.max_batch_size > 0)
         result = InferResult(
-            model_name=self.ensemble.name,
-            model_version=self.ensemble.version_str,
-            id=self.request.id,
-            outputs={o: self._values[(o, iteration)] for o in self._outputs},
+            model_name=ensemble.name, model_version=ensemble.version_str, id=self.request.id, outputs=outputs
         )
         self._responses += 1
         if self.ensemble.decoupled:
@@ -189,3 +241,30 @@ class EnsembleRun:
             )
 
     _pending_result: InferResult
+
+
+def fit_batching(value: np.ndarray, batch: int, dims: tuple[int, ...], batching: bool) -> np.ndarray:
+    """A tensor made by (or for) a model that batches handed to one that does not, or the
+    other way (Triton's rule): a tensor without a batch dimension whose shape is the
+    batching model's dims gets a batch of 1; a batch of 1 whose shape is not the
+    non-batching model's dims loses its batch dimension. Otherwise it goes as it is."""
+    if batching == (batch != 0):
+        return value
+    shape = np.shape(value)
+    if batching:
+        return value.reshape((1, *shape)) if _dims_match(dims, shape) else value
+    if batch == 1 and not _dims_match(dims, shape):
+        return value.reshape(shape[1:])
+    return value
+
+
+def _dims_match(dims: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    return len(dims) == len(shape) and all(d == -1 or d == s for d, s in zip(dims, shape, strict=True))
+
+
+def _rows(inputs: dict[str, np.ndarray]) -> int:
+    for value in inputs.values():
+        shape = np.shape(value)
+        if shape:
+            return int(shape[0])
+    return 1

@@ -22,8 +22,9 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends import find_backend
 from seqserve.engine.backends.base import DEFAULT_MAX_BATCH_SIZE
 from seqserve.engine.config import finish_model_config, parse_config_json, parse_model_config, validate_paths
-from seqserve.engine.config.ensemble import is_ensemble, step_model_names, validate_ensemble_steps
+from seqserve.engine.config.ensemble import is_ensemble
 from seqserve.engine.ensemble import EnsembleModel
+from seqserve.engine.ensemble.loading import build_ensemble, circular_dependency, ensemble_step_names
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.model import LoadedModel
 from seqserve.engine.replicas.checkpoint import SequenceCheckpoint
@@ -431,36 +432,23 @@ class ModelTable:
     ) -> None:
         """An ensemble's step models load first, those not loaded yet (as Triton loads an
         ensemble's composing models with it). A step that fails leaves the ensemble to fail."""
-        steps = await asyncio.to_thread(self._ensemble_steps, name, path, config_json)
+        steps = await asyncio.to_thread(ensemble_step_names, name, path, config_json, self.settings.config_name)
         if not steps:
             return
         self._loading.append(name)
         try:
             for step in steps:
-                if step in self._loading:
-                    chain = self._loading[self._loading.index(step) :]
-                    raise InferenceError(
-                        Code.INVALID_ARG,
-                        f"circular dependency between ensembles: {' -> '.join([*chain, step])}",
-                    )
-                state = self._models.get(step)
-                if state is not None and state.versions:
+                if step in self._loading:  # remembered as this model's failure: the ensemble above says so
+                    error = circular_dependency([*self._loading[self._loading.index(step) :], step])
+                    if name not in self._models or not self._models[name].versions:
+                        self._models[name] = ModelState(name, path, {}, "UNAVAILABLE", error.message)
+                    raise error
+                if self._models.get(step) is not None and self._models[step].versions:
                     continue
                 with contextlib.suppress(InferenceError):  # logged; the ensemble's own load says why
                     await self._load(step, None, None, loop)
         finally:
             self._loading.pop()
-
-    def _ensemble_steps(self, name: str, path: Path, config_json: str | None) -> list[str]:
-        """The step models of the config at ``path``, if it is an ensemble (else none)."""
-        try:
-            if config_json is not None:
-                cfg = parse_config_json(config_json, name=name)
-            else:
-                cfg = parse_model_config(path, name=name, config_name=self.settings.config_name)
-        except InferenceError:
-            return []  # its own load reports it
-        return step_model_names(cfg) if is_ensemble(cfg) else []
 
     def _load_sync(self, name: str, loop: asyncio.AbstractEventLoop, path: Path, config_json: str | None) -> ModelState:
         """Parse, complete and validate the config, then load each version (a worker thread)."""
@@ -478,7 +466,9 @@ class ModelTable:
             if is_ensemble(cfg):
                 finish_model_config(cfg, path)
                 for v in select_versions(path, cfg):
-                    versions[v] = self._ensemble(cfg, v, path, loop)
+                    versions[v] = build_ensemble(
+                        cfg, version=v, path=path, loop=loop, lookup=self.model, load_failure=self._load_failure
+                    )
                 log.info("loaded ensemble '%s' versions %s", name, sorted(versions))
                 return ModelState(name, path, versions, "READY")
             if settings.auto_complete:
@@ -505,32 +495,9 @@ class ModelTable:
         log.info("loaded model '%s' versions %s", name, sorted(versions))
         return ModelState(name, path, versions, "READY")
 
-    def _ensemble(
-        self, cfg: mc.ModelConfig, version: int, path: Path, loop: asyncio.AbstractEventLoop
-    ) -> EnsembleModel:
-        """An ensemble version over the step models loaded now (checked against their configs)."""
-        steps: dict[str, ServedModel] = {}
-        for step in cfg.ensemble_scheduling.step:
-            name = step.model_name
-            try:
-                steps[name] = self.model(name, "" if step.model_version < 0 else step.model_version)
-            except InferenceError:
-                state = self._models.get(name)
-                why = f". Model '{name}' loading failed with error: {state.reason}" if state and state.reason else ""
-                raise InferenceError(
-                    Code.INVALID_ARG,
-                    f"ensemble '{cfg.name}' depends on '{step.model_name}' which has no loaded version{why}",
-                ) from None
-        decoupled = validate_ensemble_steps(cfg, lambda step: steps[step.model_name].config)
-        cfg.model_transaction_policy.decoupled = decoupled
-        return EnsembleModel(
-            cfg,
-            version=version,
-            model_dir=path,
-            loop=loop,
-            lookup=self.model,
-            decoupled_steps=frozenset(n for n, m in steps.items() if m.decoupled),
-        )
+    def _load_failure(self, name: str) -> str:
+        state = self._models.get(name)
+        return state.reason if state is not None and not state.versions else ""
 
     async def _unload(self, name: str, *, forget: bool = False) -> None:
         state = self._models.get(name)
