@@ -277,3 +277,95 @@ def test_half_batch(delayed: ServerProcess, prefix: str) -> None:
     assert results == {987: [2, 2, 3, 4], 988: [1, 9, 5, 13]}
     assert _stats(delayed, name) == ({1: 8}, 8, 8)
     assert _stats(delayed, "onnx_sequence_int32")[2] >= 8
+
+
+# ------------------------------------------------------- a decoupled step, errors over HTTP
+
+SPLIT_CONFIG = """
+name: "split"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "X" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+SPLIT_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            sender = request.get_response_sender()
+            for v in x.tolist():
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([v], np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+SPLIT_ENSEMBLE = """
+name: "split_then_sequence"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "split" model_version: -1
+      input_map { key: "X" value: "INPUT" } output_map { key: "Y" value: "part" } },
+    { model_name: "onnx_nobatch_sequence_int32" model_version: -1
+      input_map { key: "INPUT" value: "part" } output_map { key: "OUTPUT" value: "OUTPUT" } }
+  ]
+}
+"""
+
+
+def test_a_decoupled_step_streams_over_grpc(tmp_path: Path, launch: Any) -> None:
+    """A decoupled step's responses each run the sequence step after it, under the request's
+    sequence id and flags; the ensemble answers once per response on the stream."""
+    repo = tmp_path / "models"
+    sequence_ensembles(repo, "int32", 0)
+    (repo / "split" / "1").mkdir(parents=True)
+    (repo / "split" / "config.pbtxt").write_text(SPLIT_CONFIG)
+    (repo / "split" / "1" / "model.py").write_text(SPLIT_MODEL)
+    (repo / "split_then_sequence" / "1").mkdir(parents=True)
+    (repo / "split_then_sequence" / "config.pbtxt").write_text(SPLIT_ENSEMBLE)
+    srv = launch(repo)
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    assert client.get_model_config("split_then_sequence").config.model_transaction_policy.decoupled
+    client.start_stream(lambda result, error: answers.put((result, error)))
+    try:
+        data = np.array([4, 5, 6], np.int32)
+        inp = grpcclient.InferInput("INPUT", [3], "INT32")
+        inp.set_data_from_numpy(data)
+        client.async_stream_infer("split_then_sequence", [inp], sequence_id=31, sequence_start=True, sequence_end=True)
+        got = []
+        while len(got) < 3:
+            result, error = answers.get(timeout=60)
+            assert error is None, error
+            got.append(_value(result.as_numpy("OUTPUT")))
+    finally:
+        client.stop_stream()
+        client.close()
+    # each part ran the sequence step with START (and END): READY * (INPUT + START)
+    assert sorted(got) == [5, 6, 7]
+    s = _stats(srv, "onnx_nobatch_sequence_int32")
+    assert s[2] == 3  # three step requests, one per response of the decoupled step
+
+
+def test_step_errors_keep_their_status_over_http(qa: tuple[ServerProcess, list[str]]) -> None:
+    srv, _ = qa
+    with pytest.raises(InferenceServerException) as e:
+        _infer(srv.http_url, "http", "fan_onnx_sequence_int32", 1, 8181, None)
+    assert e.value.status() == "400"
+    client = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        inp = httpclient.InferInput("WRONG", [1, 1], "INT32")
+        inp.set_data_from_numpy(np.ones((1, 1), np.int32))
+        with pytest.raises(InferenceServerException, match="unexpected inference input 'WRONG'"):
+            client.infer("fan_onnx_sequence_int32", [inp], sequence_id=1, sequence_start=True)
+    finally:
+        client.close()

@@ -110,13 +110,19 @@ class EnsembleModel:
         except InferenceError:
             self._stats.refused += 1
             raise
-        if response_parameters:
+        trace = request.trace
+        if response_parameters or trace is not None:
             answer = on_response
 
             def on_response(response: InferResult | InferenceError | None, final: bool) -> None:
-                if isinstance(response, InferResult):
+                if response_parameters and isinstance(response, InferResult):
                     response.parameters.update(response_parameters)
+                if final and trace is not None:  # the ensemble's own trace: its steps are not traced apart
+                    trace.answered(response)
                 answer(response, final)
+
+        if trace is not None:
+            trace.ran(batch_size=self.plan.rows(request), instance=-1, slot=-1)
 
         run = EnsembleRun(self, request, outputs, on_response)
         self._runs.add(run)
