@@ -279,7 +279,7 @@ class ModelTable:
         if name:
             self.model(name)  # NOT_FOUND when the model is unknown
             return [m for _, m in sorted(self._models[name].versions.items())]
-        return [m for s in self._models.values() for m in s.versions.values()]
+        return self.loaded_by_name()  # not in load order: an ensemble loads its steps first
 
     def all_ready(self) -> bool:
         """Every model that was asked to load is READY (unloaded ones do not count)."""
