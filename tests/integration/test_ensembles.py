@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -369,3 +370,25 @@ def test_step_errors_keep_their_status_over_http(qa: tuple[ServerProcess, list[s
             client.infer("fan_onnx_sequence_int32", [inp], sequence_id=1, sequence_start=True)
     finally:
         client.close()
+
+
+def test_an_idle_sequence_times_out_through_the_ensemble(tmp_path: Path, launch: Any) -> None:
+    """The step model's idle timeout ends a sequence started through an ensemble (as in L0's
+    test_backlog_sequence_timeout, with a 0.5 s timeout instead of 5 s): the next request
+    without START is refused with the step's START error."""
+    repo = tmp_path / "models"
+    names = sequence_ensembles(repo, "int32", 8)
+    config = repo / "onnx_sequence_int32" / "config.pbtxt"
+    idle = ("max_sequence_idle_microseconds: 5000000", "max_sequence_idle_microseconds: 500000")
+    config.write_text(config.read_text().replace(*idle))
+    srv = launch(repo)
+    for seq, name in enumerate(names, start=1001):
+        for protocol in PROTOCOLS:
+            assert _check_sequence(srv, protocol, name, seq, [("start", 1)]) == 2
+            time.sleep(1.5)
+            with pytest.raises(InferenceServerException) as e:
+                _check_sequence(srv, protocol, name, seq, [(None, 3)])
+            assert e.value.message().startswith(
+                f"in ensemble '{name}', inference request for sequence {seq} to model 'onnx_sequence_int32' must "
+                "specify the START flag on the first request of the sequence"
+            ), e.value.message()
