@@ -322,3 +322,16 @@ async def test_max_inflight_requests_bounds_each_step(repo, serve) -> None:
         assert [out(r) for r in results] == [0, 1, 2, 3]
     assert [b.batch_size for b in server.statistics("gather")[0].batch_stats] == [1]  # one at a time
     assert max(b.batch_size for b in server.statistics("gather2")[0].batch_stats) > 1  # batched together
+
+
+async def test_a_request_cancelled_while_waiting_for_room_ends(repo, serve) -> None:
+    step(repo, "slow", 1, delay=0.2)
+    write_ensemble(
+        repo, "bounded", ensemble("bounded", [("slow", {"X": "IN"}, {"Y": "OUT"})], rest="max_inflight_requests: 1")
+    )
+    server = await serve()
+    first, second, third = (server.submit("bounded", x(v)) for v in (1, 2, 3))
+    second.cancel()  # its step request waits for room behind the first
+    assert [out(await first), out(await third)] == [1, 3]
+    assert server.model("bounded").open_requests == 0
+    assert server.statistics("slow")[0].inference_count == 2

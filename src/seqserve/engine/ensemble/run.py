@@ -122,8 +122,9 @@ class EnsembleRun:
 
     def _launch(self, step: Step, iteration: int) -> None:
         """Submit one step request (called at once, or when the step has room again)."""
-        if self._error is not None:
+        if self._error is not None:  # failed or cancelled while this launch waited for room
             self._step_done(step)
+            self._settle()
             return
         number = next(self._numbers)
         r = self.request
