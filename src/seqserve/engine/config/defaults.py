@@ -30,6 +30,8 @@ def normalize_config(cfg: ModelConfig) -> None:
 
 
 def _normalize_instance_groups(cfg: ModelConfig) -> None:
+    if cfg.platform == "ensemble" or cfg.HasField("ensemble_scheduling"):
+        return  # an ensemble has no instances of its own (and may not name any)
     if not cfg.instance_group:
         cfg.instance_group.add()
     for index, group in enumerate(cfg.instance_group):

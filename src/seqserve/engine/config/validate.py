@@ -13,6 +13,7 @@ from seqserve._proto.model_config_pb2 import (
     ModelQueuePolicy,
     ModelSequenceBatching,
 )
+from seqserve.engine.config.ensemble import is_ensemble, validate_ensemble_scheduling
 from seqserve.engine.config.initial_state import (
     check_initial_data_size,
     file_size,
@@ -35,6 +36,9 @@ def validate_config(cfg: ModelConfig, model_dir: Path) -> None:
         raise ModelConfigError(f"'max_batch_size' must be non-negative value for {m}")
     seq = cfg.sequence_batching if cfg.HasField("sequence_batching") else None
     _validate_io(cfg, seq)
+    if is_ensemble(cfg):  # its steps are checked once they are loaded (engine/ensemble)
+        validate_ensemble_scheduling(cfg)
+        return
     if cfg.HasField("dynamic_batching"):
         _validate_dynamic_batching(cfg)
     if seq is not None:

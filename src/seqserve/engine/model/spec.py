@@ -100,7 +100,8 @@ def build_core_spec(
         controls=controls,
         states=states,
         delay_requests=_env_int("TRITONSERVER_DELAY_SCHEDULER"),
-        delay_backlog_requests=_env_int("TRITONSERVER_BACKLOG_DELAY_SCHEDULER"),
+        # the backlog hold is the sequence batcher's alone (Triton): a model without one never backlogs
+        delay_backlog_requests=_env_int("TRITONSERVER_BACKLOG_DELAY_SCHEDULER") if is_sequence else 0,
         timeout_complete=is_sequence and sb.timeout_action == mc.TIMEOUT_COMPLETE,
         tombstone_us=int(sessions.tombstone_s * 1e6),
         max_tombstones=sessions.tombstone_max,

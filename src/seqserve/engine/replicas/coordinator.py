@@ -160,9 +160,10 @@ class ReplicaCoordinator:
 
     def _model(self, key: SequenceKey) -> LoadedModel | None:
         try:
-            return self.table.model(key.model, key.version)
+            m = self.table.model(key.model, key.version)
         except InferenceError:
             return None
+        return m if isinstance(m, LoadedModel) else None  # an ensemble holds no sequences
 
     async def register(self, key: SequenceKey, session: bool) -> None:
         """A sequence starts here (a START, or a session's implied one): its ownership record

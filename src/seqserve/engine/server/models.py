@@ -22,6 +22,9 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends import find_backend
 from seqserve.engine.backends.base import DEFAULT_MAX_BATCH_SIZE
 from seqserve.engine.config import finish_model_config, parse_config_json, parse_model_config, validate_paths
+from seqserve.engine.config.ensemble import is_ensemble
+from seqserve.engine.ensemble import EnsembleModel
+from seqserve.engine.ensemble.loading import build_ensemble, circular_dependency, ensemble_step_names
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.model import LoadedModel
 from seqserve.engine.replicas.checkpoint import SequenceCheckpoint
@@ -39,6 +42,9 @@ from seqserve.engine.server.uploads import UploadDirs
 from seqserve.engine.sessions import SessionPolicy
 
 log = logging.getLogger("seqserve.server")
+
+#: what the table serves: a model version, or an ensemble version (engine/ensemble)
+ServedModel = LoadedModel | EnsembleModel
 
 #: Triton's message (UNAVAILABLE) for a request to a model whose scheduler has stopped: during
 #: the shutdown drain, for requests the models refuse and for models already retired
@@ -75,7 +81,7 @@ class ModelState:
 
     name: str
     path: Path
-    versions: dict[int, LoadedModel]
+    versions: dict[int, ServedModel]
     state: str  # READY, UNAVAILABLE, UNLOADING
     reason: str = ""
 
@@ -108,6 +114,7 @@ class ModelTable:
         self._poll_task: asyncio.Task[None] | None = None
         self._closed = False
         self._retry_after_s: float | None = None  # what requests refused once closed are told
+        self._loading: list[str] = []  # the loads in progress: an ensemble's steps load first
 
     # ----------------------------------------------------------------- start and close
 
@@ -126,6 +133,8 @@ class ModelTable:
         else:
             names = models if models is not None else sorted({p.name for p in self._discover()})
             for name in names:
+                if self._models.get(name) is not None and self._models[name].versions:
+                    continue  # loaded already, as the step of an ensemble loaded before it
                 # A model that fails is logged and listed UNAVAILABLE (with its reason) in the index.
                 with contextlib.suppress(InferenceError):
                     await self.load_model(name)
@@ -221,7 +230,7 @@ class ModelTable:
 
     # ----------------------------------------------------------------------- lookups
 
-    def model(self, name: str, version: str | int = "") -> LoadedModel:
+    def model(self, name: str, version: str | int = "") -> ServedModel:
         """The loaded model version (the highest when version is empty). Once closed, a model
         that is not (or no longer) loaded is UNAVAILABLE (SERVER_STOPPING)."""
         state = self._models.get(name)
@@ -244,7 +253,7 @@ class ModelTable:
     def sequence_model(self, model: str, version: str | int) -> LoadedModel:
         """``model``, refused with INVALID_ARG unless it is a sequence model."""
         m = self.model(model, version)
-        if not m.is_sequence:
+        if not isinstance(m, LoadedModel) or not m.is_sequence:
             raise InferenceError(Code.INVALID_ARG, f"model '{model}' is not a sequence model: it has no sequences")
         return m
 
@@ -254,14 +263,15 @@ class ModelTable:
         return sorted(state.versions) if state is not None else []
 
     def loaded(self) -> list[LoadedModel]:
-        """Every loaded model version: models in the order they first loaded, versions ascending."""
-        return [m for s in self._models.values() for _, m in sorted(s.versions.items())]
+        """Every loaded model version (ensembles aside: they hold no requests or sequences of
+        their own): models in the order they first loaded, versions ascending."""
+        return [m for s in self._models.values() for _, m in sorted(s.versions.items()) if isinstance(m, LoadedModel)]
 
-    def loaded_by_name(self) -> list[LoadedModel]:
+    def loaded_by_name(self) -> list[ServedModel]:
         """Every loaded model version, by name then version."""
         return [m for _, s in sorted(self._models.items()) for _, m in sorted(s.versions.items())]
 
-    def select(self, name: str = "", version: str | int = "") -> list[LoadedModel]:
+    def select(self, name: str = "", version: str | int = "") -> list[ServedModel]:
         """One version, every version of one model (NOT_FOUND when it is unknown), or every
         loaded version of every model (no name)."""
         if name and version not in ("", None):
@@ -269,7 +279,7 @@ class ModelTable:
         if name:
             self.model(name)  # NOT_FOUND when the model is unknown
             return [m for _, m in sorted(self._models[name].versions.items())]
-        return [m for s in self._models.values() for m in s.versions.values()]
+        return self.loaded_by_name()  # not in load order: an ensemble loads its steps first
 
     def all_ready(self) -> bool:
         """Every model that was asked to load is READY (unloaded ones do not count)."""
@@ -399,6 +409,7 @@ class ModelTable:
         path = found[0] if found else self.repositories[0] / name
         if files:
             path = await asyncio.to_thread(self._uploads.create, name, files)
+        await self._load_steps(name, path, config_json, loop)
         old = self._models.get(name)
         state = await asyncio.to_thread(self._load_sync, name, loop, path, config_json)
         if state.state != "READY":
@@ -416,9 +427,32 @@ class ModelTable:
             if old.path != state.path:
                 self._uploads.remove(old.path)
 
+    async def _load_steps(
+        self, name: str, path: Path, config_json: str | None, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """An ensemble's step models load first, those not loaded yet (as Triton loads an
+        ensemble's composing models with it). A step that fails leaves the ensemble to fail."""
+        steps = await asyncio.to_thread(ensemble_step_names, name, path, config_json, self.settings.config_name)
+        if not steps:
+            return
+        self._loading.append(name)
+        try:
+            for step in steps:
+                if step in self._loading:  # remembered as this model's failure: the ensemble above says so
+                    error = circular_dependency([*self._loading[self._loading.index(step) :], step])
+                    if name not in self._models or not self._models[name].versions:
+                        self._models[name] = ModelState(name, path, {}, "UNAVAILABLE", error.message)
+                    raise error
+                if self._models.get(step) is not None and self._models[step].versions:
+                    continue
+                with contextlib.suppress(InferenceError):  # logged; the ensemble's own load says why
+                    await self._load(step, None, None, loop)
+        finally:
+            self._loading.pop()
+
     def _load_sync(self, name: str, loop: asyncio.AbstractEventLoop, path: Path, config_json: str | None) -> ModelState:
         """Parse, complete and validate the config, then load each version (a worker thread)."""
-        versions: dict[int, LoadedModel] = {}
+        versions: dict[int, ServedModel] = {}
         settings = self.settings
         try:
             if not path.is_dir():
@@ -429,6 +463,14 @@ class ModelTable:
             else:
                 cfg = parse_model_config(path, name=name, config_name=settings.config_name)
             validate_paths(cfg)  # before the backend's autocomplete opens any file the config names
+            if is_ensemble(cfg):
+                finish_model_config(cfg, path)
+                for v in select_versions(path, cfg):
+                    versions[v] = build_ensemble(
+                        cfg, version=v, path=path, loop=loop, lookup=self.model, load_failure=self._load_failure
+                    )
+                log.info("loaded ensemble '%s' versions %s", name, sorted(versions))
+                return ModelState(name, path, versions, "READY")
             if settings.auto_complete:
                 _autocomplete(cfg, path, settings.default_max_batch_size)
             finish_model_config(cfg, path)
@@ -452,6 +494,10 @@ class ModelTable:
             return ModelState(name, path, {}, "UNAVAILABLE", reason)
         log.info("loaded model '%s' versions %s", name, sorted(versions))
         return ModelState(name, path, versions, "READY")
+
+    def _load_failure(self, name: str) -> str:
+        state = self._models.get(name)
+        return state.reason if state is not None and not state.versions else ""
 
     async def _unload(self, name: str, *, forget: bool = False) -> None:
         state = self._models.get(name)
@@ -492,6 +538,8 @@ class ModelTable:
                 await self._unload(name, forget=True)
         for name in added + modified:
             self._fingerprints[name] = current[name]
+            if name in added and name in self._models and self._models[name].versions:
+                continue  # loaded in this pass already, as the step of an ensemble
             if name in modified:
                 log.info("model '%s' changed in the repository: reloading", name)
             with contextlib.suppress(InferenceError):  # logged, and listed UNAVAILABLE with its reason

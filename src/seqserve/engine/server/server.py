@@ -39,7 +39,7 @@ from seqserve.engine.responses import InferResult, ResponseCallback
 from seqserve.engine.server.drain import LINGER_CAP_S, LINGER_QUIET_S, Drain
 from seqserve.engine.server.keywords import RequestOptions, keyword_request
 from seqserve.engine.server.model_control import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode
-from seqserve.engine.server.models import LoadSettings, ModelTable
+from seqserve.engine.server.models import LoadSettings, ModelTable, ServedModel
 from seqserve.engine.sessions import EndedSequence, SequenceInfo, SequenceList, SessionPolicy
 from seqserve.engine.statistics import ModelStatistics
 from seqserve.engine.tracing import RequestTracer
@@ -305,7 +305,7 @@ class Server:
         """Models whose last load failed and that serve no version: name -> reason."""
         return self.models.failed_models()
 
-    def model(self, name: str, version: str | int = "") -> LoadedModel:
+    def model(self, name: str, version: str | int = "") -> ServedModel:
         """The loaded model version (the highest when version is empty). Once the shutdown has
         begun, a model that is not (or no longer) loaded is UNAVAILABLE (SERVER_STOPPING)."""
         return self.models.model(name, version)
@@ -362,12 +362,12 @@ class Server:
         if self.tracer is not None:
             request.trace = self.tracer.sample(request, m.name, m.version_str)
         replicas = self.replicas
-        if replicas is not None and m.is_sequence:
+        if replicas is not None and isinstance(m, LoadedModel) and m.is_sequence:
             return replicas.enqueue(m, request, response_parameters)
         return m.submit(request, response_parameters=response_parameters)
 
     def enqueue_streaming(
-        self, request: InferRequest, on_response: ResponseCallback, *, model: LoadedModel | None = None
+        self, request: InferRequest, on_response: ResponseCallback, *, model: ServedModel | None = None
     ) -> Callable[[], None]:
         """Queue one request now; ``on_response(response, final)`` gets its responses on the
         event loop: an InferResult, an InferenceError, or None (a final flag alone, from
@@ -382,13 +382,13 @@ class Server:
         if self.tracer is not None:
             request.trace = self.tracer.sample(request, m.name, m.version_str)
         replicas = self.replicas
-        if replicas is not None and m.is_sequence:
+        if replicas is not None and isinstance(m, LoadedModel) and m.is_sequence:
             return replicas.enqueue_streaming(m, request, response_parameters, on_response)
         return m.submit_streaming(request, on_response, response_parameters=response_parameters)
 
     def _route(
-        self, request: InferRequest, model: LoadedModel | None = None
-    ) -> tuple[LoadedModel, dict[str, Any] | None]:
+        self, request: InferRequest, model: ServedModel | None = None
+    ) -> tuple[ServedModel, dict[str, Any] | None]:
         """The model version a request goes to; a request to a sequence model that names no
         sequence starts a new one under a generated id when `auto_sequence_ids` is on."""
         m = model if model is not None else self.models.model(request.model, request.version)
