@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from seqserve.engine.backends import bls, triton_bls
 from seqserve.engine.backends import triton_utils as pb
 from seqserve.engine.backends.base import BackendInstance, InstanceContext, RequestResults
 from seqserve.engine.batch import ExecuteBatch
@@ -56,6 +57,9 @@ from seqserve.engine.responses import DEFERRED
 log = logging.getLogger("seqserve.model")
 
 _KINDS = {"cpu": "CPU", "model": "MODEL"}
+
+# pb_utils.InferenceRequest.exec / async_exec run through the engine's calls (BLS)
+pb.BLS.install(triton_bls.TritonBls())
 
 
 def initialize_args(ictx: InstanceContext) -> dict[str, str]:
@@ -94,6 +98,9 @@ class TritonInstance(BackendInstance):
         # instance's lifetime (as in Triton), so tasks a model starts outlive the execute call
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
+        # who calls, for pb_utils.InferenceRequest.exec (BLS) during execute
+        calls = ictx.model.calls
+        self._caller = calls.caller(ictx.model.name, ictx.model.version) if calls is not None else None
         init = getattr(obj, "initialize", None)
         if init is not None:
             init(initialize_args(ictx))
@@ -104,6 +111,7 @@ class TritonInstance(BackendInstance):
 
     def execute(self, batch: ExecuteBatch) -> RequestResults:
         requests, owners, spans = self._requests(batch)
+        calling = bls.CURRENT.set(self._caller)  # copied into an async execute's task too
         try:
             returned = self._obj.execute(requests)
             if asyncio.iscoroutine(returned):
@@ -113,6 +121,8 @@ class TritonInstance(BackendInstance):
                 Code.INTERNAL,
                 f"Failed to process the request(s) for model '{self._instance_name}', message: {type(e).__name__}: {e}",
             ) from e
+        finally:
+            bls.CURRENT.reset(calling)
         responses = self._check_returned(requests, returned)
 
         outcomes: list[Any] = [None] * len(batch.request_rows)

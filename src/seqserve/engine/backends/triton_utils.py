@@ -8,8 +8,8 @@ as it is. The names and behaviour follow Triton's python_backend (``Tensor``,
 flag constants and the helper functions of ``triton_python_backend_utils.py``).
 
 Custom metrics (``MetricFamily``, ``Metric``) appear on ``/metrics`` (``triton_metrics``).
-Not provided: BLS (``InferenceRequest.exec``/``async_exec`` raise), GPU tensors,
-``auto_complete_config``, request rescheduling. Response senders work as in Triton
+BLS (``InferenceRequest.exec``/``async_exec``) calls other models (``triton_bls``). Not
+provided: GPU tensors, ``auto_complete_config``, request rescheduling. Response senders work as in Triton
 (decoupled models stream any number of responses; see ``seqserve.engine.backends.triton_adapter``).
 """
 
@@ -20,7 +20,7 @@ import logging
 import struct
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -47,6 +47,7 @@ __all__ = [
     "Metric",
     "MetricFamily",
     "ModelConfig",
+    "PreferredMemory",
     "Tensor",
     "TritonError",
     "TritonModelException",
@@ -415,10 +416,43 @@ class InferenceRequest:
             raise TritonModelException("request rescheduling is not supported by seqserve")
 
     def exec(self, decoupled: bool = False) -> Any:
-        raise TritonModelException("BLS (InferenceRequest.exec) is not supported by seqserve yet")
+        """BLS: run this request on ``model_name`` and wait (GIL released) for the response, or
+        (``decoupled``) an iterator over the responses; errors come back as the response's
+        ``TritonError`` (``seqserve.engine.backends.triton_bls``)."""
+        return BLS.runner().execute(self, self._model_name, self._model_version, decoupled)
 
     def async_exec(self, decoupled: bool = False) -> Any:
-        raise TritonModelException("BLS (InferenceRequest.async_exec) is not supported by seqserve yet")
+        """BLS from an ``async def execute``: an awaitable of what ``exec`` returns."""
+        return BLS.runner().execute_async(self, self._model_name, self._model_version, decoupled)
+
+
+class BlsRunner(Protocol):
+    """What runs ``InferenceRequest.exec`` / ``async_exec`` (``triton_bls``, which builds on this
+    module and installs itself here, so the two do not import each other)."""
+
+    def execute(self, request: InferenceRequest, model_name: str, model_version: int, decoupled: bool) -> Any: ...
+
+    def execute_async(self, request: InferenceRequest, model_name: str, model_version: int, decoupled: bool) -> Any: ...
+
+
+class BlsSlot:
+    """Holds the installed BLS runner."""
+
+    __slots__ = ("_runner",)
+
+    def __init__(self) -> None:
+        self._runner: BlsRunner | None = None
+
+    def install(self, runner: BlsRunner) -> None:
+        self._runner = runner
+
+    def runner(self) -> BlsRunner:
+        if self._runner is None:
+            raise TritonModelException("BLS is not available: no server runs this model")
+        return self._runner
+
+
+BLS = BlsSlot()
 
 
 # ------------------------------------------------------------------------------ logging
@@ -546,3 +580,11 @@ class ModelConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return self._model_config  # type: ignore[no-any-return]
+
+
+class PreferredMemory:
+    """Where a BLS call's outputs should be put (accepted; seqserve returns them in CPU memory)."""
+
+    def __init__(self, preferred_memory_type: int = TRITONSERVER_MEMORY_CPU, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
