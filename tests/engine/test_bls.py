@@ -3,27 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from seqserve.engine import Code, InferenceError
+from tests.support.bls import bls_model
 from tests.support.models import copy_demo_models, copy_model, write_model
-
-
-def bls_model(repo: Path, name: str = "bls_sum", **params: str) -> None:
-    """bls_sum served as `name`, its parameters (callee, mode, timeout_us) replaced."""
-    d = copy_model(repo, "bls_sum", name)
-    cfg = d / "config.pbtxt"
-    text = cfg.read_text()
-    defaults = {"callee": "accumulator", "mode": "sync", "timeout_us": "0"}
-    for key, value in {**defaults, **params}.items():
-        text = text.replace(
-            f'{{ key: "{key}" value: {{ string_value: "{defaults[key]}" }} }}',
-            f'{{ key: "{key}" value: {{ string_value: "{value}" }} }}',
-        )
-    cfg.write_text(text)
 
 
 def step(x: float) -> dict[str, np.ndarray]:
