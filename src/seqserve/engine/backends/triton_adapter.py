@@ -32,6 +32,10 @@ last response that carried it before ``execute`` returned (kept when none did): 
 step of the sequence may run as soon as ``execute`` returns. A decoupled request that never
 gets its final flag keeps its client waiting, as in Triton, until the model is unloaded,
 which fails it; shutdown waits for such requests up to the exit timeout.
+
+BLS: while ``execute`` runs (and in the tasks of an ``async def execute``), the instance is the
+current caller (``bls.CURRENT``), so ``pb_utils.InferenceRequest(...).exec()`` goes through this
+server's calls (``triton_bls``) and a call to the model itself is refused.
 """
 
 from __future__ import annotations
