@@ -175,3 +175,29 @@ async def test_batch_api_context_calls(repo, serve) -> None:
     assert d.is_dir()
     s = await serve()
     assert await run_sequence(s, "batch_caller", 9, [1, 2, 3]) == [1, 3, 6 + 300]
+
+
+async def test_shutdown_with_a_call_in_flight(repo, serve) -> None:
+    write_model(repo, "slow", SLOW_CONFIG, SLOW)
+    bls_model(repo, callee="slow")
+    s = await serve()
+    pending = s.submit("bls_sum", step(1), sequence_id=1, sequence_start=True, sequence_end=True)
+    await asyncio.sleep(0.2)  # the call is in the slow model's execute
+    await asyncio.wait_for(s.shutdown(timeout_s=10), 30)
+    result = await pending  # the callee finished its batch before it closed, so the caller got it
+    assert float(result.outputs["OUTPUT"].reshape(-1)[0]) == 1.0
+    assert s.hung_instances == []
+
+
+async def test_process_isolated_models_cannot_call(repo, serve) -> None:
+    copy_demo_models(repo, "accumulator")
+    cfg = bls_model(repo) / "config.pbtxt"
+    cfg.write_text(
+        cfg.read_text().replace(
+            "parameters [", 'parameters [\n  { key: "isolation" value: { string_value: "process" } },'
+        )
+    )
+    s = await serve()
+    with pytest.raises(InferenceError) as e:
+        await s.infer("bls_sum", step(1), sequence_id=1, sequence_start=True, sequence_end=True)
+    assert "process-isolated models cannot call models" in e.value.message
