@@ -383,3 +383,36 @@ def current_caller_or_error() -> tuple[ModelCalls, Caller | None]:
         "a model can call other models only from its execute (or a thread of a process that runs one server); "
         "process-isolated models cannot call models",
     )
+
+
+# ------------------------------------------------------------ pb_utils' exec / async_exec
+
+
+class TritonExec(Protocol):
+    """What runs ``pb_utils.InferenceRequest.exec`` / ``async_exec`` (``triton_bls``, which
+    ``triton_adapter`` installs: triton_bls builds on pb_utils, so pb_utils cannot import it)."""
+
+    def execute(self, request: Any, model_name: str, model_version: int, decoupled: bool) -> Any: ...
+
+    def execute_async(self, request: Any, model_name: str, model_version: int, decoupled: bool) -> Any: ...
+
+
+class TritonExecSlot:
+    """Holds the installed ``TritonExec``."""
+
+    __slots__ = ("_runner",)
+
+    def __init__(self) -> None:
+        self._runner: TritonExec | None = None
+
+    def install(self, runner: TritonExec) -> None:
+        self._runner = runner
+
+    def runner(self) -> TritonExec:
+        if self._runner is None:
+            raise InferenceError(Code.UNSUPPORTED, "BLS is not available: no server runs this model")
+        return self._runner
+
+
+#: how pb_utils' InferenceRequest.exec runs
+TRITON_EXEC = TritonExecSlot()

@@ -63,7 +63,7 @@ log = logging.getLogger("seqserve.model")
 _KINDS = {"cpu": "CPU", "model": "MODEL"}
 
 # pb_utils.InferenceRequest.exec / async_exec run through the engine's calls (BLS)
-pb.BLS.install(triton_bls.TritonBls())
+bls.TRITON_EXEC.install(triton_bls.TritonBls())
 
 
 def initialize_args(ictx: InstanceContext) -> dict[str, str]:

@@ -114,7 +114,7 @@ async def execute_async(request: pb.InferenceRequest, model_name: str, model_ver
 
 
 class TritonBls:
-    """``InferenceRequest.exec`` / ``async_exec``, as ``triton_utils.BLS`` calls them."""
+    """``InferenceRequest.exec`` / ``async_exec``, as ``bls.TRITON_EXEC`` calls them."""
 
     def execute(self, request: pb.InferenceRequest, model_name: str, model_version: int, decoupled: bool) -> Any:
         return execute(request, model_name, model_version, decoupled)

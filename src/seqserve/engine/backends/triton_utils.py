@@ -20,12 +20,13 @@ import logging
 import struct
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from seqserve._proto.model_config_pb2 import TYPE_BOOL
 from seqserve.engine.backends import triton_metrics
+from seqserve.engine.backends.bls import TRITON_EXEC
 from seqserve.engine.device.arrays import is_device_array
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.responses import Responder
@@ -419,40 +420,11 @@ class InferenceRequest:
         """BLS: run this request on ``model_name`` and wait (GIL released) for the response, or
         (``decoupled``) an iterator over the responses; errors come back as the response's
         ``TritonError`` (``seqserve.engine.backends.triton_bls``)."""
-        return BLS.runner().execute(self, self._model_name, self._model_version, decoupled)
+        return TRITON_EXEC.runner().execute(self, self._model_name, self._model_version, decoupled)
 
     def async_exec(self, decoupled: bool = False) -> Any:
         """BLS from an ``async def execute``: an awaitable of what ``exec`` returns."""
-        return BLS.runner().execute_async(self, self._model_name, self._model_version, decoupled)
-
-
-class BlsRunner(Protocol):
-    """What runs ``InferenceRequest.exec`` / ``async_exec`` (``triton_bls``, which builds on this
-    module and installs itself here, so the two do not import each other)."""
-
-    def execute(self, request: InferenceRequest, model_name: str, model_version: int, decoupled: bool) -> Any: ...
-
-    def execute_async(self, request: InferenceRequest, model_name: str, model_version: int, decoupled: bool) -> Any: ...
-
-
-class BlsSlot:
-    """Holds the installed BLS runner."""
-
-    __slots__ = ("_runner",)
-
-    def __init__(self) -> None:
-        self._runner: BlsRunner | None = None
-
-    def install(self, runner: BlsRunner) -> None:
-        self._runner = runner
-
-    def runner(self) -> BlsRunner:
-        if self._runner is None:
-            raise TritonModelException("BLS is not available: no server runs this model")
-        return self._runner
-
-
-BLS = BlsSlot()
+        return TRITON_EXEC.runner().execute_async(self, self._model_name, self._model_version, decoupled)
 
 
 # ------------------------------------------------------------------------------ logging

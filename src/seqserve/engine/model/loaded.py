@@ -275,8 +275,7 @@ class LoadedModel:
         return self._reports.inline_stats()
 
     def end_inline(self) -> None:
-        """Event loop: never run inline again (a model that calls other models blocks in
-        execute, which must not happen on the loop; engine/backends/bls.py)."""
+        """Event loop: never run inline again (it calls models: engine/backends/bls.py)."""
         if self._inline is not None:
             self._inline = None
             self._core.configure_inline(0)
