@@ -201,3 +201,28 @@ async def test_process_isolated_models_cannot_call(repo, serve) -> None:
     with pytest.raises(InferenceError) as e:
         await s.infer("bls_sum", step(1), sequence_id=1, sequence_start=True, sequence_end=True)
     assert "process-isolated models cannot call models" in e.value.message
+
+
+CALLS_IN_INITIALIZE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pb_utils.InferenceRequest(
+            model_name="accumulator", inputs=[pb_utils.Tensor("INPUT", np.ones((1, 1), np.float32))],
+            requested_output_names=["OUTPUT"],
+        ).exec()
+
+    def execute(self, requests):
+        return []
+"""
+
+
+async def test_no_calls_from_initialize(repo, serve) -> None:
+    copy_demo_models(repo, "accumulator")
+    copy_model(repo, "bls_sum", model_py=CALLS_IN_INITIALIZE)
+    s = await serve()
+    assert "BLS is only supported during the 'execute' function." in s.failed_models()["bls_sum"]
+    assert s.model("accumulator") is not None

@@ -236,3 +236,21 @@ def test_preferred_memory_is_accepted() -> None:
     memory = pb.PreferredMemory(pb.TRITONSERVER_MEMORY_GPU, 0)
     assert pb_request(preferred_memory=memory).requested_output_names() == ["OUTPUT"]
     assert memory.preferred_memory_type == pb.TRITONSERVER_MEMORY_GPU
+
+
+def test_model_name_inputs_and_outputs_are_required() -> None:
+    with pytest.raises(TypeError):
+        pb.InferenceRequest(inputs=[], requested_output_names=["OUTPUT0"])
+    with pytest.raises(TypeError):
+        pb.InferenceRequest(model_name="add_sub", requested_output_names=["OUTPUT0"])
+    with pytest.raises(TypeError):
+        pb.InferenceRequest(model_name="add_sub", inputs=[])
+
+
+def test_no_calls_while_initializing_or_finalizing() -> None:
+    token = bls.CURRENT.set(bls.NOT_EXECUTING)
+    try:
+        with pytest.raises(pb.TritonModelException, match=r"BLS is only supported during the 'execute' function\."):
+            pb_request().exec()
+    finally:
+        bls.CURRENT.reset(token)

@@ -362,8 +362,19 @@ def call_request(
 
 # ------------------------------------------------------------------ the current caller
 
+
+class NotExecuting:
+    """The current caller while a model initializes or finalizes: it may not call (as in Triton)."""
+
+    __slots__ = ()
+
+
 #: set around a model's execute (and copied into the tasks of an async execute): who calls
-CURRENT: contextvars.ContextVar[ModelCaller | None] = contextvars.ContextVar("seqserve_bls_caller", default=None)
+CURRENT: contextvars.ContextVar[ModelCaller | NotExecuting | None] = contextvars.ContextVar(
+    "seqserve_bls_caller", default=None
+)
+#: CURRENT during initialize and finalize
+NOT_EXECUTING = NotExecuting()
 
 #: every ModelCalls of this process (a server each), for calls from threads a model started
 _bound: weakref.WeakSet[ModelCalls] = weakref.WeakSet()
@@ -373,6 +384,8 @@ def current_caller_or_error() -> tuple[ModelCalls, Caller | None]:
     """Who is calling: the model whose execute runs in this context, else (a thread the model
     started itself) the one server of this process, without a caller identity."""
     here = CURRENT.get()
+    if isinstance(here, NotExecuting):
+        raise InferenceError(Code.UNSUPPORTED, "BLS is only supported during the 'execute' function.")
     if here is not None:
         return here.calls, here.caller
     running = [c for c in list(_bound) if c.loop is not None and not c.loop.is_closed()]

@@ -107,7 +107,11 @@ class TritonInstance(BackendInstance):
         self._caller = calls.caller(ictx.model.name, ictx.model.version) if calls is not None else None
         init = getattr(obj, "initialize", None)
         if init is not None:
-            init(initialize_args(ictx))
+            bls_refused = bls.CURRENT.set(bls.NOT_EXECUTING)  # as in Triton: BLS only in execute
+            try:
+                init(initialize_args(ictx))
+            finally:
+                bls.CURRENT.reset(bls_refused)
         if not callable(getattr(obj, "execute", None)):
             raise InferenceError(Code.INVALID_ARG, f"python model '{self._name}' does not implement `execute` method")
 
@@ -299,10 +303,12 @@ class TritonInstance(BackendInstance):
 
     def finalize(self) -> None:
         fin = getattr(self._obj, "finalize", None)
+        bls_refused = bls.CURRENT.set(bls.NOT_EXECUTING)
         try:
             if fin is not None:
                 fin()
         finally:
+            bls.CURRENT.reset(bls_refused)
             loop, thread = self._loop, self._loop_thread
             if loop is not None and thread is not None:
                 loop.call_soon_threadsafe(loop.stop)

@@ -336,15 +336,17 @@ class InferenceRequest:
         self,
         request_id: str = "",
         correlation_id: int | str = 0,
-        inputs: Sequence[Tensor] = (),
-        requested_output_names: Sequence[str] = (),
-        model_name: str = "",
+        inputs: Sequence[Tensor] | None = None,
+        requested_output_names: Sequence[str] | None = None,
+        model_name: str | None = None,
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
         parameters: dict[str, Any] | str | None = None,
         **_ignored: Any,
     ) -> None:
+        if inputs is None or requested_output_names is None or model_name is None:  # as Triton's constructor
+            raise TypeError("InferenceRequest: model_name, inputs and requested_output_names are required")
         if not isinstance(correlation_id, (int, str)):
             raise TritonModelException("Correlation ID must be integer or string")
         self._request_id = request_id
