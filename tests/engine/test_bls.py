@@ -226,3 +226,18 @@ async def test_no_calls_from_initialize(repo, serve) -> None:
     s = await serve()
     assert "BLS is only supported during the 'execute' function." in s.failed_models()["bls_sum"]
     assert s.model("accumulator") is not None
+
+
+async def test_a_circle_through_another_model_is_refused(repo, serve) -> None:
+    """ping (one instance) calls pong, whose execute calls ping: ping's only instance is waiting."""
+    for name, callee in (("ping", "pong"), ("pong", "ping")):
+        cfg = bls_model(repo, name, callee=callee) / "config.pbtxt"
+        cfg.write_text(cfg.read_text().replace("count: 2", "count: 1"))
+    s = await serve()
+    with pytest.raises(InferenceError) as e:
+        await asyncio.wait_for(s.infer("ping", step(1), sequence_id=1, sequence_start=True, sequence_end=True), 30)
+    assert e.value.code == Code.UNAVAILABLE
+    assert "model 'pong' called model 'ping': refused, since every instance of 'ping', 'pong' would wait" in str(
+        e.value
+    )
+    assert s.is_live()

@@ -22,6 +22,7 @@ class FakeModel:
     def __init__(self, name: str, version: int = 1) -> None:
         self.name = name
         self.version = version
+        self.instance_names = ["0"]
         self.inline_ended = 0
 
     def end_inline(self) -> None:
@@ -254,3 +255,23 @@ def test_no_calls_while_initializing_or_finalizing() -> None:
             pb_request().exec()
     finally:
         bls.CURRENT.reset(token)
+
+
+def test_a_circle_of_waits_is_refused(loop) -> None:
+    """A's one instance waits on B; B's execute calling A could never be answered."""
+    calls, server = calls_on(loop, {"a": [], "b": []})
+    server.model("a")
+    server.model("b")
+    a_waits = threading.Thread(target=lambda: calls.stream(request("b"), bls.Caller("a", 1), 2.0))
+    a_waits.start()
+    a_waits.join()
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0.01), loop).result(5)
+    assert [r.model for r in server.requests] == ["b"]
+    with pytest.raises(InferenceError) as e:
+        calls.caller("b", 1).infer("a", {})
+    assert e.value.code == Code.UNAVAILABLE
+    assert "model 'b' called model 'a': refused, since every instance of 'a', 'b' would wait" in e.value.message
+    # with a second instance of A free, the same call can go (and waits, here, until its timeout)
+    server.models["a"].instance_names = ["0", "1"]
+    with pytest.raises(InferenceError, match="Request timeout expired"):
+        calls.caller("b", 1).infer("a", {}, timeout_s=0.05)

@@ -16,8 +16,9 @@ Blocking the event loop itself would deadlock it, so:
   run on executor threads).
 - a model calling itself from its own ``execute`` is refused (INVALID_ARG): its instance
   would wait on a request that needs an instance of itself. A model may call itself through
-  another model, but then every instance may end up waiting on the others: give such calls a
-  timeout.
+  another model; a call that would leave every instance of the models involved waiting on one
+  another (A's only instance calls B, whose execute calls A) is refused with UNAVAILABLE
+  (``bls_waits``).
 
 ``ModelCalls`` is the server's; ``ModelCaller`` is one model version's view of it (the
 caller's identity travels with every call). Triton-style models reach it through
@@ -31,7 +32,9 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import queue
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -40,6 +43,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from seqserve.engine.backends.bls_waits import Wait, WaitGraph
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
@@ -53,6 +57,7 @@ class CalleeModel(Protocol):
 
     name: str
     version: int
+    instance_names: list[str]
 
     def end_inline(self) -> None: ...
 
@@ -97,6 +102,7 @@ class ModelCalls:
         self._target = target
         self._loop: asyncio.AbstractEventLoop | None = None
         self._off_inline: set[Caller] = set()  # callers already taken off inline execution
+        self._waits = WaitGraph()  # calls in flight from model instances (event loop)
         _bound.add(self)
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -119,38 +125,72 @@ class ModelCalls:
             sink(InferenceError(Code.UNAVAILABLE, "the server is not running: no model can be called"), True)
             return _nothing
         cancel = _Cancel()
+        thread = threading.get_ident()  # the waiting instance, for the circle check
         if self._on_loop_thread(loop):
-            self._submit(request, caller, sink, cancel)
+            self._submit(request, caller, thread, sink, cancel)
             return cancel
         if caller is not None:
             self._leave_inline(caller, loop)
         try:
-            loop.call_soon_threadsafe(self._submit, request, caller, sink, cancel)
+            loop.call_soon_threadsafe(self._submit, request, caller, thread, sink, cancel)
         except RuntimeError:  # the loop closed meanwhile
             sink(InferenceError(Code.UNAVAILABLE, "the server is stopping: no model can be called"), True)
             return _nothing
         return lambda: _call_soon(loop, cancel)
 
-    def _submit(self, request: InferRequest, caller: Caller | None, sink: ResponseCallback, cancel: _Cancel) -> None:
-        """Event loop: look the callee up, refuse a self-call, queue the request."""
+    def _submit(
+        self, request: InferRequest, caller: Caller | None, thread: int, sink: ResponseCallback, cancel: _Cancel
+    ) -> None:
+        """Event loop: look the callee up, refuse a self-call or a circle of waits, queue the
+        request (its wait recorded until its final response)."""
+        waiting = 0
         try:
             callee = self._target.model(request.model, request.version)
-            if caller is not None and callee.name == caller.name and callee.version == caller.version:
-                raise InferenceError(
-                    Code.INVALID_ARG,
-                    f"model '{caller.name}' called itself from its own execute: refused, since its instance would "
-                    "wait for a request that needs an instance of the same model (a deadlock); a model may call "
-                    "itself only through another model",
-                )
+            if caller is not None:
+                waiting = self._check_wait(caller, thread, callee)
             if cancel.cancelled:
                 raise InferenceError(Code.CANCELLED, "the call was cancelled before it was queued")
+            if waiting:
+                sink = functools.partial(self._answered, waiting, sink)
             cancel.cancel = self._target.enqueue_streaming(request, sink, model=callee)
         except InferenceError as e:
+            self._waits.done(waiting)
             sink(e, True)
         except Exception as e:  # a bad request the validator did not word: the caller sees it, the loop goes on
+            self._waits.done(waiting)
             sink(
                 InferenceError(Code.INTERNAL, f"call to model '{request.model}' failed: {type(e).__name__}: {e}"), True
             )
+
+    def _check_wait(self, caller: Caller, thread: int, callee: CalleeModel) -> int:
+        """Refuse a call that would deadlock; else record it as a wait (its id)."""
+        if callee.name == caller.name and callee.version == caller.version:
+            raise InferenceError(
+                Code.INVALID_ARG,
+                f"model '{caller.name}' called itself from its own execute: refused, since its instance would "
+                "wait for a request that needs an instance of the same model (a deadlock); a model may call "
+                "itself only through another model",
+            )
+        try:
+            caller_model = self._target.model(caller.name, caller.version)
+        except InferenceError:  # unloaded while it runs: its instances are closing, nothing to record
+            return 0
+        wait = Wait((caller.name, caller.version), thread, (callee.name, callee.version))
+        sizes = (len(caller_model.instance_names), len(callee.instance_names))
+        circle = self._waits.would_deadlock(wait, *sizes)
+        if circle:
+            names = ", ".join(f"'{n}'" for n in circle)
+            raise InferenceError(
+                Code.UNAVAILABLE,
+                f"model '{caller.name}' called model '{callee.name}': refused, since every instance of {names} "
+                "would wait on calls that need an instance of one of them (a deadlock)",
+            )
+        return self._waits.add(wait, *sizes)
+
+    def _answered(self, waiting: int, sink: ResponseCallback, response: Response, final: bool) -> None:
+        if final:
+            self._waits.done(waiting)
+        sink(response, final)
 
     def _on_loop_thread(self, loop: asyncio.AbstractEventLoop) -> bool:
         try:
