@@ -11,7 +11,7 @@ call whose caller would then be stuck is refused instead of hanging. Event loop 
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 #: a model version
@@ -28,11 +28,13 @@ class Wait:
 class WaitGraph:
     """The calls in flight from model instances, and the circle check."""
 
-    __slots__ = ("_ids", "_instances", "_waits")
+    __slots__ = ("_ids", "_instances", "_threads", "_waits")
 
     def __init__(self) -> None:
         self._waits: dict[int, Wait] = {}
         self._instances: dict[ModelKey, int] = {}  # instance counts of the models seen
+        # per model, its waiting threads and their calls in flight: the cheap first check
+        self._threads: dict[ModelKey, Counter[int]] = defaultdict(Counter)
         self._ids = itertools.count(1)
 
     def __len__(self) -> int:
@@ -44,14 +46,26 @@ class WaitGraph:
         self._instances[wait.callee] = callee_instances
         key = next(self._ids)
         self._waits[key] = wait
+        self._threads[wait.caller][wait.thread] += 1
         return key
 
     def done(self, key: int) -> None:
-        self._waits.pop(key, None)
+        wait = self._waits.pop(key, None)
+        if wait is None:
+            return
+        threads = self._threads[wait.caller]
+        threads[wait.thread] -= 1
+        if threads[wait.thread] <= 0:
+            del threads[wait.thread]
+            if not threads:
+                del self._threads[wait.caller]
 
     def would_deadlock(self, wait: Wait, caller_instances: int, callee_instances: int) -> list[str]:
         """The names of the models that would be stuck waiting on each other with ``wait``
         added, the caller among them; [] when the call can go."""
+        callee_threads = self._threads.get(wait.callee)
+        if callee_threads is None or len(callee_threads) < callee_instances:
+            return []  # an instance of the callee is not waiting: it can answer
         instances = {**self._instances, wait.caller: caller_instances, wait.callee: callee_instances}
         waits = [*self._waits.values(), wait]
         threads: dict[ModelKey, dict[int, set[ModelKey]]] = defaultdict(lambda: defaultdict(set))
