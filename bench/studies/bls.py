@@ -14,8 +14,10 @@ with two instances, as accumulator.
 
 Workload: ``--sequences`` closed-loop sequences (each awaits its step before sending the next) of
 ``--steps`` steps, through ``await Server.infer``; every sum is checked. Latency is per step
-(``time.perf_counter_ns`` around the await), median and p99 over all steps after
-``--warmup`` steps per sequence; steps/s is all steps over the wall time. ``added`` is the
+(``time.perf_counter_ns`` around the await), median and p99 over all steps after ``--warmup``
+steps per sequence; steps/s is all steps over the wall time. ``--reps`` repetitions, the four
+models taking turns (so that a noisy moment of a shared machine hits all of them); the figures
+are the median over the repetitions. ``added`` is the
 caller's median minus the direct median: what one BLS call adds to a step (the caller's own
 batch, the loop hop to queue the call, the callee's batch, and the hop back to the caller's
 executor thread, which waits with the GIL released).
@@ -161,21 +163,43 @@ async def one_sequence(server: Server, model: str, sid: int, steps: int, warmup:
             lat.append(t1 - t0)
 
 
-async def run_case(
-    server: Server, model: str, sequences: int, steps: int, warmup: int, first_id: int
-) -> dict[str, Any]:
+class Ids:
+    """Fresh sequence ids for every run."""
+
+    def __init__(self) -> None:
+        self.next = 1
+
+    def take(self, n: int) -> int:
+        first = self.next
+        self.next += n
+        return first
+
+
+async def run_once(
+    server: Server, model: str, sequences: int, steps: int, warmup: int, ids: Ids
+) -> tuple[list[int], float]:
+    """One repetition: every step's latency (after warm-up) and the wall time."""
     lat: list[int] = []
+    first = ids.take(sequences)
     t0 = time.perf_counter()
-    await asyncio.gather(*(one_sequence(server, model, first_id + i, steps, warmup, lat) for i in range(sequences)))
-    wall = time.perf_counter() - t0
-    lat.sort()
+    await asyncio.gather(*(one_sequence(server, model, first + i, steps, warmup, lat) for i in range(sequences)))
+    return lat, time.perf_counter() - t0
+
+
+def summary(model: str, sequences: int, steps: int, reps: list[tuple[list[int], float]]) -> dict[str, Any]:
+    """Median of the repetitions' medians (and p99s); steps/s: the median repetition's."""
+    medians = [statistics.median(lat) / 1000 for lat, _ in reps]
+    p99s = [sorted(lat)[min(len(lat) - 1, int(len(lat) * 0.99))] / 1000 for lat, _ in reps]
+    rates = [sequences * steps / wall for _, wall in reps]
     return {
         "model": model,
         "sequences": sequences,
         "steps": steps,
-        "median_us": statistics.median(lat) / 1000,
-        "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] / 1000,
-        "steps_per_s": sequences * steps / wall,
+        "reps": len(reps),
+        "median_us": statistics.median(medians),
+        "rep_medians_us": medians,
+        "p99_us": statistics.median(p99s),
+        "steps_per_s": statistics.median(rates),
     }
 
 
@@ -187,13 +211,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         server = Server(root)
         await server.start()
         try:
-            next_id = 1
+            ids = Ids()
             for sequences in args.sequences:
-                for model in MODELS:
-                    await run_case(server, model, sequences, args.warmup + 2, args.warmup, next_id)  # warm-up
-                    next_id += sequences
-                    rows.append(await run_case(server, model, sequences, args.steps, args.warmup, next_id))
-                    next_id += sequences
+                reps: dict[str, list[tuple[list[int], float]]] = {m: [] for m in MODELS}
+                for model in MODELS:  # warm-up
+                    await run_once(server, model, sequences, args.warmup + 2, args.warmup, ids)
+                for _ in range(args.reps):  # the models take turns, so that a noisy moment hits all
+                    for model in MODELS:
+                        reps[model].append(await run_once(server, model, sequences, args.steps, args.warmup, ids))
+                rows += [summary(m, sequences, args.steps, reps[m]) for m in MODELS]
         finally:
             await server.shutdown(timeout_s=5)
     for row in rows:
@@ -234,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
         default=[1, 16],
         help="concurrent sequences, comma separated (default 1,16)",
     )
+    p.add_argument("--reps", type=int, default=3, help="repetitions, the models taking turns (default 3)")
     p.add_argument("--json", type=Path, help="write the figures here as JSON")
     args = p.parse_args(raw)
     args.argv = raw
