@@ -106,3 +106,22 @@ async def test_callee_errors_reach_the_client(bls_client: Client, model: str, ki
     assert await bls_client("is_server_live")
     # the caller's batch was not harmed: the same server still sums
     assert await bls_client.step("bls_sum", new_int_id(), 7.0, sequence_start=True, sequence_end=True) == 7.0
+
+
+def test_the_demo_bls_model_over_a_grpc_stream(server: ServerProcess) -> None:
+    """The bundled accumulator_bls (async execute, async_exec) on the demo repository."""
+    stream = SyncStream(server)
+    try:
+        sid = new_str_id()
+        for k, value in enumerate([1.0, 2.0, 3.0]):
+            stream.send(
+                "accumulator_bls", [grpc_input(value)], sequence_id=sid, sequence_start=k == 0, sequence_end=k == 2
+            )
+        sums = []
+        for _ in range(3):
+            result, error = stream.get(timeout=60)
+            assert error is None, error
+            sums.append(float(result.as_numpy("OUTPUT")[0, 0]))
+        assert sums == [1.0, 3.0, 6.0]
+    finally:
+        stream.close()
