@@ -85,8 +85,9 @@ async def test_bls_bad_input_is_the_callee_error(repo, serve) -> None:
     )
 
 
-async def test_bls_self_call_is_refused(repo, serve) -> None:
-    bls_model(repo, callee="bls_sum")
+@pytest.mark.parametrize("mode", ["sync", "async"])  # async: the caller is known inside the task too
+async def test_bls_self_call_is_refused(repo, serve, mode) -> None:
+    bls_model(repo, callee="bls_sum", mode=mode)
     s = await serve()
     with pytest.raises(InferenceError) as e:
         await s.infer("bls_sum", step(1), sequence_id=1, sequence_start=True, sequence_end=True)
