@@ -65,6 +65,16 @@ async def test_bls_decoupled_callee(repo, serve, mode) -> None:
     assert float(r.outputs["OUTPUT"].reshape(-1)[0]) == 1 + 2 + 3 + 4
 
 
+async def test_exec_without_decoupled_on_a_decoupled_callee(repo, serve) -> None:
+    copy_model(repo, "repeat")
+    bls_model(repo, callee="repeat", mode="sync")
+    s = await serve()
+    with pytest.raises(InferenceError) as e:
+        await s.infer("bls_sum", step(1), sequence_id=1, sequence_start=True, sequence_end=True)
+    assert e.value.message.startswith("Model repeat is using the decoupled."), e.value.message
+    assert "Please use 'decoupled=True' argument to the 'exec' or 'async_exec' calls" in e.value.message
+
+
 async def test_bls_unknown_callee_fails_the_request_with_its_error(repo, serve) -> None:
     bls_model(repo, callee="nowhere")
     s = await serve()

@@ -23,6 +23,7 @@ class FakeModel:
         self.name = name
         self.version = version
         self.instance_names = ["0"]
+        self.decoupled = name.startswith("dec")
         self.inline_ended = 0
 
     def end_inline(self) -> None:
@@ -275,3 +276,17 @@ def test_a_circle_of_waits_is_refused(loop) -> None:
     server.models["a"].instance_names = ["0", "1"]
     with pytest.raises(InferenceError, match="Request timeout expired"):
         calls.caller("b", 1).infer("a", {}, timeout_s=0.05)
+
+
+def test_one_response_calls_to_a_decoupled_model_are_refused(loop) -> None:
+    calls, server = calls_on(loop, {"dec": [(result(1.0), False), (None, True)]})
+    with pytest.raises(InferenceError, match=r"model 'dec' is decoupled .*: call it with ctx\.stream"):
+        calls.caller("m", 1).infer("dec", {})
+    token = bls.CURRENT.set(calls.caller("m", 1))
+    try:
+        refused = pb_request("dec").exec()
+        assert refused.error().message().startswith("Model dec is using the decoupled. The current BLS request call")
+        assert len(list(pb_request("dec").exec(decoupled=True))) == 2
+    finally:
+        bls.CURRENT.reset(token)
+    assert len(server.requests) == 1  # the refused ones never reached it

@@ -51,12 +51,16 @@ from seqserve.engine.responses import InferResult, ResponseCallback
 #: what a call's responses are: a result, an error, or None (a decoupled callee's bare final flag)
 Response = InferResult | InferenceError | None
 
+#: a single-response call to a decoupled model (the batch API's ctx.infer)
+ONE_RESPONSE_ONLY = "model '{model}' is decoupled (it may send several responses): call it with ctx.stream"
+
 
 class CalleeModel(Protocol):
     """What a call needs of the callee (a ``LoadedModel``)."""
 
     name: str
     version: int
+    decoupled: bool
     instance_names: list[str]
 
     def end_inline(self) -> None: ...
@@ -117,9 +121,13 @@ class ModelCalls:
 
     # ------------------------------------------------------------------------- calls
 
-    def start(self, request: InferRequest, caller: Caller | None, sink: ResponseCallback) -> Callable[[], None]:
+    def start(
+        self, request: InferRequest, caller: Caller | None, sink: ResponseCallback, refuse_decoupled: str = ""
+    ) -> Callable[[], None]:
         """Queue ``request`` (any thread); ``sink(response, final)`` gets its responses on the
-        event loop, a refusal as one final error. Returns cancel() (any thread)."""
+        event loop, a refusal as one final error. Returns cancel() (any thread).
+        ``refuse_decoupled``: a call that wants one response, refused with this message
+        (``{model}``: the callee's name) when the callee is decoupled."""
         loop = self._loop
         if loop is None or loop.is_closed():
             sink(InferenceError(Code.UNAVAILABLE, "the server is not running: no model can be called"), True)
@@ -127,25 +135,33 @@ class ModelCalls:
         cancel = _Cancel()
         thread = threading.get_ident()  # the waiting instance, for the circle check
         if self._on_loop_thread(loop):
-            self._submit(request, caller, thread, sink, cancel)
+            self._submit(request, caller, thread, sink, cancel, refuse_decoupled)
             return cancel
         if caller is not None:
             self._leave_inline(caller, loop)
         try:
-            loop.call_soon_threadsafe(self._submit, request, caller, thread, sink, cancel)
+            loop.call_soon_threadsafe(self._submit, request, caller, thread, sink, cancel, refuse_decoupled)
         except RuntimeError:  # the loop closed meanwhile
             sink(InferenceError(Code.UNAVAILABLE, "the server is stopping: no model can be called"), True)
             return _nothing
         return lambda: _call_soon(loop, cancel)
 
     def _submit(
-        self, request: InferRequest, caller: Caller | None, thread: int, sink: ResponseCallback, cancel: _Cancel
+        self,
+        request: InferRequest,
+        caller: Caller | None,
+        thread: int,
+        sink: ResponseCallback,
+        cancel: _Cancel,
+        refuse_decoupled: str,
     ) -> None:
         """Event loop: look the callee up, refuse a self-call or a circle of waits, queue the
         request (its wait recorded until its final response)."""
         waiting = 0
         try:
             callee = self._target.model(request.model, request.version)
+            if refuse_decoupled and callee.decoupled:
+                raise InferenceError(Code.INVALID_ARG, refuse_decoupled.format(model=callee.name))
             if caller is not None:
                 waiting = self._check_wait(caller, thread, callee)
             if cancel.cancelled:
@@ -225,34 +241,34 @@ class ModelCalls:
             "which would deadlock the server: refused; its next batches run on executor threads",
         )
 
-    def infer(self, request: InferRequest, caller: Caller | None, timeout_s: float | None) -> InferResult:
-        """Run one call and wait for its answer (not on the event loop). A decoupled callee's
-        first response is the answer; raises its error, or UNAVAILABLE after ``timeout_s``."""
-        responses = self.collect(request, caller, timeout_s)
+    def infer(
+        self,
+        request: InferRequest,
+        caller: Caller | None,
+        timeout_s: float | None,
+        refuse_decoupled: str = ONE_RESPONSE_ONLY,
+    ) -> InferResult:
+        """Run one call and wait for its answer (not on the event loop); raises its error, or
+        UNAVAILABLE after ``timeout_s``. A decoupled callee is refused (``refuse_decoupled``)."""
+        responses = list(self.stream(request, caller, timeout_s, refuse_decoupled))
         for r in responses:
             if r is not None:
                 return r
         raise InferenceError(Code.INTERNAL, f"model '{request.model}' sent no response")
 
-    def collect(
-        self, request: InferRequest, caller: Caller | None, timeout_s: float | None
-    ) -> list[InferResult | None]:
-        """Every response of one call, once its final one came (blocking)."""
-        return list(self.stream(request, caller, timeout_s))
-
     def stream(
-        self, request: InferRequest, caller: Caller | None, timeout_s: float | None
+        self, request: InferRequest, caller: Caller | None, timeout_s: float | None, refuse_decoupled: str = ""
     ) -> Iterator[InferResult | None]:
         """The responses of one call as they come (blocking, not on the event loop); None for a
         bare final flag. An error response is raised and ends the iteration; leaving the
         iteration early cancels the call."""
         self.refuse_on_loop(caller)
         inbox: queue.SimpleQueue[tuple[Response, bool]] = queue.SimpleQueue()
-        cancel = self.start(request, caller, lambda response, final: inbox.put((response, final)))
+        cancel = self.start(request, caller, lambda response, final: inbox.put((response, final)), refuse_decoupled)
         return _drain(inbox, cancel, request.model, timeout_s)
 
     def infer_async(
-        self, request: InferRequest, caller: Caller | None, timeout_s: float | None
+        self, request: InferRequest, caller: Caller | None, timeout_s: float | None, refuse_decoupled: str = ""
     ) -> asyncio.Future[list[InferResult | None]]:
         """Every response of one call, awaitable on the running loop (any loop: a model's own)."""
         done: concurrent.futures.Future[list[InferResult | None]] = concurrent.futures.Future()
@@ -268,7 +284,7 @@ class ModelCalls:
             if final:
                 done.set_result(got)
 
-        cancel = self.start(request, caller, sink)
+        cancel = self.start(request, caller, sink, refuse_decoupled)
         waiting = asyncio.wrap_future(done)
         if timeout_s is None:
             return waiting

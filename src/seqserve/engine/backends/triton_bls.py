@@ -6,7 +6,8 @@ As in Triton: ``exec()`` blocks until the callee answers and returns an
 ``InferenceResponse`` whose ``error()`` is a ``TritonError`` with the callee's message and
 code, never an exception that fails the caller's batch. ``exec(decoupled=True)`` returns an
 iterator over the callee's responses as they come (the last may be empty: a bare final flag);
-an error ends it as one error response. ``async_exec`` is the awaitable form of both, for an
+an error ends it as one error response; ``exec()`` on a decoupled callee is an error, in
+Triton's words. ``async_exec`` is the awaitable form of both, for an
 ``async def execute``. The request's ``timeout`` is in microseconds (0: none); the
 ``correlation_id`` and the SEQUENCE_START / SEQUENCE_END flags go with the call.
 ``preferred_memory`` is accepted; outputs arrive in CPU memory.
@@ -25,6 +26,13 @@ from seqserve.engine.backends import triton_utils as pb
 from seqserve.engine.device.arrays import to_host
 from seqserve.engine.errors import InferenceError
 from seqserve.engine.request import InferRequest
+
+#: Triton's words for exec() / async_exec() without decoupled=True on a decoupled model
+ONE_RESPONSE_ONLY = (
+    "Model {model} is using the decoupled. The current BLS request call doesn't support models using the decoupled "
+    "transaction policy. Please use 'decoupled=True' argument to the 'exec' or 'async_exec' calls for decoupled "
+    "models.'"
+)
 
 
 def engine_request(
@@ -79,7 +87,7 @@ def execute(request: pb.InferenceRequest, model_name: str, model_version: int, d
         engine, timeout_s = engine_request(request, model_name, model_version)
         if decoupled:
             return _responses(calls.stream(engine, caller, timeout_s))
-        return response_of(calls.infer(engine, caller, timeout_s))
+        return response_of(calls.infer(engine, caller, timeout_s, ONE_RESPONSE_ONLY))
     except InferenceError as e:
         return iter([error_response(e)]) if decoupled else error_response(e)
 
@@ -104,7 +112,8 @@ async def execute_async(request: pb.InferenceRequest, model_name: str, model_ver
     calls, caller = _current()
     try:
         engine, timeout_s = engine_request(request, model_name, model_version)
-        got: Sequence[bls.InferResult | None] = await calls.infer_async(engine, caller, timeout_s)
+        refusal = "" if decoupled else ONE_RESPONSE_ONLY
+        got: Sequence[bls.InferResult | None] = await calls.infer_async(engine, caller, timeout_s, refusal)
     except InferenceError as e:
         return iter([error_response(e)]) if decoupled else error_response(e)
     if decoupled:
