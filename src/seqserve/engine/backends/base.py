@@ -8,7 +8,7 @@ one call per batch, never concurrently for the same instance.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -16,8 +16,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from seqserve._proto import model_config_pb2 as mc
+from seqserve.engine.backends.bls import ModelCaller, ModelCalls
 from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.responses import InferResult
 
 
 @dataclass(slots=True)
@@ -30,6 +32,16 @@ class ModelContext:
     model_dir: Path
     version_dir: Path
     parameters: dict[str, str] = field(default_factory=dict)
+    #: the server's calls between models (BLS); None where there is none (an isolated child)
+    calls: ModelCalls | None = None
+
+    def caller(self) -> ModelCaller:
+        """This model version's calls to other models (engine/backends/bls.py)."""
+        if self.calls is None:
+            raise InferenceError(
+                Code.UNSUPPORTED, f"model '{self.name}' cannot call other models here (process-isolated models cannot)"
+            )
+        return self.calls.caller(self.name, self.version)
 
 
 @dataclass(slots=True)
@@ -42,6 +54,16 @@ class InstanceContext:
     #: state copies of its batches on it, so a model that runs on it needs no synchronization
     #: with them. 0 off the GPU.
     cuda_stream: int = 0
+
+    def infer(self, model: str, inputs: Mapping[str, np.ndarray], **options: Any) -> InferResult:
+        """Call another model from ``execute`` and wait for its result (BLS; docs/pipelines.md):
+        ``version``, ``sequence_id``, ``sequence_start``, ``sequence_end``, ``outputs``,
+        ``request_id``, ``parameters``, ``timeout_s``. Raises InferenceError on its error."""
+        return self.model.caller().infer(model, inputs, **options)
+
+    def stream(self, model: str, inputs: Mapping[str, np.ndarray], **options: Any) -> Iterator[InferResult]:
+        """Call a model (a decoupled one, typically) and iterate over its responses."""
+        return self.model.caller().stream(model, inputs, **options)
 
 
 #: Triton's default for --backend-config=default-max-batch-size

@@ -16,6 +16,13 @@ The batch-level API:
 and returns every output and every output state batched. One object is created per model
 instance; the engine never calls one object from two threads at once.
 
+``execute`` may call other models of the server (BLS, docs/pipelines.md) through the
+``InstanceContext`` that ``initialize`` got: ``ctx.infer(model, inputs, sequence_id=...,
+sequence_start=..., sequence_end=..., timeout_s=...)`` waits for the callee's ``InferResult``
+(raising ``InferenceError`` on its error), ``ctx.stream(...)`` iterates over a decoupled
+callee's responses. A call into a sequence model holds that sequence's slot as a client's
+request does. A model may not call itself from its own ``execute`` (refused: a deadlock).
+
 A decoupled model (``model_transaction_policy { decoupled: true }``) answers each request
 through ``batch.responder(i)`` instead (``send(outputs)`` any number of times, from any
 thread, then ``send(final=True)``; outputs shaped as that request's reply), and returns

@@ -37,6 +37,10 @@ Request rescheduling: a request released with ``TRITONSERVER_REQUEST_RELEASE_RES
 (``request.set_release_flags``) in a decoupled model with ``iterative_sequence: true`` has
 the outcome ``RESCHEDULE``: the engine queues it again as its sequence's next step
 (engine/model/iterations.py). Other models fail it with Triton's error.
+
+BLS: while ``execute`` runs (and in the tasks of an ``async def execute``), the instance is the
+current caller (``bls.CURRENT``), so ``pb_utils.InferenceRequest(...).exec()`` goes through this
+server's calls (``triton_bls``) and a call to the model itself is refused.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from seqserve.engine.backends import bls, triton_bls
 from seqserve.engine.backends import triton_utils as pb
 from seqserve.engine.backends.base import BackendInstance, InstanceContext, RequestResults
 from seqserve.engine.batch import ExecuteBatch
@@ -61,6 +66,9 @@ from seqserve.engine.responses import DEFERRED, RESCHEDULE
 log = logging.getLogger("seqserve.model")
 
 _KINDS = {"cpu": "CPU", "model": "MODEL"}
+
+# pb_utils.InferenceRequest.exec / async_exec run through the engine's calls (BLS)
+bls.TRITON_EXEC.install(triton_bls.TritonBls())
 
 
 def initialize_args(ictx: InstanceContext) -> dict[str, str]:
@@ -100,9 +108,16 @@ class TritonInstance(BackendInstance):
         # instance's lifetime (as in Triton), so tasks a model starts outlive the execute call
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
+        # who calls, for pb_utils.InferenceRequest.exec (BLS) during execute
+        calls = ictx.model.calls
+        self._caller = calls.caller(ictx.model.name, ictx.model.version) if calls is not None else None
         init = getattr(obj, "initialize", None)
         if init is not None:
-            init(initialize_args(ictx))
+            bls_refused = bls.CURRENT.set(bls.NOT_EXECUTING)  # as in Triton: BLS only in execute
+            try:
+                init(initialize_args(ictx))
+            finally:
+                bls.CURRENT.reset(bls_refused)
         if not callable(getattr(obj, "execute", None)):
             raise InferenceError(Code.INVALID_ARG, f"python model '{self._name}' does not implement `execute` method")
 
@@ -110,6 +125,7 @@ class TritonInstance(BackendInstance):
 
     def execute(self, batch: ExecuteBatch) -> RequestResults:
         requests, owners, spans = self._requests(batch)
+        calling = bls.CURRENT.set(self._caller)  # copied into an async execute's task too
         try:
             returned = self._obj.execute(requests)
             if asyncio.iscoroutine(returned):
@@ -119,6 +135,8 @@ class TritonInstance(BackendInstance):
                 Code.INTERNAL,
                 f"Failed to process the request(s) for model '{self._instance_name}', message: {type(e).__name__}: {e}",
             ) from e
+        finally:
+            bls.CURRENT.reset(calling)
         responses = self._check_returned(requests, returned)
 
         outcomes: list[Any] = [None] * len(batch.request_rows)
@@ -310,10 +328,12 @@ class TritonInstance(BackendInstance):
 
     def finalize(self) -> None:
         fin = getattr(self._obj, "finalize", None)
+        bls_refused = bls.CURRENT.set(bls.NOT_EXECUTING)
         try:
             if fin is not None:
                 fin()
         finally:
+            bls.CURRENT.reset(bls_refused)
             loop, thread = self._loop, self._loop_thread
             if loop is not None and thread is not None:
                 loop.call_soon_threadsafe(loop.stop)

@@ -8,10 +8,10 @@ as it is. The names and behaviour follow Triton's python_backend (``Tensor``,
 flag constants and the helper functions of ``triton_python_backend_utils.py``).
 
 Custom metrics (``MetricFamily``, ``Metric``) appear on ``/metrics`` (``triton_metrics``).
-Not provided: BLS (``InferenceRequest.exec``/``async_exec`` raise), GPU tensors,
-``auto_complete_config``. Response senders work as in Triton (decoupled models stream any
-number of responses; see ``seqserve.engine.backends.triton_adapter``), and so does request
-rescheduling (``set_release_flags``) in iterative sequence models.
+BLS (``InferenceRequest.exec``/``async_exec``) calls other models (``triton_bls``). Not
+provided: GPU tensors, ``auto_complete_config``. Response senders work as in Triton (decoupled
+models stream any number of responses; see ``seqserve.engine.backends.triton_adapter``), and so
+does request rescheduling (``set_release_flags``) in iterative sequence models.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import numpy as np
 
 from seqserve._proto.model_config_pb2 import TYPE_BOOL
 from seqserve.engine.backends import triton_metrics
+from seqserve.engine.backends.bls import TRITON_EXEC
 from seqserve.engine.device.arrays import is_device_array
 from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.responses import Responder
@@ -48,6 +49,7 @@ __all__ = [
     "Metric",
     "MetricFamily",
     "ModelConfig",
+    "PreferredMemory",
     "Tensor",
     "TritonError",
     "TritonModelException",
@@ -336,15 +338,17 @@ class InferenceRequest:
         self,
         request_id: str = "",
         correlation_id: int | str = 0,
-        inputs: Sequence[Tensor] = (),
-        requested_output_names: Sequence[str] = (),
-        model_name: str = "",
+        inputs: Sequence[Tensor] | None = None,
+        requested_output_names: Sequence[str] | None = None,
+        model_name: str | None = None,
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
         parameters: dict[str, Any] | str | None = None,
         **_ignored: Any,
     ) -> None:
+        if inputs is None or requested_output_names is None or model_name is None:  # as Triton's constructor
+            raise TypeError("InferenceRequest: model_name, inputs and requested_output_names are required")
         if not isinstance(correlation_id, (int, str)):
             raise TritonModelException("Correlation ID must be integer or string")
         self._request_id = request_id
@@ -428,10 +432,14 @@ class InferenceRequest:
         return self._release_flags
 
     def exec(self, decoupled: bool = False) -> Any:
-        raise TritonModelException("BLS (InferenceRequest.exec) is not supported by seqserve yet")
+        """BLS: run this request on ``model_name`` and wait (GIL released) for the response, or
+        (``decoupled``) an iterator over the responses; errors come back as the response's
+        ``TritonError`` (``seqserve.engine.backends.triton_bls``)."""
+        return TRITON_EXEC.runner().execute(self, self._model_name, self._model_version, decoupled)
 
     def async_exec(self, decoupled: bool = False) -> Any:
-        raise TritonModelException("BLS (InferenceRequest.async_exec) is not supported by seqserve yet")
+        """BLS from an ``async def execute``: an awaitable of what ``exec`` returns."""
+        return TRITON_EXEC.runner().execute_async(self, self._model_name, self._model_version, decoupled)
 
 
 # ------------------------------------------------------------------------------ logging
@@ -559,3 +567,11 @@ class ModelConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return self._model_config  # type: ignore[no-any-return]
+
+
+class PreferredMemory:
+    """Where a BLS call's outputs should be put (accepted; seqserve returns them in CPU memory)."""
+
+    def __init__(self, preferred_memory_type: int = TRITONSERVER_MEMORY_CPU, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends import Backend, BackendInstance, InstanceContext, ModelContext
+from seqserve.engine.backends.bls import ModelCalls
 from seqserve.engine.device.placement import place_instances
 from seqserve.engine.device.probe import GpuProbe, probe_gpus
 from seqserve.engine.isolation import IsolatedBackend
@@ -27,10 +28,17 @@ class StartedInstances:
 
 
 def start_instances(
-    cfg: mc.ModelConfig, *, version: int, model_dir: Path, backend: type[Backend], execution: ExecutionSettings
+    cfg: mc.ModelConfig,
+    *,
+    version: int,
+    model_dir: Path,
+    backend: type[Backend],
+    execution: ExecutionSettings,
+    calls: ModelCalls | None = None,
 ) -> StartedInstances:
     """The backend (wrapped for process isolation when ``execution`` says so) and one
-    instance per instance_group count, ready (isolated children load in parallel)."""
+    instance per instance_group count, ready (isolated children load in parallel).
+    ``calls``: the server's calls between models, for models that call others (BLS)."""
     ctx = ModelContext(
         name=cfg.name,
         version=version,
@@ -38,6 +46,7 @@ def start_instances(
         model_dir=model_dir,
         version_dir=model_dir / str(version),
         parameters={k: v.string_value for k, v in cfg.parameters.items()},
+        calls=calls,
     )
     started: Backend = (
         IsolatedBackend(ctx, backend, execute_timeout_s=execution.execute_timeout_s)

@@ -32,6 +32,7 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine._core import Batch, Code, InlineStats, Scheduler
 from seqserve.engine.backends import find_backend
 from seqserve.engine.backends.base import ragged_inputs
+from seqserve.engine.backends.bls import ModelCalls
 from seqserve.engine.batch import ExecuteBatch, RaggedInput, StateViews
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import DecoupledModelError, InferenceError
@@ -104,11 +105,13 @@ class LoadedModel:
         max_backlog_sequences: int = DEFAULT_MAX_BACKLOG_SEQUENCES,
         inline_max_batch_us: int = DEFAULT_INLINE_MAX_BATCH_US,
         kind_gpu_on_cpu: bool = False,
+        calls: ModelCalls | None = None,
     ) -> None:
         """``max_backlog_sequences``: the server's bound on backlogged sequences (0: none), for
         a sequence model whose config sets none (``sequence_batching.max_backlog_sequences``).
         ``inline_max_batch_us``: the server's bound of inline execution (0: never), for a
-        model whose config sets none (parameter ``inline_max_batch_us``)."""
+        model whose config sets none (parameter ``inline_max_batch_us``). ``calls``: the
+        server's calls between models (BLS)."""
         self.config = cfg
         self.name = cfg.name
         self.version = version
@@ -138,7 +141,9 @@ class LoadedModel:
             kind_gpu_on_cpu=kind_gpu_on_cpu,
         )
         check_iterative(cfg, process=execution.process)
-        started = start_instances(cfg, version=version, model_dir=model_dir, backend=backend_cls, execution=execution)
+        started = start_instances(
+            cfg, version=version, model_dir=model_dir, backend=backend_cls, execution=execution, calls=calls
+        )
         self.backend = started.backend
         self._instances = started.instances
         self.instance_names = started.names
@@ -271,6 +276,12 @@ class LoadedModel:
         """Inline execution: its bound (0: never inline), whether it is on now, and how many
         batches ran inline and on executor threads (docs/architecture.md, "Inline execution")."""
         return self._reports.inline_stats()
+
+    def end_inline(self) -> None:
+        """Event loop: never run inline again (it calls models: engine/backends/bls.py)."""
+        if self._inline is not None:
+            self._inline = None
+            self._core.configure_inline(0)
 
     # ------------------------------------------------------------------------- request
 

@@ -21,6 +21,7 @@ from typing import Any
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends import find_backend
 from seqserve.engine.backends.base import DEFAULT_MAX_BATCH_SIZE
+from seqserve.engine.backends.bls import ModelCalls
 from seqserve.engine.config import finish_model_config, parse_config_json, parse_model_config, validate_paths
 from seqserve.engine.config.ensemble import is_ensemble
 from seqserve.engine.ensemble import EnsembleModel
@@ -73,6 +74,7 @@ class LoadSettings:
     auto_complete: bool = True  # backends complete configs (Triton's default)
     default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE  # for a completed config that can batch
     kind_gpu_on_cpu: bool = False
+    calls: ModelCalls | None = None  # calls between models (BLS)
 
 
 @dataclass(slots=True)
@@ -485,6 +487,7 @@ class ModelTable:
                     max_backlog_sequences=settings.max_backlog_sequences,
                     inline_max_batch_us=settings.inline_max_batch_us,
                     kind_gpu_on_cpu=settings.kind_gpu_on_cpu,
+                    calls=settings.calls,
                 )
         except Exception as e:
             for m in versions.values():

@@ -25,6 +25,7 @@ from seqserve import __version__
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine.backends import add_backend_directory
 from seqserve.engine.backends.base import DEFAULT_MAX_BATCH_SIZE
+from seqserve.engine.backends.bls import ModelCalls
 from seqserve.engine.config import config_to_json
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, InferenceError
@@ -134,6 +135,8 @@ class Server:
         self.strict_readiness = strict_readiness
         self.auto_sequence_ids = auto_sequence_ids
         self.sessions = sessions or SessionPolicy()
+        #: calls between models (BLS): its models' requests to each other go through this server
+        self.calls = ModelCalls(self)
         #: the loaded models and every change to them
         self.models = ModelTable(
             [Path(r) for r in repos],
@@ -146,6 +149,7 @@ class Server:
                 auto_complete=auto_complete_config,
                 default_max_batch_size=default_max_batch_size,
                 kind_gpu_on_cpu=kind_gpu_on_cpu,
+                calls=self.calls,
             ),
             model_control=mode,
             repository_poll_secs=repository_poll_secs,
@@ -179,6 +183,7 @@ class Server:
 
         In poll mode every model loads (``models`` must be None) and, when
         ``repository_poll_secs`` > 0, the repository is polled from then on."""
+        self.calls.bind(asyncio.get_running_loop())
         await self.models.start(models)
         self.drain.started()
 
