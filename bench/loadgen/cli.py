@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime
 import os
 import platform
@@ -14,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.floors import FLOORS
-from bench.loadgen import report
-from bench.loadgen.cpu import CpuSample, ProcessTreeCpu, SystemCpu, find_listener_pid
+from bench.loadgen import report, sweep
+from bench.loadgen.cpu import CpuSample, ProcessTreeCpu, SystemCpu, find_listener_pid, split_delta
 from bench.loadgen.model_stats import StatsReader, StatsSnapshot, window
 from bench.loadgen.options import build_parser
 from bench.loadgen.progress import ProgressBar
@@ -64,6 +65,7 @@ def _spec(args: argparse.Namespace, target: Target, workload: Workload, conc: in
         "request_timeout_s": args.request_timeout,
         "streams": args.grpc_streams,
         "reply_order": args.grpc_reply_order,
+        "channels": args.grpc_channels,
     }
 
 
@@ -175,6 +177,7 @@ def _run_multi(
         if srv0 and srv1 and srv0.threads is not None and srv1.threads is not None:
             d = {k: v - srv0.threads.get(k, 0.0) for k, v in srv1.threads.items()}
             merged.server_threads_cpu_s = {k: round(v, 3) for k, v in sorted(d.items(), key=lambda kv: -kv[1]) if v > 0}
+        merged.engine_cpu_s, merged.workers_cpu_s = split_delta(srv0, srv1)
         merged.system_cpu_s = (sys1.cpu_s - sys0.cpu_s) if sys0 and sys1 else None
         if snaps:
             merged.model_stats = window(snaps["start"], snaps["end"])
@@ -186,12 +189,12 @@ def _run_multi(
     return out
 
 
-def _primary_target(args: argparse.Namespace) -> Target | None:
+def _primary_target(args: argparse.Namespace, workers: int | None = None, label: str = "seqserve") -> Target | None:
     if args.spawn:
-        srv = SpawnedServer(extra_args=list(args.server_arg))
+        srv = SpawnedServer(extra_args=[*args.server_arg, *sweep.server_flags(workers)])
         srv.start()
         assert srv.proc is not None
-        return Target(srv.http_url, srv.grpc_url, args.model, srv.proc.pid, srv, "seqserve")
+        return Target(srv.http_url, srv.grpc_url, args.model, srv.proc.pid, srv, label)
     if not (args.http_url or args.grpc_url):
         return None
     pid: int | None = None
@@ -263,6 +266,7 @@ def _check_args(args: argparse.Namespace) -> None:
         raise SystemExit("--period-ms must be > 0")
     if args.processes < 1:
         raise SystemExit("--processes must be >= 1")
+    sweep.check_workers_args(args)
     if args.processes > 1 and args.steps:
         raise SystemExit("--steps needs one generator process; use --duration with --processes")
     if args.plot is not None:
@@ -379,7 +383,9 @@ def _meta_doc(
         "warmup_s": args.warmup,
         "grpc_streams": args.grpc_streams,
         "grpc_reply_order": args.grpc_reply_order,
+        "grpc_channels": args.grpc_channels,
         "processes": args.processes,
+        "workers": args.workers_sweep if args.workers_sweep is not None else args.workers,
         "client_loop": outcomes[0].loop if outcomes else None,
         "cpu_count": os.cpu_count(),
         "loadavg": os.getloadavg(),
@@ -414,12 +420,22 @@ def main(argv: list[str] | None = None) -> int:
     workload: Workload | None = None
     meta: dict[str, Any] = {}
     targets_meta: list[dict[str, Any]] = []
+    worker_settings = sweep.settings(args)
+    sweeping = args.workers_sweep is not None
+    stages = [
+        (which, runs, n)
+        for which, runs in plans
+        for n in (worker_settings if which == "primary" and args.spawn else [None])
+    ]
     try:
-        for which, runs in plans:
+        for which, runs, workers in stages:
             if which == "primary":
-                primary = _primary_target(args)
+                label = sweep.label(workers, sweeping)
+                primary = _primary_target(args, workers, label)
                 assert primary is not None
                 target = primary
+                if sweeping:
+                    runs = [dataclasses.replace(r, label=label) for r in runs]
             else:
                 fl = SpawnedFloor(which)
                 fl.start()
@@ -433,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     wait_ready(target)
                 except (RuntimeError, TimeoutError) as e:
-                    print(f"bench: {target.label}: {e}", file=sys.stderr)
+                    print(sweep.rejected_message(str(e), workers) or f"bench: {target.label}: {e}", file=sys.stderr)
                     return 2
                 if workload is None:
                     try:
@@ -449,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     out, loop_name = run_coro(_run_single(args, target, runs, wl, ids, prog), args.loop)
                     out.loop = loop_name
+                if workers is not None:
+                    for row in out.rows:
+                        row["workers"] = workers
                 outcomes.append(out)
                 targets_meta.append(
                     {
@@ -468,10 +487,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r for o in outcomes for r in o.rows]
     results = [r for o in outcomes for r in o.results]
     warns, comps, issues = _print_report(args, rows, workload, loads)
+    sweep_table = sweep.sweep_rows(rows) if sweeping else []
+    if sweep_table:
+        print()
+        print("the worker sweep: each setting on its own server (`seqserve serve --workers N`); x first = steps/s")
+        print("over the first setting's; engine = the server process's own CPU, workers = its children's (summed):")
+        print(sweep.format_sweep(sweep_table))
     if args.plot is not None and rows:
         report.plot(args.plot, list(zip(rows, results, strict=True)))
         print(f"plot: {args.plot}")
     if args.json:
         meta_doc = _meta_doc(args, argv, targets_meta, workload, meta, outcomes)
-        report.write_json(args.json, meta_doc, rows, floor_comparison=comps, warnings=warns, problems=issues)
+        extra: dict[str, Any] = {"workers_sweep": sweep_table} if sweeping else {}
+        report.write_json(args.json, meta_doc, rows, floor_comparison=comps, warnings=warns, problems=issues, **extra)
     return 1 if issues else 0

@@ -5,6 +5,11 @@ from ``/proc/<pid>/stat`` (utime, stime: all threads of a process are included t
 root's and descendants' cutime/cstime, so the time of a child that exits and is reaped during
 the window still counts (it moves from the child's utime to its parent's cutime). Resolution is
 one clock tick (usually 10 ms), fine over windows of seconds.
+
+Per process kind: the root's own user+sys time is the engine's (``seqserve serve --workers N``: the
+parent process owns the models), everything else in the tree (live descendants, and the children
+reaped during the window, through the root's cutime/cstime) is the children's: the worker
+processes, or a model's isolation process.
 """
 
 from __future__ import annotations
@@ -25,6 +30,13 @@ class CpuSample:
     # the root process's threads, user+sys seconds by label: "main" (the thread whose tid is the pid,
     # e.g. the event loop) and the others by thread name (comm), summed over threads of that name
     threads: dict[str, float] | None = None
+    # the root process's own user+sys seconds (its threads, not its children): see the module's doc
+    root_cpu_s: float | None = None
+
+    @property
+    def children_cpu_s(self) -> float | None:
+        """Everything in the tree but the root's own time."""
+        return None if self.root_cpu_s is None else self.cpu_s - self.root_cpu_s
 
 
 def root_threads(pid: int) -> dict[str, float]:
@@ -46,8 +58,8 @@ def root_threads(pid: int) -> dict[str, float]:
     return out
 
 
-def _read_stat(pid: int) -> tuple[int, int] | None:
-    """(ppid, utime+stime+cutime+cstime in ticks) of one process, or None when it is gone."""
+def _read_stat(pid: int) -> tuple[int, int, int] | None:
+    """(ppid, utime+stime+cutime+cstime, utime+stime in ticks) of one process, or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -56,12 +68,19 @@ def _read_stat(pid: int) -> tuple[int, int] | None:
     # comm (field 2) may contain spaces and parentheses: split after the last ')'.
     fields = data[data.rindex(b")") + 2 :].split()
     # fields[0] is field 3 (state): ppid is field 4, utime..cstime are fields 14..17.
-    return int(fields[1]), int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+    own = int(fields[11]) + int(fields[12])
+    return int(fields[1]), own + int(fields[13]) + int(fields[14]), own
 
 
 def process_tree(root: int) -> dict[int, int]:
     """{pid: cpu ticks} of ``root`` and all its live descendants (walks every /proc/<pid>)."""
-    stats: dict[int, tuple[int, int]] = {}
+    return {pid: total for pid, (total, _) in process_tree_detail(root).items()}
+
+
+def process_tree_detail(root: int) -> dict[int, tuple[int, int]]:
+    """{pid: (cpu ticks with reaped children's, the process's own ticks)} of ``root`` and all its
+    live descendants."""
+    stats: dict[int, tuple[int, int, int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
             st = _read_stat(int(name))
@@ -70,13 +89,13 @@ def process_tree(root: int) -> dict[int, int]:
     if root not in stats:
         raise ProcessLookupError(f"no process {root}")
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
+    for pid, (ppid, _, _) in stats.items():
         children.setdefault(ppid, []).append(pid)
-    tree: dict[int, int] = {}
+    tree: dict[int, tuple[int, int]] = {}
     todo = [root]
     while todo:
         pid = todo.pop()
-        tree[pid] = stats[pid][1]
+        tree[pid] = stats[pid][1:]
         todo.extend(children.get(pid, ()))
     return tree
 
@@ -91,10 +110,12 @@ class ProcessTreeCpu:
     def sample(self) -> CpuSample | None:
         """None when the server process is gone."""
         try:
-            tree = process_tree(self.root_pid)
+            tree = process_tree_detail(self.root_pid)
         except ProcessLookupError:
             return None
-        return CpuSample(sum(tree.values()) / CLK_TCK, time.perf_counter(), len(tree), root_threads(self.root_pid))
+        total = sum(t for t, _ in tree.values()) / CLK_TCK
+        root_own = tree[self.root_pid][1] / CLK_TCK
+        return CpuSample(total, time.perf_counter(), len(tree), root_threads(self.root_pid), root_own)
 
 
 class ClientCpu:
@@ -118,6 +139,14 @@ class SystemCpu:
         # cpu user nice system idle iowait irq softirq steal (guest time is already in user)
         busy = sum(int(fields[i]) for i in (1, 2, 3, 6, 7, 8))
         return CpuSample(busy / CLK_TCK, time.perf_counter())
+
+
+def split_delta(a: CpuSample | None, b: CpuSample | None) -> tuple[float | None, float | None]:
+    """(root's own seconds, the children's seconds) between two samples of one tree; Nones when
+    either sample is missing."""
+    if a is None or b is None or a.root_cpu_s is None or b.root_cpu_s is None:
+        return None, None
+    return b.root_cpu_s - a.root_cpu_s, (b.children_cpu_s or 0.0) - (a.children_cpu_s or 0.0)
 
 
 def find_listener_pid(port: int) -> int | None:

@@ -104,6 +104,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure the generator's ceiling against the floor for each transport (--spawn-floor auto) "
         "and warn when a run's throughput or client CPU is near it",
     )
+    t.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="--spawn: start the server with `seqserve serve --workers N` (front-end worker processes "
+        "feeding one engine); the report splits the server's CPU per step into the engine's (the server "
+        "process) and the workers' (its children). Default: the server's own default",
+    )
+    t.add_argument(
+        "--workers-sweep",
+        type=int_list,
+        metavar="N,N,...",
+        help="--spawn: run the whole plan once per setting, each on a server started with --workers N, "
+        "and print one sweep row per setting (steps/s against the first setting's, p50, p99, engine and "
+        "workers CPU per step); e.g. 1,2,4,8,12",
+    )
     t.add_argument("--model", default="accumulator", help="model name (default: accumulator)")
     w = p.add_argument_group("workload")
     w.add_argument(
@@ -160,6 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="grpc-stream: 'completion' opens the streams with the seqserve-reply-order: completion header, so "
         "seqserve writes each reply as it completes and a shared stream does not stall behind a backlogged "
         "START; 'request' (default) sends no header: request order, as Triton",
+    )
+    w.add_argument(
+        "--grpc-channels",
+        type=int,
+        default=1,
+        metavar="N",
+        help="gRPC: channels per generator process, each its own connection, the sequences (unary) or "
+        "streams (stream) spread over them (default: 1). A server with worker processes shares out "
+        "connections, not requests: give enough connections for every worker",
     )
     w.add_argument("--string-ids", action="store_true", help="string sequence ids instead of uint64")
     w.add_argument(

@@ -68,6 +68,9 @@ def summarize(r: RunResult) -> dict[str, Any]:
         "server_threads_us_per_step": {k: round(v / n * 1e6, 1) for k, v in threads.items()} if threads and n else None,
         "server_cpu_us_per_step": (r.server_cpu_s / n * 1e6) if (r.server_cpu_s is not None and n) else None,
         "server_cpu_util": (r.server_cpu_s / r.window_s) if (r.server_cpu_s is not None and r.window_s) else None,
+        # per process kind: the server's own process (the engine) and its children (the workers)
+        "engine_cpu_us_per_step": (r.engine_cpu_s / n * 1e6) if (r.engine_cpu_s is not None and n) else None,
+        "workers_cpu_us_per_step": (r.workers_cpu_s / n * 1e6) if (r.workers_cpu_s is not None and n) else None,
         "client_cpu_s": r.client_cpu_s,
         "client_cpu_us_per_step": (r.client_cpu_s / n * 1e6) if n else None,
         "client_cpu_util": r.client_cpu_s / r.window_s if r.window_s else None,
@@ -134,6 +137,10 @@ _COLUMNS = [
     ("errors", "errors", "{}"),
     ("wrong", "wrong", "{}"),
 ]
+_PER_KIND = [
+    ("engine us/step", "engine_cpu_us_per_step", "{:.1f}"),
+    ("workers us/step", "workers_cpu_us_per_step", "{:.0f}"),
+]
 _PACED = [
     ("miss%", "miss_pct", "{:.2f}"),
     ("streams on time", "on_time", "{}"),
@@ -141,7 +148,7 @@ _PACED = [
 ]
 
 
-def _cells(rows: list[list[str]]) -> str:
+def text_table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for j, r in enumerate(rows):
@@ -154,6 +161,9 @@ def _cells(rows: list[list[str]]) -> str:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     cols = list(_COLUMNS)
+    if any((r.get("server_nprocs") or 1) > 1 for r in rows):  # worker processes: the CPU per process kind
+        at = cols.index(("srv cpu%", "server_cpu_util", "{:.0%}"))
+        cols[at:at] = _PER_KIND
     if any(r["mode"] == "paced" for r in rows):
         cols += _PACED
     if len({r["target"] for r in rows}) > 1:
@@ -164,7 +174,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         if row["mode"] == "paced":
             row["on_time"] = f"{row['streams_ok']}/{row['streams']}"
         cells.append([("-" if row.get(k) is None else f.format(row[k])) for _, k, f in cols])
-    return _cells(cells)
+    return text_table(cells)
 
 
 def format_overhead(rows: list[dict[str, Any]]) -> str:
@@ -188,7 +198,7 @@ def format_overhead(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         row = dict(row, load=_load(row))
         cells.append([("-" if row.get(k) is None else f.format(row[k])) for _, k, f in cols])
-    return _cells(cells)
+    return text_table(cells)
 
 
 def overhead_medians(rows: list[dict[str, Any]]) -> str:
@@ -212,7 +222,7 @@ def overhead_medians(rows: list[dict[str, Any]]) -> str:
     for (_, transport, load), g in groups.items():
         cells.append([transport, f"c={load}", str(len(g))] + [spread(g, k) for k in
                      ("server_cpu_us_per_step", "execute_us_per_step", "server_own_us_per_step")])  # fmt: skip
-    return _cells(cells)
+    return text_table(cells)
 
 
 def ceiling_note(rows: list[dict[str, Any]]) -> str:
@@ -321,7 +331,7 @@ def compare_floors(rows: list[dict[str, Any]]) -> tuple[str, list[str], list[dic
                 f_(c["ceiling_client_cpu_per_process"], "{:.0%}"),
             ]
         )  # fmt: skip
-    return _cells(cells), warns, comps
+    return text_table(cells), warns, comps
 
 
 def problems(rows: list[dict[str, Any]]) -> list[str]:

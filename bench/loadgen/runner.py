@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.loadgen.cpu import ClientCpu, CpuSample, ProcessTreeCpu, SystemCpu
+from bench.loadgen.cpu import ClientCpu, CpuSample, ProcessTreeCpu, SystemCpu, split_delta
 from bench.loadgen.transports import SeqId, Transport
 from bench.loadgen.workload import Workload, check
 
@@ -95,6 +95,10 @@ class RunResult:
     server_cpu_s: float | None = None
     server_nprocs: int | None = None
     server_threads_cpu_s: dict[str, float] | None = None  # the root process's threads (see cpu.CpuSample)
+    # the server's CPU per process kind (bench.loadgen.cpu): the root process's own (the engine) and
+    # the rest of its tree (the worker processes of `seqserve serve --workers N`)
+    engine_cpu_s: float | None = None
+    workers_cpu_s: float | None = None
     client_cpu_s: float = 0.0
     system_cpu_s: float | None = None  # busy CPU of the whole machine over the window
     # the model's statistics over the window (bench.loadgen.model_stats.window), when read (--model-stats)
@@ -139,6 +143,8 @@ class RunResult:
             server_cpu_s=self.server_cpu_s if self.server_cpu_s is not None else other.server_cpu_s,  # measured once
             server_nprocs=self.server_nprocs or other.server_nprocs,
             server_threads_cpu_s=self.server_threads_cpu_s or other.server_threads_cpu_s,
+            engine_cpu_s=self.engine_cpu_s if self.engine_cpu_s is not None else other.engine_cpu_s,
+            workers_cpu_s=self.workers_cpu_s if self.workers_cpu_s is not None else other.workers_cpu_s,
             client_cpu_s=self.client_cpu_s + other.client_cpu_s,
             system_cpu_s=self.system_cpu_s if self.system_cpu_s is not None else other.system_cpu_s,
             model_stats=self.model_stats if self.model_stats is not None else other.model_stats,
@@ -368,6 +374,7 @@ async def run_load(
             run._error(w.exception())  # type: ignore[arg-type]
 
     paced = cfg.mode == "paced"
+    engine_s, workers_s = split_delta(srv0, srv1)
     return RunResult(
         transport=cfg.transport,
         concurrency=cfg.concurrency,
@@ -392,6 +399,8 @@ async def run_load(
         server_cpu_s=(srv1.cpu_s - srv0.cpu_s) if srv0 and srv1 else None,
         server_nprocs=srv1.nprocs if srv1 else None,
         server_threads_cpu_s=_thread_delta(srv0, srv1),
+        engine_cpu_s=engine_s,
+        workers_cpu_s=workers_s,
         client_cpu_s=cli1.cpu_s - cli0.cpu_s,
         system_cpu_s=(sys1.cpu_s - sys0.cpu_s) if sys0 and sys1 else None,
     )

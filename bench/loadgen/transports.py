@@ -48,6 +48,7 @@ class TransportSpec:
         request_timeout_s: float = 30.0,
         streams: int = 1,
         reply_order: str = "request",
+        channels: int = 1,
     ) -> None:
         self.http_url = http_url
         self.grpc_url = grpc_url
@@ -59,6 +60,29 @@ class TransportSpec:
         # grpc-stream: "completion" asks seqserve for replies as they complete (the
         # seqserve-reply-order header); "request" sends no header (Triton's request order)
         self.reply_order = reply_order
+        # gRPC: channels (each its own TCP connection) the lanes are spread over; more than one lets
+        # a server with worker processes (SO_REUSEPORT) spread one generator process's load
+        self.channels = channels
+
+
+def _grpc_clients(spec: TransportSpec) -> list[Any]:
+    """``spec.channels`` tritonclient gRPC clients; beyond one, each gets its own subchannel pool,
+    so its own connection (grpc otherwise shares one connection between channels to one target)."""
+    import tritonclient.grpc.aio as grpcaio
+
+    if spec.channels <= 1:
+        return [grpcaio.InferenceServerClient(spec.grpc_url)]
+    own_connection = [
+        ("grpc.max_send_message_length", 2**31 - 1),
+        ("grpc.max_receive_message_length", 2**31 - 1),
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
+    return [grpcaio.InferenceServerClient(spec.grpc_url, channel_args=own_connection) for _ in range(spec.channels)]
+
+
+async def _close_clients(clients: list[Any]) -> None:
+    for c in clients:
+        await c.close()
 
 
 def _output(result: Any, name: str | None) -> np.ndarray | None:
@@ -122,7 +146,8 @@ class HttpTransport:
 
 
 class GrpcUnaryTransport:
-    """One ModelInfer RPC per step (tritonclient.grpc.aio), all sequences on one channel."""
+    """One ModelInfer RPC per step (tritonclient.grpc.aio), all sequences on one channel (or lane
+    ``i`` on channel ``i % spec.channels``)."""
 
     name = "grpc-unary"
 
@@ -134,15 +159,13 @@ class GrpcUnaryTransport:
         self.spec = spec
         self._mod = grpcclient
         self._outputs = [grpcclient.InferRequestedOutput(spec.output_name)] if spec.output_name else None
-        self.client: Any = None
+        self.clients: list[Any] = []
 
     async def open(self) -> None:
-        import tritonclient.grpc.aio as grpcaio
-
-        self.client = grpcaio.InferenceServerClient(self.spec.grpc_url)
+        self.clients = _grpc_clients(self.spec)
 
     async def step(self, seq_id: SeqId, payload: Payload, start: bool, end: bool, lane: int = 0) -> np.ndarray | None:
-        res = await self.client.infer(
+        res = await self.clients[lane % len(self.clients)].infer(
             self.spec.model,
             _grpc_inputs(self._mod, payload),
             outputs=self._outputs,
@@ -154,9 +177,8 @@ class GrpcUnaryTransport:
         return _output(res, self.spec.output_name)
 
     async def close(self) -> None:
-        if self.client is not None:
-            await self.client.close()
-            self.client = None
+        clients, self.clients = self.clients, []
+        await _close_clients(clients)
 
 
 class StreamError(RuntimeError):
@@ -233,9 +255,10 @@ class _Stream:
 
 class GrpcStreamTransport:
     """Sequences multiplexed on ModelStreamInfer bidi streams (tritonclient.grpc.aio ``stream_infer``
-    fed by an async request iterator), all on one channel; responses are matched to requests by
-    request id. ``spec.streams`` streams (0: one per concurrent sequence); lane ``i`` (the i-th
-    concurrent sequence) always uses stream ``i % streams``. ``spec.reply_order == "completion"``
+    fed by an async request iterator), all on one channel (or stream ``j`` on channel ``j %
+    spec.channels``); responses are matched to requests by request id. ``spec.streams`` streams
+    (0: one per concurrent sequence); lane ``i`` (the i-th concurrent sequence) always uses stream
+    ``i % streams``. ``spec.reply_order == "completion"``
     opens them with the ``seqserve-reply-order: completion`` header.
 
     tritonclient's response iterator turns an error response into a bare exception and drops its
@@ -255,15 +278,13 @@ class GrpcStreamTransport:
         self._outputs = [grpcclient.InferRequestedOutput(spec.output_name)] if spec.output_name else None
         self._ids = itertools.count(1)
         self._streams: list[_Stream] = []
-        self.client: Any = None
+        self.clients: list[Any] = []
 
     async def open(self) -> None:
-        import tritonclient.grpc.aio as grpcaio
-
-        self.client = grpcaio.InferenceServerClient(self.spec.grpc_url)
+        self.clients = _grpc_clients(self.spec)
         n = self.spec.streams if self.spec.streams > 0 else self.spec.concurrency
         headers = {"seqserve-reply-order": "completion"} if self.spec.reply_order == "completion" else None
-        self._streams = [_Stream(self.client, headers) for _ in range(max(1, n))]
+        self._streams = [_Stream(self.clients[j % len(self.clients)], headers) for j in range(max(1, n))]
 
     @property
     def orphans(self) -> int:
@@ -296,9 +317,8 @@ class GrpcStreamTransport:
     async def close(self) -> None:
         await asyncio.gather(*(s.close() for s in self._streams))
         self._streams = []
-        if self.client is not None:
-            await self.client.close()
-            self.client = None
+        clients, self.clients = self.clients, []
+        await _close_clients(clients)
 
 
 TRANSPORTS: dict[str, Callable[[TransportSpec], Transport]] = {
