@@ -682,8 +682,12 @@ class ShmRegion(metaclass=_Pybind11Type):
         inputs: list[_SlabTensorArg] = ...,
         *,
         cancel: bool = False,
+        client: int = 0,
+        slow: bool = False,
     ) -> bool:
-        """Worker side: publish a request; False when the ring is full (back-pressure)."""
+        """Worker side: publish a request; False when the ring is full (back-pressure). client: the key its
+        session's tombstones count against (0: the header's); slow: the engine must take it through its
+        Python path (RingFeeder.take_slow) even when the model's target is on the compiled path."""
     def pop_request(self, worker: int) -> tuple[int, bool, RequestHeader, list[_SlabTensor]] | None:
         """Engine side, for tests: the oldest request of one worker as (target, cancel, header, inputs), or None."""
     def push_reply(
@@ -707,6 +711,10 @@ class ShmRegion(metaclass=_Pybind11Type):
         """Worker side, for an event loop watching worker_eventfds[worker]: True when replies are already
         there (drain them); False when the eventfd will become readable at the next reply (read it to reset
         it, drain, arm again)."""
+    def reset_worker(self, worker: int) -> None:
+        """Lay worker w's rings, doorbell and both slab pools out afresh (a dead worker's, before its
+        replacement attaches). Only once nothing uses them: the worker process is gone, the engine holds
+        none of its requests, and no thread drains its ring (with a RingFeeder, call its reset_worker)."""
     def pending(self, worker: int, requests: bool) -> int:
         """Records waiting on a worker's request (or reply) ring."""
     def counters(self) -> dict[str, int]: ...
