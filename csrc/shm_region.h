@@ -106,7 +106,12 @@ struct RequestRecord {
 enum ReplyFlag : uint32_t {
   kReplyError = 1u << 0,  // code and error say why; no outputs
   kReplyFinal = 1u << 1,  // the last reply for this handle (decoupled models send several)
+  kReplyBacklogFull = 1u << 2,  // a refusal by admission control: worth retrying later
+  kReplyReleased = 1u << 3,     // a refusal: the sequence was checkpointed and released from here
 };
+// Bits 8..31 of a refusal's flags: how long it lasts, in ms (0: not said).
+constexpr int kReplyRetryShift = 8;
+constexpr uint32_t kReplyRetryMaxMs = (1u << 24) - 1;
 
 struct ReplyRecord {
   uint64_t handle = 0;

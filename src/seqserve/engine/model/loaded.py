@@ -4,12 +4,10 @@ request through them.
 ``submit`` (event loop): validate against the config (``CheckedRequest``: the request laid
 out for the core), hand its header and buffers to the core, return a future (or take a
 callback, for streaming). The core calls ``_run`` with the GIL held, once per batch: on the
-instance's executor thread, or, for a cheap in-process Python model, inline on the event loop
-(``InlineExecution``, a callback scheduled after submit; see docs/architecture.md, "Inline
-execution"). ``_run`` goes in phases: build the batch, execute it, scatter its outputs into
-replies, finish (replies go back to the loop through ``Delivery``). A request whose client
-goes away (its future cancelled, or the cancel() of a streaming submit called) leaves the
-core's queues before it runs.
+instance's executor thread, or inline on the event loop (``InlineExecution``; see
+docs/architecture.md, "Inline execution"). ``_run`` goes in phases: build the batch, execute
+it, scatter its outputs into replies, finish (replies go back through ``Delivery``, those of
+ring requests through model/rings.py). A cancelled request leaves the queues before it runs.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from seqserve._proto import model_config_pb2 as mc
-from seqserve.engine._core import Batch, Code, InlineStats, Scheduler
+from seqserve.engine._core import Batch, Code, InlineStats, RingFeeder, Scheduler
 from seqserve.engine.backends import find_backend
 from seqserve.engine.backends.base import ragged_inputs
 from seqserve.engine.batch import ExecuteBatch, RaggedInput, StateViews
@@ -45,6 +43,7 @@ from seqserve.engine.model.inline import InlineExecution, inline_eligible
 from seqserve.engine.model.instances import start_instances
 from seqserve.engine.model.reports import ModelReports
 from seqserve.engine.model.request_log import RequestLog
+from seqserve.engine.model.rings import RingBatch, RingRows, attach_rings
 from seqserve.engine.model.sequence_views import SequenceViews, expiry_log
 from seqserve.engine.model.spec import build_core_spec
 from seqserve.engine.model.validation import INTEGER_CORRID, RequestValidator
@@ -66,9 +65,8 @@ DEFAULT_MAX_BACKLOG_SEQUENCES = 1024
 
 
 class RequestFuture(asyncio.Future[InferResult]):
-    """A single-response request's future. Cancelling it (the caller went away: a gRPC call
-    cancelled, an HTTP client disconnected, an awaiting task cancelled) also takes the request
-    out of the core's queues."""
+    """A single-response request's future. Cancelling it (the caller went away) also takes the
+    request out of the core's queues."""
 
     # The request's core names, not its Pending: that refers to this future, and a cycle would
     # leave every request to the garbage collector. Set by submit (no __init__: the hot path).
@@ -125,6 +123,7 @@ class LoadedModel:
         self._closed = False
         self._has_ragged = bool(ragged_inputs(cfg))
         self._traced = False  # a traced request was queued: batches look for traces (engine/tracing.py)
+        self._ring: RingRows | None = None  # requests from the workers' rings on the compiled path
 
         backend_cls = find_backend(cfg)
         backend_cls.check(cfg)
@@ -184,6 +183,12 @@ class LoadedModel:
         self._checkpoints = SequenceCheckpoints(self.name, version, is_sequence=seq, core=core, spec=spec)
         self._core.start()
 
+    def serve_rings(self, feeder: RingFeeder, target: int, *, fast: bool = True) -> bool:
+        """Serve the workers' rings as ``target``; True: on the compiled path (see model/rings.py)."""
+        per_request = any(i.uses_responders for i in self._instances) or self._watchdog is not None
+        self._ring = attach_rings(self.config, self._core, feeder, target, fast=fast, per_request=per_request)
+        return self._ring is not None
+
     # ------------------------------------------------------------------ sequence API
 
     @property
@@ -201,8 +206,7 @@ class LoadedModel:
 
     @property
     def open_requests(self) -> int:
-        """Requests submitted and not answered for good: queued, in a running batch, or (sent
-        to a responder) still waiting for their final response."""
+        """Requests submitted and not answered for good: queued, running, or awaiting a final response."""
         running = [r for recs in list(self._running.values()) for r in recs if r is not None]
         return len(self._pending) + len(running) + self._delivery.open_responses_besides(running)
 
@@ -400,6 +404,7 @@ class LoadedModel:
         # Whoever pops the instance's entry answers these requests: this thread once execute
         # returns, or close() when it left this thread behind in execute.
         running[cb.instance] = recs
+        ring = self._ring.batch(cb) if self._ring is not None else None
         traces = self._batch_traces(cb, recs) if self._traced else None
         try:
             batch = self._build(cb, recs)
@@ -417,12 +422,12 @@ class LoadedModel:
         if traces:
             _stamp(traces, COMPUTE_OUTPUT_START)
         try:
-            replies = self._scatter(cb, recs, produced, responders=batch.responder is not None)
+            replies = self._scatter(cb, recs, produced, responders=batch.responder is not None, ring=ring)
         except Exception as e:
             return self._batch_failed(cb, recs, e)
         if traces:
             _stamp(traces, COMPUTE_END)
-        self._finish(cb, replies)
+        self._finish(cb, replies, ring)
         return True
 
     def _batch_traces(self, cb: Batch, recs: list[Pending | None]) -> list[RequestTrace]:
@@ -452,7 +457,7 @@ class LoadedModel:
             end=cb.end,
             ready=cb.ready,
             corrid=cb.corrid,
-            request_rows=[c.rows if c is not None else 1 for c in checked],
+            request_rows=cb.request_rows,
             request_outputs=[c.outputs if c is not None else None for c in checked],
             request_ids=[c.request.id if c is not None else "" for c in checked],
             request_parameters=[c.request.parameters if c is not None else {} for c in checked],
@@ -470,7 +475,13 @@ class LoadedModel:
         return execute(batch) if watchdog is None else watchdog.call(execute, batch, recs)
 
     def _scatter(
-        self, cb: Batch, recs: list[Pending | None], produced: Mapping[str, np.ndarray], *, responders: bool
+        self,
+        cb: Batch,
+        recs: list[Pending | None],
+        produced: Mapping[str, np.ndarray],
+        *,
+        responders: bool,
+        ring: RingBatch | None,
     ) -> list[tuple[Pending, Reply]]:
         """The batch has run: output states back into the core, outputs split into replies."""
         cb.mark_executed()
@@ -490,12 +501,15 @@ class LoadedModel:
         if table is not None:
             table.finish()
             produced = host_outputs(produced, self._spec.state_outputs)
-        return delivery.replies(recs, cb.size, produced, responders=responders)
+        if ring is not None:
+            ring.take(produced, cb.size)
+        return delivery.replies(recs, cb.size, produced, responders=responders, rows=cb.request_rows if ring else None)
 
-    def _finish(self, cb: Batch, replies: list[tuple[Pending, Reply]]) -> None:
-        """Statistics first (a client that sees its reply sees them counted), then the replies:
-        now when the batch ran inline on the loop, else posted to it."""
+    def _finish(self, cb: Batch, replies: list[tuple[Pending, Reply]], ring: RingBatch | None) -> None:
+        """Statistics first (a client that sees its reply sees them counted), then the replies."""
         cb.finish(True)
+        if ring is not None:
+            ring.send()
         if cb.inline:
             self._delivery.deliver(replies)
         else:
@@ -511,6 +525,8 @@ class LoadedModel:
             else InferenceError(Code.INTERNAL, f"model '{self.name}' failed: {type(e).__name__}: {e}")
         )
         cb.finish(False)
+        if self._ring is not None:
+            self._ring.fail(cb, err)
         self._delivery.batch_failed(recs, err, lambda rec, error: self._failures.failed(rec, error, e))
         return False
 
