@@ -212,6 +212,7 @@ void RingFeeder::submit_fast(int w, const Target& t, const shm::RequestRecord& r
     {
       std::lock_guard<std::mutex> lk(mu_);
       ++counters_.bad;
+      ++refused_by_target_[r.target];
     }
     send_error(w, handle, kInvalidArg,
                "request for model '" + t.sched->spec().name + "' does not match its config: " + bad);
@@ -238,7 +239,7 @@ void RingFeeder::submit_fast(int w, const Target& t, const shm::RequestRecord& r
   }
   {
     std::unique_lock<std::mutex> lk(mu_);
-    if (!inflight_.emplace(key, entry).second) {  // the worker reused a live handle: dropped
+    if (!inflight_.emplace(key, std::move(entry)).second) {  // the worker reused a live handle: dropped
       ++counters_.bad;
       lk.unlock();
       sched.recycle(req);
@@ -256,6 +257,7 @@ void RingFeeder::submit_fast(int w, const Target& t, const shm::RequestRecord& r
   {
     std::lock_guard<std::mutex> lk(mu_);
     ++counters_.refused;
+    ++refused_by_target_[r.target];
   }
   free_blocks(w, gone.blocks);
   uint32_t flags = (res.backlog_full ? shm::kReplyBacklogFull : 0u) | (res.released ? shm::kReplyReleased : 0u);
@@ -423,6 +425,12 @@ size_t RingFeeder::queued_replies(int w) {
   if (w < 0 || w >= region_.workers()) throw std::out_of_range("no worker " + std::to_string(w));
   std::lock_guard<std::mutex> lk(replies_mu_);
   return queued_[w].size();
+}
+
+uint64_t RingFeeder::refused(uint32_t target) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = refused_by_target_.find(target);
+  return it == refused_by_target_.end() ? 0 : it->second;
 }
 
 FeederCounters RingFeeder::counters() {

@@ -105,6 +105,9 @@ class RingFeeder : public RingSink {
   int64_t inflight(int w);
   size_t queued_replies(int w);
   FeederCounters counters();
+  // The target's requests answered with a refusal or as malformed: the in-process path counts
+  // these as the model's failed requests (statistics), so the engine adds them.
+  uint64_t refused(uint32_t target);
 
  private:
   struct Target {
@@ -148,6 +151,7 @@ class RingFeeder : public RingSink {
   std::vector<SlowRecord> slow_;
   bool slow_signalled_ = false;
   FeederCounters counters_;
+  std::unordered_map<uint32_t, uint64_t> refused_by_target_;
 
   std::mutex replies_mu_;
   std::vector<std::deque<QueuedReply>> queued_;

@@ -179,6 +179,9 @@ void bind_feeder(py::module_& m) {
       .def(
           "queued_replies", [](PyFeeder& f, int w) { return f.feeder().queued_replies(f.checked(w)); },
           py::arg("worker"), "Replies waiting for room on the worker's reply ring or in its blocks.")
+      .def(
+          "refused", [](PyFeeder& f, uint32_t target) { return f.feeder().refused(target); }, py::arg("target"),
+          "The target's requests refused or malformed: failed requests, as the in-process path counts them.")
       .def("counters",
            [](PyFeeder& f) {
              const FeederCounters c = f.feeder().counters();

@@ -187,6 +187,11 @@ ConsumeResult consume(Region& region, uint32_t producers, uint64_t expected, boo
 
 void bind_rings(py::module_& m) {
   g_request_header_type = m.attr("RequestHeader");
+  m.attr("REPLY_ERROR") = py::int_(static_cast<uint32_t>(shm::kReplyError));
+  m.attr("REPLY_FINAL") = py::int_(static_cast<uint32_t>(shm::kReplyFinal));
+  m.attr("REPLY_BACKLOG_FULL") = py::int_(static_cast<uint32_t>(shm::kReplyBacklogFull));
+  m.attr("REPLY_RELEASED") = py::int_(static_cast<uint32_t>(shm::kReplyReleased));
+  m.attr("REPLY_RETRY_SHIFT") = py::int_(shm::kReplyRetryShift);
   py::class_<Region>(m, "ShmRegion",
                      "The shared-memory transport between front-end workers and the engine: per worker a request\n"
                      "ring, a reply ring and two slab pools, in one memfd; eventfds wake a sleeping side.")
@@ -356,6 +361,28 @@ void bind_rings(py::module_& m) {
             return out;
           },
           py::arg("worker"), "Worker side: the oldest reply as (handle, final, code, error or None, outputs), or None.")
+      .def(
+          "pop_replies",
+          [](Region& r, int w, size_t max) {
+            py::list out;
+            r.drain_replies(
+                checked_worker(r, w),
+                [&](const ReplyRecord& rec) {
+                  py::object error = py::none();
+                  if (rec.flags & shm::kReplyError) {
+                    error = py::reinterpret_steal<py::object>(
+                        PyUnicode_DecodeUTF8(rec.error.data(), static_cast<Py_ssize_t>(rec.error.size()), "replace"));
+                    if (!error) throw py::error_already_set();
+                  }
+                  out.append(py::make_tuple(rec.handle, rec.flags, rec.code, error, slab_tensors_to(rec.outputs)));
+                },
+                max);
+            return out;
+          },
+          py::arg("worker"), py::arg("max") = 64,
+          "Worker side: up to max replies, oldest first, as (handle, flags, code, error or None, outputs).\n"
+          "flags: REPLY_FINAL, REPLY_ERROR, and for refusals REPLY_BACKLOG_FULL, REPLY_RELEASED and in bits\n"
+          "8..31 how long the refusal lasts in ms (flags >> REPLY_RETRY_SHIFT; 0: not said).")
       .def(
           "wait_requests",
           [](Region& r, double timeout) {

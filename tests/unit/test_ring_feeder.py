@@ -257,6 +257,8 @@ def test_refusals_come_back_as_the_in_process_path_words_them(tmp_path: Path) ->
         worker.step(2, 21, 1, 1.0, end=True)  # a slot frees: the backlogged sequence 3 runs
         got = worker.replies(2)
         assert got[21][0] == 0 and got[13][0] == 0
+        # statistics count the two refusals of each path alike
+        assert feeder.refused(2) == 2 and model.statistics()["fail"]["count"] == 4
     finally:
         feeder.close()
         model.close(force=True)

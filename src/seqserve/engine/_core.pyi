@@ -640,6 +640,15 @@ class DLPackView(metaclass=_Pybind11Type):
 _SlabTensor: TypeAlias = tuple[int, int, int, tuple[int, ...]]
 _SlabTensorArg: TypeAlias = tuple[int, int, int, list[int] | tuple[int, ...]]
 
+#: Reply flags (ShmRegion.pop_replies): an error; the last reply of its request; a refusal by
+#: admission control (retry later); a refusal of a sequence checkpointed and released from here;
+#: the shift of a refusal's retry time in ms.
+REPLY_ERROR: int
+REPLY_FINAL: int
+REPLY_BACKLOG_FULL: int
+REPLY_RELEASED: int
+REPLY_RETRY_SHIFT: int
+
 class ShmRegion(metaclass=_Pybind11Type):
     """The shared-memory transport between front-end workers and the engine: per worker a request
     ring, a reply ring and two slab pools, in one memfd; eventfds wake a sleeping side. The engine
@@ -706,6 +715,10 @@ class ShmRegion(metaclass=_Pybind11Type):
         """Engine side: publish a reply (an error when code or error is set); False when the ring is full."""
     def pop_reply(self, worker: int) -> tuple[int, bool, int, str | None, list[_SlabTensor]] | None:
         """Worker side: the oldest reply as (handle, final, code, error or None, outputs), or None."""
+    def pop_replies(self, worker: int, max: int = 64) -> list[tuple[int, int, int, str | None, list[_SlabTensor]]]:
+        """Worker side: up to max replies, oldest first, as (handle, flags, code, error or None, outputs).
+        flags: REPLY_FINAL, REPLY_ERROR, and for refusals REPLY_BACKLOG_FULL, REPLY_RELEASED and in bits
+        8..31 how long the refusal lasts in ms (flags >> REPLY_RETRY_SHIFT; 0: not said)."""
     def wait_requests(self, timeout: float) -> bool:
         """Engine side: sleep until a worker publishes a request (at once if one is there); False on timeout."""
     def wait_replies(self, worker: int, timeout: float) -> bool:
@@ -796,6 +809,8 @@ class RingFeeder(metaclass=_Pybind11Type):
         """The worker's fast requests submitted and not yet answered."""
     def queued_replies(self, worker: int) -> int:
         """Replies waiting for room on the worker's reply ring or in its blocks."""
+    def refused(self, target: int) -> int:
+        """The target's requests refused or malformed: failed requests, as the in-process path counts them."""
     def counters(self) -> dict[str, int]: ...
     def close(self) -> None:
         """Stop the drain thread (records stay on the rings)."""

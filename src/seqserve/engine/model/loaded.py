@@ -187,6 +187,7 @@ class LoadedModel:
         """Serve the workers' rings as ``target``; True: on the compiled path (see model/rings.py)."""
         per_request = any(i.uses_responders for i in self._instances) or self._watchdog is not None
         self._ring = attach_rings(self.config, self._core, feeder, target, fast=fast, per_request=per_request)
+        self._reports.ring = self._ring
         return self._ring is not None
 
     # ------------------------------------------------------------------ sequence API
@@ -401,8 +402,7 @@ class LoadedModel:
         pending = self._pending
         recs = [pending.pop(h, None) if h else None for h in cb.handles]
         running = self._running
-        # Whoever pops the instance's entry answers these requests: this thread once execute
-        # returns, or close() when it left this thread behind in execute.
+        # Whoever pops the instance's entry answers its requests: this thread, or close() (execute hung).
         running[cb.instance] = recs
         ring = self._ring.batch(cb) if self._ring is not None else None
         traces = self._batch_traces(cb, recs) if self._traced else None

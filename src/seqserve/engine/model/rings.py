@@ -61,17 +61,22 @@ def attach_rings(
     # Submits come from the feeder's thread, never the event loop: executors run the batches.
     core.configure_inline(0)
     feeder.add_target(target, core, fast=True, input_dims=[list(t.dims) for t in cfg.input])
-    return RingRows(cfg, feeder)
+    return RingRows(cfg, feeder, target)
 
 
 class RingRows:
     """The ring requests of one model version's batches."""
 
-    def __init__(self, cfg: mc.ModelConfig, feeder: RingFeeder) -> None:
+    def __init__(self, cfg: mc.ModelConfig, feeder: RingFeeder, target: int) -> None:
         self.feeder = feeder
+        self.target = target
         self._name = cfg.name
         self.batched = cfg.max_batch_size > 0
         self._outputs = [(t.name, np.dtype(to_numpy_dtype(t.data_type)), t.data_type) for t in cfg.output]
+
+    def refused(self) -> int:
+        """Its requests the compiled path refused: failed requests, as submit's refusals are."""
+        return self.feeder.refused(self.target)
 
     def batch(self, cb: Batch) -> RingBatch | None:
         """The batch's ring rows, or None when it has none."""
