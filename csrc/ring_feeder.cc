@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #if defined(__linux__)
@@ -104,6 +105,13 @@ void RingFeeder::loop() {
     {
       std::lock_guard<std::mutex> drain(drain_mu_);
       n = region_.drain_requests([this](int w, const shm::RequestRecord& r) { on_record(w, r); }, kBurstPerWorker);
+      // Executors wake once per burst, and form their batches from all of it.
+      if (!wakes_.empty()) {
+        std::sort(wakes_.begin(), wakes_.end());
+        wakes_.erase(std::unique(wakes_.begin(), wakes_.end()), wakes_.end());
+        for (Instance* inst : wakes_) inst->cv.notify_one();
+        wakes_.clear();
+      }
     }
     if (signal_slow_) {  // one wake-up per burst for Python's hand-off
       signal_slow_ = false;
@@ -250,7 +258,7 @@ void RingFeeder::submit_fast(int w, const Target& t, const shm::RequestRecord& r
     ++counters_.fast;
   }
   // Registered before the submit: its batch may run and answer before submit returns.
-  SubmitResult res = sched.submit(req, r.header.priority);
+  SubmitResult res = sched.submit(req, r.header.priority, wakes_);
   if (res.accepted) return;
   Inflight gone;
   if (!finish(key, &gone)) return;

@@ -162,6 +162,7 @@ class RingFeeder : public RingSink {
   std::atomic<bool> stopping_{false};
   std::thread thread_;
   bool signal_slow_ = false;  // drain thread only: a record joined the empty hand-off list
+  std::vector<Instance*> wakes_;  // drain thread only: executors to wake once the burst is in
 };
 
 }  // namespace seqserve

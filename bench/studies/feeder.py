@@ -12,9 +12,11 @@ running sum, repeat. What is measured: the engine process's CPU (getrusage: ever
 the model's ``execute`` included) per step, wall steps/s, and the mean batch size.
 
 Cases: 1 sequence (batches of 1: every step crosses both rings and wakes the engine) with the
-drain thread spinning 50 us before it sleeps and with no spin; 64 sequences over 2 workers
-(batches up to 64). Each figure is the median over ``--reps`` repetitions. On the project's
-2-CPU machine the workers and the engine share the cores.
+drain thread spinning 50 us before it sleeps and with no spin; 64 sequences over 2 workers,
+batches formed as soon as a step is there (up to 64), and batches held up to 5 ms for 64 steps
+(Oldest's ``max_queue_delay_microseconds``: the workers' lock step fills them). Each figure is
+the median over ``--reps`` repetitions. On the project's 2-CPU machine the workers and the
+engine share the cores.
 """
 
 from __future__ import annotations
@@ -78,10 +80,11 @@ def worker_loop(fds: Fds, worker: int, sequences: list[int], steps: int, out: Co
     out.send(wrong)
 
 
-def load_model(model_dir: Path) -> LoadedModel:
+def load_model(model_dir: Path, delay_us: int) -> LoadedModel:
     config = (MODEL_SOURCE / "config.pbtxt").read_text()
     config = config.replace("max_batch_size: 8", "max_batch_size: 64")
-    config = config.replace("direct { }", "oldest { max_candidate_sequences: 1024 preferred_batch_size: [ 64 ] }")
+    oldest = f"max_candidate_sequences: 1024 preferred_batch_size: [ 64 ] max_queue_delay_microseconds: {delay_us}"
+    config = config.replace("direct { }", f"oldest {{ {oldest} }}")
     config = config.replace("count: 2", "count: 1")
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
     (model_dir / "1" / "model.py").write_text((MODEL_SOURCE / "1" / "model.py").read_text())
@@ -89,7 +92,7 @@ def load_model(model_dir: Path) -> LoadedModel:
     return LoadedModel(cfg, version=1, model_dir=model_dir, loop=asyncio.new_event_loop())
 
 
-def run_case(sequences: int, workers: int, steps: int, spin_us: float) -> dict[str, Any]:
+def run_case(sequences: int, workers: int, steps: int, spin_us: float, delay_us: int = 0) -> dict[str, Any]:
     region = ShmRegion(workers=workers)
     fds = (region.fd, region.engine_eventfd, region.worker_eventfds)
     pipes = [FORK.Pipe(duplex=False) for _ in range(workers)]
@@ -101,7 +104,7 @@ def run_case(sequences: int, workers: int, steps: int, spin_us: float) -> dict[s
         child.start()
         children.append(child)
     with tempfile.TemporaryDirectory() as tmp:
-        model = load_model(Path(tmp))
+        model = load_model(Path(tmp), delay_us)
         feeder = RingFeeder(region, spin_us=spin_us)
         try:
             assert model.serve_rings(feeder, TARGET)
@@ -149,6 +152,13 @@ def main(argv: list[str] | None = None) -> int:
         "batch 1, spin 50 us": {"sequences": 1, "workers": 1, "steps": args.steps_single, "spin_us": 50.0},
         "batch 1, no spin": {"sequences": 1, "workers": 1, "steps": args.steps_single, "spin_us": 0.0},
         "batches up to 64, spin 50 us": {"sequences": 64, "workers": 2, "steps": args.steps_batched, "spin_us": 50.0},
+        "batches of 64 (queue delay 5 ms)": {
+            "sequences": 64,
+            "workers": 2,
+            "steps": args.steps_batched,
+            "spin_us": 50.0,
+            "delay_us": 5000,
+        },
     }
     results = {}
     print(f"{'case':<32} {'steps/s':>9} {'engine CPU us/step':>19} {'mean batch':>11} {'wrong':>6}")

@@ -68,8 +68,7 @@ class RequestFuture(asyncio.Future[InferResult]):
     """A single-response request's future. Cancelling it (the caller went away) also takes the
     request out of the core's queues."""
 
-    # The request's core names, not its Pending: that refers to this future, and a cycle would
-    # leave every request to the garbage collector. Set by submit (no __init__: the hot path).
+    # Its core names, not its Pending (a cycle through this future). Set by submit (hot path).
     __slots__ = ("_handle", "_model", "_token")
     _model: LoadedModel
     _handle: int
@@ -554,8 +553,7 @@ class LoadedModel:
         timeout_s bounds the wait for the executors (None: no bound). An instance whose
         ``execute`` has not returned by then is left behind: its requests fail with
         UNAVAILABLE, it is not finalized, and its name is returned."""
-        # One close at a time (a shutdown may overtake an unload that outlasted the exit
-        # timeout); a later one has nothing left to do.
+        # One close at a time (a shutdown may overtake an unload that outlasted its timeout).
         if not self._close_lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
             return []
         try:
@@ -567,6 +565,8 @@ class LoadedModel:
             self._close_lock.release()
 
     def _close(self, force: bool, timeout_s: float | None) -> list[str]:
+        if self._ring is not None:  # the feeder submits nothing more before the core closes
+            self._ring.detach()
         hung = self._core.close(force, timeout_s=timeout_s)
         if self._watchdog is not None:
             self._watchdog.close()

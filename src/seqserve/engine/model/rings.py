@@ -74,6 +74,11 @@ class RingRows:
         self.batched = cfg.max_batch_size > 0
         self._outputs = [(t.name, np.dtype(to_numpy_dtype(t.data_type)), t.data_type) for t in cfg.output]
 
+    def detach(self) -> None:
+        """The model closes: its target's records go to take_slow from now on (the engine answers
+        them: the model is gone); replies of requests in flight still come here."""
+        self.feeder.remove_target(self.target)
+
     def refused(self) -> int:
         """Its requests the compiled path refused: failed requests, as submit's refusals are."""
         return self.feeder.refused(self.target)
