@@ -25,9 +25,11 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import platform
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection
@@ -161,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     results = {}
+    load = os.getloadavg()
+    print(f"# feeder: python -m bench.studies.feeder {' '.join(argv or sys.argv[1:])}")
+    print(f"# Python {platform.python_version()}, {os.cpu_count()} CPUs, load average {load[0]:.1f} at the start")
     print(f"{'case':<32} {'steps/s':>9} {'engine CPU us/step':>19} {'mean batch':>11} {'wrong':>6}")
     for name, case in cases.items():
         r = median_case(args.reps, **case)
@@ -170,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['mean_batch']:>11.1f} {r['wrong']:>6d}"
         )
     doc = {
-        "machine": {"python": platform.python_version(), "cpus": multiprocessing.cpu_count()},
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_average_at_start": load[0]},
         "settings": vars(args) | {"json": str(args.json) if args.json else None},
         "results": results,
     }

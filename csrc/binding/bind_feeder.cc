@@ -16,6 +16,8 @@ namespace seqserve::binding {
 
 namespace {
 
+constexpr size_t kReleaseRuntimeBytes = 256 * 1024;
+
 // The feeder and the Python schedulers it points into, kept alive while they are its targets.
 class PyFeeder {
  public:
@@ -103,12 +105,20 @@ class PyFeeder {
       for (const BatchOutput& o : outs)
         if (o.data && (first[i] < 0 || rows[i] < 0 || first[i] + rows[i] > o.rows))
           throw py::value_error("rows outside an output's batch");
+    // Let other threads run during large copies only: a small batch's replies take less time
+    // than handing the runtime over and back.
+    size_t bytes = 0;
+    for (const BatchOutput& o : outs) bytes += o.row_bytes * static_cast<size_t>(o.rows);
+    if (bytes < kReleaseRuntimeBytes) {
+      feeder_->reply_rows(handles, first, rows, outs, batched);
+      return;
+    }
     py::gil_scoped_release r;
     feeder_->reply_rows(handles, first, rows, outs, batched);
   }
 
+  // No copies: quick, done with the runtime held (the feeder's locks never wait for it).
   void fail(const std::vector<uint64_t>& handles, int code, const std::string& message) {
-    py::gil_scoped_release r;
     feeder_->fail(handles, static_cast<Code>(code), message);
   }
 
