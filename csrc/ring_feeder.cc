@@ -194,14 +194,14 @@ std::string RingFeeder::check_inputs(const Target& t, const shm::RequestRecord& 
     const std::string what = "input '" + in.name + "' of shape " + shape_text(x.shape, x.ndim);
     if (static_cast<size_t>(x.ndim) != dims.size() + lead) return what;
     if (batched && x.shape[0] != rows) return what;
-    uint64_t elements = 1;
+    uint64_t bytes = in.type.itemsize;
     for (int d = 0; d < x.ndim; ++d) {
       if (x.shape[d] < 0) return what;
       if (d >= static_cast<int>(lead) && dims[d - lead] >= 0 && x.shape[d] != dims[d - lead]) return what;
-      elements *= static_cast<uint64_t>(x.shape[d]);
+      // Exact, or refused: a product that wrapped around could match nbytes by chance.
+      if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(x.shape[d]), &bytes)) return what;
     }
-    if (elements * in.type.itemsize != x.nbytes)
-      return what + " in " + std::to_string(x.nbytes) + " bytes";
+    if (bytes != x.nbytes) return what + " in " + std::to_string(x.nbytes) + " bytes";
   }
   return "";
 }
@@ -298,11 +298,18 @@ bool RingFeeder::finish(uint64_t handle, Inflight* out) {
 
 void RingFeeder::reply_rows(const std::vector<uint64_t>& handles, const std::vector<int64_t>& first,
                             const std::vector<int64_t>& rows, const std::vector<BatchOutput>& outputs, bool batched) {
+  const shm::Geometry& g = region_.geometry();
+  const uint64_t largest = g.classes[g.class_count - 1].block_bytes;
   for (size_t i = 0; i < handles.size(); ++i) {
     Inflight done;
     if (!is_ring_handle(handles[i]) || !finish(handles[i], &done)) continue;
     const int w = ring_worker(handles[i]);
     free_blocks(w, done.blocks);
+    const std::string too_large = oversized(outputs, batched ? rows[i] : 1, largest);
+    if (!too_large.empty()) {  // it would never find a block: answered, not queued for good
+      send_error(w, worker_handle(handles[i]), kInternal, too_large);
+      continue;
+    }
     QueuedReply q;
     q.record.handle = worker_handle(handles[i]);
     q.record.flags = shm::kReplyFinal;
@@ -376,6 +383,16 @@ void RingFeeder::send(int w, QueuedReply&& q) {
   ring_eventfd(region_.engine_eventfd());  // the drain thread retries, even if it sleeps
 }
 
+std::string RingFeeder::oversized(const std::vector<BatchOutput>& outputs, int64_t rows, uint64_t largest) {
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const uint64_t n = outputs[k].row_bytes * static_cast<uint64_t>(rows);
+    if (outputs[k].data != nullptr && n > largest)
+      return "output " + std::to_string(k) + " of " + std::to_string(n) + " bytes is larger than the rings' largest block (" +
+             std::to_string(largest) + " bytes)";
+  }
+  return "";
+}
+
 bool RingFeeder::try_push(int w, QueuedReply& q) {
   shm::SlabPool pool = region_.pool(w, shm::Direction::kToWorker);
   for (size_t k = 0; k < q.record.outputs.size(); ++k) {
@@ -387,7 +404,18 @@ bool RingFeeder::try_push(int w, QueuedReply& q) {
     std::vector<uint8_t>().swap(q.bytes[k]);
   }
   q.record.error = q.error;
-  return region_.push_reply(w, q.record);
+  try {
+    return region_.push_reply(w, q.record);
+  } catch (const std::invalid_argument& e) {  // more outputs than a ring cell holds: said instead
+    for (const shm::SlabTensor& t : q.record.outputs) pool.free(t.offset);
+    q.record.outputs.clear();
+    q.bytes.clear();
+    q.record.flags = shm::kReplyFinal | shm::kReplyError;
+    q.record.code = kInternal;
+    q.error = std::string("the reply does not fit a ring record: ") + e.what();
+    q.record.error = q.error;
+    return region_.push_reply(w, q.record);
+  }
 }
 
 void RingFeeder::flush_queued() {

@@ -138,6 +138,8 @@ class RingFeeder : public RingSink {
   void send_error(int w, uint64_t handle, Code code, const std::string& message, uint32_t extra_flags = 0);
   void send(int w, QueuedReply&& q);
   bool try_push(int w, QueuedReply& q);  // replies_mu_ held
+  // Why a row's outputs can never be sent (one larger than the largest slab block), or "".
+  static std::string oversized(const std::vector<BatchOutput>& outputs, int64_t rows, uint64_t largest);
   void flush_queued();
 
   shm::Region& region_;

@@ -418,3 +418,26 @@ def test_a_dead_workers_area_is_reset_once_nothing_of_it_is_in_flight(tmp_path: 
     finally:
         feeder.close()
         model.close(force=True)
+
+
+def test_an_output_no_block_can_hold_is_answered_with_an_error(tmp_path: Path) -> None:
+    region = ShmRegion(workers=1, slab_classes=[(64, 8)])
+    feeder = feeder_for(region)
+    config = STATELESS_CONFIG.replace(
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] }',
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 64 ] }',
+    )
+    model = load(
+        tmp_path, config, STATELESS_MODEL.replace('"Y": x * 2', '"Y": np.zeros((x.shape[0], 64), np.float32)'), "big"
+    )
+    worker = Worker(region, 0)
+    try:
+        assert model.serve_rings(feeder, 4)
+        worker.send(4, RequestHeader(handle=1), np.zeros((1, 2), np.float32))
+        code, error, outputs = worker.replies(1)[1]
+        assert code == int(Code.INTERNAL) and error is not None and "largest block" in error and outputs == []
+        worker.send(4, RequestHeader(handle=2), np.zeros((1, 2), np.float32))  # the worker is not stuck
+        assert worker.replies(1)[2][0] == int(Code.INTERNAL)
+    finally:
+        feeder.close()
+        model.close(force=True)
