@@ -378,6 +378,18 @@ void RingFeeder::send(int w, QueuedReply&& q) {
     std::lock_guard<std::mutex> c(mu_);
     ++counters_.deferred;
   }
+  // A waiting reply holds no block: blocks go to replies in their order, so the oldest always
+  // gets one once the worker frees what it read (replies holding blocks while the oldest waits
+  // for one could take them all).
+  shm::SlabPool pool = region_.pool(w, shm::Direction::kToWorker);
+  for (size_t k = 0; k < q.record.outputs.size(); ++k) {
+    shm::SlabTensor& t = q.record.outputs[k];
+    if (t.offset == 0) continue;
+    const uint8_t* p = region_.at(t.offset, t.nbytes);
+    q.bytes[k].assign(p, p + t.nbytes);
+    pool.free(t.offset);
+    t.offset = 0;
+  }
   queued_[w].push_back(std::move(q));
   queued_total_.fetch_add(1, std::memory_order_relaxed);
   ring_eventfd(region_.engine_eventfd());  // the drain thread retries, even if it sleeps
