@@ -26,9 +26,9 @@ if sanitize:
 
 # The core (no Python) in csrc/, its binding in csrc/binding/; headers listed so that editing one
 # rebuilds.
-core = ["batch", "slot_state", "sequence_table", "scheduler", "inline_policy", "executor", "sequence_scheduler", "direct", "oldest", "dynamic", "stateless", "shm_region"]
-binding = ["module", "bind_spec", "bind_request", "bind_batch", "bind_scheduler", "bind_checkpoint", "bind_dlpack", "bind_rings"]
-headers = ["common", "spec", "request", "batch", "slot_state", "tombstones", "sequence_table", "inline_policy", "scheduler", "sequence_scheduler", "shm_ring", "shm_region", "binding/binding"]
+core = ["batch", "slot_state", "sequence_table", "scheduler", "inline_policy", "executor", "sequence_scheduler", "direct", "oldest", "dynamic", "stateless", "shm_region", "ring_feeder"]
+binding = ["module", "bind_spec", "bind_request", "bind_batch", "bind_scheduler", "bind_checkpoint", "bind_dlpack", "bind_rings", "bind_feeder"]
+headers = ["common", "spec", "request", "batch", "slot_state", "tombstones", "sequence_table", "inline_policy", "scheduler", "sequence_scheduler", "shm_ring", "shm_region", "ring_feeder", "binding/binding", "binding/ring_objects"]
 
 ext = Pybind11Extension(
     "seqserve.engine._core",

@@ -84,7 +84,13 @@ Instance* Scheduler::idle_instance_locked() {
   return nullptr;
 }
 
-SubmitResult Scheduler::submit(Request* r, int priority) {
+SubmitResult Scheduler::submit(Request* r, int priority) { return submit_waking(r, priority, nullptr); }
+
+SubmitResult Scheduler::submit(Request* r, int priority, std::vector<Instance*>& wakes) {
+  return submit_waking(r, priority, &wakes);
+}
+
+SubmitResult Scheduler::submit_waking(Request* r, int priority, std::vector<Instance*>* wakes) {
   std::string warning;
   SubmitResult res;
   Fails cancelled;
@@ -111,7 +117,10 @@ SubmitResult Scheduler::submit(Request* r, int priority) {
   }
   if (!cancelled.empty()) report(cancelled, kCancelled);
   if (!res.accepted) return res;
-  if (wake) wake->cv.notify_one();
+  if (wake && wakes)
+    wakes->push_back(wake);
+  else if (wake)
+    wake->cv.notify_one();
   if (!warning.empty() && hooks_.log_warning) hooks_.log_warning(warning);
   return res;
 }

@@ -135,6 +135,10 @@ class Scheduler {
   //
   // Enqueue a request; on failure nothing is queued and the caller answers the client.
   SubmitResult submit(Request* r, int priority = 0);
+  // The same, for a caller that submits a burst: the instance to wake (if any) is added to
+  // `wakes` instead of being woken here; the caller notifies each one's cv once the burst is in
+  // (batches then form from the whole burst, and an executor wakes once, not once a request).
+  SubmitResult submit(Request* r, int priority, std::vector<Instance*>& wakes);
   Request* new_request();
   void recycle(Request* r);  // gives back a request new_request() lent and submit() never took
 
@@ -273,6 +277,7 @@ class Scheduler {
   bool closing_ = false, force_ = false, started_ = false, closed_ = false;
 
  private:
+  SubmitResult submit_waking(Request* r, int priority, std::vector<Instance*>* wakes);
   void execute(Instance& inst);  // no lock held
   void finish_batch_locked(Instance& inst);
   void record_batch_locked(Instance& inst, bool ok);

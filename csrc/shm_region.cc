@@ -22,7 +22,8 @@ constexpr uint64_t kPage = 4096;
 constexpr uint64_t kMaxRegionBytes = 1ull << 40;
 constexpr uint32_t kTensorHeadBytes = 24;  // offset, nbytes, index, ndim; then ndim int64 dims
 constexpr uint32_t kReplyHeadBytes = 24;   // handle, flags, code, output_count, error_bytes
-constexpr uint32_t kRequestPrefixBytes = 8;  // target, kind
+constexpr uint32_t kRequestPrefixBytes = 16;  // target, kind (| kSlowBit), client
+constexpr uint32_t kSlowBit = 1u << 8;
 
 uint32_t pad8(uint64_t n) { return static_cast<uint32_t>(round_up(n, 8)); }
 
@@ -237,16 +238,27 @@ std::unique_ptr<Region> Region::create(const Geometry& g) {
   h->total_bytes = r->bytes_;
   h->worker_bytes = r->worker_bytes_;
   h->geometry = g;
-  for (uint32_t w = 0; w < g.workers; ++w) {
-    const uint64_t at = r->worker_at(static_cast<int>(w));
-    new (r->base_ + at) WorkerHeader();
-    ShmRing::format(r->base_ + at + r->request_ring_at_, g.request_slots, ShmRing::cell_bytes_for(g.request_record_bytes));
-    ShmRing::format(r->base_ + at + r->reply_ring_at_, g.reply_slots, ShmRing::cell_bytes_for(g.reply_record_bytes));
-    r->pool(static_cast<int>(w), Direction::kToEngine).format();
-    r->pool(static_cast<int>(w), Direction::kToWorker).format();
-  }
+  for (uint32_t w = 0; w < g.workers; ++w) r->format_worker(static_cast<int>(w));
   return r;
 #endif
+}
+
+void Region::format_worker(int w) {
+  const Geometry& g = geometry_;
+  const uint64_t at = worker_at(w);
+  new (base_ + at) WorkerHeader();
+  ShmRing::format(base_ + at + request_ring_at_, g.request_slots, ShmRing::cell_bytes_for(g.request_record_bytes));
+  ShmRing::format(base_ + at + reply_ring_at_, g.reply_slots, ShmRing::cell_bytes_for(g.reply_record_bytes));
+  pool(w, Direction::kToEngine).format();
+  pool(w, Direction::kToWorker).format();
+}
+
+void Region::reset_worker(int w) {
+  format_worker(w);
+  // A wake-up the dead worker's eventfd still holds would only be spurious: drop it.
+  uint64_t count;
+  if (w < static_cast<int>(worker_efds_.size())) (void)!::read(worker_efds_[w], &count, sizeof count);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 std::unique_ptr<Region> Region::attach(int memfd, int engine_eventfd, const std::vector<int>& worker_eventfds) {
@@ -310,9 +322,11 @@ bool Region::push_request(int w, const RequestRecord& r) {
   RequestHeader h = r.header;
   h.string_id_bytes = static_cast<uint32_t>(r.string_id.size());
   h.input_count = static_cast<uint32_t>(r.inputs.size());
+  const uint32_t kind = r.kind | (r.slow ? kSlowBit : 0u);
   const bool pushed = ring.push(size, [&](uint8_t* p) {
     p = put(p, &r.target, 4);
-    p = put(p, &r.kind, 4);
+    p = put(p, &kind, 4);
+    p = put(p, &r.client, 8);
     p = put(p, &h, sizeof h);
     std::memcpy(p, r.string_id.data(), r.string_id.size());
     p += pad8(r.string_id.size());
@@ -376,6 +390,9 @@ bool Region::decode_request(int w, const uint8_t* p, uint32_t len, RequestRecord
   if (len < kRequestPrefixBytes + sizeof(RequestHeader)) return false;
   std::memcpy(&out.target, p, 4);
   std::memcpy(&out.kind, p + 4, 4);
+  out.slow = (out.kind & kSlowBit) != 0;
+  out.kind &= ~kSlowBit;
+  std::memcpy(&out.client, p + 8, 8);
   std::memcpy(&out.header, p + kRequestPrefixBytes, sizeof(RequestHeader));
   p += kRequestPrefixBytes + sizeof(RequestHeader);
   const RequestHeader& h = out.header;

@@ -31,7 +31,7 @@
 namespace seqserve::shm {
 
 constexpr uint64_t kRegionMagic = 0x53474e4952515353ull;  // "SSQRINGS", little-endian
-constexpr uint32_t kRegionVersion = 1;
+constexpr uint32_t kRegionVersion = 2;  // 2: request records carry a client key and a slow flag
 constexpr int kMaxWorkers = 256;
 constexpr int kMaxSlabClasses = 8;
 constexpr uint32_t kMaxRingSlots = 1u << 20;
@@ -93,6 +93,10 @@ enum RecordKind : uint32_t {
 struct RequestRecord {
   uint32_t target = 0;  // the engine's number for the model (scheduler) it is for
   uint32_t kind = kSubmit;
+  // The worker asks for the engine's Python path (a stream-scoped sequence, a traced request:
+  // anything the compiled path does not do). Encoded as a bit beside the kind.
+  bool slow = false;
+  uint64_t client = 0;  // sessions: whom its tombstones count against (0: the shared key)
   RequestHeader header;
   std::string_view string_id;     // in the ring's cell: valid during the drain callback only
   std::vector<SlabTensor> inputs;  // reused from record to record
@@ -102,7 +106,12 @@ struct RequestRecord {
 enum ReplyFlag : uint32_t {
   kReplyError = 1u << 0,  // code and error say why; no outputs
   kReplyFinal = 1u << 1,  // the last reply for this handle (decoupled models send several)
+  kReplyBacklogFull = 1u << 2,  // a refusal by admission control: worth retrying later
+  kReplyReleased = 1u << 3,     // a refusal: the sequence was checkpointed and released from here
 };
+// Bits 8..31 of a refusal's flags: how long it lasts, in ms (0: not said).
+constexpr int kReplyRetryShift = 8;
+constexpr uint32_t kReplyRetryMaxMs = (1u << 24) - 1;
 
 struct ReplyRecord {
   uint64_t handle = 0;
@@ -227,6 +236,12 @@ class Region {
   }
   bool has_requests() const;
   Wake wait_requests(int timeout_ms);
+  // Lays worker w's rings, doorbell and both slab pools out afresh, as create() did: every
+  // record and block of that worker is gone. For a worker that died, before its replacement
+  // attaches. Precondition: no thread or process uses worker w's rings or pools meanwhile (the
+  // engine's drain thread included) and the engine holds nothing of it (no request queued or
+  // running whose blocks it would free later).
+  void reset_worker(int w);
   // Publishes a reply on w's ring and rings the worker if it sleeps. False when full.
   bool push_reply(int w, const ReplyRecord& r);
 
@@ -241,6 +256,7 @@ class Region {
   void lay_out();  // the offsets, from geometry_
   RegionHeader* header() const { return reinterpret_cast<RegionHeader*>(base_); }
   uint64_t worker_at(int w) const { return header_bytes_ + uint64_t(w) * worker_bytes_; }
+  void format_worker(int w);
   bool decode_request(int w, const uint8_t* p, uint32_t len, RequestRecord& out) const;
   bool decode_reply(int w, const uint8_t* p, uint32_t len, ReplyRecord& out) const;
   bool decode_tensors(const uint8_t* p, const uint8_t* end, uint32_t count, std::vector<SlabTensor>& out,

@@ -147,6 +147,15 @@ void bind_batch(py::module_& m) {
                                  out[i] = py::int_(rows[i].req ? rows[i].req->handle : 0);
                                return out;
                              })
+      .def_property_readonly(
+          "request_rows",
+          [](BatchView& v) {
+            const std::vector<Row>& rows = v.get().batch.rows;
+            py::list out(rows.size());
+            for (size_t i = 0; i < rows.size(); ++i) out[i] = py::int_(rows[i].req ? rows[i].req->rows : 1);
+            return out;
+          },
+          "The batch rows each entry of handles occupies (1 for padding).")
       .def("inputs",
            [](py::object self) {
              BatchView& v = self.cast<BatchView&>();

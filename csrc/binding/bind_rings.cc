@@ -12,9 +12,35 @@
 #include <thread>
 
 #include "binding.h"
+#include "ring_objects.h"
 #include "shm_region.h"
 
 namespace seqserve::binding {
+
+// RequestHeader's type (bind_request.cc made it): pop_request builds one per record. A borrowed
+// handle: the module holds the type for as long as anything can call pop_request.
+static py::handle g_request_header_type;
+
+py::list slab_tensors_to(const std::vector<shm::SlabTensor>& ts) {
+  py::list out;
+  for (const shm::SlabTensor& t : ts) {
+    py::tuple shape(t.ndim);
+    for (int d = 0; d < t.ndim; ++d) shape[d] = py::int_(t.shape[d]);
+    out.append(py::make_tuple(t.index, t.offset, t.nbytes, shape));
+  }
+  return out;
+}
+
+py::object request_header_from(const shm::RequestRecord& rec) {
+  const RequestHeader& h = rec.header;
+  py::object id = h.has(kFlagStringId) ? py::object(py::str(rec.string_id.data(), rec.string_id.size()))
+                                       : py::object(py::int_(h.sequence_id));
+  return g_request_header_type(py::arg("handle") = h.handle, py::arg("sequence_id") = id,
+                               py::arg("start") = h.has(kFlagStart), py::arg("end") = h.has(kFlagEnd),
+                               py::arg("session") = h.has(kFlagSession), py::arg("timeout_us") = h.timeout_us,
+                               py::arg("rows") = h.rows, py::arg("priority") = h.priority,
+                               py::arg("client") = rec.client);
+}
 
 namespace {
 
@@ -42,14 +68,12 @@ std::vector<SlabTensor> tensors_from(const std::vector<TensorTuple>& in) {
   return out;
 }
 
-py::list tensors_to(const std::vector<SlabTensor>& ts) {
-  py::list out;
-  for (const SlabTensor& t : ts) {
-    py::tuple shape(t.ndim);
-    for (int d = 0; d < t.ndim; ++d) shape[d] = py::int_(t.shape[d]);
-    out.append(py::make_tuple(t.index, t.offset, t.nbytes, shape));
-  }
-  return out;
+
+// Per worker and direction: many small blocks, and a few large ones up to the servers' default
+// max body (64 MiB). A memfd's pages cost nothing until written, so the large classes reserve
+// address space, not memory, until a large tensor uses them.
+std::vector<std::pair<uint64_t, uint32_t>> default_slab_classes() {
+  return {{4096, 256}, {65536, 64}, {1 << 20, 16}, {16ull << 20, 4}, {64ull << 20, 2}};
 }
 
 Direction direction(bool to_engine) { return to_engine ? Direction::kToEngine : Direction::kToWorker; }
@@ -58,10 +82,6 @@ int checked_worker(const Region& r, int w) {
   if (w < 0 || w >= r.workers()) throw py::index_error("no worker " + std::to_string(w));
   return w;
 }
-
-// RequestHeader's type (bind_request.cc made it): pop_request builds one per record. A borrowed
-// handle: the module holds the type for as long as anything can call pop_request.
-py::handle g_request_header_type;
 
 int timeout_ms(double seconds) { return seconds < 0 ? -1 : static_cast<int>(seconds * 1000.0 + 0.5); }
 
@@ -167,6 +187,11 @@ ConsumeResult consume(Region& region, uint32_t producers, uint64_t expected, boo
 
 void bind_rings(py::module_& m) {
   g_request_header_type = m.attr("RequestHeader");
+  m.attr("REPLY_ERROR") = py::int_(static_cast<uint32_t>(shm::kReplyError));
+  m.attr("REPLY_FINAL") = py::int_(static_cast<uint32_t>(shm::kReplyFinal));
+  m.attr("REPLY_BACKLOG_FULL") = py::int_(static_cast<uint32_t>(shm::kReplyBacklogFull));
+  m.attr("REPLY_RELEASED") = py::int_(static_cast<uint32_t>(shm::kReplyReleased));
+  m.attr("REPLY_RETRY_SHIFT") = py::int_(shm::kReplyRetryShift);
   py::class_<Region>(m, "ShmRegion",
                      "The shared-memory transport between front-end workers and the engine: per worker a request\n"
                      "ring, a reply ring and two slab pools, in one memfd; eventfds wake a sleeping side.")
@@ -190,7 +215,7 @@ void bind_rings(py::module_& m) {
            }),
            py::kw_only(), py::arg("workers"), py::arg("request_slots") = 1024, py::arg("request_record_bytes") = 1008,
            py::arg("reply_slots") = 1024, py::arg("reply_record_bytes") = 1008,
-           py::arg("slab_classes") = std::vector<std::pair<uint64_t, uint32_t>>{{4096, 256}, {65536, 64}, {1 << 20, 8}})
+           py::arg("slab_classes") = default_slab_classes())
       .def_static(
           "attach",
           [](int fd, int engine_eventfd, const std::vector<int>& worker_eventfds) {
@@ -260,12 +285,15 @@ void bind_rings(py::module_& m) {
           "A writable view of region bytes (a slab block's).")
       .def(
           "push_request",
-          [](Region& r, int w, uint32_t target, py::handle header, const std::vector<TensorTuple>& inputs, bool cancel) {
+          [](Region& r, int w, uint32_t target, py::handle header, const std::vector<TensorTuple>& inputs, bool cancel,
+             uint64_t client, bool slow) {
             const RequestHeaderObject* h = as_request_header(header);
             if (h == nullptr) throw py::type_error("header must be a RequestHeader");
             RequestRecord rec;
             rec.target = target;
             rec.kind = cancel ? shm::kCancel : shm::kSubmit;
+            rec.client = client != 0 ? client : h->client;
+            rec.slow = slow;
             rec.header = h->fixed;
             if (h->string_id) {
               Py_ssize_t n = 0;
@@ -280,22 +308,16 @@ void bind_rings(py::module_& m) {
             }
           },
           py::arg("worker"), py::arg("target"), py::arg("header"), py::arg("inputs") = std::vector<TensorTuple>{},
-          py::kw_only(), py::arg("cancel") = false,
-          "Worker side: publish a request; False when the ring is full (back-pressure).")
+          py::kw_only(), py::arg("cancel") = false, py::arg("client") = 0, py::arg("slow") = false,
+          "Worker side: publish a request; False when the ring is full (back-pressure). client: the key its\n"
+          "session's tombstones count against (0: the header's); slow: the engine must take it through its\n"
+          "Python path (RingFeeder.take_slow) even when the model's target is on the compiled path.")
       .def(
           "pop_request",
           [](Region& r, int w) -> py::object {
             py::object out = py::none();
             r.pop_request(checked_worker(r, w), [&](int, const RequestRecord& rec) {
-              py::object id = rec.header.has(kFlagStringId) ? py::object(py::str(rec.string_id.data(), rec.string_id.size()))
-                                                            : py::object(py::int_(rec.header.sequence_id));
-              py::object header = g_request_header_type(
-                                          py::arg("handle") = rec.header.handle, py::arg("sequence_id") = id,
-                                          py::arg("start") = rec.header.has(kFlagStart), py::arg("end") = rec.header.has(kFlagEnd),
-                                          py::arg("session") = rec.header.has(kFlagSession),
-                                          py::arg("timeout_us") = rec.header.timeout_us, py::arg("rows") = rec.header.rows,
-                                          py::arg("priority") = rec.header.priority);
-              out = py::make_tuple(rec.target, rec.kind == shm::kCancel, header, tensors_to(rec.inputs));
+              out = py::make_tuple(rec.target, rec.kind == shm::kCancel, request_header_from(rec), slab_tensors_to(rec.inputs));
             });
             return out;
           },
@@ -333,12 +355,34 @@ void bind_rings(py::module_& m) {
                         PyUnicode_DecodeUTF8(rec.error.data(), static_cast<Py_ssize_t>(rec.error.size()), "replace"));
                     if (!error) throw py::error_already_set();
                   }
-                  out = py::make_tuple(rec.handle, (rec.flags & shm::kReplyFinal) != 0, rec.code, error, tensors_to(rec.outputs));
+                  out = py::make_tuple(rec.handle, (rec.flags & shm::kReplyFinal) != 0, rec.code, error, slab_tensors_to(rec.outputs));
                 },
                 1);
             return out;
           },
           py::arg("worker"), "Worker side: the oldest reply as (handle, final, code, error or None, outputs), or None.")
+      .def(
+          "pop_replies",
+          [](Region& r, int w, size_t max) {
+            py::list out;
+            r.drain_replies(
+                checked_worker(r, w),
+                [&](const ReplyRecord& rec) {
+                  py::object error = py::none();
+                  if (rec.flags & shm::kReplyError) {
+                    error = py::reinterpret_steal<py::object>(
+                        PyUnicode_DecodeUTF8(rec.error.data(), static_cast<Py_ssize_t>(rec.error.size()), "replace"));
+                    if (!error) throw py::error_already_set();
+                  }
+                  out.append(py::make_tuple(rec.handle, rec.flags, rec.code, error, slab_tensors_to(rec.outputs)));
+                },
+                max);
+            return out;
+          },
+          py::arg("worker"), py::arg("max") = 64,
+          "Worker side: up to max replies, oldest first, as (handle, flags, code, error or None, outputs).\n"
+          "flags: REPLY_FINAL, REPLY_ERROR, and for refusals REPLY_BACKLOG_FULL, REPLY_RELEASED and in bits\n"
+          "8..31 how long the refusal lasts in ms (flags >> REPLY_RETRY_SHIFT; 0: not said).")
       .def(
           "wait_requests",
           [](Region& r, double timeout) {
@@ -360,6 +404,11 @@ void bind_rings(py::module_& m) {
           "Worker side, for an event loop watching worker_eventfds[worker]: True when replies are already\n"
           "there (drain them); False when the eventfd will become readable at the next reply (read it to reset\n"
           "it, drain, arm again).")
+      .def(
+          "reset_worker", [](Region& r, int w) { r.reset_worker(checked_worker(r, w)); }, py::arg("worker"),
+          "Lay worker w's rings, doorbell and both slab pools out afresh (a dead worker's, before its\n"
+          "replacement attaches). Only once nothing uses them: the worker process is gone, the engine holds\n"
+          "none of its requests, and no thread drains its ring (with a RingFeeder, call its reset_worker).")
       .def(
           "pending",
           [](Region& r, int w, bool requests) {

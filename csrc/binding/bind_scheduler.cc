@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "binding.h"
+#include "ring_feeder.h"
 
 namespace seqserve::binding {
 
@@ -48,14 +49,33 @@ class PyScheduler {
     h.leave = leave_runtime;
     h.run = [this](Instance& inst) { return run(inst); };
     h.fail = [this](const std::vector<uint64_t>& handles, Code code, const std::string& msg) {
+      // Requests from the workers' rings are answered in C++ (RingFeeder), without Python.
+      std::vector<uint64_t> local;
+      bool from_rings = false;
+      for (uint64_t x : handles) {
+        if (is_ring_handle(x))
+          from_rings = true;
+        else
+          local.push_back(x);
+      }
+      if (from_rings) {
+        std::shared_ptr<RingSink> sink;
+        {
+          std::lock_guard<std::mutex> lk(sink_mu_);
+          sink = sink_.lock();
+        }
+        if (sink) sink->fail(handles, code, msg);
+      }
+      if (local.empty()) return;
       py::gil_scoped_acquire g;
       try {
-        on_fail_(handles, code, msg);
+        on_fail_(local, code, msg);
       } catch (py::error_already_set& e) {
         e.discard_as_unraisable("seqserve scheduler on_fail hook");
       }
     };
     h.log_warning = [this](const std::string& msg) {
+      py::gil_scoped_acquire g;  // submit may come from the RingFeeder's thread
       try {
         on_warning_(msg);
       } catch (py::error_already_set& e) {
@@ -173,6 +193,10 @@ class PyScheduler {
   bool cancel(uint32_t token, uint64_t handle) { return sched_->cancel(token, handle); }
 
   Scheduler& sched() { return *sched_; }
+  void set_ring_sink(std::weak_ptr<RingSink> sink) {
+    std::lock_guard<std::mutex> lk(sink_mu_);
+    sink_ = std::move(sink);
+  }
   // The sequence API's owner, or nullptr for a strategy without sequences.
   SequenceScheduler* sequences() { return sequences_; }
 
@@ -204,6 +228,8 @@ class PyScheduler {
   SequenceScheduler* sequences_ = nullptr;  // sched_ itself when it has sequences
   py::function runner_, on_fail_, on_warning_;
   py::object on_expire_;
+  std::mutex sink_mu_;
+  std::weak_ptr<RingSink> sink_;  // where its fail hook sends ring handles
 };
 
 // The Refusal a checkpoint or restore gets from a model without sequences.
@@ -212,6 +238,15 @@ py::object not_a_sequence_model(Scheduler& sched, const std::string& what) {
 }
 
 }  // namespace
+
+Scheduler* core_scheduler(py::handle obj) {
+  if (!py::isinstance<PyScheduler>(obj)) return nullptr;
+  return &obj.cast<PyScheduler&>().sched();
+}
+
+void set_ring_sink(py::handle obj, std::weak_ptr<RingSink> sink) {
+  obj.cast<PyScheduler&>().set_ring_sink(std::move(sink));
+}
 
 void bind_scheduler(py::module_& m) {
   py::class_<InlineStats>(m, "InlineStats", "Inline execution of one model: its policy and counters.")

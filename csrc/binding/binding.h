@@ -8,6 +8,10 @@
 
 #include "sequence_scheduler.h"
 
+namespace seqserve {
+class RingSink;
+}
+
 namespace seqserve::binding {
 
 namespace py = pybind11;
@@ -60,11 +64,17 @@ const RequestHeaderObject* as_request_header(py::handle obj);
 py::object checkpoint_sequence(SequenceScheduler& sched, py::handle corrid, bool release);
 py::object restore_sequence(SequenceScheduler& sched, py::handle corrid, bool session, uint64_t steps, py::list states);
 
+// A Python Scheduler's core scheduler (nullptr when `obj` is not one), and where its fail hook
+// sends the handles of requests from the workers' rings (bind_scheduler.cc).
+Scheduler* core_scheduler(py::handle obj);
+void set_ring_sink(py::handle obj, std::weak_ptr<RingSink> sink);
+
 void bind_dlpack(py::module_& m);  // DLPackView: engine-owned memory exported through DLPack
 void bind_spec(py::module_& m);   // enums, spec classes, statistics, Refusal, ExpiredSequence
 void bind_batch(py::module_& m);  // Batch, serialize_bytes, deserialize_bytes
 void bind_request(py::module_& m);    // RequestHeader
 void bind_scheduler(py::module_& m);  // Scheduler, InlineStats
 void bind_rings(py::module_& m);      // ShmRegion (the worker <-> engine transport)
+void bind_feeder(py::module_& m);     // RingFeeder (the engine's compiled path for ring records)
 
 }  // namespace seqserve::binding

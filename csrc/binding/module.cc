@@ -4,7 +4,8 @@
 // statistics, refusals), bind_request.cc a request's header, bind_batch.cc the batch a runner
 // is handed, bind_scheduler.cc the scheduler and its hooks, bind_checkpoint.cc the checkpoints,
 // bind_dlpack.cc the DLPack view of engine-owned (device) memory,
-// bind_rings.cc the worker <-> engine shared-memory transport.
+// bind_rings.cc the worker <-> engine shared-memory transport, bind_feeder.cc the engine's
+// compiled path for its records.
 #include "binding.h"
 
 PYBIND11_MODULE(_core, m) {
@@ -16,4 +17,5 @@ PYBIND11_MODULE(_core, m) {
   bind_scheduler(m);
   bind_dlpack(m);
   bind_rings(m);
+  bind_feeder(m);
 }

@@ -477,6 +477,9 @@ class Batch(metaclass=_Pybind11Type):
     @property
     def handles(self) -> list[int]:
         """The request handle of every row; 0 for padding rows."""
+    @property
+    def request_rows(self) -> list[int]:
+        """The batch rows each entry of handles occupies (1 for padding)."""
     def inputs(self) -> dict[str, np.ndarray]: ...
     def ragged(self) -> dict[str, list[tuple[int, ...]]]:
         """Ragged inputs: each request's shape (batch dim included), in request order; the
@@ -641,6 +644,15 @@ class DLPackView(metaclass=_Pybind11Type):
 _SlabTensor: TypeAlias = tuple[int, int, int, tuple[int, ...]]
 _SlabTensorArg: TypeAlias = tuple[int, int, int, list[int] | tuple[int, ...]]
 
+#: Reply flags (ShmRegion.pop_replies): an error; the last reply of its request; a refusal by
+#: admission control (retry later); a refusal of a sequence checkpointed and released from here;
+#: the shift of a refusal's retry time in ms.
+REPLY_ERROR: int
+REPLY_FINAL: int
+REPLY_BACKLOG_FULL: int
+REPLY_RELEASED: int
+REPLY_RETRY_SHIFT: int
+
 class ShmRegion(metaclass=_Pybind11Type):
     """The shared-memory transport between front-end workers and the engine: per worker a request
     ring, a reply ring and two slab pools, in one memfd; eventfds wake a sleeping side. The engine
@@ -686,8 +698,12 @@ class ShmRegion(metaclass=_Pybind11Type):
         inputs: list[_SlabTensorArg] = ...,
         *,
         cancel: bool = False,
+        client: int = 0,
+        slow: bool = False,
     ) -> bool:
-        """Worker side: publish a request; False when the ring is full (back-pressure)."""
+        """Worker side: publish a request; False when the ring is full (back-pressure). client: the key its
+        session's tombstones count against (0: the header's); slow: the engine must take it through its
+        Python path (RingFeeder.take_slow) even when the model's target is on the compiled path."""
     def pop_request(self, worker: int) -> tuple[int, bool, RequestHeader, list[_SlabTensor]] | None:
         """Engine side, for tests: the oldest request of one worker as (target, cancel, header, inputs), or None."""
     def push_reply(
@@ -703,6 +719,10 @@ class ShmRegion(metaclass=_Pybind11Type):
         """Engine side: publish a reply (an error when code or error is set); False when the ring is full."""
     def pop_reply(self, worker: int) -> tuple[int, bool, int, str | None, list[_SlabTensor]] | None:
         """Worker side: the oldest reply as (handle, final, code, error or None, outputs), or None."""
+    def pop_replies(self, worker: int, max: int = 64) -> list[tuple[int, int, int, str | None, list[_SlabTensor]]]:
+        """Worker side: up to max replies, oldest first, as (handle, flags, code, error or None, outputs).
+        flags: REPLY_FINAL, REPLY_ERROR, and for refusals REPLY_BACKLOG_FULL, REPLY_RELEASED and in bits
+        8..31 how long the refusal lasts in ms (flags >> REPLY_RETRY_SHIFT; 0: not said)."""
     def wait_requests(self, timeout: float) -> bool:
         """Engine side: sleep until a worker publishes a request (at once if one is there); False on timeout."""
     def wait_replies(self, worker: int, timeout: float) -> bool:
@@ -711,6 +731,10 @@ class ShmRegion(metaclass=_Pybind11Type):
         """Worker side, for an event loop watching worker_eventfds[worker]: True when replies are already
         there (drain them); False when the eventfd will become readable at the next reply (read it to reset
         it, drain, arm again)."""
+    def reset_worker(self, worker: int) -> None:
+        """Lay worker w's rings, doorbell and both slab pools out afresh (a dead worker's, before its
+        replacement attaches). Only once nothing uses them: the worker process is gone, the engine holds
+        none of its requests, and no thread drains its ring (with a RingFeeder, call its reset_worker)."""
     def pending(self, worker: int, requests: bool) -> int:
         """Records waiting on a worker's request (or reply) ring."""
     def counters(self) -> dict[str, int]: ...
@@ -738,3 +762,59 @@ class ShmRegion(metaclass=_Pybind11Type):
     ) -> dict[str, float]:
         """Test/bench: drain every worker's ring in C++ until `expected` records, checking each; with sleep,
         look for spin_us microseconds after the last record before sleeping on the doorbell."""
+
+#: Set in the core handle of a request that came from a worker's ring (bits 48..62: the worker,
+#: bits 0..47: the worker's own handle): the RingFeeder answers it, not Python.
+RING_HANDLE_BIT: int
+
+#: A record left to the engine's Python path: (worker, target, cancel, header, inputs, client).
+_SlowRecord: TypeAlias = tuple[int, int, bool, RequestHeader, list[_SlabTensor], int]
+
+class RingFeeder(metaclass=_Pybind11Type):
+    """The engine's compiled path for the workers' request rings: a drain thread submits the
+    records of fast targets to their Scheduler and answers them in C++; every other record
+    waits for Python in take_slow()."""
+
+    def __init__(self, region: ShmRegion, *, spin_us: float = 50.0) -> None: ...
+    def add_target(
+        self, target: int, scheduler: Scheduler | None, *, fast: bool, input_dims: list[list[int]] | None = None
+    ) -> None:
+        """Route target's records: fast, to `scheduler` in C++ (input_dims: each input's configured dims
+        after the batch dim, -1 for any; None: any extent of the configured rank); else to take_slow()."""
+    def remove_target(self, target: int) -> None:
+        """Stop routing target (its records go to take_slow()); returns once the drain thread is out of
+        its scheduler. Call it before the scheduler closes."""
+    def take_slow(self) -> list[_SlowRecord]:
+        """The records left to Python, oldest first, as (worker, target, cancel, header, inputs, client);
+        their input blocks are Python's to free. Resets slow_fd."""
+    @property
+    def slow_fd(self) -> int:
+        """An eventfd that becomes readable when records wait for take_slow() (once per burst)."""
+    def reply_rows(
+        self,
+        handles: list[int],
+        first_rows: list[int],
+        rows: list[int],
+        outputs: list[np.ndarray | None],
+        *,
+        batched: bool,
+    ) -> None:
+        """One batch's ring requests answered: handles[i] (a ring handle) owns rows first_rows[i].. of
+        every output (config order; None: not produced). Copied into to-worker blocks; replies that
+        find no room wait in order and are retried by the drain thread."""
+    def fail(self, handles: list[int], code: int, message: str) -> None:
+        """Answer these ring handles with an error (others are ignored); their input blocks are freed."""
+    def forget_worker(self, worker: int) -> None:
+        """A dead worker: its waiting replies are dropped, and so are its replies from now on."""
+    def reset_worker(self, worker: int) -> None:
+        """ShmRegion.reset_worker out of the drain thread's way; the worker's replies flow again. Only
+        once inflight(worker) is 0 and Python holds none of its records."""
+    def inflight(self, worker: int) -> int:
+        """The worker's fast requests submitted and not yet answered."""
+    def queued_replies(self, worker: int) -> int:
+        """Replies waiting for room on the worker's reply ring or in its blocks."""
+    def refused(self, target: int) -> int:
+        """The target's requests refused or malformed: failed requests, as the in-process path counts them."""
+    def counters(self) -> dict[str, int]: ...
+    def close(self) -> None:
+        """Stop the drain thread (records stay on the rings)."""

@@ -92,11 +92,19 @@ class Delivery:
     # ------------------------------------------------------------ executor thread
 
     def replies(
-        self, recs: list[Pending | None], size: int, produced: Mapping[str, np.ndarray], *, responders: bool
+        self,
+        recs: list[Pending | None],
+        size: int,
+        produced: Mapping[str, np.ndarray],
+        *,
+        responders: bool,
+        rows: list[int] | None = None,
     ) -> list[tuple[Pending, Reply]]:
         """A batch ran: its outputs split into replies (raises InferenceError when the outputs
-        are unusable; the caller then fails the batch). ``responders``: the batch had them."""
-        replies = self._split(size, recs, produced)
+        are unusable; the caller then fails the batch). ``responders``: the batch had them.
+        ``rows``: each entry's batch rows, where entries without a Pending are not all one row
+        (requests from the workers' rings, answered by model/rings.py)."""
+        replies = self._split(size, recs, produced, rows)
         return self._close_answered(replies) if responders else replies
 
     def post(self, replies: list[tuple[Pending, Reply]]) -> None:
@@ -142,7 +150,7 @@ class Delivery:
         return RequestResults([DEFERRED] * len(recs), produced)
 
     def _split(
-        self, size: int, recs: list[Pending | None], produced: Mapping[str, np.ndarray]
+        self, size: int, recs: list[Pending | None], produced: Mapping[str, np.ndarray], rows: list[int] | None = None
     ) -> list[tuple[Pending, Reply]]:
         if isinstance(produced, RequestResults):
             return self._split_requests(recs, produced.outcomes)
@@ -173,8 +181,8 @@ class Delivery:
         replies: list[tuple[Pending, Reply]] = []
         row = 0
         for i, rec in enumerate(recs):
-            if rec is None:  # padding or a final END step: one row, no reply
-                row += 1
+            if rec is None:  # padding, a final END step or a ring request: no reply here
+                row += 1 if rows is None else rows[i]
                 continue
             end = row + rec.checked.rows
             replies.append(

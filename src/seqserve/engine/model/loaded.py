@@ -4,12 +4,10 @@ request through them.
 ``submit`` (event loop): validate against the config (``CheckedRequest``: the request laid
 out for the core), hand its header and buffers to the core, return a future (or take a
 callback, for streaming). The core calls ``_run`` with the GIL held, once per batch: on the
-instance's executor thread, or, for a cheap in-process Python model, inline on the event loop
-(``InlineExecution``, a callback scheduled after submit; see docs/architecture.md, "Inline
-execution"). ``_run`` goes in phases: build the batch, execute it, scatter its outputs into
-replies, finish (replies go back to the loop through ``Delivery``). A request whose client
-goes away (its future cancelled, or the cancel() of a streaming submit called) leaves the
-core's queues before it runs.
+instance's executor thread, or inline on the event loop (``InlineExecution``; see
+docs/architecture.md, "Inline execution"). ``_run`` goes in phases: build the batch, execute
+it, scatter its outputs into replies, finish (replies go back through ``Delivery``, those of
+ring requests through model/rings.py). A cancelled request leaves the queues before it runs.
 """
 
 from __future__ import annotations
@@ -18,10 +16,8 @@ import asyncio
 import functools
 import itertools
 import logging
-import secrets
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,17 +25,18 @@ from typing import Any
 import numpy as np
 
 from seqserve._proto import model_config_pb2 as mc
-from seqserve.engine._core import Batch, Code, InlineStats, Scheduler
+from seqserve.engine._core import Batch, Code, InlineStats, RingFeeder, Scheduler
 from seqserve.engine.backends import find_backend
 from seqserve.engine.backends.base import ragged_inputs
 from seqserve.engine.backends.bls import ModelCalls
-from seqserve.engine.batch import ExecuteBatch, RaggedInput, StateViews
+from seqserve.engine.batch import ExecuteBatch
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import DecoupledModelError, InferenceError
 from seqserve.engine.isolation import IsolatedBackend
+from seqserve.engine.model.batch_build import batch_traces, build_batch, stamp
 from seqserve.engine.model.checkpoints import SequenceCheckpoints
 from seqserve.engine.model.delivery import Delivery, Pending, Reply
-from seqserve.engine.model.devices import device_states, host_outputs
+from seqserve.engine.model.devices import host_outputs
 from seqserve.engine.model.execution import DEFAULT_INLINE_MAX_BATCH_US, execution_settings
 from seqserve.engine.model.failures import FailureReport
 from seqserve.engine.model.inline import InlineExecution, inline_eligible
@@ -47,15 +44,16 @@ from seqserve.engine.model.instances import start_instances
 from seqserve.engine.model.iterations import check_iterative, iterations_of
 from seqserve.engine.model.reports import ModelReports
 from seqserve.engine.model.request_log import RequestLog
+from seqserve.engine.model.rings import RingBatch, RingRows, attach_rings
 from seqserve.engine.model.sequence_views import SequenceViews, expiry_log
 from seqserve.engine.model.spec import build_core_spec
-from seqserve.engine.model.validation import INTEGER_CORRID, RequestValidator
+from seqserve.engine.model.validation import RequestValidator, fresh_sequence_id
 from seqserve.engine.model.watchdog import ExecuteWatchdog
 from seqserve.engine.replicas.checkpoint import SequenceCheckpoint, SequenceReleasedError
 from seqserve.engine.request import InferRequest, SequenceId
 from seqserve.engine.responses import InferResult, ResponseCallback
 from seqserve.engine.sessions import EndedSequence, SequenceInfo, SequenceList, SessionGoneError, SessionPolicy
-from seqserve.engine.tracing import COMPUTE_END, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, QUEUE_START, RequestTrace
+from seqserve.engine.tracing import COMPUTE_END, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, QUEUE_START
 
 log = logging.getLogger("seqserve.model")
 
@@ -68,12 +66,10 @@ DEFAULT_MAX_BACKLOG_SEQUENCES = 1024
 
 
 class RequestFuture(asyncio.Future[InferResult]):
-    """A single-response request's future. Cancelling it (the caller went away: a gRPC call
-    cancelled, an HTTP client disconnected, an awaiting task cancelled) also takes the request
-    out of the core's queues."""
+    """A single-response request's future. Cancelling it (the caller went away) also takes the
+    request out of the core's queues."""
 
-    # The request's core names, not its Pending: that refers to this future, and a cycle would
-    # leave every request to the garbage collector. Set by submit (no __init__: the hot path).
+    # Its core names, not its Pending (a cycle through this future). Set by submit (hot path).
     __slots__ = ("_handle", "_model", "_token")
     _model: LoadedModel
     _handle: int
@@ -129,6 +125,7 @@ class LoadedModel:
         self._closed = False
         self._has_ragged = bool(ragged_inputs(cfg))
         self._traced = False  # a traced request was queued: batches look for traces (engine/tracing.py)
+        self._ring: RingRows | None = None  # requests from the workers' rings on the compiled path
 
         backend_cls = find_backend(cfg)
         backend_cls.check(cfg)
@@ -192,6 +189,13 @@ class LoadedModel:
         self._checkpoints = SequenceCheckpoints(self.name, version, is_sequence=seq, core=core, spec=spec)
         self._core.start()
 
+    def serve_rings(self, feeder: RingFeeder, target: int, *, fast: bool = True) -> bool:
+        """Serve the workers' rings as ``target``; True: on the compiled path (see model/rings.py)."""
+        per_request = any(i.uses_responders for i in self._instances) or self._watchdog is not None
+        self._ring = attach_rings(self.config, self._core, feeder, target, fast=fast, per_request=per_request)
+        self._reports.ring = self._ring
+        return self._ring is not None
+
     # ------------------------------------------------------------------ sequence API
 
     @property
@@ -209,8 +213,7 @@ class LoadedModel:
 
     @property
     def open_requests(self) -> int:
-        """Requests submitted and not answered for good: queued, in a running batch, or (sent
-        to a responder) still waiting for their final response."""
+        """Requests submitted and not answered for good: queued, running, or awaiting a final response."""
         running = [r for recs in list(self._running.values()) for r in recs if r is not None]
         return len(self._pending) + len(running) + self._delivery.open_responses_besides(running)
 
@@ -416,15 +419,19 @@ class LoadedModel:
         pending = self._pending
         recs = [pending.pop(h, None) if h else None for h in cb.handles]
         running = self._running
-        # Whoever pops the instance's entry answers these requests: this thread once execute
-        # returns, or close() when it left this thread behind in execute.
+        # Whoever pops the instance's entry answers its requests: this thread, or close() (execute hung).
         running[cb.instance] = recs
-        traces = self._batch_traces(cb, recs) if self._traced else None
+        ring = self._ring.batch(cb) if self._ring is not None else None
+        traces = batch_traces(self._core, self.is_sequence, cb, recs) if self._traced else None
         started_ns = time.monotonic_ns() if self._iterations is not None else 0
         try:
-            batch = self._build(cb, recs)
+            batch = build_batch(
+                cb, recs, self._spec, self._devices, ragged=self._has_ragged, batched=self.max_batch_size > 0
+            )
+            if self._instances[cb.instance].uses_responders:
+                batch.responder = functools.partial(self._delivery.responder, recs)
             if traces:
-                _stamp(traces, COMPUTE_INPUT_END)
+                stamp(traces, COMPUTE_INPUT_END)
             produced = self._execute(batch, recs, cb.instance)
         except Exception as e:  # the model's failure fails this batch only
             if running.pop(cb.instance, None) is None:
@@ -435,55 +442,17 @@ class LoadedModel:
             cb.finish(False)
             return False
         if traces:
-            _stamp(traces, COMPUTE_OUTPUT_START)
+            stamp(traces, COMPUTE_OUTPUT_START)
         try:
-            replies = self._scatter(cb, recs, produced, responders=batch.responder is not None)
+            replies = self._scatter(cb, recs, produced, responders=batch.responder is not None, ring=ring)
         except Exception as e:
             return self._batch_failed(cb, recs, e)
         if traces:
-            _stamp(traces, COMPUTE_END)
-        self._finish(cb, replies)
+            stamp(traces, COMPUTE_END)
+        self._finish(cb, replies, ring)
         if self._iterations is not None:  # rescheduled steps go back to the core
             self._iterations.after_batch(recs, getattr(produced, "outcomes", None), started_ns)
         return True
-
-    def _batch_traces(self, cb: Batch, recs: list[Pending | None]) -> list[RequestTrace]:
-        """The traces of a batch's traced requests, told that compute starts."""
-        traces = []
-        for r in recs:
-            t = r.checked.request.trace if r is not None else None
-            if r is not None and t is not None:
-                slot = self._core.slot_of(r.checked.corrid) if self.is_sequence and t.wants_slot else -1
-                t.ran(batch_size=cb.size, instance=cb.instance, slot=slot)
-                traces.append(t)
-        return traces
-
-    def _build(self, cb: Batch, recs: list[Pending | None]) -> ExecuteBatch:
-        """The batch as the model sees it: the core's arrays and each request's rows, outputs, id."""
-        checked = [r.checked if r is not None else None for r in recs]
-        states: Mapping[str, Any] = StateViews(self._spec.state_names, cb) if self._spec.state_names else {}
-        if self._devices.table(cb.instance) is not None:
-            states = device_states(self._devices, cb, self._spec.state_names)
-        batch = ExecuteBatch(
-            size=cb.size,
-            instance=cb.instance,
-            inputs=cb.inputs(),
-            states=states,
-            controls=cb.controls(),
-            start=cb.start,
-            end=cb.end,
-            ready=cb.ready,
-            corrid=cb.corrid,
-            request_rows=[c.rows if c is not None else 1 for c in checked],
-            request_outputs=[c.outputs if c is not None else None for c in checked],
-            request_ids=[c.request.id if c is not None else "" for c in checked],
-            request_parameters=[c.request.parameters if c is not None else {} for c in checked],
-            ragged={k: RaggedInput(v) for k, v in cb.ragged().items()} if self._has_ragged else {},
-            batched=self.max_batch_size > 0,
-        )
-        if self._instances[cb.instance].uses_responders:
-            batch.responder = functools.partial(self._delivery.responder, recs)
-        return batch
 
     def _execute(self, batch: ExecuteBatch, recs: list[Pending | None], instance: int) -> Mapping[str, np.ndarray]:
         """The model's ``execute`` (under the watchdog, when the model has an execute timeout)."""
@@ -492,7 +461,13 @@ class LoadedModel:
         return execute(batch) if watchdog is None else watchdog.call(execute, batch, recs)
 
     def _scatter(
-        self, cb: Batch, recs: list[Pending | None], produced: Mapping[str, np.ndarray], *, responders: bool
+        self,
+        cb: Batch,
+        recs: list[Pending | None],
+        produced: Mapping[str, np.ndarray],
+        *,
+        responders: bool,
+        ring: RingBatch | None,
     ) -> list[tuple[Pending, Reply]]:
         """The batch has run: output states back into the core, outputs split into replies."""
         cb.mark_executed()
@@ -512,12 +487,15 @@ class LoadedModel:
         if table is not None:
             table.finish()
             produced = host_outputs(produced, self._spec.state_outputs)
-        return delivery.replies(recs, cb.size, produced, responders=responders)
+        if ring is not None:
+            ring.take(produced, cb.size)
+        return delivery.replies(recs, cb.size, produced, responders=responders, rows=cb.request_rows if ring else None)
 
-    def _finish(self, cb: Batch, replies: list[tuple[Pending, Reply]]) -> None:
-        """Statistics first (a client that sees its reply sees them counted), then the replies:
-        now when the batch ran inline on the loop, else posted to it."""
+    def _finish(self, cb: Batch, replies: list[tuple[Pending, Reply]], ring: RingBatch | None) -> None:
+        """Statistics first (a client that sees its reply sees them counted), then the replies."""
         cb.finish(True)
+        if ring is not None:
+            ring.send()
         if cb.inline:
             self._delivery.deliver(replies)
         else:
@@ -533,6 +511,8 @@ class LoadedModel:
             else InferenceError(Code.INTERNAL, f"model '{self.name}' failed: {type(e).__name__}: {e}")
         )
         cb.finish(False)
+        if self._ring is not None:
+            self._ring.fail(cb, err)
         self._delivery.batch_failed(recs, err, lambda rec, error: self._failures.failed(rec, error, e))
         if self._iterations is not None:  # their sequences end with them
             self._iterations.after_batch(recs, None, 0)
@@ -548,12 +528,7 @@ class LoadedModel:
 
     def new_sequence_id(self) -> SequenceId:
         """A fresh id for a sequence the client did not name, typed to suit the CORRID control."""
-        cd = self._spec.corrid_dtype
-        if cd in (mc.TYPE_UINT32, mc.TYPE_INT32):
-            return secrets.randbelow(2**31 - 1) + 1
-        if cd in INTEGER_CORRID:
-            return secrets.randbelow(2**63 - 1) + 1
-        return uuid.uuid4().hex
+        return fresh_sequence_id(self._spec.corrid_dtype)
 
     def stop_accepting(self) -> None:
         self._core.stop_accepting()
@@ -564,8 +539,7 @@ class LoadedModel:
         timeout_s bounds the wait for the executors (None: no bound). An instance whose
         ``execute`` has not returned by then is left behind: its requests fail with
         UNAVAILABLE, it is not finalized, and its name is returned."""
-        # One close at a time (a shutdown may overtake an unload that outlasted the exit
-        # timeout); a later one has nothing left to do.
+        # One close at a time (a shutdown may overtake an unload that outlasted its timeout).
         if not self._close_lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
             return []
         try:
@@ -577,6 +551,8 @@ class LoadedModel:
             self._close_lock.release()
 
     def _close(self, force: bool, timeout_s: float | None) -> list[str]:
+        if self._ring is not None:  # the feeder submits nothing more before the core closes
+            self._ring.detach()
         hung = self._core.close(force, timeout_s=timeout_s)
         if self._watchdog is not None:
             self._watchdog.close()
@@ -603,8 +579,3 @@ class LoadedModel:
         if not hung:
             self._devices.close()
         return [self.instance_names[i] for i in hung]
-
-
-def _stamp(traces: list[RequestTrace], name: str) -> None:
-    for t in traces:
-        t.stamp(name)

@@ -9,6 +9,7 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine._core import Duration, InlineStats, Scheduler
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.model.delivery import Delivery
+from seqserve.engine.model.rings import RingRows
 from seqserve.engine.model.spec import CoreSpec
 from seqserve.engine.model.validation import RequestValidator
 from seqserve.engine.tensors import wire_dtype_name
@@ -37,6 +38,11 @@ class ModelReports:
         self._spec = spec
         self._validator = validator
         self._delivery = delivery
+        #: requests from the workers' rings on the compiled path: their refusals count here too
+        self.ring: RingRows | None = None
+
+    def _refused(self) -> int:
+        return self._validator.failures + (self.ring.refused() if self.ring is not None else 0)
 
     def metadata(self) -> dict[str, Any]:
         batch = [-1] if self.max_batch_size > 0 else []
@@ -71,7 +77,7 @@ class ModelReports:
         """The core's counts (durations in ns), plus the requests refused before reaching it
         and those a batch failed alone."""
         s = self._core.stats()
-        refused = self._validator.failures
+        refused = self._refused()
         alone = self._delivery.request_failures
         return {
             "inference_count": s.inference_count,
@@ -99,7 +105,7 @@ class ModelReports:
         ``rejected_here``: requests the core refused as UNAVAILABLE (queue full, stopping)."""
         s = self._core.stats()
         inline = self._core.inline_stats()
-        refused = self._validator.failures
+        refused = self._refused()
         alone = self._delivery.request_failures
         rejected = s.fail_rejected + rejected_here
         backend = s.fail_backend + alone

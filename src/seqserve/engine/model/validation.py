@@ -5,6 +5,8 @@ what a shared-memory ring would carry; the buffers would lie in shared-memory sl
 
 from __future__ import annotations
 
+import secrets
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -217,3 +219,12 @@ def _dims_match(shape: Sequence[int], dims: Sequence[int]) -> bool:
 
 def _name_list(names: list[str]) -> str:
     return "[" + ",".join(f"'{n}'" for n in names) + "]"  # Triton's formatting, no spaces
+
+
+def fresh_sequence_id(corrid_dtype: int | None) -> SequenceId:
+    """A fresh id for a sequence the client did not name, typed to suit the CORRID control."""
+    if corrid_dtype in (mc.TYPE_UINT32, mc.TYPE_INT32):
+        return secrets.randbelow(2**31 - 1) + 1
+    if corrid_dtype in INTEGER_CORRID:
+        return secrets.randbelow(2**63 - 1) + 1
+    return uuid.uuid4().hex

@@ -1,0 +1,148 @@
+"""Requests from the workers' rings (issue 27) in one model version's batches.
+
+A target on the compiled path (``RingFeeder.add_target(..., fast=True)``) has its requests
+submitted by the feeder's drain thread with ring handles (``RING_HANDLE_BIT`` set): they have
+no ``Pending`` here, and nothing in Python runs for them but this, once per batch: their rows
+are the model's like any others; after ``execute`` their outputs (every configured output, in
+config order: the worker keeps what its client asked for) go to ``RingFeeder.reply_rows`` in
+one call, which copies each request's rows into the worker's blocks and pushes its reply in
+C++. Their refusals, cancellations and the scheduler's failures are answered in C++ too; a
+batch that fails here answers its ring rows through ``RingFeeder.fail``.
+
+What goes the slow way (``ring_slow_reason``): anything that needs Python per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from seqserve._proto import model_config_pb2 as mc
+from seqserve.engine._core import RING_HANDLE_BIT, Batch, RingFeeder, Scheduler
+from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.tensors import to_numpy_dtype, wire_dtype_name
+
+
+def ring_slow_reason(cfg: mc.ModelConfig, *, per_request: bool) -> str | None:
+    """Why a model's ring requests need the engine's Python path, or None when the compiled
+    path serves them: decoupled models, and ``per_request`` (instances that use responders, an
+    execute timeout's watchdog: they answer request by request), BYTES tensors (serialized per
+    request), ragged inputs, preserve_ordering (replies released in submit order). Server-wide
+    reasons (tracing, a state store, replicas) are the caller's ``fast=False``."""
+    if cfg.model_transaction_policy.decoupled:
+        return "decoupled model"
+    if per_request:
+        return "its instances answer request by request (responders, an execute timeout)"
+    if any(t.data_type == mc.TYPE_STRING for t in cfg.input) or any(t.data_type == mc.TYPE_STRING for t in cfg.output):
+        return "BYTES tensors"
+    if any(t.allow_ragged_batch for t in cfg.input):
+        return "ragged inputs"
+    if cfg.dynamic_batching.preserve_ordering:
+        return "preserve_ordering"
+    return None
+
+
+def attach_rings(
+    cfg: mc.ModelConfig,
+    core: Scheduler,
+    feeder: RingFeeder,
+    target: int,
+    *,
+    fast: bool,
+    per_request: bool,
+) -> RingRows | None:
+    """Register the model version as ``target``: on the compiled path when ``fast`` and nothing
+    in the model needs Python per request (returns its RingRows), else the slow way (None)."""
+    if not fast or ring_slow_reason(cfg, per_request=per_request) is not None:
+        feeder.add_target(target, core, fast=False)
+        return None
+    # Submits come from the feeder's thread, never the event loop: executors run the batches.
+    core.configure_inline(0)
+    feeder.add_target(target, core, fast=True, input_dims=[list(t.dims) for t in cfg.input])
+    return RingRows(cfg, feeder, target)
+
+
+class RingRows:
+    """The ring requests of one model version's batches."""
+
+    def __init__(self, cfg: mc.ModelConfig, feeder: RingFeeder, target: int) -> None:
+        self.feeder = feeder
+        self.target = target
+        self._name = cfg.name
+        self.batched = cfg.max_batch_size > 0
+        self._outputs = [(t.name, np.dtype(to_numpy_dtype(t.data_type)), t.data_type) for t in cfg.output]
+
+    def detach(self) -> None:
+        """The model closes: its target's records go to take_slow from now on (the engine answers
+        them: the model is gone); replies of requests in flight still come here."""
+        self.feeder.remove_target(self.target)
+
+    def refused(self) -> int:
+        """Its requests the compiled path refused: failed requests, as submit's refusals are."""
+        return self.feeder.refused(self.target)
+
+    def batch(self, cb: Batch) -> RingBatch | None:
+        """The batch's ring rows, or None when it has none."""
+        handles = cb.handles
+        if not any(h & RING_HANDLE_BIT for h in handles):
+            return None
+        return RingBatch(self, handles, cb.request_rows)
+
+    def fail(self, cb: Batch, err: InferenceError) -> None:
+        """The batch failed: its ring requests get the error."""
+        ring = [h for h in cb.handles if h & RING_HANDLE_BIT]
+        if ring:
+            self.feeder.fail(ring, int(err.code), err.message)
+
+    def outputs(self, produced: Mapping[str, Any], size: int) -> list[np.ndarray | None]:
+        """Every configured output as reply_rows reads it; INTERNAL for one the model got wrong."""
+        out: list[np.ndarray | None] = []
+        for name, dtype, data_type in self._outputs:
+            value = produced.get(name)
+            if value is None:  # not produced: the worker answers a client that asked for it
+                out.append(None)
+                continue
+            arr = np.ascontiguousarray(value)
+            if arr.dtype != dtype:
+                raise InferenceError(
+                    Code.INTERNAL,
+                    f"model '{self._name}' produced output '{name}' as {arr.dtype}, but its config says "
+                    f"{wire_dtype_name(data_type)}",
+                )
+            if self.batched and (arr.ndim == 0 or arr.shape[0] != size):
+                raise InferenceError(
+                    Code.INTERNAL,
+                    f"model '{self._name}' produced output '{name}' with shape {list(arr.shape)}; "
+                    f"expected batch dimension {size}",
+                )
+            out.append(arr)
+        return out
+
+
+class RingBatch:
+    """One batch's ring rows: where each lies, and once the model ran, their outputs."""
+
+    def __init__(self, rows: RingRows, handles: list[int], request_rows: list[int]) -> None:
+        self._rows = rows
+        self.handles: list[int] = []
+        self.first: list[int] = []
+        self.counts: list[int] = []
+        row = 0
+        for h, n in zip(handles, request_rows, strict=True):
+            if h & RING_HANDLE_BIT:
+                self.handles.append(h)
+                self.first.append(row)
+                self.counts.append(n)
+            row += n
+        self._outputs: list[np.ndarray | None] = []
+
+    def take(self, produced: Mapping[str, Any], size: int) -> None:
+        """After execute (raises InferenceError when the outputs are unusable)."""
+        self._outputs = self._rows.outputs(produced, size)
+
+    def send(self) -> None:
+        """After the batch's statistics are recorded: every ring row's reply, in one call."""
+        rows = self._rows
+        rows.feeder.reply_rows(self.handles, self.first, self.counts, self._outputs, batched=rows.batched)
