@@ -20,6 +20,24 @@ from tests.support.paths import ROOT
 from tests.support.ports import free_ports
 
 STARTUP_TIMEOUT_S = 30.0
+#: SEQSERVE_TEST_WORKERS=N runs every server these helpers start with ``--workers N`` (the
+#: integration suite under worker processes); unset or 1: one process, as by default
+TEST_WORKERS = int(os.environ.get("SEQSERVE_TEST_WORKERS", "1") or 1)
+
+
+def worker_args(args: tuple[str, ...] | list[str]) -> list[str]:
+    """``args`` plus ``--workers N`` under SEQSERVE_TEST_WORKERS, unless they set it already."""
+    out = list(args)
+    if TEST_WORKERS > 1 and not any(a.split("=", 1)[0] == "--workers" for a in out):
+        out += ["--workers", str(TEST_WORKERS)]
+    return out
+
+
+def under_workers() -> bool:
+    """Whether the servers of this run have front-end worker processes (SEQSERVE_TEST_WORKERS)."""
+    return TEST_WORKERS > 1
+
+
 EXIT_TIMEOUT_S = 20.0
 RUN_TIMEOUT_S = 60.0
 
@@ -121,7 +139,7 @@ def start_server(
             str(repo),
             "--exit-timeout-secs",
             str(exit_timeout_s),
-            *args,
+            *worker_args(args),
         ]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
@@ -178,7 +196,7 @@ def run_serve(*args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.Complete
     """`seqserve serve *args` that must end by itself (a usage error, a failed startup): its exit
     status and output. Ports the arguments do not set are free ones (`with_free_ports`)."""
     return subprocess.run(
-        [sys.executable, "-m", "seqserve", "serve", *with_free_ports(args)],
+        [sys.executable, "-m", "seqserve", "serve", *worker_args(with_free_ports(args))],
         cwd=ROOT,
         capture_output=True,
         text=True,
