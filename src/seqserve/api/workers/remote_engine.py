@@ -16,15 +16,10 @@ from seqserve.api.workers.snapshot import ModelEntry, Snapshot
 from seqserve.engine import Code, DecoupledModelError, InferenceError, InferRequest, InferResult, SequenceScope
 from seqserve.engine.workers.records import BY_NAME
 
-#: what a worker answers for a question only the engine can answer (never asked: the worker
-#: relays such requests whole)
-NOT_IN_WORKER = "not available in a front-end worker process"
-
-
 class RemoteModel:
     """A loaded model version as a worker's front-ends see it (``Server.model``)."""
 
-    __slots__ = ("decoupled", "is_sequence", "name", "target", "version", "version_str")
+    __slots__ = ("config", "decoupled", "is_sequence", "model_dir", "name", "target", "version", "version_str")
 
     def __init__(self, name: str, version: int, entry: ModelEntry) -> None:
         self.name = name
@@ -33,6 +28,8 @@ class RemoteModel:
         self.decoupled = entry.decoupled
         self.is_sequence = entry.is_sequence
         self.target = entry.target
+        self.config = entry.config
+        self.model_dir = entry.model_dir
 
     def sequence_slot(self, sequence_id: Any) -> int:
         return -2  # unknown here (the stall log line then names no backlog)
@@ -90,7 +87,7 @@ class RemoteEngine:
         return RemoteModel(name, v, entry)
 
     def model_config(self, name: str, version: str | int = "") -> Any:
-        raise InferenceError(Code.INTERNAL, NOT_IN_WORKER)
+        return self.model(name, version).config
 
     def session_sequence_id(self, model: str, version: str | int, session: str) -> str:
         """The session id itself: the engine maps it to the model's id type (RequestMeta.session_name)."""

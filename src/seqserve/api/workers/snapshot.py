@@ -18,6 +18,8 @@ class ModelEntry:
     target: int  # the engine's number for it (never reused while the engine lives)
     decoupled: bool
     is_sequence: bool
+    config: Any  # its ModelConfig (read-only here: validation, classification)
+    model_dir: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,6 @@ class Targets:
                 target = self._of[m] = self._next
                 self._next += 1
             live[m] = target
-            models.setdefault(m.name, {})[int(m.version)] = ModelEntry(target, m.decoupled, m.is_sequence)
+            models.setdefault(m.name, {})[int(m.version)] = ModelEntry(target, m.decoupled, m.is_sequence, m.config, str(m.model_dir))
         self._of = live
         return Snapshot(server.exiting, server.is_ready(), server.tracer is not None, models)

@@ -57,19 +57,20 @@ RESTART_BACKOFF_S = 1.0
 
 async def serve_with_workers(opts: ServeOptions, server: Server, observability: Observability) -> int:
     """``serve`` with N > 1 front-end worker processes; as ``app.serve``, returns the exit code."""
-    sockets: dict[str, socket.socket] = {}
+    sockets: dict[str, list[socket.socket]] = {}
     try:
         if opts.http is not None:
             if opts.http.kind == "granian":
                 raise StartupError("--workers needs the builtin or hypercorn HTTP server (not granian)")
-            sockets["HTTP"] = listen("HTTP", opts.http.host, opts.http.port, reuse_port=opts.http.reuse_port)
+            sockets["HTTP"] = _listeners("HTTP", opts.http.host, opts.http.port, opts.workers)
         if opts.grpc is not None:
             if opts.grpc.kind != "builtin":
                 raise StartupError("--workers needs the builtin gRPC server (not --grpc-server grpcio)")
-            sockets["gRPC"] = listen("gRPC", opts.grpc.host, opts.grpc.port, reuse_port=opts.grpc.reuse_port)
+            sockets["gRPC"] = _listeners("gRPC", opts.grpc.host, opts.grpc.port, opts.workers)
     except StartupError as e:
-        for s in sockets.values():
-            s.close()
+        for group in sockets.values():
+            for s in group:
+                s.close()
         await server.shutdown(timeout_s=0)
         observability.close()
         log.error("%s", e)
@@ -104,6 +105,24 @@ async def serve_with_workers(opts: ServeOptions, server: Server, observability: 
     return 0
 
 
+def _listeners(what: str, host: str, port: int, n: int) -> list[socket.socket]:
+    """One listening socket per worker on the same port (SO_REUSEPORT): the kernel spreads new
+    connections over them. The first is bound as a single process binds (port 0 picks the port
+    the others take; a busy port ends startup); a dead worker's socket stays open in the engine
+    process, its waiting connections kept for the worker that replaces it."""
+    first = listen(what, host, port, reuse_port=True)
+    out = [first]
+    try:
+        bound = first.getsockname()[1]
+        for _ in range(n - 1):
+            out.append(listen(what, host, bound, reuse_port=True))
+    except StartupError:
+        for s in out:
+            s.close()
+        raise
+    return out
+
+
 @dataclass(slots=True)
 class WorkerProcess:
     index: int
@@ -115,7 +134,7 @@ class WorkerProcess:
 class WorkerPool:
     """The worker processes and what the engine does for them."""
 
-    def __init__(self, server: Server, opts: ServeOptions, sockets: dict[str, socket.socket]) -> None:
+    def __init__(self, server: Server, opts: ServeOptions, sockets: dict[str, list[socket.socket]]) -> None:
         self._server = server
         self._opts = opts
         self._sockets = sockets
@@ -141,7 +160,7 @@ class WorkerPool:
         region = self._region
         parent_end, child_end = socket.socketpair()
         fds = [region.fd, region.engine_eventfd, *region.worker_eventfds, child_end.fileno()]
-        fds += [s.fileno() for s in self._sockets.values()]
+        fds += [group[w].fileno() for group in self._sockets.values()]
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -153,7 +172,7 @@ class WorkerPool:
         )
         child_end.close()
         channel = await Channel.open(parent_end)
-        channel.send(("init", self._init_message()))
+        channel.send(("init", self._init_message(w)))
         try:
             message = await asyncio.wait_for(channel.receive(), WORKER_START_TIMEOUT_S)
         except (ChannelClosed, asyncio.TimeoutError):
@@ -167,7 +186,7 @@ class WorkerPool:
         wp.tasks.append(asyncio.create_task(self._serve(wp)))
         wp.tasks.append(asyncio.create_task(self._watch(wp)))
 
-    def _init_message(self) -> dict[str, Any]:
+    def _init_message(self, w: int) -> dict[str, Any]:
         region = self._region
         opts = self._opts
         redact = []
@@ -182,7 +201,7 @@ class WorkerPool:
             "region_fd": region.fd,
             "engine_eventfd": region.engine_eventfd,
             "worker_eventfds": region.worker_eventfds,
-            "sockets": {what: s.fileno() for what, s in self._sockets.items()},
+            "sockets": {what: group[w].fileno() for what, group in self._sockets.items()},
             "snapshot": self._snapshot,
         }
 
@@ -301,8 +320,9 @@ class WorkerPool:
         await asyncio.gather(*(self._reap(wp) for wp in running))
         if self._ring_drain is not None:
             await asyncio.to_thread(self._ring_drain.stop)
-        for s in self._sockets.values():
-            s.close()
+        for group in self._sockets.values():
+            for s in group:
+                s.close()
 
     async def _reap(self, wp: WorkerProcess) -> None:
         try:
