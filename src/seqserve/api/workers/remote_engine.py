@@ -16,6 +16,7 @@ from seqserve.api.workers.snapshot import ModelEntry, Snapshot
 from seqserve.engine import Code, DecoupledModelError, InferenceError, InferRequest, InferResult, SequenceScope
 from seqserve.engine.workers.records import BY_NAME
 
+
 class RemoteModel:
     """A loaded model version as a worker's front-ends see it (``Server.model``)."""
 

@@ -47,6 +47,8 @@ class Targets:
                 target = self._of[m] = self._next
                 self._next += 1
             live[m] = target
-            models.setdefault(m.name, {})[int(m.version)] = ModelEntry(target, m.decoupled, m.is_sequence, m.config, str(m.model_dir))
+            models.setdefault(m.name, {})[int(m.version)] = ModelEntry(
+                target, m.decoupled, m.is_sequence, m.config, str(m.model_dir)
+            )
         self._of = live
         return Snapshot(server.exiting, server.is_ready(), server.tracer is not None, models)
