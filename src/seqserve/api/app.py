@@ -264,6 +264,11 @@ class FrontEnds:
     def stream_stats(self) -> StreamStats | None:
         return self._stream_stats
 
+    @property
+    def shared_memory(self) -> SharedMemoryRegistry:
+        """Both front-ends' registered shared-memory regions."""
+        return self._shared_memory
+
     async def _launch_metrics(self, metrics: MetricsOptions) -> None:
         sock = listen("metrics", metrics.host, metrics.port)
         front_ends = FrontEndMetrics(self._admissions, self._stream_stats)

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from seqserve.api.logs import log_control
 from seqserve.api.workers.channel import Channel
 from seqserve.api.workers.ring_client import OnResponse, RingClient
 from seqserve.api.workers.snapshot import ModelEntry, Snapshot
@@ -52,6 +53,8 @@ class RemoteEngine:
         self.on_exiting: Callable[[], None] | None = None
 
     def update(self, snapshot: Snapshot) -> None:
+        if snapshot.log != self.snapshot.log:  # the logging extension changed the engine's
+            log_control.update(snapshot.log)
         self.snapshot = snapshot
 
     # --------------------------------------------------------------- sync questions

@@ -4,10 +4,13 @@ questions (is it exiting? is this model decoupled?) never wait on another proces
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from seqserve.engine import Server
+from seqserve.api.logs import log_control
+from seqserve.api.shared_memory import SharedMemoryRegistry
+from seqserve.engine import InferenceError, Server
 from seqserve.engine.workers.records import BY_NAME
 
 
@@ -29,6 +32,10 @@ class Snapshot:
     tracing: bool = False
     #: model name -> version -> entry
     models: dict[str, dict[int, ModelEntry]] = field(default_factory=dict)
+    #: the log settings the logging extension may change (Triton's names)
+    log: dict[str, Any] = field(default_factory=dict)
+    #: the system shared-memory regions registered with the engine: (name, key, offset, byte_size)
+    regions: tuple[tuple[str, str, int, int], ...] = ()
 
 
 class Targets:
@@ -38,7 +45,7 @@ class Targets:
         self._next = BY_NAME + 1
         self._of: dict[Any, int] = {}  # LoadedModel -> target
 
-    def snapshot(self, server: Server) -> Snapshot:
+    def snapshot(self, server: Server, shared_memory: SharedMemoryRegistry | None = None) -> Snapshot:
         models: dict[str, dict[int, ModelEntry]] = {}
         live = {}
         for m in server.models.loaded():
@@ -51,4 +58,22 @@ class Targets:
                 target, m.decoupled, m.is_sequence, m.config, str(m.model_dir)
             )
         self._of = live
-        return Snapshot(server.exiting, server.is_ready(), server.tracer is not None, models)
+        log = {k: v for k, v in log_control.settings.as_triton().items() if k != "log_file"}
+        regions: tuple[tuple[str, str, int, int], ...] = ()
+        if shared_memory is not None and len(shared_memory):
+            regions = tuple((r["name"], r["key"], r["offset"], r["byte_size"]) for r in shared_memory.status())
+        return Snapshot(server.exiting, server.is_ready(), server.tracer is not None, models, log, regions)
+
+
+def mirror_regions(registry: SharedMemoryRegistry, regions: tuple[tuple[str, str, int, int], ...]) -> None:
+    """A worker's registry made to hold the engine's system regions (a stream's request that
+    names one is decoded in the worker)."""
+    want = {r[0]: r for r in regions}
+    have = {s["name"]: (s["name"], s["key"], s["offset"], s["byte_size"]) for s in registry.status()}
+    for name, region in have.items():
+        if want.get(name) != region:
+            registry.unregister(name)
+    for name, region in want.items():
+        if have.get(name) != region:
+            with contextlib.suppress(InferenceError):  # its client removed it meanwhile
+                registry.register(*region)

@@ -146,11 +146,12 @@ class WorkerPool:
         self._workers: list[WorkerProcess | None] = [None] * opts.workers
         self._stopping = False
         self._snapshot_task: asyncio.Task[None] | None = None
-        self._answers = _engine_answers(server, opts)
+        self._shared_memory = SharedMemoryRegistry()  # the engine's regions (relayed registrations)
+        self._answers = _engine_answers(server, opts, self._shared_memory)
         self._background: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
-        self._snapshot = self._targets.snapshot(self._server)
+        self._snapshot = self._targets.snapshot(self._server, self._shared_memory)
         self._ring_drain = RingDrain(self._region, self._slow.handle_records)
         self._ring_drain.start()
         await asyncio.gather(*(self._spawn(w) for w in range(self._opts.workers)))
@@ -288,7 +289,7 @@ class WorkerPool:
     # ---------------------------------------------------------------------- snapshot
 
     def _refresh_snapshot(self) -> None:
-        snapshot = self._targets.snapshot(self._server)
+        snapshot = self._targets.snapshot(self._server, self._shared_memory)
         if snapshot != self._snapshot:
             self._snapshot = snapshot
             for wp in self._workers:
@@ -323,6 +324,7 @@ class WorkerPool:
         for group in self._sockets.values():
             for s in group:
                 s.close()
+        self._shared_memory.close()
 
     async def _reap(self, wp: WorkerProcess) -> None:
         try:
@@ -336,9 +338,8 @@ class WorkerPool:
             t.cancel()
 
 
-def _engine_answers(server: Server, opts: ServeOptions) -> EngineAnswers:
+def _engine_answers(server: Server, opts: ServeOptions, shared_memory: SharedMemoryRegistry) -> EngineAnswers:
     """The engine's own handlers, as one process builds them (restrictions are the workers')."""
-    shared_memory = SharedMemoryRegistry()
     http = None
     if opts.http is not None:
         http = HttpFrontend(

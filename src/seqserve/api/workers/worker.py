@@ -31,7 +31,7 @@ from seqserve.api.workers.channel import Channel, ChannelClosed
 from seqserve.api.workers.relay import RelayingServicer, WorkerHttp, raw_rpcs
 from seqserve.api.workers.remote_engine import RemoteEngine
 from seqserve.api.workers.ring_client import RingClient
-from seqserve.api.workers.snapshot import Snapshot
+from seqserve.api.workers.snapshot import Snapshot, mirror_regions
 from seqserve.engine import Server
 from seqserve.engine._core import ShmRegion
 
@@ -128,6 +128,7 @@ async def run_worker(index: int, control_fd: int) -> int:
     streams = StreamDrain()
     sockets = {what: socket.socket(fileno=fd) for what, fd in init["sockets"].items()}
     front_ends = FrontEnds(cast(Server, engine), streams, sockets=sockets, parts=WorkerParts(control))
+    mirror_regions(front_ends.shared_memory, engine.snapshot.regions)
     ring.start()
     try:
         await front_ends.start(replace(opts, metrics=None))
@@ -146,7 +147,10 @@ async def run_worker(index: int, control_fd: int) -> int:
             exit_now(1)
         kind = message[0]
         if kind == "snapshot":
-            engine.update(cast(Snapshot, message[1]))
+            snapshot = cast(Snapshot, message[1])
+            if snapshot.regions != engine.snapshot.regions:
+                mirror_regions(front_ends.shared_memory, snapshot.regions)
+            engine.update(snapshot)
         elif kind == "reply":
             _, handle, head, parts, final = message
             ring.deliver_whole(handle, head, parts, final)
