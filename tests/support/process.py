@@ -25,12 +25,21 @@ STARTUP_TIMEOUT_S = 30.0
 TEST_WORKERS = int(os.environ.get("SEQSERVE_TEST_WORKERS", "1") or 1)
 
 
+#: servers that bind their own ports, which worker processes cannot share: a server started with
+#: one of these runs as one process even under SEQSERVE_TEST_WORKERS
+_OWN_PORT_SERVERS = (("--grpc-server", "grpcio"), ("--http-server", "granian"))
+
+
 def worker_args(args: tuple[str, ...] | list[str]) -> list[str]:
-    """``args`` plus ``--workers N`` under SEQSERVE_TEST_WORKERS, unless they set it already."""
+    """``args`` plus ``--workers N`` under SEQSERVE_TEST_WORKERS, unless they set it already or
+    select a server that binds its own port (grpc.aio, granian)."""
     out = list(args)
-    if TEST_WORKERS > 1 and not any(a.split("=", 1)[0] == "--workers" for a in out):
-        out += ["--workers", str(TEST_WORKERS)]
-    return out
+    if TEST_WORKERS <= 1 or any(a.split("=", 1)[0] == "--workers" for a in out):
+        return out
+    pairs = set(zip(out, out[1:], strict=False)) | {tuple(a.split("=", 1)) for a in out if "=" in a}
+    if any(p in pairs for p in _OWN_PORT_SERVERS):
+        return out
+    return [*out, "--workers", str(TEST_WORKERS)]
 
 
 def under_workers() -> bool:

@@ -179,12 +179,15 @@ class FrontEnds:
         *,
         sockets: dict[str, socket.socket] | None = None,
         parts: FrontEndParts | None = None,
+        front_end_metrics: FrontEndMetrics | None = None,
     ) -> None:
         """streams: the open gRPC streams, which the drain ends. sockets: listening sockets
-        bound already ("HTTP", "gRPC"), used instead of binding; parts: see FrontEndParts."""
+        bound already ("HTTP", "gRPC"), used instead of binding; parts: see FrontEndParts;
+        front_end_metrics: the front-end counts /metrics shows (default: this process's)."""
         self._server = server
         self._sockets = sockets or {}
         self._parts = parts or FrontEndParts()
+        self._front_end_metrics = front_end_metrics
         self._summaries = observability.summaries if observability is not None else None
         self._streams = streams
         self._tasks: list[asyncio.Task[None]] = []  # servers that run as tasks on this loop
@@ -271,7 +274,7 @@ class FrontEnds:
 
     async def _launch_metrics(self, metrics: MetricsOptions) -> None:
         sock = listen("metrics", metrics.host, metrics.port)
-        front_ends = FrontEndMetrics(self._admissions, self._stream_stats)
+        front_ends = self._front_end_metrics or FrontEndMetrics(self._admissions, self._stream_stats)
         self._metrics_server = await start_metrics(
             self._server,
             sock,

@@ -77,3 +77,11 @@ def mirror_regions(registry: SharedMemoryRegistry, regions: tuple[tuple[str, str
         if have.get(name) != region:
             with contextlib.suppress(InferenceError):  # its client removed it meanwhile
                 registry.register(*region)
+
+
+@dataclass(frozen=True, slots=True)
+class FrontEndCounts:
+    """What a worker's front-ends counted (sent to the engine, which serves /metrics)."""
+
+    connections: dict[str, tuple[int, dict[str, int]]]  # protocol -> (open now, refused by reason)
+    streams: tuple[int, int] | None  # gRPC streams: (refused at once, reading paused)

@@ -25,11 +25,12 @@ from seqserve.api.app import (
     handle_signals,
     listen,
 )
+from seqserve.api.front_end_metrics import FrontEndMetrics
 from seqserve.api.grpc.serve import method_table
 from seqserve.api.grpc.servicer import HealthServicer, InferenceServicer
 from seqserve.api.grpc.stream import StreamDrain, StreamStats
 from seqserve.api.http.routes import HttpFrontend
-from seqserve.api.limits import shutdown_executor
+from seqserve.api.limits import ConnectionAdmission, shutdown_executor
 from seqserve.api.logs import log_control
 from seqserve.api.observability import Observability
 from seqserve.api.serve_options import ServeOptions
@@ -37,7 +38,7 @@ from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.api.transport.grpc_context import Status
 from seqserve.api.workers.channel import Channel, ChannelClosed
 from seqserve.api.workers.relay import EngineAnswers
-from seqserve.api.workers.snapshot import Snapshot, Targets
+from seqserve.api.workers.snapshot import FrontEndCounts, Snapshot, Targets
 from seqserve.engine import Server
 from seqserve.engine._core import ShmRegion
 from seqserve.engine.workers.records import SLAB_CLASSES
@@ -78,7 +79,8 @@ async def serve_with_workers(opts: ServeOptions, server: Server, observability: 
     pool = WorkerPool(server, opts, sockets)
     shutdown = Shutdown(server, on_drain=pool.begin_drain)
     handle_signals(shutdown)
-    front_ends = FrontEnds(server, StreamDrain(), observability)  # the metrics endpoint
+    # the metrics endpoint, with every worker's front-end counts
+    front_ends = FrontEnds(server, StreamDrain(), observability, front_end_metrics=pool.front_end_metrics)
     try:
         await pool.start()
         await front_ends.start(replace(opts, http=None, grpc=None))
@@ -149,6 +151,8 @@ class WorkerPool:
         self._shared_memory = SharedMemoryRegistry()  # the engine's regions (relayed registrations)
         self._answers = _engine_answers(server, opts, self._shared_memory)
         self._background: set[asyncio.Task[Any]] = set()
+        self._counts = WorkerCounts()
+        self.front_end_metrics = self._counts.metrics
 
     async def start(self) -> None:
         self._snapshot = self._targets.snapshot(self._server, self._shared_memory)
@@ -234,6 +238,8 @@ class WorkerPool:
                 self._slow.cancel(w, message[1])
             elif kind == "scope_close":
                 self._slow.close_scope(w, message[1], message[2])
+            elif kind == "counts":
+                self._counts.record(w, message[1])
 
     async def _answer(self, wp: WorkerProcess, call_id: int, kind: str, payload: Any) -> None:
         result: Any
@@ -336,6 +342,31 @@ class WorkerPool:
             await wp.process.wait()
         for t in wp.tasks:
             t.cancel()
+
+
+class WorkerCounts:
+    """The front-end counts each worker last sent, summed for /metrics (``FrontEndMetrics``
+    reads them as it reads one process's own)."""
+
+    def __init__(self) -> None:
+        self._by_worker: dict[int, FrontEndCounts] = {}
+        self.metrics = FrontEndMetrics({}, None)
+
+    def record(self, worker: int, counts: FrontEndCounts) -> None:
+        self._by_worker[worker] = counts
+        admissions: dict[str, ConnectionAdmission] = {}
+        stats = StreamStats() if any(c.streams is not None for c in self._by_worker.values()) else None
+        for c in self._by_worker.values():
+            for protocol, (total, refused) in c.connections.items():
+                a = admissions.setdefault(protocol, ConnectionAdmission(0))
+                a.total += total
+                for reason, n in refused.items():
+                    a.refused[reason] = a.refused.get(reason, 0) + n
+            if stats is not None and c.streams is not None:
+                stats.refused_at_once += c.streams[0]
+                stats.reading_paused += c.streams[1]
+        self.metrics.admissions = admissions
+        self.metrics.stream_stats = stats
 
 
 def _engine_answers(server: Server, opts: ServeOptions, shared_memory: SharedMemoryRegistry) -> EngineAnswers:

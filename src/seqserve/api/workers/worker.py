@@ -31,7 +31,7 @@ from seqserve.api.workers.channel import Channel, ChannelClosed
 from seqserve.api.workers.relay import RelayingServicer, WorkerHttp, raw_rpcs
 from seqserve.api.workers.remote_engine import RemoteEngine
 from seqserve.api.workers.ring_client import RingClient
-from seqserve.api.workers.snapshot import Snapshot, mirror_regions
+from seqserve.api.workers.snapshot import FrontEndCounts, Snapshot, mirror_regions
 from seqserve.engine import Server
 from seqserve.engine._core import ShmRegion
 
@@ -136,6 +136,7 @@ async def run_worker(index: int, control_fd: int) -> int:
         log.error("worker %d: %s", index, e)
         return 1
     control.send(("ready", os.getpid()))
+    counting = asyncio.create_task(_send_counts(front_ends, control))
     while True:
         try:
             message = await control.receive()
@@ -157,10 +158,29 @@ async def run_worker(index: int, control_fd: int) -> int:
         elif kind == "drain":
             streams.begin(handoff=message[1])
         elif kind == "stop":
+            counting.cancel()
             await front_ends.stop()
             ring.stop()
             control.send(("stopped",))
             return 0
+
+
+#: how often a worker sends its front-end counts (when they changed) for /metrics
+COUNTS_EVERY_S = 0.5
+
+
+async def _send_counts(front_ends: FrontEnds, control: Channel) -> None:
+    last = None
+    while True:
+        stats = front_ends.stream_stats
+        counts = FrontEndCounts(
+            {p: (a.total, dict(a.refused)) for p, a in front_ends.admissions.items()},
+            None if stats is None else (stats.refused_at_once, stats.reading_paused),
+        )
+        if counts != last:
+            control.send(("counts", counts))
+            last = counts
+        await asyncio.sleep(COUNTS_EVERY_S)
 
 
 def main(argv: list[str]) -> int:
