@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from seqserve.engine import tensors
-from seqserve.engine.errors import Code, DecoupledModelError, InferenceError
+from seqserve.engine.errors import Code, InferenceError
 from seqserve.engine.request import SequenceId
 from seqserve.engine.responses import InferResult
 
@@ -74,17 +74,24 @@ class ReplyMeta:
 
     result: tuple[str, str, str, dict[str, Any]] | None  # model, version, id, parameters
     tensors: list[tuple[str, str, tuple[int, ...]]]
-    error: tuple[int, str, float | None, bool] | None  # code, message, retry_after_s, decoupled refusal
+    #: class (the front-ends tell some apart: a session gone is HTTP 410), code, message, retry_after_s
+    error: tuple[type[InferenceError], int, str, float | None] | None
 
 
 def error_meta(err: InferenceError) -> ReplyMeta:
-    return ReplyMeta(None, [], (int(err.code), err.message, err.retry_after_s, isinstance(err, DecoupledModelError)))
+    return ReplyMeta(None, [], (type(err), int(err.code), err.message, err.retry_after_s))
 
 
 def error_of(meta: ReplyMeta) -> InferenceError:
+    """The engine's error again, of its own class (built without its class's own __init__,
+    whose arguments differ from class to class)."""
     assert meta.error is not None
-    code, message, retry_after_s, _ = meta.error
-    return InferenceError(Code(code), message, retry_after_s=retry_after_s)
+    cls, code, message, retry_after_s = meta.error
+    if not (isinstance(cls, type) and issubclass(cls, InferenceError)):
+        cls = InferenceError
+    err = cls.__new__(cls)
+    InferenceError.__init__(err, Code(code), message, retry_after_s=retry_after_s)
+    return err
 
 
 def result_of(meta: ReplyMeta, outputs: dict[str, np.ndarray]) -> InferResult:

@@ -228,7 +228,7 @@ class SlowPath:
             region.buffer(offset, len(data))[:] = data
             shape = meta.tensors[index][2] if index != META_INDEX else ()
             blocks.append((index, offset, len(data), shape if len(shape) <= records.RECORD_MAX_RANK else ()))
-        code = int(meta.error[0]) if meta.error is not None else 0
+        code = int(meta.error[1]) if meta.error is not None else 0
         try:
             pushed = region.push_reply(worker, handle, blocks, code=code, final=final)
         except ValueError:  # more tensors than a ring cell holds
