@@ -3,6 +3,7 @@ must end by itself (a usage error, a failed startup)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import ssl
@@ -36,7 +37,7 @@ def worker_args(args: tuple[str, ...] | list[str]) -> list[str]:
     out = list(args)
     if TEST_WORKERS <= 1 or any(a.split("=", 1)[0] == "--workers" for a in out):
         return out
-    pairs = set(zip(out, out[1:], strict=False)) | {tuple(a.split("=", 1)) for a in out if "=" in a}
+    pairs = set(itertools.pairwise(out)) | {tuple(a.split("=", 1)) for a in out if "=" in a}
     if any(p in pairs for p in _OWN_PORT_SERVERS):
         return out
     return [*out, "--workers", str(TEST_WORKERS)]

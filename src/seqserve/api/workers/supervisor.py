@@ -91,7 +91,8 @@ async def serve_with_workers(opts: ServeOptions, server: Server, observability: 
         observability.close()
         log.error("%s", e)
         return 1
-    log.info("seqserve %s ready (%d front-end worker processes)", __version__, opts.workers)
+    log.info("%d front-end worker processes serve HTTP and gRPC", opts.workers)
+    log.info("seqserve %s ready", __version__)  # the line tools wait for, as with one process
     await shutdown.requested.wait()
     await server.shutdown()
     await server.linger_while_requested()
