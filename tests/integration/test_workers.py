@@ -86,10 +86,10 @@ def _established_by_pid(pids: list[int], port: int) -> dict[int, int]:
     return counts
 
 
-def _http_step(srv: ServerProcess, seq: int | str, x: float, start: bool) -> float:
+def _http_step(srv: ServerProcess, seq: int | str, x: float, start: bool, end: bool = False) -> float:
     """One accumulator step on a fresh connection."""
     body = {
-        "parameters": {"sequence_id": seq, "sequence_start": start},
+        "parameters": {"sequence_id": seq, "sequence_start": start, "sequence_end": end},
         "inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 1], "data": [x]}],
     }
     conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=30)
@@ -103,22 +103,26 @@ def _http_step(srv: ServerProcess, seq: int | str, x: float, start: bool) -> flo
         conn.close()
 
 
-def _grpc_step(srv: ServerProcess, seq: int | str, x: float, start: bool) -> float:
+def _grpc_step(srv: ServerProcess, seq: int | str, x: float, start: bool, end: bool = False) -> float:
     """One accumulator step on a fresh gRPC channel (a new connection)."""
     client = grpcclient.InferenceServerClient(srv.grpc_url)
     try:
-        result = client.infer("accumulator", [grpc_input(x)], sequence_id=seq, sequence_start=start)
+        result = client.infer("accumulator", [grpc_input(x)], sequence_id=seq, sequence_start=start, sequence_end=end)
         return float(result.as_numpy("OUTPUT")[0, 0])
     finally:
         client.close()
 
 
-def _run_sequences(srv: ServerProcess, ids: list[int | str], steps: range, sums: dict[int | str, float]) -> None:
+def _run_sequences(
+    srv: ServerProcess, ids: list[int | str], steps: range, sums: dict[int | str, float], *, end: bool = True
+) -> None:
+    """Each sequence's ``steps`` over fresh connections, HTTP and gRPC in turn; ``end``: the last
+    step ends the sequences (the server then drains at once)."""
     for step in steps:
         for i, seq in enumerate(ids):
             x = float(i + step + 1)
             step_fn = _http_step if (i + step) % 2 == 0 else _grpc_step
-            got = step_fn(srv, seq, x, step == 0)
+            got = step_fn(srv, seq, x, step == 0, end and step == steps[-1])
             sums[seq] = sums.get(seq, 0.0) + x
             assert got == sums[seq], f"sequence {seq} step {step}: {got} != {sums[seq]}"
 
@@ -179,7 +183,7 @@ def test_a_killed_worker_is_replaced_and_sequences_go_on(launch: Callable[..., S
     workers = _workers(srv)
     ids: list[int | str] = [new_int_id() for _ in range(8)]
     sums: dict[int | str, float] = {}
-    _run_sequences(srv, ids, range(2), sums)
+    _run_sequences(srv, ids, range(2), sums, end=False)
     victim = workers[0]
     os.kill(victim, signal.SIGKILL)
     wait_until_sync(lambda: f"(pid {victim}) was killed by signal 9; starting a new one" in srv.log(), "the restart")
@@ -190,7 +194,7 @@ def test_a_killed_worker_is_replaced_and_sequences_go_on(launch: Callable[..., S
             x = float(i + step + 1)
             while True:
                 try:
-                    got = (_http_step if (i + step) % 2 == 0 else _grpc_step)(srv, seq, x, False)
+                    got = (_http_step if (i + step) % 2 == 0 else _grpc_step)(srv, seq, x, False, step == 3)
                     break
                 except (ConnectionError, http.client.RemoteDisconnected, grpcclient.InferenceServerException):
                     if time.monotonic() > deadline:
