@@ -312,10 +312,13 @@ class WorkerPool:
 
     def begin_drain(self) -> None:
         """The engine's drain began: the workers answer as draining, their streams end."""
-        self._refresh_snapshot()
         for wp in self._workers:
             if wp is not None:
                 wp.channel.send(("drain", self._opts.state_store is not None))
+        try:
+            self._refresh_snapshot()
+        except Exception:  # called by the signal handler: the drain must go on
+            log.exception("cannot tell the workers that the drain began")
 
     async def stop(self) -> None:
         """After the engine's drain: each worker stops its front-ends and exits."""
