@@ -82,8 +82,9 @@ async def serve_with_workers(opts: ServeOptions, server: Server, observability: 
     # the metrics endpoint, with every worker's front-end counts
     front_ends = FrontEnds(server, StreamDrain(), observability, front_end_metrics=pool.front_end_metrics)
     try:
-        await pool.start()
+        # /metrics first: a client that found the workers ready may scrape at once
         await front_ends.start(replace(opts, http=None, grpc=None))
+        await pool.start()
     except StartupError as e:
         await pool.stop()
         await front_ends.abort()
