@@ -16,7 +16,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.support.clients import acc_input, grpc_input, http_request, new_int_id
-from tests.support.process import ServerProcess
+from tests.support.process import ServerProcess, under_workers
+
+#: each worker process admits connections on its own
+pytestmark = pytest.mark.skipif(
+    under_workers(), reason="the connection caps apply per worker process (docs/architecture.md, Worker processes)"
+)
 
 HOARD = 1024
 PER_PEER = 512  # the default of both flags

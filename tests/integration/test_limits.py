@@ -22,7 +22,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.support.clients import acc_input, grpc_server_for, http_request, new_int_id
 from tests.support.models import IDENTITY_DTYPES, copy_demo_models, copy_model
-from tests.support.process import ServerProcess, run_serve, serving
+from tests.support.process import ServerProcess, run_serve, serving, under_workers
 
 HTTP_SERVERS = ["builtin", "hypercorn", "granian"]
 SEQ = {"sequence_start": True, "sequence_end": True}
@@ -169,6 +169,9 @@ def _connection_server(launch: Callable[..., ServerProcess], http_server: str, *
     return launch(None, "--http-server", http_server, "--http-header-timeout-secs", "30", *flags)
 
 
+@pytest.mark.skipif(
+    under_workers(), reason="the connection caps apply per worker process (docs/architecture.md, Worker processes)"
+)
 @pytest.mark.parametrize("http_server", HTTP_SERVERS)
 def test_connection_cap(launch: Callable[..., ServerProcess], http_server: str) -> None:
     """Two connections at most: granian leaves a third waiting to be accepted until one

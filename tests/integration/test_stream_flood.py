@@ -17,12 +17,18 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 
 from tests.support.clients import acc_input, grpc_input, http_request, new_int_id
-from tests.support.process import ServerProcess
+from tests.support.process import ServerProcess, under_workers
 from tests.support.wire import acc_request
 
 # A flood that takes longer than the demo's idle timeout (5 s) lets backlogged STARTs move into
 # slots and more STARTs into the backlog: the counts below hold on a machine no other test shares.
-pytestmark = pytest.mark.alone
+#: with worker processes a full backlog's refusal reaches the stream through the engine's reply
+#: ring, after the step is queued, so it is written in request order, not at once (a known
+#: difference, docs/architecture.md); and the memory bounds are one process's
+pytestmark = [
+    pytest.mark.alone,
+    pytest.mark.skipif(under_workers(), reason="single-process stream refusal and memory behaviour"),
+]
 
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 #: STARTs in the memory tests (the full 300,000: bench/studies/stream_flood.py)

@@ -3,6 +3,7 @@ must end by itself (a usage error, a failed startup)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import ssl
@@ -20,6 +21,33 @@ from tests.support.paths import ROOT
 from tests.support.ports import free_ports
 
 STARTUP_TIMEOUT_S = 30.0
+#: SEQSERVE_TEST_WORKERS=N runs every server these helpers start with ``--workers N`` (the
+#: integration suite under worker processes); unset or 1: one process, as by default
+TEST_WORKERS = int(os.environ.get("SEQSERVE_TEST_WORKERS", "1") or 1)
+
+
+#: servers that bind their own ports, which worker processes cannot share: a server started with
+#: one of these runs as one process even under SEQSERVE_TEST_WORKERS
+_OWN_PORT_SERVERS = (("--grpc-server", "grpcio"), ("--http-server", "granian"))
+
+
+def worker_args(args: tuple[str, ...] | list[str]) -> list[str]:
+    """``args`` plus ``--workers N`` under SEQSERVE_TEST_WORKERS, unless they set it already or
+    select a server that binds its own port (grpc.aio, granian)."""
+    out = list(args)
+    if TEST_WORKERS <= 1 or any(a.split("=", 1)[0] == "--workers" for a in out):
+        return out
+    pairs = set(itertools.pairwise(out)) | {tuple(a.split("=", 1)) for a in out if "=" in a}
+    if any(p in pairs for p in _OWN_PORT_SERVERS):
+        return out
+    return [*out, "--workers", str(TEST_WORKERS)]
+
+
+def under_workers() -> bool:
+    """Whether the servers of this run have front-end worker processes (SEQSERVE_TEST_WORKERS)."""
+    return TEST_WORKERS > 1
+
+
 EXIT_TIMEOUT_S = 20.0
 RUN_TIMEOUT_S = 60.0
 
@@ -121,7 +149,7 @@ def start_server(
             str(repo),
             "--exit-timeout-secs",
             str(exit_timeout_s),
-            *args,
+            *worker_args(args),
         ]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
@@ -178,7 +206,7 @@ def run_serve(*args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.Complete
     """`seqserve serve *args` that must end by itself (a usage error, a failed startup): its exit
     status and output. Ports the arguments do not set are free ones (`with_free_ports`)."""
     return subprocess.run(
-        [sys.executable, "-m", "seqserve", "serve", *with_free_ports(args)],
+        [sys.executable, "-m", "seqserve", "serve", *worker_args(with_free_ports(args))],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -58,9 +58,13 @@ async def serve(opts: ServeOptions) -> int:
         log.error("%s", e)
         await server.shutdown(timeout_s=0)
         return 1
+    if opts.workers > 1:
+        from seqserve.api.workers.supervisor import serve_with_workers
+
+        return await serve_with_workers(opts, server, observability)
     streams = StreamDrain()
     shutdown = Shutdown(server, on_drain=lambda: streams.begin(handoff=opts.state_store is not None))
-    _handle_signals(shutdown)
+    handle_signals(shutdown)
     front_ends = FrontEnds(server, streams, observability)
     try:
         await front_ends.start(opts)
@@ -117,7 +121,7 @@ async def _enable_state_store(server: Server, opts: StateStoreOptions) -> None:
     log.info("state store %s: this replica is '%s'", redact_url(opts.url), store.replica_id)
 
 
-def _handle_signals(shutdown: Shutdown) -> None:
+def handle_signals(shutdown: Shutdown) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
@@ -140,13 +144,50 @@ async def _drain(server: Server, front_ends: FrontEnds) -> int:
     return 0
 
 
+class FrontEndParts:
+    """How the front-ends answer: over the engine of this process (the default, one process)
+    or, in a worker process, over the engine process (api/workers)."""
+
+    def http_handler(self, server: Server, http: HttpOptions, shared_memory: SharedMemoryRegistry) -> Handler:
+        return _http_handler(server, http, shared_memory)
+
+    async def start_grpc(
+        self,
+        server: Server,
+        grpc: GrpcOptions,
+        streams: StreamDrain,
+        shared_memory: SharedMemoryRegistry,
+        *,
+        stream_stats: StreamStats,
+        admission: ConnectionAdmission | None,
+        sock: socket.socket | None,
+    ) -> Any:
+        return await _start_grpc(
+            server, grpc, streams, shared_memory, stream_stats=stream_stats, admission=admission, sock=sock
+        )
+
+
 class FrontEnds:
     """The gRPC, HTTP and metrics servers of the process: started in that order, stopped
     together once the engine has drained."""
 
-    def __init__(self, server: Server, streams: StreamDrain, observability: Observability | None = None) -> None:
-        """streams: the open gRPC streams, which the drain ends."""
+    def __init__(
+        self,
+        server: Server,
+        streams: StreamDrain,
+        observability: Observability | None = None,
+        *,
+        sockets: dict[str, socket.socket] | None = None,
+        parts: FrontEndParts | None = None,
+        front_end_metrics: FrontEndMetrics | None = None,
+    ) -> None:
+        """streams: the open gRPC streams, which the drain ends. sockets: listening sockets
+        bound already ("HTTP", "gRPC"), used instead of binding; parts: see FrontEndParts;
+        front_end_metrics: the front-end counts /metrics shows (default: this process's)."""
         self._server = server
+        self._sockets = sockets or {}
+        self._parts = parts or FrontEndParts()
+        self._front_end_metrics = front_end_metrics
         self._summaries = observability.summaries if observability is not None else None
         self._streams = streams
         self._tasks: list[asyncio.Task[None]] = []  # servers that run as tasks on this loop
@@ -175,38 +216,65 @@ class FrontEnds:
         if grpc.kind == "builtin":
             admission = ConnectionAdmission(limits.max_connections, limits.max_connections_per_peer)
             self._admissions["grpc"] = admission
-        self._grpc_server = await _start_grpc(
+        sock = None
+        if grpc.kind == "builtin":  # grpc.aio binds its own port
+            # gRPC's own failure says neither why nor in one line
+            sock = self._listen("gRPC", grpc.host, grpc.port, reuse_port=grpc.reuse_port)
+        self._grpc_server = await self._parts.start_grpc(
             self._server,
             grpc,
             self._streams,
             self._shared_memory,
             stream_stats=self._stream_stats,
             admission=admission,
+            sock=sock,
         )
         log.info("gRPC (%s) listening on %s:%d%s", grpc.kind, grpc.host, grpc.port, _tls_note(grpc.tls))
         if grpc.restricted:
             log.info("gRPC restricted protocols: %s", grpc.restricted.describe())
 
     async def _launch_http(self, http: HttpOptions) -> None:
-        handler = _http_handler(self._server, http, self._shared_memory)
+        handler = self._parts.http_handler(self._server, http, self._shared_memory)
         kind = http.kind
         admission = ConnectionAdmission(http.limits.max_connections, http.limits.max_connections_per_peer)
         if kind == "builtin":
             self._admissions["http"] = admission
-            self._stop_http = await _start_builtin(handler, http, self._tasks, admission)
+            sock = self._listen("HTTP", http.host, http.port, reuse_port=http.reuse_port)
+            self._stop_http = await _start_builtin(handler, http, self._tasks, admission, sock)
         elif kind == "granian":
             self._stop_http = await _start_granian(asgi_app(handler), http, self._tasks)
         else:
             self._admissions["http"] = admission
-            _start_hypercorn(asgi_app(handler), http, self._tasks, self._http_done, admission)
+            # bound here, so that a busy port ends startup at once; hypercorn serves its connections
+            sock = self._listen("HTTP", http.host, http.port, reuse_port=http.reuse_port)
+            _start_hypercorn(asgi_app(handler), http, self._tasks, self._http_done, admission, sock)
         scheme = "https" if http.tls is not None else "http"
         log.info("HTTP (%s) listening on %s://%s:%d%s", kind, scheme, http.host, http.port, _tls_note(http.tls))
         if http.restricted:
             log.info("HTTP restricted APIs: %s", http.restricted.describe())
 
+    def _listen(self, what: str, host: str, port: int, *, reuse_port: bool) -> socket.socket:
+        """The socket bound already for ``what``, or a new one."""
+        sock = self._sockets.pop(what, None)
+        return sock if sock is not None else listen(what, host, port, reuse_port=reuse_port)
+
+    @property
+    def admissions(self) -> dict[str, ConnectionAdmission]:
+        """The connection caps by protocol (for the metrics)."""
+        return self._admissions
+
+    @property
+    def stream_stats(self) -> StreamStats | None:
+        return self._stream_stats
+
+    @property
+    def shared_memory(self) -> SharedMemoryRegistry:
+        """Both front-ends' registered shared-memory regions."""
+        return self._shared_memory
+
     async def _launch_metrics(self, metrics: MetricsOptions) -> None:
-        sock = _listen("metrics", metrics.host, metrics.port)
-        front_ends = FrontEndMetrics(self._admissions, self._stream_stats)
+        sock = listen("metrics", metrics.host, metrics.port)
+        front_ends = self._front_end_metrics or FrontEndMetrics(self._admissions, self._stream_stats)
         self._metrics_server = await start_metrics(
             self._server,
             sock,
@@ -330,7 +398,7 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _listen(what: str, host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+def listen(what: str, host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     """A listening TCP socket on host:port, or StartupError naming the port and why;
     reuse_port: SO_REUSEPORT, so that several servers that all set it share the port."""
     try:
@@ -365,14 +433,14 @@ async def _start_grpc(
     *,
     stream_stats: StreamStats | None = None,
     admission: ConnectionAdmission | None = None,
+    sock: socket.socket | None = None,
 ) -> Any:
+    """sock: the builtin server's listening socket (grpc.aio binds its own; its port is tried
+    here first, so that a busy one ends startup with a clear line)."""
     from seqserve.api.grpc.serve import start_grpc
 
-    # gRPC's own failure says neither why nor in one line
-    sock: socket.socket | None = _listen("gRPC", grpc.host, grpc.port, reuse_port=grpc.reuse_port)
     if grpc.kind == "grpcio":
-        sock.close()  # type: ignore[union-attr]
-        sock = None
+        listen("gRPC", grpc.host, grpc.port, reuse_port=grpc.reuse_port).close()
     try:
         return await start_grpc(
             server,
@@ -394,15 +462,18 @@ async def _start_grpc(
 
 
 def _start_hypercorn(
-    app: Any, http: HttpOptions, tasks: list[asyncio.Task[None]], done: asyncio.Event, admission: ConnectionAdmission
+    app: Any,
+    http: HttpOptions,
+    tasks: list[asyncio.Task[None]],
+    done: asyncio.Event,
+    admission: ConnectionAdmission,
+    sock: socket.socket,
 ) -> None:
     from hypercorn.config import Config
 
     from seqserve.api.transport.hypercorn import serve_hypercorn
 
     cfg = Config()
-    # Bound here, so that a busy port ends startup at once; hypercorn serves its connections.
-    sock = _listen("HTTP", http.host, http.port, reuse_port=http.reuse_port)
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("hypercorn.error")
     limits = http.limits
@@ -419,7 +490,11 @@ def _start_hypercorn(
 
 
 async def _start_builtin(
-    handler: Handler, http: HttpOptions, tasks: list[asyncio.Task[None]], admission: ConnectionAdmission
+    handler: Handler,
+    http: HttpOptions,
+    tasks: list[asyncio.Task[None]],
+    admission: ConnectionAdmission,
+    sock: socket.socket,
 ) -> Callable[[], None]:
     """seqserve's own HTTP/1.1 server (api/transport/http1_server.py) on this loop."""
     from seqserve.api.transport.http1_server import Http1Server
@@ -428,9 +503,9 @@ async def _start_builtin(
     try:  # the files were checked at startup (security.check_tls); they may have changed since
         ctx = None if tls is None else security.builtin_tls(tls)
     except (OSError, ssl.SSLError) as e:
+        sock.close()
         raise StartupError(f"cannot use the HTTP TLS certificate or key: {e}") from None
     server = Http1Server(handler, http.limits, ssl_context=ctx, admission=admission)
-    sock = _listen("HTTP", http.host, http.port, reuse_port=http.reuse_port)
     try:
         await server.start(sock)
     except OSError as e:
@@ -447,7 +522,7 @@ async def _start_granian(app: Any, http: HttpOptions, tasks: list[asyncio.Task[N
     from granian.server.embed import Server as GranianServer
 
     host, port = http.host, http.port
-    _listen("HTTP", host, port).close()  # granian binds its own socket: a busy port is found here
+    listen("HTTP", host, port).close()  # granian binds its own socket: a busy port is found here
     logging.getLogger("_granian").setLevel(logging.WARNING)  # it warns that embedding is experimental
     server = GranianServer(
         app,

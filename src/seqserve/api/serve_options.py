@@ -147,3 +147,4 @@ class ServeOptions:
     metrics: MetricsOptions | None = field(default_factory=MetricsOptions)
     state_store: StateStoreOptions | None = None
     trace: TraceConfig = field(default_factory=TraceConfig)  # --trace-config
+    workers: int = 1  # front-end worker processes (1: the engine's process serves them itself)

@@ -57,7 +57,20 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
         metrics=metrics,
         state_store=_state_store(args),
         trace=trace,
+        workers=_workers(args, http_server),
     )
+
+
+def _workers(args: argparse.Namespace, http_server: str) -> int:
+    """--workers; the worker processes share the engine's listening sockets, which granian and
+    grpc.aio (each binding its own) cannot."""
+    n: int = args.workers
+    if n > 1:
+        if args.http_port is not None and resolve_http_server(http_server) == "granian":
+            raise UsageError("--workers needs the builtin or hypercorn HTTP server, not granian")
+        if args.grpc_port is not None and args.grpc_server == "grpcio":
+            raise UsageError("--workers needs the builtin gRPC server, not grpcio")
+    return n
 
 
 # ------------------------------------------------------------------------------- security

@@ -16,6 +16,7 @@ from seqserve.api.cli.triton_flags import add_triton_flags
 from seqserve.api.cli.triton_options import add_triton_options
 from seqserve.api.cli.usage import CommandParser
 from seqserve.api.cli.values import (
+    AUTO_WORKERS_CAP,
     boolean,
     finite_seconds,
     non_negative_int,
@@ -23,6 +24,7 @@ from seqserve.api.cli.values import (
     positive_int,
     seconds,
     tcp_port,
+    worker_count,
 )
 from seqserve.api.metrics import DEFAULT_INTERVAL_MS, DEFAULT_METRICS_PORT
 from seqserve.engine import (
@@ -191,6 +193,16 @@ def _add_server_flags(s: argparse.ArgumentParser) -> None:
         default="auto",
         help="gRPC server: 'auto' (default) picks 'builtin', seqserve's own HTTP/2 gRPC server on the event "
         "loop; 'grpcio' selects grpc.aio",
+    )
+    s.add_argument(
+        "--workers",
+        type=worker_count,
+        default=1,
+        metavar="N",
+        help="front-end worker processes: N processes run the HTTP and gRPC front-ends on the same ports and "
+        "feed one engine process through shared-memory rings; 1 (default) serves everything in one process; "
+        f"'auto' starts one per CPU, up to {AUTO_WORKERS_CAP}. Needs the builtin gRPC server and the "
+        "builtin or hypercorn HTTP server",
     )
 
 

@@ -4,6 +4,7 @@ with the message argparse prints after the flag's name."""
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -99,6 +100,32 @@ milliseconds_or_zero_as_seconds = Number(
     lambda text: float(text) / 1000.0,
     (lambda s: 0 <= s < 1e9, "{value} is not a number of milliseconds >= 0"),
 )
+
+
+#: the most front-end worker processes (each has its own rings and slab pools in the region)
+MAX_WORKERS = 64
+#: ``--workers auto``: one per CPU, up to this many
+AUTO_WORKERS_CAP = 16
+
+
+def worker_count(value: str) -> int:
+    """``--workers``: a count from 1 to MAX_WORKERS, or 'auto' (one per CPU, up to AUTO_WORKERS_CAP)."""
+    if value.strip().lower() == "auto":
+        return max(
+            1,
+            min(
+                len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+                AUTO_WORKERS_CAP,
+            ),
+        )
+    refusal = f"{value} is not a number of worker processes (1-{MAX_WORKERS}) or 'auto'"
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(refusal) from None
+    if not 1 <= n <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(refusal)
+    return n
 
 
 def boolean(value: str) -> bool:

@@ -1,0 +1,232 @@
+"""A worker's end of the rings: requests go into its request ring with their tensors in
+to-engine slab blocks; replies come back on its reply ring, read on the event loop when the
+worker's eventfd says so. A full ring or pool is back-pressure: the request waits (in order)
+and is retried, never dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from seqserve.api.workers.channel import Channel
+from seqserve.engine import Code, InferenceError, InferRequest, InferResult
+from seqserve.engine._core import RequestHeader, ShmRegion
+from seqserve.engine.workers import records
+from seqserve.engine.workers.records import META_INDEX, RING_MAX_BYTES, ReplyMeta, RequestMeta
+
+log = logging.getLogger("seqserve.workers")
+
+#: gets each response of a request: a result, an error, or None (a bare final flag)
+OnResponse = Callable[[InferResult | InferenceError | None, bool], None]
+#: how often a request waiting for ring or pool room is tried again
+RETRY_S = 0.0005
+
+_Block = tuple[int, int, int, list[int] | tuple[int, ...]]
+
+
+class RingClient:
+    """Sends one worker's requests and routes their replies. Event-loop only."""
+
+    def __init__(self, region: ShmRegion, worker: int, control: Channel) -> None:
+        self._region = region
+        self._worker = worker
+        self._control = control
+        self._handles = itertools.count(1)
+        self._waiting: dict[int, OnResponse] = {}  # handle -> its response callback
+        # requests that found no room, in arrival order: (handle, target, header, meta, parts)
+        self._blocked: collections.deque[tuple[int, int, RequestHeader, bytes, list[Any]]] = collections.deque()
+        self._retry: asyncio.TimerHandle | None = None
+        self._fd = region.worker_eventfds[worker]
+
+    def start(self) -> None:
+        os.set_blocking(self._fd, False)
+        asyncio.get_running_loop().add_reader(self._fd, self._on_wakeup)
+        self._on_wakeup()
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(self._fd)
+
+    # ------------------------------------------------------------------------ requests
+
+    def submit(
+        self, request: InferRequest, on_response: OnResponse, target: int, session_name: str | None, scope: int
+    ) -> int:
+        """Queue ``request``; returns its handle (for ``cancel``)."""
+        handle = next(self._handles)
+        self._waiting[handle] = on_response
+        meta = RequestMeta(
+            request.model,
+            request.version,
+            request.id,
+            request.sequence_id,
+            request.outputs,
+            request.parameters,
+            request.client,
+            request.trace_parent,
+            session_name,
+            scope,
+        )
+        parts: list[Any] = []
+        for name, arr in request.inputs.items():
+            dtype, data = records.encode_array(np.asarray(arr))
+            meta.tensors.append((name, dtype, tuple(arr.shape)))
+            parts.append(data)
+        head = records.dumps(meta)
+        header = None
+        if len(head) + sum(len(p) for p in parts) <= RING_MAX_BYTES:
+            with contextlib.suppress(TypeError, ValueError, OverflowError):  # a field the record cannot hold
+                header = RequestHeader(
+                    handle=handle,
+                    sequence_id=request.sequence_id,
+                    start=request.sequence_start,
+                    end=request.sequence_end,
+                    session=request.session,
+                    timeout_us=request.timeout_us,
+                    priority=request.priority,
+                )
+        if header is None:
+            fields = {
+                "start": request.sequence_start,
+                "end": request.sequence_end,
+                "session": request.session,
+                "timeout_us": request.timeout_us,
+                "priority": request.priority,
+            }
+            self._control.send(("infer", handle, head, [bytes(p) for p in parts], fields))
+            return handle
+        if self._blocked or not self._push(handle, target, header, head, parts):
+            self._blocked.append((handle, target, header, head, parts))
+            self._arm_retry()
+        return handle
+
+    def _push(self, handle: int, target: int, header: RequestHeader, head: bytes, parts: list[Any]) -> bool:
+        region, w = self._region, self._worker
+        blocks: list[_Block] = []
+        metas = records.loads(head).tensors if parts else []
+        for index, data in [*enumerate(parts), (META_INDEX, head)]:
+            offset = region.alloc(w, True, max(len(data), 1))
+            if offset == 0:
+                self._free(blocks, True)
+                return False
+            if len(data):
+                region.buffer(offset, len(data))[:] = data
+            shape = metas[index][2] if index != META_INDEX else ()
+            blocks.append((index, offset, len(data), shape if len(shape) <= records.RECORD_MAX_RANK else ()))
+        try:
+            pushed = region.push_request(w, target, header, blocks)
+        except ValueError:  # more than a ring cell holds: the control channel takes it whole
+            self._free(blocks, True)
+            self._control.send(("infer", handle, head, [bytes(p) for p in parts], header_fields(header)))
+            return True
+        if not pushed:
+            self._free(blocks, True)
+        return pushed
+
+    def _free(self, blocks: list[_Block], to_engine: bool) -> None:
+        for _, offset, _, _ in blocks:
+            self._region.free(self._worker, to_engine, offset)
+
+    def _arm_retry(self) -> None:
+        if self._retry is None:
+            self._retry = asyncio.get_running_loop().call_later(RETRY_S, self._flush)
+
+    def _flush(self) -> None:
+        self._retry = None
+        blocked = self._blocked
+        while blocked:
+            handle, target, header, head, parts = blocked[0]
+            if handle in self._waiting and not self._push(handle, target, header, head, parts):
+                self._arm_retry()
+                return
+            blocked.popleft()
+
+    def cancel(self, handle: int) -> None:
+        """The client went away: the engine drops the request; its replies are not waited for."""
+        if self._waiting.pop(handle, None) is None:
+            return
+        if any(b[0] == handle for b in self._blocked):
+            return  # never sent: _flush skips it
+        header = RequestHeader(handle=handle)
+        if not self._region.push_request(self._worker, records.BY_NAME, header, [], cancel=True):
+            self._control.send(("cancel", handle))
+
+    # ------------------------------------------------------------------------- replies
+
+    def _on_wakeup(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._fd, 8)
+        while True:
+            self._drain()
+            if not self._region.arm_reply_wakeup(self._worker):
+                return
+
+    def _drain(self) -> None:
+        region, w = self._region, self._worker
+        while (reply := region.pop_reply(w)) is not None:
+            handle, final, code, error, outputs = reply
+            meta: ReplyMeta | None = None
+            arrays: list[tuple[int, memoryview]] = []
+            try:
+                for index, offset, nbytes, _shape in outputs:
+                    if index == META_INDEX:
+                        meta = records.loads(region.buffer(offset, nbytes))
+                    else:
+                        arrays.append((index, region.buffer(offset, nbytes)))
+                response = self._response(meta, arrays, code, error)
+            except Exception as e:
+                log.error("worker %d: cannot decode the reply to request %d: %s", w, handle, e)
+                response = InferenceError(Code.INTERNAL, f"cannot decode the engine's reply: {e}")
+            finally:
+                for _, offset, _, _ in outputs:
+                    region.free(w, False, offset)
+            self._deliver(handle, response, final)
+
+    def deliver_whole(self, handle: int, head: bytes, parts: list[bytes], final: bool) -> None:
+        """A reply that came over the control channel (too large for the ring)."""
+        meta: ReplyMeta = records.loads(head)
+        self._deliver(handle, self._response(meta, list(enumerate(parts)), 0, None), final)
+
+    @staticmethod
+    def _response(
+        meta: ReplyMeta | None, arrays: list[tuple[int, Any]], code: int, error: str | None
+    ) -> InferResult | InferenceError | None:
+        if meta is None:
+            return None if error is None and code == 0 else InferenceError(Code(code), error or "")
+        if meta.error is not None:
+            return records.error_of(meta)
+        outputs = {}
+        for index, data in arrays:
+            name, dtype, shape = meta.tensors[index]
+            outputs[name] = records.decode_array(dtype, shape, data)
+        return records.result_of(meta, outputs)
+
+    def _deliver(self, handle: int, response: InferResult | InferenceError | None, final: bool) -> None:
+        on_response = self._waiting.pop(handle, None) if final else self._waiting.get(handle)
+        if on_response is not None:
+            on_response(response, final)
+
+    def fail_all(self, reason: str) -> None:
+        """The engine is gone: every request still waiting gets an error."""
+        waiting, self._waiting = self._waiting, {}
+        for on_response in waiting.values():
+            on_response(InferenceError(Code.UNAVAILABLE, reason), True)
+
+
+def header_fields(header: RequestHeader) -> dict[str, Any]:
+    """A request header's fields, for a request the control channel carries."""
+    return {
+        "start": header.start,
+        "end": header.end,
+        "session": header.session,
+        "timeout_us": header.timeout_us,
+        "priority": header.priority,
+    }

@@ -1,0 +1,401 @@
+"""The engine process of ``seqserve serve --workers N``: it owns the models (the ``Server``), binds
+the listening sockets once, creates the shared-memory rings and starts N worker processes that
+run the front-ends on those sockets. It answers what the workers relay, runs the requests they
+send through the rings (``SlowPath``), keeps them up to date (``Snapshot``), starts a new one
+when one dies, and stops them once its own drain is over."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass, replace
+from typing import Any
+
+from seqserve import __version__
+from seqserve.api.app import (
+    GRPC_STOP_GRACE_S,
+    FrontEnds,
+    Shutdown,
+    StartupError,
+    exit_now,
+    handle_signals,
+    listen,
+)
+from seqserve.api.front_end_metrics import FrontEndMetrics
+from seqserve.api.grpc.serve import method_table
+from seqserve.api.grpc.servicer import HealthServicer, InferenceServicer
+from seqserve.api.grpc.stream import StreamDrain, StreamStats
+from seqserve.api.http.routes import HttpFrontend
+from seqserve.api.limits import ConnectionAdmission, shutdown_executor
+from seqserve.api.logs import log_control
+from seqserve.api.observability import Observability
+from seqserve.api.serve_options import ServeOptions
+from seqserve.api.shared_memory import SharedMemoryRegistry
+from seqserve.api.transport.grpc_context import Status
+from seqserve.api.workers.channel import Channel, ChannelClosed
+from seqserve.api.workers.relay import EngineAnswers
+from seqserve.api.workers.snapshot import FrontEndCounts, Snapshot, Targets
+from seqserve.engine import Server
+from seqserve.engine._core import ShmRegion
+from seqserve.engine.workers.records import SLAB_CLASSES
+from seqserve.engine.workers.slow_path import RingDrain, SlowPath
+
+log = logging.getLogger("seqserve")
+
+#: how long a new worker may take to start its front-ends
+WORKER_START_TIMEOUT_S = 60.0
+#: how often the engine looks for changes the workers must know (readiness, models)
+SNAPSHOT_EVERY_S = 0.25
+#: past the front-ends' own grace, how long a stopping worker may take before it is killed
+WORKER_STOP_GRACE_S = 5.0
+#: the wait before starting a worker again after a start that failed
+RESTART_BACKOFF_S = 1.0
+
+
+async def serve_with_workers(opts: ServeOptions, server: Server, observability: Observability) -> int:
+    """``serve`` with N > 1 front-end worker processes; as ``app.serve``, returns the exit code."""
+    sockets: dict[str, list[socket.socket]] = {}
+    try:
+        if opts.http is not None:
+            if opts.http.kind == "granian":
+                raise StartupError("--workers needs the builtin or hypercorn HTTP server (not granian)")
+            sockets["HTTP"] = _listeners("HTTP", opts.http.host, opts.http.port, opts.workers)
+        if opts.grpc is not None:
+            if opts.grpc.kind != "builtin":
+                raise StartupError("--workers needs the builtin gRPC server (not --grpc-server grpcio)")
+            sockets["gRPC"] = _listeners("gRPC", opts.grpc.host, opts.grpc.port, opts.workers)
+    except StartupError as e:
+        for group in sockets.values():
+            for s in group:
+                s.close()
+        await server.shutdown(timeout_s=0)
+        observability.close()
+        log.error("%s", e)
+        return 1
+    pool = WorkerPool(server, opts, sockets)
+    shutdown = Shutdown(server, on_drain=pool.begin_drain)
+    handle_signals(shutdown)
+    # the metrics endpoint, with every worker's front-end counts
+    front_ends = FrontEnds(server, StreamDrain(), observability, front_end_metrics=pool.front_end_metrics)
+    try:
+        # /metrics first: a client that found the workers ready may scrape at once
+        await front_ends.start(replace(opts, http=None, grpc=None))
+        await pool.start()
+    except StartupError as e:
+        await pool.stop()
+        await front_ends.abort()
+        await server.shutdown(timeout_s=0)
+        observability.close()
+        log.error("%s", e)
+        return 1
+    log.info("%d front-end worker processes serve HTTP and gRPC", opts.workers)
+    log.info("seqserve %s ready", __version__)  # the line tools wait for, as with one process
+    await shutdown.requested.wait()
+    await server.shutdown()
+    await server.linger_while_requested()
+    await pool.stop()
+    await front_ends.stop()
+    shutdown_executor()
+    await asyncio.to_thread(observability.close)
+    if server.hung_instances:
+        hung = ", ".join(f"model '{m}' instance '{i}'" for m, i in server.hung_instances)
+        log.error("stopped; exiting without waiting for %s (still in execute)", hung)
+        exit_now(1)
+    log.info("stopped")
+    return 0
+
+
+def _listeners(what: str, host: str, port: int, n: int) -> list[socket.socket]:
+    """One listening socket per worker on the same port (SO_REUSEPORT): the kernel spreads new
+    connections over them. The first is bound as a single process binds (port 0 picks the port
+    the others take; a busy port ends startup); a dead worker's socket stays open in the engine
+    process, its waiting connections kept for the worker that replaces it."""
+    first = listen(what, host, port, reuse_port=True)
+    out = [first]
+    try:
+        bound = first.getsockname()[1]
+        for _ in range(n - 1):
+            out.append(listen(what, host, bound, reuse_port=True))
+    except StartupError:
+        for s in out:
+            s.close()
+        raise
+    return out
+
+
+@dataclass(slots=True)
+class WorkerProcess:
+    index: int
+    process: asyncio.subprocess.Process
+    channel: Channel
+    tasks: list[asyncio.Task[Any]]
+
+
+class WorkerPool:
+    """The worker processes and what the engine does for them."""
+
+    def __init__(self, server: Server, opts: ServeOptions, sockets: dict[str, list[socket.socket]]) -> None:
+        self._server = server
+        self._opts = opts
+        self._sockets = sockets
+        self._region = ShmRegion(workers=opts.workers, slab_classes=SLAB_CLASSES)
+        self._slow = SlowPath(server, self._region, self._send)
+        self._ring_drain: RingDrain | None = None
+        self._targets = Targets()
+        self._snapshot = Snapshot()
+        self._workers: list[WorkerProcess | None] = [None] * opts.workers
+        self._stopping = False
+        self._snapshot_task: asyncio.Task[None] | None = None
+        self._shared_memory = SharedMemoryRegistry()  # the engine's regions (relayed registrations)
+        self._answers = _engine_answers(server, opts, self._shared_memory)
+        self._background: set[asyncio.Task[Any]] = set()
+        self._counts = WorkerCounts()
+        self.front_end_metrics = self._counts.metrics
+
+    async def start(self) -> None:
+        self._snapshot = self._targets.snapshot(self._server, self._shared_memory)
+        self._ring_drain = RingDrain(self._region, self._slow.handle_records)
+        self._ring_drain.start()
+        await asyncio.gather(*(self._spawn(w) for w in range(self._opts.workers)))
+        self._snapshot_task = asyncio.create_task(self._watch_snapshot())
+
+    async def _spawn(self, w: int) -> None:
+        region = self._region
+        parent_end, child_end = socket.socketpair()
+        fds = [region.fd, region.engine_eventfd, *region.worker_eventfds, child_end.fileno()]
+        fds += [group[w].fileno() for group in self._sockets.values()]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "seqserve.api.workers.worker",
+            str(w),
+            str(child_end.fileno()),
+            pass_fds=fds,
+            stdin=asyncio.subprocess.DEVNULL,
+        )
+        child_end.close()
+        channel = await Channel.open(parent_end)
+        channel.send(("init", self._init_message(w)))
+        try:
+            message = await asyncio.wait_for(channel.receive(), WORKER_START_TIMEOUT_S)
+        except (ChannelClosed, asyncio.TimeoutError):
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            code = await process.wait()
+            raise StartupError(f"worker {w} failed to start (exit status {code})") from None
+        log.info("worker %d started (pid %d)", w, message[1])
+        wp = WorkerProcess(w, process, channel, [])
+        self._workers[w] = wp
+        wp.tasks.append(asyncio.create_task(self._serve(wp)))
+        wp.tasks.append(asyncio.create_task(self._watch(wp)))
+
+    def _init_message(self, w: int) -> dict[str, Any]:
+        region = self._region
+        opts = self._opts
+        redact = []
+        for front_end in (opts.http, opts.grpc):
+            if front_end is not None:
+                redact += [front_end.restricted[g].value for g in front_end.restricted]
+        return {
+            "opts": opts,
+            "log_settings": log_control.settings,
+            "redact": redact,
+            "engine_pid": os.getpid(),
+            "region_fd": region.fd,
+            "engine_eventfd": region.engine_eventfd,
+            "worker_eventfds": region.worker_eventfds,
+            "sockets": {what: group[w].fileno() for what, group in self._sockets.items()},
+            "snapshot": self._snapshot,
+        }
+
+    # ------------------------------------------------------------------ one worker
+
+    def _send(self, w: int, message: Any) -> None:
+        wp = self._workers[w]
+        if wp is not None:
+            wp.channel.send(message)
+
+    async def _serve(self, wp: WorkerProcess) -> None:
+        """What the worker sends: calls to answer, requests too large for the rings, the end
+        of its streams' scopes."""
+        w = wp.index
+        while True:
+            try:
+                message = await wp.channel.receive()
+            except ChannelClosed:
+                return
+            kind = message[0]
+            if kind == "call":
+                task = asyncio.create_task(self._answer(wp, message[1], message[2], message[3]))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            elif kind == "infer":
+                _, handle, head, parts, fields = message
+                self._slow.submit_parts(w, handle, head, dict(enumerate(parts)), fields)
+            elif kind == "cancel":
+                self._slow.cancel(w, message[1])
+            elif kind == "scope_close":
+                self._slow.close_scope(w, message[1], message[2])
+            elif kind == "counts":
+                self._counts.record(w, message[1])
+
+    async def _answer(self, wp: WorkerProcess, call_id: int, kind: str, payload: Any) -> None:
+        result: Any
+        try:
+            if kind == "http":
+                result = await self._answers.http(payload)
+            else:
+                result = await self._answers.grpc(payload)
+        except Exception as e:  # the handlers answer their errors themselves: this is a bug
+            log.exception("answering a relayed %s request failed", kind)
+            if kind == "http":
+                result = (500, [(b"content-type", b"text/plain")], f"internal error: {e}".encode(), False)
+            else:
+                result = (Status.INTERNAL, f"internal error: {e}")
+        self._refresh_snapshot()  # a model loaded or unloaded: every worker knows before the answer
+        wp.channel.answer(call_id, result)
+
+    async def _watch(self, wp: WorkerProcess) -> None:
+        """A worker that dies is replaced once nothing of it is left in the engine."""
+        code = await wp.process.wait()
+        if self._stopping:
+            return
+        w = wp.index
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        log.error("worker %d (pid %d) %s; starting a new one", w, wp.process.pid, how)
+        self._workers[w] = None
+        wp.channel.close()
+        self._slow.forget_worker(w)
+        self._reset_rings(w)
+        while not self._stopping:
+            try:
+                await self._spawn(w)
+                return
+            except StartupError as e:
+                log.error("%s; trying again", e)
+                await asyncio.sleep(RESTART_BACKOFF_S)
+
+    def _reset_rings(self, w: int) -> None:
+        region = self._region
+        reset = getattr(region, "reset_worker", None)
+        if reset is not None:
+            reset(w)
+            return
+        # without reset_worker: drop what the dead worker left in its rings (a cell it claimed
+        # but never published, or blocks it allocated and never sent, stay lost)
+        while (rec := region.pop_request(w)) is not None:
+            for _, offset, _, _ in rec[3]:
+                region.free(w, True, offset)
+        while (reply := region.pop_reply(w)) is not None:
+            for _, offset, _, _ in reply[4]:
+                region.free(w, False, offset)
+
+    # ---------------------------------------------------------------------- snapshot
+
+    def _refresh_snapshot(self) -> None:
+        snapshot = self._targets.snapshot(self._server, self._shared_memory)
+        if snapshot != self._snapshot:
+            self._snapshot = snapshot
+            for wp in self._workers:
+                if wp is not None:
+                    wp.channel.send(("snapshot", snapshot))
+
+    async def _watch_snapshot(self) -> None:
+        while True:
+            await asyncio.sleep(SNAPSHOT_EVERY_S)
+            self._refresh_snapshot()
+
+    # ------------------------------------------------------------------------ drain
+
+    def begin_drain(self) -> None:
+        """The engine's drain began: the workers answer as draining, their streams end."""
+        for wp in self._workers:
+            if wp is not None:
+                wp.channel.send(("drain", self._opts.state_store is not None))
+        try:
+            self._refresh_snapshot()
+        except Exception:  # called by the signal handler: the drain must go on
+            log.exception("cannot tell the workers that the drain began")
+
+    async def stop(self) -> None:
+        """After the engine's drain: each worker stops its front-ends and exits."""
+        self._stopping = True
+        if self._snapshot_task is not None:
+            self._snapshot_task.cancel()
+        running = [wp for wp in self._workers if wp is not None]
+        for wp in running:
+            wp.channel.send(("stop",))
+        await asyncio.gather(*(self._reap(wp) for wp in running))
+        if self._ring_drain is not None:
+            await asyncio.to_thread(self._ring_drain.stop)
+        for group in self._sockets.values():
+            for s in group:
+                s.close()
+        self._shared_memory.close()
+
+    async def _reap(self, wp: WorkerProcess) -> None:
+        try:
+            await asyncio.wait_for(wp.process.wait(), GRPC_STOP_GRACE_S + WORKER_STOP_GRACE_S)
+        except asyncio.TimeoutError:
+            log.warning("worker %d (pid %d) did not stop; killing it", wp.index, wp.process.pid)
+            with contextlib.suppress(ProcessLookupError):
+                wp.process.kill()
+            await wp.process.wait()
+        for t in wp.tasks:
+            t.cancel()
+
+
+class WorkerCounts:
+    """The front-end counts each worker last sent, summed for /metrics (``FrontEndMetrics``
+    reads them as it reads one process's own)."""
+
+    def __init__(self) -> None:
+        self._by_worker: dict[int, FrontEndCounts] = {}
+        self.metrics = FrontEndMetrics({}, None)
+
+    def record(self, worker: int, counts: FrontEndCounts) -> None:
+        self._by_worker[worker] = counts
+        admissions: dict[str, ConnectionAdmission] = {}
+        stats = StreamStats() if any(c.streams is not None for c in self._by_worker.values()) else None
+        for c in self._by_worker.values():
+            for protocol, (total, refused) in c.connections.items():
+                a = admissions.setdefault(protocol, ConnectionAdmission(0))
+                a.total += total
+                for reason, n in refused.items():
+                    a.refused[reason] = a.refused.get(reason, 0) + n
+            if stats is not None and c.streams is not None:
+                stats.refused_at_once += c.streams[0]
+                stats.reading_paused += c.streams[1]
+        self.metrics.admissions = admissions
+        self.metrics.stream_stats = stats
+
+
+def _engine_answers(server: Server, opts: ServeOptions, shared_memory: SharedMemoryRegistry) -> EngineAnswers:
+    """The engine's own handlers, as one process builds them (restrictions are the workers')."""
+    http = None
+    if opts.http is not None:
+        http = HttpFrontend(
+            server,
+            max_body_bytes=opts.http.max_body_bytes,
+            body_timeout_s=opts.http.limits.body_timeout_s,
+            shared_memory=shared_memory,
+            header_forward=opts.http.header_forward,
+        )
+    methods = {}
+    if opts.grpc is not None:
+        grpc = opts.grpc
+        inference = InferenceServicer(
+            server,
+            stream_scoped=grpc.stream_scoped,
+            stream_stats=StreamStats(),
+            streams=StreamDrain(),
+            shared_memory=shared_memory,
+            header_forward=grpc.header_forward,
+            stream_backlog=grpc.limits.stream_backlog,
+        )
+        methods = method_table(inference, HealthServicer(server))
+    return EngineAnswers(http, methods)
