@@ -278,13 +278,20 @@ def observe(
     monkeypatch.setattr(security, "check_tls", _fake_check_tls)
     monkeypatch.setattr(security, "granian_client_verify_supported", lambda: False)
     handler = _Recorder()
-    logging.getLogger("seqserve").addHandler(handler)
+    # only the recorder hears the CLI's log: another test in this process may have left a
+    # handler writing to stderr, or levels of its own (the snapshot is taken at WARNING)
+    seq_log, root = logging.getLogger("seqserve"), logging.getLogger()
+    saved = (seq_log.handlers[:], seq_log.propagate, seq_log.level, root.level)
+    seq_log.handlers, seq_log.propagate = [handler], False
+    seq_log.setLevel(logging.WARNING)
     try:
         code = cli.main(args)
     except SystemExit as e:
         code = e.code  # type: ignore[assignment]
     finally:
-        logging.getLogger("seqserve").removeHandler(handler)
+        seq_log.handlers, seq_log.propagate = saved[0], saved[1]
+        seq_log.setLevel(saved[2])
+        root.setLevel(saved[3])
     out = capsys.readouterr()
     names = {str(p): name for name, p in repos.items()}
     names[str(cli.DEMO_REPOSITORY)] = "{demo}"

@@ -16,6 +16,8 @@ API_MAY_IMPORT = {
     # the GPU's metrics and CUDA IPC regions, served by the front-ends (docs/gpu.md)
     "seqserve.engine.device.nvml",
     "seqserve.engine.device.ipc",
+    # the worker processes' transport and the engine's side of it (docs/architecture.md, "Worker processes")
+    "seqserve.engine.workers",
 }
 
 

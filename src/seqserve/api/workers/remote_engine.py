@@ -15,7 +15,7 @@ from seqserve.api.workers.channel import Channel
 from seqserve.api.workers.ring_client import OnResponse, RingClient
 from seqserve.api.workers.snapshot import ModelEntry, Snapshot
 from seqserve.engine import Code, DecoupledModelError, InferenceError, InferRequest, InferResult, SequenceScope
-from seqserve.engine.workers.records import BY_NAME
+from seqserve.engine.workers import BY_NAME
 
 
 class RemoteModel:

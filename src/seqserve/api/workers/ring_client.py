@@ -18,9 +18,15 @@ import numpy as np
 
 from seqserve.api.workers.channel import Channel
 from seqserve.engine import Code, InferenceError, InferRequest, InferResult
-from seqserve.engine._core import RequestHeader, ShmRegion
-from seqserve.engine.workers import records
-from seqserve.engine.workers.records import META_INDEX, RING_MAX_BYTES, ReplyMeta, RequestMeta
+from seqserve.engine.workers import (
+    META_INDEX,
+    RING_MAX_BYTES,
+    ReplyMeta,
+    RequestHeader,
+    RequestMeta,
+    ShmRegion,
+    records,
+)
 
 log = logging.getLogger("seqserve.workers")
 

@@ -11,7 +11,7 @@ from typing import Any
 from seqserve.api.logs import log_control
 from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.engine import InferenceError, Server
-from seqserve.engine.workers.records import BY_NAME
+from seqserve.engine.workers import BY_NAME
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,9 +40,7 @@ from seqserve.api.workers.channel import Channel, ChannelClosed
 from seqserve.api.workers.relay import EngineAnswers
 from seqserve.api.workers.snapshot import FrontEndCounts, Snapshot, Targets
 from seqserve.engine import Server
-from seqserve.engine._core import ShmRegion
-from seqserve.engine.workers.records import SLAB_CLASSES
-from seqserve.engine.workers.slow_path import RingDrain, SlowPath
+from seqserve.engine.workers import SLAB_CLASSES, RingDrain, ShmRegion, SlowPath
 
 log = logging.getLogger("seqserve")
 

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from seqserve._proto import model_config_pb2 as mc
-from seqserve.engine.backends import find_backend
 from seqserve.engine.backends.base import DEFAULT_MAX_BATCH_SIZE
 from seqserve.engine.backends.bls import ModelCalls
 from seqserve.engine.config import finish_model_config, parse_config_json, parse_model_config, validate_paths
@@ -38,7 +36,7 @@ from seqserve.engine.server.model_control import (
     model_fingerprint,
     repository_fingerprints,
 )
-from seqserve.engine.server.repository import available_versions, discover_models, select_versions
+from seqserve.engine.server.repository import autocomplete_config, discover_models, select_versions
 from seqserve.engine.server.uploads import UploadDirs
 from seqserve.engine.sessions import SessionPolicy
 
@@ -59,7 +57,6 @@ MODEL_DUPLICATE_REASON = "model appears in two or more repositories"
 MIN_CLOSE_WAIT_S = 0.5
 
 #: a default model file that names the backend of a model whose config names none
-_BACKEND_BY_FILE = {"model.onnx": "onnxruntime"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,7 +471,7 @@ class ModelTable:
                 log.info("loaded ensemble '%s' versions %s", name, sorted(versions))
                 return ModelState(name, path, versions, "READY")
             if settings.auto_complete:
-                _autocomplete(cfg, path, settings.default_max_batch_size)
+                autocomplete_config(cfg, path, settings.default_max_batch_size)
             finish_model_config(cfg, path)
             for v in select_versions(path, cfg):
                 versions[v] = LoadedModel(
@@ -572,22 +569,6 @@ def check_model_name(name: str) -> None:
             Code.INVALID_ARG,
             f"invalid model name '{name}', model name must not contain path traversal characters",
         )
-
-
-def _autocomplete(cfg: mc.ModelConfig, path: Path, default_max_batch_size: int) -> None:
-    """Let the model's backend complete its config (Triton's auto-complete): a config that
-    names no backend gets one from a known model file in a version folder."""
-    if not cfg.backend and not cfg.platform:
-        for version in reversed(available_versions(path)):
-            found = [b for f, b in _BACKEND_BY_FILE.items() if (path / str(version) / f).exists()]
-            if found:
-                cfg.backend = found[0]
-                break
-    try:
-        backend = find_backend(cfg)
-    except InferenceError:
-        return  # no (usable) backend: LoadedModel reports it, after the config's own checks
-    backend.autocomplete_config(cfg, path, default_max_batch_size=default_max_batch_size)
 
 
 async def _shielded(coro: Coroutine[Any, Any, Any]) -> Any:

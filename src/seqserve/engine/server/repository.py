@@ -7,8 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from seqserve._proto.model_config_pb2 import ModelConfig
+from seqserve.engine.backends import find_backend
 from seqserve.engine.config import CONFIG_FILENAME
-from seqserve.engine.errors import ModelConfigError
+from seqserve.engine.errors import InferenceError, ModelConfigError
+
+#: a known model file in a version folder names the backend of a config that names none
+BACKEND_BY_FILE = {"model.onnx": "onnxruntime"}
 
 __all__ = ["available_versions", "discover_models", "select_versions"]
 
@@ -76,3 +80,19 @@ def _specific_versions(wanted: list[int], available: list[int], model: str) -> l
     if not wanted:
         raise ModelConfigError(f"version_policy specific lists no versions for model '{model}'")
     return sorted(set(wanted))
+
+
+def autocomplete_config(cfg: ModelConfig, path: Path, default_max_batch_size: int) -> None:
+    """Let the model's backend complete its config (Triton's auto-complete): a config that
+    names no backend gets one from a known model file in a version folder."""
+    if not cfg.backend and not cfg.platform:
+        for version in reversed(available_versions(path)):
+            found = [b for f, b in BACKEND_BY_FILE.items() if (path / str(version) / f).exists()]
+            if found:
+                cfg.backend = found[0]
+                break
+    try:
+        backend = find_backend(cfg)
+    except InferenceError:
+        return  # no (usable) backend: LoadedModel reports it, after the config's own checks
+    backend.autocomplete_config(cfg, path, default_max_batch_size=default_max_batch_size)
