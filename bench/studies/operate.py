@@ -2,7 +2,7 @@
 
     python -m bench.studies.operate            # about half a minute
 
-- scrape: ``exposition(SeqserveCollector(server))`` on the demo repository (five model versions),
+- scrape: ``exposition(SeqserveCollector(server))`` on the demo repository (a version of each demo model),
   all of Triton's families plus the histogram: the time the event loop spends per scrape, and
   ``Server.model_counters()`` alone (the core reads).
 - listing: ``Scheduler.list_sequences(limit)`` with ``--live`` sequences live (one in a slot, the

@@ -223,7 +223,10 @@ async def test_an_occasional_slow_batch_does_not_demote(repo: Path, serve: Any) 
         return
     assert st.active
     assert st.slow_batches == before.slow_batches + 3
-    assert st.inline_batches == before.inline_batches + 30
+    # every batch ran, inline unless the executor took one the loop came late for (a stall)
+    ran = st.inline_batches + st.thread_batches - before.inline_batches - before.thread_batches
+    assert ran == 30, _show(st)
+    assert st.inline_batches - before.inline_batches >= 27, _show(st)
 
 
 async def test_dynamic_batching_keeps_results_and_priority_levels(repo: Path, serve: Any) -> None:

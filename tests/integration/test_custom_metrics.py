@@ -84,9 +84,17 @@ def test_summaries_and_a_python_models_custom_metrics(
     cl.close()
     from tests.support.checks import wait_until_sync
 
-    wait_until_sync(lambda: "counted_requests" in scrape(srv), "the custom metrics are on /metrics")
-    fams = scrape(srv)
     labels = {"model": "counted"}
+
+    def forwarded() -> bool:
+        """A process-isolated model's metrics reach the server in snapshots, after its replies:
+        wait for the one taken after its third request's updates."""
+        fams = scrape(srv)
+        count = [s[2] for s in fams.get("counted_input_value", []) if s[0].endswith("_count")]
+        return [s[1:] for s in fams.get("counted_requests", [])] == [(labels, 3.0)] and count == [3.0]
+
+    wait_until_sync(forwarded, "the custom metrics are on /metrics")
+    fams = scrape(srv)
     # (prometheus-client's parser names a counter's sample <name>_total; the text has <name>)
     assert [s[1:] for s in fams["counted_requests"]] == [(labels, 3.0)]
     assert fams["counted_last_input"] == [("counted_last_input", labels, 3.0)]
