@@ -79,33 +79,8 @@ class TritonPythonModel:
         return responses
 """
 
-ASYNC_CALLER = """\
-import asyncio
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    async def execute(self, requests):
-        calls = [
-            pb_utils.InferenceRequest(
-                model_name="accumulator",
-                requested_output_names=["OUTPUT"],
-                inputs=[pb_utils.get_input_tensor_by_name(request, "INPUT")],
-                correlation_id=request.correlation_id(),
-                flags=request.flags(),
-            ).async_exec()
-            for request in requests
-        ]
-        answers = await asyncio.gather(*calls)
-        return [self.answer(a) for a in answers]
-
-    @staticmethod
-    def answer(a):
-        if a.has_error():
-            return pb_utils.InferenceResponse(error=a.error())
-        return pb_utils.InferenceResponse(a.output_tensors())
-"""
+#: the demo BLS model: the calls of a batch go out together (async execute, async_exec)
+ASYNC_CALLER = (DEMO / "accumulator_bls" / "1" / "model.py").read_text()
 
 BATCH_CALLER = """\
 import numpy as np

@@ -12,6 +12,7 @@ import pytest
 
 from seqserve.engine import Code, InferenceError, Server
 from seqserve.engine.config import load_model_config
+from tests.support.ensemble_models import split_model
 from tests.support.models import write_model
 
 STEP_CFG = """
@@ -44,31 +45,6 @@ class Model:
     def execute(self, batch):
         total = batch.states["S_IN"] + batch.inputs["X"]
         return {"Y": total, "S_OUT": total}
-"""
-
-# Triton-style decoupled model: one response per element of X (dims [-1], no batching)
-SPLIT_CFG = """
-name: "split"
-backend: "python"
-max_batch_size: 0
-model_transaction_policy { decoupled: true }
-input [ { name: "X" data_type: TYPE_INT32 dims: [ -1 ] } ]
-output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
-
-SPLIT = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
-            sender = request.get_response_sender()
-            for v in x.tolist():
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([v], np.int32))]))
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
 """
 
 
@@ -277,7 +253,7 @@ async def test_a_step_error_reaches_the_client_with_the_ensemble_name(repo, serv
 
 
 async def test_a_decoupled_step_runs_the_next_step_once_per_response(repo, serve) -> None:
-    write_model(repo, "split", SPLIT_CFG, SPLIT)
+    split_model(repo)
     step(repo, "triple", 3)
     config = ensemble("fanout", [("split", {"X": "IN"}, {"Y": "part"}), ("triple", {"X": "part"}, {"Y": "OUT"})], mbs=0)
     write_ensemble(repo, "fanout", config.replace("dims: [ 1 ] } ]\noutput", "dims: [ -1 ] } ]\noutput"))

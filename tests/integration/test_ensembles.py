@@ -30,7 +30,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support.ensemble_models import sequence_ensembles
+from tests.support.ensemble_models import sequence_ensembles, split_model
 from tests.support.process import ServerProcess, serving
 
 PROTOCOLS = ("http", "grpc")
@@ -282,29 +282,6 @@ def test_half_batch(delayed: ServerProcess, prefix: str) -> None:
 
 # ------------------------------------------------------- a decoupled step, errors over HTTP
 
-SPLIT_CONFIG = """
-name: "split"
-backend: "python"
-max_batch_size: 0
-model_transaction_policy { decoupled: true }
-input [ { name: "X" data_type: TYPE_INT32 dims: [ -1 ] } ]
-output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
-
-SPLIT_MODEL = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
-            sender = request.get_response_sender()
-            for v in x.tolist():
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([v], np.int32))]))
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
-"""
 
 SPLIT_ENSEMBLE = """
 name: "split_then_sequence"
@@ -329,8 +306,7 @@ def test_a_decoupled_step_streams_over_grpc(tmp_path: Path, launch: Any) -> None
     repo = tmp_path / "models"
     sequence_ensembles(repo, "int32", 0)
     (repo / "split" / "1").mkdir(parents=True)
-    (repo / "split" / "config.pbtxt").write_text(SPLIT_CONFIG)
-    (repo / "split" / "1" / "model.py").write_text(SPLIT_MODEL)
+    split_model(repo)
     (repo / "split_then_sequence" / "1").mkdir(parents=True)
     (repo / "split_then_sequence" / "config.pbtxt").write_text(SPLIT_ENSEMBLE)
     srv = launch(repo)

@@ -103,3 +103,36 @@ ensemble_scheduling {{
         (repo / name / "config.pbtxt").write_text(config)
         names.append(name)
     return names
+
+
+# A Triton-style decoupled model: one response per element of X (dims [-1], no batching)
+SPLIT_CONFIG = """
+name: "split"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "X" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+SPLIT_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            sender = request.get_response_sender()
+            for v in x.tolist():
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([v], np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def split_model(repo: Path) -> None:
+    """Writes the decoupled ``split`` model into ``repo``."""
+    (repo / "split" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "split" / "config.pbtxt").write_text(SPLIT_CONFIG)
+    (repo / "split" / "1" / "model.py").write_text(SPLIT_MODEL)
