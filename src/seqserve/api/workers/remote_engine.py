@@ -11,7 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from seqserve.api.logs import log_control
+from seqserve.api.workers import fast_requests
 from seqserve.api.workers.channel import Channel
+from seqserve.api.workers.fast_requests import FastModel, FastRequest
 from seqserve.api.workers.ring_client import OnResponse, RingClient
 from seqserve.api.workers.snapshot import ModelEntry, Snapshot
 from seqserve.engine import Code, DecoupledModelError, InferenceError, InferRequest, InferResult, SequenceScope
@@ -48,6 +50,7 @@ class RemoteEngine:
         self._ring = ring
         self._control = control
         self.snapshot = snapshot
+        self._fast_models: dict[int, FastModel | None] = {}  # target -> its fast form (None: slow)
         self._scopes: dict[SequenceScope, int] = {}
         self._next_scope = 1
         self.on_exiting: Callable[[], None] | None = None
@@ -56,6 +59,19 @@ class RemoteEngine:
         if snapshot.log != self.snapshot.log:  # the logging extension changed the engine's
             log_control.update(snapshot.log)
         self.snapshot = snapshot
+        live = {e.target for versions in snapshot.models.values() for e in versions.values()}
+        self._fast_models = {t: m for t, m in self._fast_models.items() if t in live}
+
+    def _fast_model(self, name: str, version: int, target: int) -> FastModel | None:
+        """The model version's fast form, built once per target."""
+        try:
+            return self._fast_models[target]
+        except KeyError:
+            pass
+        entry = self.snapshot.models.get(name, {}).get(version)
+        m = fast_requests.fast_model(name, version, entry) if entry is not None and entry.target == target else None
+        self._fast_models[target] = m
+        return m
 
     # --------------------------------------------------------------- sync questions
 
@@ -121,7 +137,7 @@ class RemoteEngine:
             elif isinstance(response, InferResult):
                 fut.set_result(response)
 
-        handle = self._submit(request, settle, target)
+        handle = self._submit(request, settle, target, m)
         fut.add_done_callback(lambda f: self._ring.cancel(handle) if f.cancelled() else None)
         return fut
 
@@ -129,12 +145,26 @@ class RemoteEngine:
         self, request: InferRequest, on_response: OnResponse, *, model: Any = None
     ) -> Callable[[], None]:
         """As ``Server.enqueue_streaming``: returns ``cancel()``."""
-        target = model.target if isinstance(model, RemoteModel) else self._target(request)[0]
-        handle = self._submit(request, on_response, target)
+        m: RemoteModel | None
+        if isinstance(model, RemoteModel):
+            target, m = model.target, model
+        else:
+            target, m = self._target(request)
+        handle = self._submit(request, on_response, target, m)
         return lambda: self._ring.cancel(handle)
 
-    def _submit(self, request: InferRequest, on_response: OnResponse, target: int) -> int:
+    def _submit(self, request: InferRequest, on_response: OnResponse, target: int, m: RemoteModel | None) -> int:
         session_name = request.sequence_id if request.session and isinstance(request.sequence_id, str) else None
+        if (
+            m is not None
+            and request.scope is None
+            and not self.snapshot.tracing
+            and fast_requests.takes(request, session_name, 0)
+        ):
+            fast = self._fast_model(m.name, m.version, target)
+            checked = fast_requests.check(fast, request) if fast is not None else None
+            if fast is not None and checked is not None:
+                return self._ring.submit_fast(FastRequest(fast, checked), on_response)
         scope = 0
         if request.scope is not None:
             scope = self._scope_of(request.scope)
