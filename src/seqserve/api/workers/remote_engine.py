@@ -51,6 +51,9 @@ class RemoteEngine:
         self._control = control
         self.snapshot = snapshot
         self._fast_models: dict[int, FastModel | None] = {}  # target -> its fast form (None: slow)
+        # (target, sequence id) -> its steps on the slow way not answered yet; handle -> its key
+        self._slow_steps: dict[tuple[int, Any], int] = {}
+        self._slow_keys: dict[int, tuple[int, Any]] = {}
         self._scopes: dict[SequenceScope, int] = {}
         self._next_scope = 1
         self.on_exiting: Callable[[], None] | None = None
@@ -138,7 +141,7 @@ class RemoteEngine:
                 fut.set_result(response)
 
         handle = self._submit(request, settle, target, m)
-        fut.add_done_callback(lambda f: self._ring.cancel(handle) if f.cancelled() else None)
+        fut.add_done_callback(lambda f: self._cancel(handle) if f.cancelled() else None)
         return fut
 
     def enqueue_streaming(
@@ -151,24 +154,51 @@ class RemoteEngine:
         else:
             target, m = self._target(request)
         handle = self._submit(request, on_response, target, m)
-        return lambda: self._ring.cancel(handle)
+        return lambda: self._cancel(handle)
+
+    def _cancel(self, handle: int) -> None:
+        self._slow_step_done(handle)
+        self._ring.cancel(handle)
 
     def _submit(self, request: InferRequest, on_response: OnResponse, target: int, m: RemoteModel | None) -> int:
         session_name = request.sequence_id if request.session and isinstance(request.sequence_id, str) else None
+        fast = self._fast_model(m.name, m.version, target) if m is not None and request.sequence_id else None
+        key = (target, request.sequence_id)
         if (
-            m is not None
+            fast is not None
+            and key not in self._slow_steps
             and request.scope is None
             and not self.snapshot.tracing
             and fast_requests.takes(request, session_name, 0)
         ):
-            fast = self._fast_model(m.name, m.version, target)
-            checked = fast_requests.check(fast, request) if fast is not None else None
-            if fast is not None and checked is not None:
+            checked = fast_requests.check(fast, request)
+            if checked is not None:
                 return self._ring.submit_fast(FastRequest(fast, checked), on_response)
         scope = 0
         if request.scope is not None:
             scope = self._scope_of(request.scope)
-        return self._ring.submit(request, on_response, target, session_name, scope)
+        if fast is None:
+            return self._ring.submit(request, on_response, target, session_name, scope)
+        # A step of a fast model's sequence going the slow way: the sequence's next steps follow
+        # it until it is answered (the compiled path would submit them first, out of order).
+        self._slow_steps[key] = self._slow_steps.get(key, 0) + 1
+        handle = 0
+
+        def answered(response: InferResult | InferenceError | None, final: bool) -> None:
+            if final:
+                self._slow_step_done(handle)
+            on_response(response, final)
+
+        handle = self._ring.submit(request, answered, target, session_name, scope)
+        self._slow_keys[handle] = key
+        return handle
+
+    def _slow_step_done(self, handle: int) -> None:
+        key = self._slow_keys.pop(handle, None)
+        if key is not None:
+            n = self._slow_steps.pop(key) - 1
+            if n:
+                self._slow_steps[key] = n
 
     def _scope_of(self, scope: SequenceScope) -> int:
         """A stream's scope by number: the engine keeps the real one. Closing the worker's scope
