@@ -69,7 +69,7 @@ class Targets:
     def snapshot(self, server: Server, shared_memory: SharedMemoryRegistry | None = None) -> Snapshot:
         models: dict[str, dict[int, ModelEntry]] = {}
         live = {}
-        for m in server.models.loaded():
+        for m in server.models.loaded_by_name():  # ensembles too (their requests run in Python)
             known = self._of.get(m)
             if known is None:
                 target = self._next
