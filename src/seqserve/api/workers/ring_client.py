@@ -189,13 +189,15 @@ class RingClient:
 
     def cancel(self, handle: int) -> None:
         """The client went away: the engine drops the request; its replies are not waited for."""
-        self._fast.pop(handle, None)
+        fast = self._fast.pop(handle, None)
         if self._waiting.pop(handle, None) is None:
             return
         if any(b[0] == handle for b in self._blocked):
             return  # never sent: _flush skips it
         header = RequestHeader(handle=handle)
-        if not self._region.push_request(self._worker, records.BY_NAME, header, [], cancel=True):
+        # the compiled path knows a cancel by its request's target; the slow path by its handle
+        target = fast.model.target if fast is not None else records.BY_NAME
+        if not self._region.push_request(self._worker, target, header, [], cancel=True):
             self._control.send(("cancel", handle))
 
     # ------------------------------------------------------------------------- replies
