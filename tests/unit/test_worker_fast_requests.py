@@ -95,5 +95,5 @@ def test_refusals_read_as_submit_raises_them() -> None:
     assert later.retry_after_s == 2.5
     released = fast_requests.error_of(fast, flags | REPLY_RELEASED, int(Code.INVALID_ARG), "moved")
     assert isinstance(released, SequenceReleasedError)
-    failed = fast_requests.error_of(fast, flags, int(Code.INTERNAL), "model failed")
-    assert failed.message == "model failed (request id r2)"
+    failed = fast_requests.error_of(fast, flags, int(Code.INTERNAL), "model failed (request id 1a2b)")
+    assert failed.code is Code.INTERNAL and failed.message == "model failed (request id 1a2b)"

@@ -10,7 +10,6 @@ validator refuses: the engine answers and counts it) takes the slow way, with it
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +57,8 @@ def fast_model(name: str, version: int, entry: ModelEntry) -> FastModel | None:
 
 
 def takes(request: InferRequest, session_name: str | None, scope: int) -> bool:
-    """Whether a request needs none of the engine's per-request Python."""
+    """Whether a request needs none of the engine's per-request Python (the caller checks the
+    server-wide reasons: tracing, verbose request lines)."""
     return (
         session_name is None
         and not request.session
@@ -113,15 +113,12 @@ def result_of(fast: FastRequest, outputs: list[tuple[int, Any]]) -> InferResult 
 
 def error_of(fast: FastRequest, flags: int, code: int, message: str) -> InferenceError:
     """An error reply as ``LoadedModel.submit`` raises a refusal (a released sequence, the
-    backlog's Retry-After) or as a model failure reads (with the request id)."""
+    backlog's Retry-After). A model's failure comes logged and worded by the engine (its words
+    name a request id the engine made: a fast record carries none)."""
     if flags & REPLY_RELEASED:
         return SequenceReleasedError(message)
     retry_ms = flags >> REPLY_RETRY_SHIFT
     retry_after_s = BACKLOG_RETRY_AFTER_S if flags & REPLY_BACKLOG_FULL else None
     if retry_ms:
         retry_after_s = retry_ms / 1000
-    err_code = Code(code) if code else Code.INTERNAL
-    if err_code is Code.INTERNAL:  # a model that failed: the client gets its request id too
-        rid = fast.checked.request.id or secrets.token_hex(6)
-        message = f"{message} (request id {rid})"
-    return InferenceError(err_code, message, retry_after_s=retry_after_s)
+    return InferenceError(Code(code) if code else Code.INTERNAL, message, retry_after_s=retry_after_s)

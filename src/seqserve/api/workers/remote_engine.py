@@ -169,6 +169,7 @@ class RemoteEngine:
             and key not in self._slow_steps
             and request.scope is None
             and not self.snapshot.tracing
+            and not self.snapshot.log.get("log_verbose_level")  # the engine logs each request
             and fast_requests.takes(request, session_name, 0)
         ):
             checked = fast_requests.check(fast, request)
