@@ -568,6 +568,8 @@ class LoadedModel:
                     "within the exit timeout",
                 )
                 self._delivery.batch_failed(recs, err)
+                if self._ring is not None:  # and its ring rows
+                    self._ring.fail_running(i, err)
         for i, inst in enumerate(self._instances):
             if i in hung:
                 continue  # still inside execute: finalize would race with it

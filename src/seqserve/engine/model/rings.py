@@ -80,6 +80,9 @@ class RingRows:
         self._is_sequence = cfg.HasField("sequence_batching")
         self.batched = cfg.max_batch_size > 0
         self._outputs = [(t.name, np.dtype(to_numpy_dtype(t.data_type)), t.data_type) for t in cfg.output]
+        # instance -> the ring handles of the batch it runs (an execute that hangs past the
+        # exit timeout: close() answers them, as it answers the batch's other requests)
+        self._running: dict[int, list[int]] = {}
 
     def detach(self) -> None:
         """The model closes: its target's records go to take_slow from now on (the engine answers
@@ -95,13 +98,26 @@ class RingRows:
         handles = cb.handles
         if not any(h & RING_HANDLE_BIT for h in handles):
             return None
-        return RingBatch(self, handles, cb.request_rows)
+        ring = RingBatch(self, handles, cb.request_rows, cb.instance)
+        self._running[cb.instance] = ring.handles
+        return ring
+
+    def done(self, instance: int) -> None:
+        """The instance's batch has run: its ring rows are answered by the batch."""
+        self._running.pop(instance, None)
+
+    def fail_running(self, instance: int, err: InferenceError) -> None:
+        """The instance's execute did not return in time: its batch's ring requests get ``err``."""
+        handles = self._running.pop(instance, None)
+        if handles:
+            self.feeder.fail(handles, int(err.code), err.message)
 
     def fail(self, cb: Batch, err: InferenceError, report: FailureNote | None = None) -> None:
         """The batch failed: its ring requests get the error; ``report`` (the model's failure
         report) logs each as one process does and gives the words its client gets (a request id
         made here: the worker's request carries none)."""
         handles = cb.handles
+        self.done(cb.instance)
         if not any(h & RING_HANDLE_BIT for h in handles):
             return
         if report is None:
@@ -146,8 +162,9 @@ class RingRows:
 class RingBatch:
     """One batch's ring rows: where each lies, and once the model ran, their outputs."""
 
-    def __init__(self, rows: RingRows, handles: list[int], request_rows: list[int]) -> None:
+    def __init__(self, rows: RingRows, handles: list[int], request_rows: list[int], instance: int = 0) -> None:
         self._rows = rows
+        self._instance = instance
         self.handles: list[int] = []
         self.first: list[int] = []
         self.counts: list[int] = []
@@ -167,4 +184,5 @@ class RingBatch:
     def send(self) -> None:
         """After the batch's statistics are recorded: every ring row's reply, in one call."""
         rows = self._rows
+        rows.done(self._instance)
         rows.feeder.reply_rows(self.handles, self.first, self.counts, self._outputs, batched=rows.batched)
