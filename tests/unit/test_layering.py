@@ -16,6 +16,11 @@ API_MAY_IMPORT = {
     # the GPU's metrics and CUDA IPC regions, served by the front-ends (docs/gpu.md)
     "seqserve.engine.device.nvml",
     "seqserve.engine.device.ipc",
+    # the engine's side of the worker processes (issue 27): the transport, records, the slow
+    # path, and what a worker needs to validate and answer requests as the engine would
+    "seqserve.engine.workers",
+    "seqserve.engine.workers.records",
+    "seqserve.engine.workers.slow_path",
 }
 
 

@@ -18,12 +18,18 @@ import numpy as np
 
 from seqserve.api.workers.snapshot import ModelEntry
 from seqserve.engine import Code, InferenceError, InferRequest, InferResult
-from seqserve.engine._core import REPLY_BACKLOG_FULL, REPLY_RELEASED, REPLY_RETRY_SHIFT, RequestHeader
-from seqserve.engine.model.loaded import BACKLOG_RETRY_AFTER_S
-from seqserve.engine.model.spec import build_core_spec
-from seqserve.engine.model.validation import CheckedRequest, RequestValidator
-from seqserve.engine.replicas.checkpoint import SequenceReleasedError
 from seqserve.engine.tensors import to_numpy_dtype
+from seqserve.engine.workers import (
+    BACKLOG_RETRY_AFTER_S,
+    REPLY_BACKLOG_FULL,
+    REPLY_RELEASED,
+    REPLY_RETRY_SHIFT,
+    CheckedRequest,
+    RequestHeader,
+    RequestValidator,
+    SequenceReleasedError,
+    build_core_spec,
+)
 
 #: a ring cell (1,008 bytes) holds the header, a string id of up to 128 bytes and this many
 #: input descriptors (offset, nbytes, index, up to 16 dims each)

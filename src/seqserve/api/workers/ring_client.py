@@ -20,8 +20,7 @@ from seqserve.api.workers import fast_requests
 from seqserve.api.workers.channel import Channel
 from seqserve.api.workers.fast_requests import FastRequest
 from seqserve.engine import Code, InferenceError, InferRequest, InferResult
-from seqserve.engine._core import REPLY_ERROR, REPLY_FINAL, RequestHeader, ShmRegion
-from seqserve.engine.workers import records
+from seqserve.engine.workers import REPLY_ERROR, REPLY_FINAL, RequestHeader, ShmRegion, records
 from seqserve.engine.workers.records import META_INDEX, RING_MAX_BYTES, ReplyMeta, RequestMeta
 
 log = logging.getLogger("seqserve.workers")

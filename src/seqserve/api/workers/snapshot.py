@@ -12,8 +12,7 @@ from typing import Any
 from seqserve.api.logs import log_control
 from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.engine import InferenceError, Server
-from seqserve.engine._core import RingFeeder
-from seqserve.engine.model.loaded import LoadedModel
+from seqserve.engine.workers import LoadedModel, RingFeeder
 from seqserve.engine.workers.records import BY_NAME
 
 

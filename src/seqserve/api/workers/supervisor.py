@@ -40,7 +40,7 @@ from seqserve.api.workers.channel import Channel, ChannelClosed
 from seqserve.api.workers.relay import EngineAnswers
 from seqserve.api.workers.snapshot import FrontEndCounts, Snapshot, Targets
 from seqserve.engine import Server
-from seqserve.engine._core import RingFeeder, ShmRegion
+from seqserve.engine.workers import RingFeeder, ShmRegion
 from seqserve.engine.workers.records import SLAB_CLASSES
 from seqserve.engine.workers.slow_path import SlowPath
 

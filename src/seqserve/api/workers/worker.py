@@ -33,7 +33,7 @@ from seqserve.api.workers.remote_engine import RemoteEngine
 from seqserve.api.workers.ring_client import RingClient
 from seqserve.api.workers.snapshot import FrontEndCounts, Snapshot, mirror_regions
 from seqserve.engine import Server
-from seqserve.engine._core import ShmRegion
+from seqserve.engine.workers import ShmRegion
 
 log = logging.getLogger("seqserve")
 
