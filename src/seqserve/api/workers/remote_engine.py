@@ -109,6 +109,14 @@ class RemoteEngine:
             raise InferenceError(Code.NOT_FOUND, f"Request for unknown model: '{name}' version {v} is not found")
         return RemoteModel(name, v, entry)
 
+    def model_metadata(self, name: str, version: str | int = "") -> dict[str, Any]:
+        """As ``Server.model_metadata``, from the snapshot (the generate routes decode with it)."""
+        m = self.model(name, version)
+        meta = dict(self.snapshot.models[name][m.version].metadata)
+        if version in ("", None):
+            meta["versions"] = [str(v) for v in sorted(self.snapshot.models[name])]
+        return meta
+
     def model_config(self, name: str, version: str | int = "") -> Any:
         return self.model(name, version).config
 

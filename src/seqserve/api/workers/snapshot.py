@@ -28,6 +28,8 @@ class ModelEntry:
     #: on the engine's compiled path: the worker validates its plain requests and sends them
     #: without the meta block (api/workers/fast_requests.py)
     fast: bool = False
+    #: its metadata (names, datatypes, shapes): the generate routes decode requests with it
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +54,7 @@ class Targets:
 
     def __init__(self, feeder: RingFeeder | None = None, fast: Callable[[], bool] = lambda: False) -> None:
         self._next = BY_NAME + 1
-        self._of: dict[Any, tuple[int, bool]] = {}  # model -> (target, on the compiled path)
+        self._of: dict[Any, tuple[int, bool, dict[str, Any]]] = {}  # model -> (target, fast, metadata)
         self._feeder = feeder
         self._fast = fast
 
@@ -73,14 +75,14 @@ class Targets:
             if known is None:
                 target = self._next
                 self._next += 1
-                known = (target, self._register(m, target))
+                known = (target, self._register(m, target), m.metadata())
             live[m] = known
-            target, fast = known
+            target, fast, metadata = known
             models.setdefault(m.name, {})[int(m.version)] = ModelEntry(
-                target, m.decoupled, m.is_sequence, m.config, str(m.model_dir), fast
+                target, m.decoupled, m.is_sequence, m.config, str(m.model_dir), fast, metadata
             )
         if self._feeder is not None:
-            for m, (target, _) in self._of.items():
+            for m, (target, _, _) in self._of.items():
                 if m not in live:
                     self._feeder.remove_target(target)
         self._of = live
