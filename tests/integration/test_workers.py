@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -241,6 +242,30 @@ def test_sigterm_drains_with_workers_and_exits_0(tmp_path: Path) -> None:
     conn.close()
     assert srv.wait() == 0, srv.log()
     assert not any(_alive(p) for p in workers)
+
+
+def test_plain_sequence_steps_take_the_engines_compiled_path(tmp_path: Path) -> None:
+    """Steps of plain sequences (no session, scope, trace or parameters) over --workers 2 are
+    validated in the workers and run by the engine's compiled path (its counts, logged at exit);
+    requests that need the engine's Python (a stream-scoped sequence, a bad request) still work."""
+    srv = start_server(_roomy_repo(tmp_path), "--workers", "2", log_dir=tmp_path, exit_timeout_s=30.0)
+    _workers(srv)
+    ids: list[int | str] = [new_int_id() if i % 2 else new_str_id() for i in range(8)]
+    _run_sequences(srv, ids, range(STEPS), {})
+    # a wrong shape: the worker's validator sends it the slow way; the engine's words come back
+    body = {"parameters": {"sequence_id": new_int_id(), "sequence_start": True}, "inputs": [_input(1.0)]}
+    body["inputs"][0]["shape"] = [1, 2]  # type: ignore[index]
+    body["inputs"][0]["data"] = [1.0, 2.0]  # type: ignore[index]
+    conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=30)
+    conn.request("POST", "/v2/models/accumulator/infer", json.dumps(body))
+    r = conn.getresponse()
+    assert r.status == 400 and "unexpected shape for input 'INPUT'" in r.read().decode()
+    conn.close()
+    srv.terminate()
+    assert srv.wait() == 0, srv.log()
+    line = next(x for x in srv.log().splitlines() if "the workers' rings carried" in x)
+    fast, slow = (int(n) for n in re.findall(r"carried (\d+) requests .* and (\d+) to", line)[0])
+    assert fast >= len(ids) * STEPS and slow >= 1, line
 
 
 def _input(x: float) -> dict[str, object]:

@@ -1,7 +1,7 @@
 """Requests a worker does not answer itself go whole to the engine over the control channel,
 and the engine answers them with its own handlers, so their status codes and messages are
-exactly those of a single process: every HTTP route but infer, every gRPC rpc but the two
-infer ones, and infer requests that need the engine's state (shared-memory tensors,
+exactly those of a single process: every HTTP route but infer and generate, every gRPC rpc
+but the two infer ones, and infer requests that need the engine's state (shared-memory tensors,
 classification, a compressed body).
 
 The worker side (``WorkerHttp``, ``RelayingServicer``) and the engine side (``EngineAnswers``)."""
@@ -9,13 +9,17 @@ The worker side (``WorkerHttp``, ``RelayingServicer``) and the engine side (``En
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from seqserve.api.grpc.servicer import RAW_RPCS, InferenceServicer
 from seqserve.api.http.body import BodyWatch, read_body
+from seqserve.api.http.generate import GenerateRoutes
 from seqserve.api.http.routes import INFER_PATH, HttpFrontend
-from seqserve.api.http.status import reply_for
+from seqserve.api.http.status import error_reply, reply_for
 from seqserve.api.transport.exchange import HttpReply, HttpRequest
 from seqserve.api.transport.grpc_context import CallAborted, CallContext, Metadata, Method, Status
 from seqserve.api.workers.channel import Channel
@@ -23,6 +27,8 @@ from seqserve.api.workers.channel import Channel
 #: bytes that mark an infer request the worker cannot run itself (its tensors in a registered
 #: shared-memory region, or a classification output): a false match only costs a relay
 _ENGINE_ONLY = (b"shared_memory_region", b"classification")
+#: the generate routes (run in the worker, as infer is)
+GENERATE_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/generate(_stream)?$")
 MODEL_INFER = "ModelInfer"
 MODEL_STREAM_INFER = "ModelStreamInfer"
 
@@ -58,7 +64,35 @@ class WorkerHttp:
                 return await self._frontend.infer_reply(m.group(1), m.group(2) or "", request, body, watch=True)
             except Exception as e:
                 return reply_for(e, site)
+        g = GENERATE_PATH.match(request.path) if request.method == "POST" else None
+        if g is not None and not request.header(b"content-encoding"):
+            return await self._generate(request, body, g)
         return await self.relay(request, body)
+
+    async def _generate(self, request: HttpRequest, body: bytes, g: re.Match[str]) -> HttpReply:
+        """generate and generate_stream run here too: a relayed reply is one body, and a stream
+        of events must reach its client as the model answers."""
+
+        async def read(_: HttpRequest) -> bytes:
+            return body
+
+        routes = GenerateRoutes(self._frontend.server, read)
+        p: dict[str, Any] = {"model": g.group(1)}
+        if g.group(2):
+            p["version"] = int(g.group(2))
+        try:
+            reply = await (routes.generate_stream if g.group(3) else routes.generate)(request, p)
+        except Exception as e:
+            return reply_for(e, f"HTTP generate {g.group(1)}")
+        if g.group(3) and reply.status >= 400 and reply.body.startswith(b"data: "):
+            # One process refuses a request before any event (JSON); here the refusal comes from
+            # the engine as the first answer: the same JSON error then.
+            with contextlib.suppress(ValueError):
+                message = json.loads(reply.body[len(b"data: ") :])["error"]
+                if reply.stream is not None:
+                    await reply.stream.aclose()  # type: ignore[attr-defined]
+                return error_reply(str(message), reply.status)
+        return reply
 
     @staticmethod
     def _relayed_infer(request: HttpRequest, body: bytes) -> bool:

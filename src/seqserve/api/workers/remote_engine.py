@@ -11,7 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from seqserve.api.logs import log_control
+from seqserve.api.workers import fast_requests
 from seqserve.api.workers.channel import Channel
+from seqserve.api.workers.fast_requests import FastModel, FastRequest
 from seqserve.api.workers.ring_client import OnResponse, RingClient
 from seqserve.api.workers.snapshot import ModelEntry, Snapshot
 from seqserve.engine import Code, DecoupledModelError, InferenceError, InferRequest, InferResult, SequenceScope
@@ -48,6 +50,10 @@ class RemoteEngine:
         self._ring = ring
         self._control = control
         self.snapshot = snapshot
+        self._fast_models: dict[int, FastModel | None] = {}  # target -> its fast form (None: slow)
+        # (target, sequence id) -> its steps on the slow way not answered yet; handle -> its key
+        self._slow_steps: dict[tuple[int, Any], int] = {}
+        self._slow_keys: dict[int, tuple[int, Any]] = {}
         self._scopes: dict[SequenceScope, int] = {}
         self._next_scope = 1
         self.on_exiting: Callable[[], None] | None = None
@@ -56,6 +62,19 @@ class RemoteEngine:
         if snapshot.log != self.snapshot.log:  # the logging extension changed the engine's
             log_control.update(snapshot.log)
         self.snapshot = snapshot
+        live = {e.target for versions in snapshot.models.values() for e in versions.values()}
+        self._fast_models = {t: m for t, m in self._fast_models.items() if t in live}
+
+    def _fast_model(self, name: str, version: int, target: int) -> FastModel | None:
+        """The model version's fast form, built once per target."""
+        try:
+            return self._fast_models[target]
+        except KeyError:
+            pass
+        entry = self.snapshot.models.get(name, {}).get(version)
+        m = fast_requests.fast_model(name, version, entry) if entry is not None and entry.target == target else None
+        self._fast_models[target] = m
+        return m
 
     # --------------------------------------------------------------- sync questions
 
@@ -90,6 +109,14 @@ class RemoteEngine:
             raise InferenceError(Code.NOT_FOUND, f"Request for unknown model: '{name}' version {v} is not found")
         return RemoteModel(name, v, entry)
 
+    def model_metadata(self, name: str, version: str | int = "") -> dict[str, Any]:
+        """As ``Server.model_metadata``, from the snapshot (the generate routes decode with it)."""
+        m = self.model(name, version)
+        meta = dict(self.snapshot.models[name][m.version].metadata)
+        if version in ("", None):
+            meta["versions"] = [str(v) for v in sorted(self.snapshot.models[name])]
+        return meta
+
     def model_config(self, name: str, version: str | int = "") -> Any:
         return self.model(name, version).config
 
@@ -121,24 +148,66 @@ class RemoteEngine:
             elif isinstance(response, InferResult):
                 fut.set_result(response)
 
-        handle = self._submit(request, settle, target)
-        fut.add_done_callback(lambda f: self._ring.cancel(handle) if f.cancelled() else None)
+        handle = self._submit(request, settle, target, m)
+        fut.add_done_callback(lambda f: self._cancel(handle) if f.cancelled() else None)
         return fut
 
     def enqueue_streaming(
         self, request: InferRequest, on_response: OnResponse, *, model: Any = None
     ) -> Callable[[], None]:
         """As ``Server.enqueue_streaming``: returns ``cancel()``."""
-        target = model.target if isinstance(model, RemoteModel) else self._target(request)[0]
-        handle = self._submit(request, on_response, target)
-        return lambda: self._ring.cancel(handle)
+        m: RemoteModel | None
+        if isinstance(model, RemoteModel):
+            target, m = model.target, model
+        else:
+            target, m = self._target(request)
+        handle = self._submit(request, on_response, target, m)
+        return lambda: self._cancel(handle)
 
-    def _submit(self, request: InferRequest, on_response: OnResponse, target: int) -> int:
+    def _cancel(self, handle: int) -> None:
+        self._slow_step_done(handle)
+        self._ring.cancel(handle)
+
+    def _submit(self, request: InferRequest, on_response: OnResponse, target: int, m: RemoteModel | None) -> int:
         session_name = request.sequence_id if request.session and isinstance(request.sequence_id, str) else None
+        fast = self._fast_model(m.name, m.version, target) if m is not None and request.sequence_id else None
+        key = (target, request.sequence_id)
+        if (
+            fast is not None
+            and key not in self._slow_steps
+            and request.scope is None
+            and not self.snapshot.tracing
+            and not self.snapshot.log.get("log_verbose_level")  # the engine logs each request
+            and fast_requests.takes(request, session_name, 0)
+        ):
+            checked = fast_requests.check(fast, request)
+            if checked is not None:
+                return self._ring.submit_fast(FastRequest(fast, checked), on_response)
         scope = 0
         if request.scope is not None:
             scope = self._scope_of(request.scope)
-        return self._ring.submit(request, on_response, target, session_name, scope)
+        if fast is None:
+            return self._ring.submit(request, on_response, target, session_name, scope)
+        # A step of a fast model's sequence going the slow way: the sequence's next steps follow
+        # it until it is answered (the compiled path would submit them first, out of order).
+        self._slow_steps[key] = self._slow_steps.get(key, 0) + 1
+        handle = 0
+
+        def answered(response: InferResult | InferenceError | None, final: bool) -> None:
+            if final:
+                self._slow_step_done(handle)
+            on_response(response, final)
+
+        handle = self._ring.submit(request, answered, target, session_name, scope)
+        self._slow_keys[handle] = key
+        return handle
+
+    def _slow_step_done(self, handle: int) -> None:
+        key = self._slow_keys.pop(handle, None)
+        if key is not None:
+            n = self._slow_steps.pop(key) - 1
+            if n:
+                self._slow_steps[key] = n
 
     def _scope_of(self, scope: SequenceScope) -> int:
         """A stream's scope by number: the engine keeps the real one. Closing the worker's scope

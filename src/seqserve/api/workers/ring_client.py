@@ -16,10 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from seqserve.api.workers import fast_requests
 from seqserve.api.workers.channel import Channel
+from seqserve.api.workers.fast_requests import FastRequest
 from seqserve.engine import Code, InferenceError, InferRequest, InferResult
 from seqserve.engine.workers import (
     META_INDEX,
+    REPLY_ERROR,
+    REPLY_FINAL,
     RING_MAX_BYTES,
     ReplyMeta,
     RequestHeader,
@@ -41,14 +45,15 @@ _Block = tuple[int, int, int, list[int] | tuple[int, ...]]
 class RingClient:
     """Sends one worker's requests and routes their replies. Event-loop only."""
 
-    def __init__(self, region: ShmRegion, worker: int, control: Channel) -> None:
+    def __init__(self, region: ShmRegion, worker: int, control: Channel, handle_base: int = 0) -> None:
         self._region = region
         self._worker = worker
         self._control = control
-        self._handles = itertools.count(1)
+        self._handles = itertools.count(handle_base + 1)
         self._waiting: dict[int, OnResponse] = {}  # handle -> its response callback
-        # requests that found no room, in arrival order: (handle, target, header, meta, parts)
-        self._blocked: collections.deque[tuple[int, int, RequestHeader, bytes, list[Any]]] = collections.deque()
+        self._fast: dict[int, FastRequest] = {}  # handle -> what answers it (compiled path)
+        # requests that found no room, in arrival order: (handle, the push to try again)
+        self._blocked: collections.deque[tuple[int, Callable[[], bool]]] = collections.deque()
         self._retry: asyncio.TimerHandle | None = None
         self._fd = region.worker_eventfds[worker]
 
@@ -109,10 +114,45 @@ class RingClient:
             }
             self._control.send(("infer", handle, head, [bytes(p) for p in parts], fields))
             return handle
-        if self._blocked or not self._push(handle, target, header, head, parts):
-            self._blocked.append((handle, target, header, head, parts))
-            self._arm_retry()
+        self._send(handle, lambda: self._push(handle, target, header, head, parts))
         return handle
+
+    def submit_fast(self, fast: FastRequest, on_response: OnResponse) -> int:
+        """Queue a request the engine's compiled path takes (validated here); returns its handle."""
+        handle = next(self._handles)
+        self._waiting[handle] = on_response
+        self._fast[handle] = fast
+        header = fast_requests.header_of(fast.checked, handle)
+        self._send(handle, lambda: self._push_fast(fast.model.target, header, fast.checked.buffers))
+        return handle
+
+    def _send(self, handle: int, push: Callable[[], bool]) -> None:
+        if self._blocked or not push():
+            self._blocked.append((handle, push))
+            self._arm_retry()
+
+    def _push_fast(self, target: int, header: RequestHeader, buffers: tuple[Any, ...]) -> bool:
+        """Inputs in config order, each in its own block, no meta block."""
+        region, w = self._region, self._worker
+        blocks: list[_Block] = []
+        for index, arr in enumerate(buffers):
+            offset = region.alloc(w, True, max(arr.nbytes, 1))
+            if offset == 0:
+                self._free(blocks, True)
+                return False
+            if arr.nbytes:
+                region.buffer(offset, arr.nbytes)[:] = arr.reshape(-1).view(np.uint8)
+            blocks.append((index, offset, arr.nbytes, arr.shape))
+        try:
+            pushed = region.push_request(w, target, header, blocks, client=header.client)
+        except ValueError as e:  # a record too large for a ring cell (fast_model keeps them small)
+            self._free(blocks, True)
+            self._fast.pop(header.handle, None)
+            self._deliver(header.handle, InferenceError(Code.INTERNAL, f"cannot send the request: {e}"), True)
+            return True
+        if not pushed:
+            self._free(blocks, True)
+        return pushed
 
     def _push(self, handle: int, target: int, header: RequestHeader, head: bytes, parts: list[Any]) -> bool:
         region, w = self._region, self._worker
@@ -128,7 +168,7 @@ class RingClient:
             shape = metas[index][2] if index != META_INDEX else ()
             blocks.append((index, offset, len(data), shape if len(shape) <= records.RECORD_MAX_RANK else ()))
         try:
-            pushed = region.push_request(w, target, header, blocks)
+            pushed = region.push_request(w, target, header, blocks, slow=True)
         except ValueError:  # more than a ring cell holds: the control channel takes it whole
             self._free(blocks, True)
             self._control.send(("infer", handle, head, [bytes(p) for p in parts], header_fields(header)))
@@ -149,20 +189,23 @@ class RingClient:
         self._retry = None
         blocked = self._blocked
         while blocked:
-            handle, target, header, head, parts = blocked[0]
-            if handle in self._waiting and not self._push(handle, target, header, head, parts):
+            handle, push = blocked[0]
+            if handle in self._waiting and not push():
                 self._arm_retry()
                 return
             blocked.popleft()
 
     def cancel(self, handle: int) -> None:
         """The client went away: the engine drops the request; its replies are not waited for."""
+        fast = self._fast.pop(handle, None)
         if self._waiting.pop(handle, None) is None:
             return
         if any(b[0] == handle for b in self._blocked):
             return  # never sent: _flush skips it
         header = RequestHeader(handle=handle)
-        if not self._region.push_request(self._worker, records.BY_NAME, header, [], cancel=True):
+        # the compiled path knows a cancel by its request's target; the slow path by its handle
+        target = fast.model.target if fast is not None else records.BY_NAME
+        if not self._region.push_request(self._worker, target, header, [], cancel=True):
             self._control.send(("cancel", handle))
 
     # ------------------------------------------------------------------------- replies
@@ -177,24 +220,51 @@ class RingClient:
 
     def _drain(self) -> None:
         region, w = self._region, self._worker
-        while (reply := region.pop_reply(w)) is not None:
-            handle, final, code, error, outputs = reply
-            meta: ReplyMeta | None = None
-            arrays: list[tuple[int, memoryview]] = []
-            try:
-                for index, offset, nbytes, _shape in outputs:
-                    if index == META_INDEX:
-                        meta = records.loads(region.buffer(offset, nbytes))
-                    else:
-                        arrays.append((index, region.buffer(offset, nbytes)))
-                response = self._response(meta, arrays, code, error)
-            except Exception as e:
-                log.error("worker %d: cannot decode the reply to request %d: %s", w, handle, e)
-                response = InferenceError(Code.INTERNAL, f"cannot decode the engine's reply: {e}")
-            finally:
-                for _, offset, _, _ in outputs:
-                    region.free(w, False, offset)
-            self._deliver(handle, response, final)
+        while replies := region.pop_replies(w):
+            for handle, flags, code, error, outputs in replies:
+                fast = self._fast.pop(handle, None) if flags & REPLY_FINAL else None
+                if fast is not None:
+                    self._deliver_fast(handle, fast, flags, code, error, outputs)
+                else:
+                    self._deliver_slow(handle, bool(flags & REPLY_FINAL), code, error, outputs)
+
+    def _deliver_fast(
+        self, handle: int, fast: FastRequest, flags: int, code: int, error: str | None, outputs: list[Any]
+    ) -> None:
+        region, w = self._region, self._worker
+        response: InferResult | InferenceError
+        try:
+            if flags & REPLY_ERROR or code:
+                response = fast_requests.error_of(fast, flags, code, error or "")
+            else:
+                arrays = [(index, (region.buffer(offset, nbytes), shape)) for index, offset, nbytes, shape in outputs]
+                response = fast_requests.result_of(fast, arrays)
+        except Exception as e:
+            log.error("worker %d: cannot decode the reply to request %d: %s", w, handle, e)
+            response = InferenceError(Code.INTERNAL, f"cannot decode the engine's reply: {e}")
+        finally:
+            for _, offset, _, _ in outputs:
+                region.free(w, False, offset)
+        self._deliver(handle, response, True)
+
+    def _deliver_slow(self, handle: int, final: bool, code: int, error: str | None, outputs: list[Any]) -> None:
+        region, w = self._region, self._worker
+        meta: ReplyMeta | None = None
+        arrays: list[tuple[int, memoryview]] = []
+        try:
+            for index, offset, nbytes, _shape in outputs:
+                if index == META_INDEX:
+                    meta = records.loads(region.buffer(offset, nbytes))
+                else:
+                    arrays.append((index, region.buffer(offset, nbytes)))
+            response = self._response(meta, arrays, code, error)
+        except Exception as e:
+            log.error("worker %d: cannot decode the reply to request %d: %s", w, handle, e)
+            response = InferenceError(Code.INTERNAL, f"cannot decode the engine's reply: {e}")
+        finally:
+            for _, offset, _, _ in outputs:
+                region.free(w, False, offset)
+        self._deliver(handle, response, final)
 
     def deliver_whole(self, handle: int, head: bytes, parts: list[bytes], final: bool) -> None:
         """A reply that came over the control channel (too large for the ring)."""

@@ -5,13 +5,14 @@ questions (is it exiting? is this model decoupled?) never wait on another proces
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from seqserve.api.logs import log_control
 from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.engine import InferenceError, Server
-from seqserve.engine.workers import BY_NAME
+from seqserve.engine.workers import BY_NAME, LoadedModel, RingFeeder
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +24,11 @@ class ModelEntry:
     is_sequence: bool
     config: Any  # its ModelConfig (read-only here: validation, classification)
     model_dir: str
+    #: on the engine's compiled path: the worker validates its plain requests and sends them
+    #: without the meta block (api/workers/fast_requests.py)
+    fast: bool = False
+    #: its metadata (names, datatypes, shapes): the generate routes decode requests with it
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,24 +45,45 @@ class Snapshot:
 
 
 class Targets:
-    """The engine's numbering of the model versions it serves through the rings."""
+    """The engine's numbering of the model versions it serves through the rings, and their
+    registration with the feeder: on its compiled path when ``fast()`` says the server needs no
+    Python per request (no tracing, state store or replicas) and the model agrees
+    (``LoadedModel.serve_rings``), else the slow way. A model that closes takes its target off
+    the compiled path itself; a target gone from the snapshot is removed here too."""
 
-    def __init__(self) -> None:
+    def __init__(self, feeder: RingFeeder | None = None, fast: Callable[[], bool] = lambda: False) -> None:
         self._next = BY_NAME + 1
-        self._of: dict[Any, int] = {}  # LoadedModel -> target
+        self._of: dict[Any, tuple[int, bool, dict[str, Any]]] = {}  # model -> (target, fast, metadata)
+        self._feeder = feeder
+        self._fast = fast
+
+    def _register(self, m: Any, target: int) -> bool:
+        feeder = self._feeder
+        if feeder is None:
+            return False
+        if isinstance(m, LoadedModel):
+            return m.serve_rings(feeder, target, fast=self._fast())
+        feeder.add_target(target, None, fast=False)  # an ensemble, say: Python runs it
+        return False
 
     def snapshot(self, server: Server, shared_memory: SharedMemoryRegistry | None = None) -> Snapshot:
         models: dict[str, dict[int, ModelEntry]] = {}
         live = {}
-        for m in server.models.loaded():
-            target = self._of.get(m)
-            if target is None:
-                target = self._of[m] = self._next
+        for m in server.models.loaded_by_name():  # ensembles too (their requests run in Python)
+            known = self._of.get(m)
+            if known is None:
+                target = self._next
                 self._next += 1
-            live[m] = target
+                known = (target, self._register(m, target), m.metadata())
+            live[m] = known
+            target, fast, metadata = known
             models.setdefault(m.name, {})[int(m.version)] = ModelEntry(
-                target, m.decoupled, m.is_sequence, m.config, str(m.model_dir)
+                target, m.decoupled, m.is_sequence, m.config, str(m.model_dir), fast, metadata
             )
+        if self._feeder is not None:
+            for m, (target, _, _) in self._of.items():
+                if m not in live:
+                    self._feeder.remove_target(target)
         self._of = live
         log = {k: v for k, v in log_control.settings.as_triton().items() if k != "log_file"}
         regions: tuple[tuple[str, str, int, int], ...] = ()

@@ -40,7 +40,7 @@ from seqserve.api.workers.channel import Channel, ChannelClosed
 from seqserve.api.workers.relay import EngineAnswers
 from seqserve.api.workers.snapshot import FrontEndCounts, Snapshot, Targets
 from seqserve.engine import Server
-from seqserve.engine.workers import SLAB_CLASSES, RingDrain, ShmRegion, SlowPath
+from seqserve.engine.workers import SLAB_CLASSES, RingFeeder, ShmRegion, SlowPath
 
 log = logging.getLogger("seqserve")
 
@@ -52,6 +52,12 @@ SNAPSHOT_EVERY_S = 0.25
 WORKER_STOP_GRACE_S = 5.0
 #: the wait before starting a worker again after a start that failed
 RESTART_BACKOFF_S = 1.0
+#: how long a dead worker's requests on the compiled path may take to finish before its rings
+#: are reset anyway (a request stuck in a model longer than this is not waited for)
+DEAD_WORKER_DRAIN_S = 30.0
+#: each restart of a worker numbers its requests from a new base: a reply to the dead one's
+#: request that arrives after the reset names a handle the new one never used
+HANDLE_GENERATION = 1 << 40
 
 
 async def serve_with_workers(opts: ServeOptions, server: Server, observability: Observability) -> int:
@@ -142,8 +148,11 @@ class WorkerPool:
         self._sockets = sockets
         self._region = ShmRegion(workers=opts.workers, slab_classes=SLAB_CLASSES)
         self._slow = SlowPath(server, self._region, self._send)
-        self._ring_drain: RingDrain | None = None
-        self._targets = Targets()
+        # the engine's compiled path: records of plain requests go straight into the models'
+        # schedulers; the rest wait in take_slow() for the SlowPath
+        self._feeder = RingFeeder(self._region)
+        self._targets = Targets(self._feeder, self._fast_allowed)
+        self._restarts = [0] * opts.workers
         self._snapshot = Snapshot()
         self._workers: list[WorkerProcess | None] = [None] * opts.workers
         self._stopping = False
@@ -155,9 +164,10 @@ class WorkerPool:
         self.front_end_metrics = self._counts.metrics
 
     async def start(self) -> None:
+        feeder = self._feeder
+        os.set_blocking(feeder.slow_fd, False)
+        asyncio.get_running_loop().add_reader(feeder.slow_fd, self._take_slow)
         self._snapshot = self._targets.snapshot(self._server, self._shared_memory)
-        self._ring_drain = RingDrain(self._region, self._slow.handle_records)
-        self._ring_drain.start()
         await asyncio.gather(*(self._spawn(w) for w in range(self._opts.workers)))
         self._snapshot_task = asyncio.create_task(self._watch_snapshot())
 
@@ -191,6 +201,15 @@ class WorkerPool:
         wp.tasks.append(asyncio.create_task(self._serve(wp)))
         wp.tasks.append(asyncio.create_task(self._watch(wp)))
 
+    def _fast_allowed(self) -> bool:
+        """Whether the server lets requests skip its Python: not while it traces, keeps a state
+        store or has replicas (they see every request)."""
+        server = self._server
+        return server.tracer is None and self._opts.state_store is None and server.replicas is None
+
+    def _take_slow(self) -> None:
+        self._slow.handle_records(self._feeder.take_slow())
+
     def _init_message(self, w: int) -> dict[str, Any]:
         region = self._region
         opts = self._opts
@@ -208,6 +227,7 @@ class WorkerPool:
             "worker_eventfds": region.worker_eventfds,
             "sockets": {what: group[w].fileno() for what, group in self._sockets.items()},
             "snapshot": self._snapshot,
+            "handle_base": self._restarts[w] * HANDLE_GENERATION,
         }
 
     # ------------------------------------------------------------------ one worker
@@ -267,8 +287,8 @@ class WorkerPool:
         log.error("worker %d (pid %d) %s; starting a new one", w, wp.process.pid, how)
         self._workers[w] = None
         wp.channel.close()
-        self._slow.forget_worker(w)
-        self._reset_rings(w)
+        self._restarts[w] += 1
+        await self._forget_worker(w)
         while not self._stopping:
             try:
                 await self._spawn(w)
@@ -277,20 +297,23 @@ class WorkerPool:
                 log.error("%s; trying again", e)
                 await asyncio.sleep(RESTART_BACKOFF_S)
 
-    def _reset_rings(self, w: int) -> None:
-        region = self._region
-        reset = getattr(region, "reset_worker", None)
-        if reset is not None:
-            reset(w)
-            return
-        # without reset_worker: drop what the dead worker left in its rings (a cell it claimed
-        # but never published, or blocks it allocated and never sent, stay lost)
-        while (rec := region.pop_request(w)) is not None:
-            for _, offset, _, _ in rec[3]:
-                region.free(w, True, offset)
-        while (reply := region.pop_reply(w)) is not None:
-            for _, offset, _, _ in reply[4]:
-                region.free(w, False, offset)
+    async def _forget_worker(self, w: int) -> None:
+        """Nothing of a dead worker stays in the engine: its slow records are run and cancelled,
+        its compiled-path requests finish (their replies dropped), then its rings are reset."""
+        feeder = self._feeder
+        feeder.forget_worker(w)
+        await asyncio.sleep(0.05)  # the drain thread takes what the worker left in its ring
+        self._take_slow()
+        self._slow.forget_worker(w)
+        deadline = asyncio.get_running_loop().time() + DEAD_WORKER_DRAIN_S
+        while feeder.inflight(w) or self._slow.running(w):
+            if asyncio.get_running_loop().time() > deadline:
+                log.warning("worker %d: requests still running in the engine; resetting its rings anyway", w)
+                break
+            await asyncio.sleep(0.01)
+            self._take_slow()
+            self._slow.forget_worker(w)
+        feeder.reset_worker(w)
 
     # ---------------------------------------------------------------------- snapshot
 
@@ -328,8 +351,15 @@ class WorkerPool:
         for wp in running:
             wp.channel.send(("stop",))
         await asyncio.gather(*(self._reap(wp) for wp in running))
-        if self._ring_drain is not None:
-            await asyncio.to_thread(self._ring_drain.stop)
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(self._feeder.slow_fd)
+        await asyncio.to_thread(self._feeder.close)
+        counts = self._feeder.counters()
+        log.info(
+            "the workers' rings carried %d requests to the engine's compiled path and %d to its Python path",
+            counts.get("fast", 0),
+            counts.get("slow", 0),
+        )
         for group in self._sockets.values():
             for s in group:
                 s.close()

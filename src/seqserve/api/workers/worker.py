@@ -123,7 +123,7 @@ async def run_worker(index: int, control_fd: int) -> int:
     log_control.redact.add(*init["redact"])
     engine_pid: int = init["engine_pid"]
     region = ShmRegion.attach(init["region_fd"], init["engine_eventfd"], init["worker_eventfds"])
-    ring = RingClient(region, index, control)
+    ring = RingClient(region, index, control, init.get("handle_base", 0))
     engine = RemoteEngine(ring, control, init["snapshot"])
     streams = StreamDrain()
     sockets = {what: socket.socket(fileno=fd) for what, fd in init["sockets"].items()}

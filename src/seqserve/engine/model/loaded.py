@@ -511,8 +511,8 @@ class LoadedModel:
             else InferenceError(Code.INTERNAL, f"model '{self.name}' failed: {type(e).__name__}: {e}")
         )
         cb.finish(False)
-        if self._ring is not None:
-            self._ring.fail(cb, err)
+        if self._ring is not None:  # its ring rows are logged and answered as the others are
+            self._ring.fail(cb, err, lambda rec, error: self._failures.failed(rec, error, e))
         self._delivery.batch_failed(recs, err, lambda rec, error: self._failures.failed(rec, error, e))
         if self._iterations is not None:  # their sequences end with them
             self._iterations.after_batch(recs, None, 0)
@@ -568,6 +568,8 @@ class LoadedModel:
                     "within the exit timeout",
                 )
                 self._delivery.batch_failed(recs, err)
+                if self._ring is not None:  # and its ring rows
+                    self._ring.fail_running(i, err)
         for i, inst in enumerate(self._instances):
             if i in hung:
                 continue  # still inside execute: finalize would race with it

@@ -14,7 +14,7 @@ What goes the slow way (``ring_slow_reason``): anything that needs Python per re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -22,7 +22,13 @@ import numpy as np
 from seqserve._proto import model_config_pb2 as mc
 from seqserve.engine._core import RING_HANDLE_BIT, Batch, RingFeeder, Scheduler
 from seqserve.engine.errors import Code, InferenceError
+from seqserve.engine.model.delivery import Pending
+from seqserve.engine.model.validation import CheckedRequest
+from seqserve.engine.request import InferRequest
 from seqserve.engine.tensors import to_numpy_dtype, wire_dtype_name
+
+#: the model's failure report: logs a failed request, returns what its client gets
+FailureNote = Callable[[Pending, InferenceError], InferenceError]
 
 
 def ring_slow_reason(cfg: mc.ModelConfig, *, per_request: bool) -> str | None:
@@ -71,8 +77,12 @@ class RingRows:
         self.feeder = feeder
         self.target = target
         self._name = cfg.name
+        self._is_sequence = cfg.HasField("sequence_batching")
         self.batched = cfg.max_batch_size > 0
         self._outputs = [(t.name, np.dtype(to_numpy_dtype(t.data_type)), t.data_type) for t in cfg.output]
+        # instance -> the ring handles of the batch it runs (an execute that hangs past the
+        # exit timeout: close() answers them, as it answers the batch's other requests)
+        self._running: dict[int, list[int]] = {}
 
     def detach(self) -> None:
         """The model closes: its target's records go to take_slow from now on (the engine answers
@@ -88,13 +98,41 @@ class RingRows:
         handles = cb.handles
         if not any(h & RING_HANDLE_BIT for h in handles):
             return None
-        return RingBatch(self, handles, cb.request_rows)
+        ring = RingBatch(self, handles, cb.request_rows, cb.instance)
+        self._running[cb.instance] = ring.handles
+        return ring
 
-    def fail(self, cb: Batch, err: InferenceError) -> None:
-        """The batch failed: its ring requests get the error."""
-        ring = [h for h in cb.handles if h & RING_HANDLE_BIT]
-        if ring:
-            self.feeder.fail(ring, int(err.code), err.message)
+    def done(self, instance: int) -> None:
+        """The instance's batch has run: its ring rows are answered by the batch."""
+        self._running.pop(instance, None)
+
+    def fail_running(self, instance: int, err: InferenceError) -> None:
+        """The instance's execute did not return in time: its batch's ring requests get ``err``."""
+        handles = self._running.pop(instance, None)
+        if handles:
+            self.feeder.fail(handles, int(err.code), err.message)
+
+    def fail(self, cb: Batch, err: InferenceError, report: FailureNote | None = None) -> None:
+        """The batch failed: its ring requests get the error; ``report`` (the model's failure
+        report) logs each as one process does and gives the words its client gets (a request id
+        made here: the worker's request carries none)."""
+        handles = cb.handles
+        self.done(cb.instance)
+        if not any(h & RING_HANDLE_BIT for h in handles):
+            return
+        if report is None:
+            self.feeder.fail([h for h in handles if h & RING_HANDLE_BIT], int(err.code), err.message)
+            return
+        corrids = cb.corrid if self._is_sequence else None
+        row = 0
+        for h, n in zip(handles, cb.request_rows, strict=True):
+            if h & RING_HANDLE_BIT:
+                corrid = int(corrids[row]) if corrids is not None and row < len(corrids) else 0
+                request = InferRequest(model=self._name, inputs={}, sequence_id=corrid)
+                rec = Pending(CheckedRequest(request, (), n, (), corrid), None, None, None, False)
+                told = report(rec, err)
+                self.feeder.fail([h], int(told.code), told.message)
+            row += n
 
     def outputs(self, produced: Mapping[str, Any], size: int) -> list[np.ndarray | None]:
         """Every configured output as reply_rows reads it; INTERNAL for one the model got wrong."""
@@ -124,8 +162,9 @@ class RingRows:
 class RingBatch:
     """One batch's ring rows: where each lies, and once the model ran, their outputs."""
 
-    def __init__(self, rows: RingRows, handles: list[int], request_rows: list[int]) -> None:
+    def __init__(self, rows: RingRows, handles: list[int], request_rows: list[int], instance: int = 0) -> None:
         self._rows = rows
+        self._instance = instance
         self.handles: list[int] = []
         self.first: list[int] = []
         self.counts: list[int] = []
@@ -145,4 +184,5 @@ class RingBatch:
     def send(self) -> None:
         """After the batch's statistics are recorded: every ring row's reply, in one call."""
         rows = self._rows
+        rows.done(self._instance)
         rows.feeder.reply_rows(self.handles, self.first, self.counts, self._outputs, batched=rows.batched)

@@ -2,16 +2,16 @@
 each record becomes an ``InferRequest`` for ``Server.enqueue_streaming``, and each response goes
 back to its worker as a reply record with its tensors in to-worker slab blocks.
 
-``handle_records`` takes records in the tuple format the compiled feeder's ``take_slow()`` hands
-out: ``(worker, target, cancel, header, inputs, client)``. Until that feeder drives the rings,
-``RingDrain`` pops them from Python. Everything runs on the engine's event loop."""
+``handle_records`` takes the records the compiled feeder (``RingFeeder``) leaves to Python, as
+its ``take_slow()`` hands them out: ``(worker, target, cancel, header, inputs, client)``: every
+request the engine's compiled path does not take (those with a meta block, of models or servers
+that need Python per request). Everything runs on the engine's event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import logging
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -258,62 +258,3 @@ class SlowPath:
     def _arm_retry(self) -> None:
         if self._retry is None:
             self._retry = asyncio.get_running_loop().call_later(RETRY_S, self.flush)
-
-
-class RingDrain:
-    """Pops request records from every worker's ring in Python and hands them to
-    ``SlowPath.handle_records`` on the loop, one call per burst: a thread sleeps in
-    ``wait_requests`` while the rings are empty. (The compiled feeder replaces it: its
-    ``take_slow()`` gives the same records, its ``slow_fd`` wakes the loop.)"""
-
-    def __init__(self, region: ShmRegion, handle: Callable[[list[Record]], None], burst: int = 256) -> None:
-        self._region = region
-        self._handle = handle
-        self._burst = burst
-        self._stop = threading.Event()
-        self._drained = threading.Event()
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="seqserve-ring-drain", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Ends the thread (within one wait) and waits for it: it must not be inside the region
-        when the interpreter exits."""
-        self._stop.set()
-        self._drained.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if not self._region.wait_requests(0.2):
-                continue
-            self._drained.clear()
-            try:
-                self._loop.call_soon_threadsafe(self._drain)
-            except RuntimeError:  # the loop closed
-                return
-            while not self._drained.wait(0.2):
-                if self._stop.is_set():
-                    return
-
-    def _drain(self) -> None:
-        """On the loop: take up to ``burst`` records per worker, round robin, until empty."""
-        region = self._region
-        try:
-            while True:
-                batch: list[Record] = []
-                for w in range(region.workers):
-                    for _ in range(self._burst):
-                        rec = region.pop_request(w)
-                        if rec is None:
-                            break
-                        target, cancel, header, inputs = rec
-                        batch.append((w, target, cancel, header, list(inputs), 0))
-                if not batch:
-                    return
-                self._handle(batch)
-        finally:
-            self._drained.set()

@@ -1,0 +1,130 @@
+"""A worker's side of the engine's compiled path (issue 27): requests the engine can run with no
+Python of its own are validated here, against the model config the snapshot carries (the
+engine's ``RequestValidator``, so its messages), and sent as plain records: the target, the
+inputs in config order with their shapes, the header. Their replies carry every configured
+output in config order and no meta block; the worker builds the ``InferResult`` (names, dtypes,
+the outputs its client asked for) and the refusals as ``LoadedModel.submit`` raises them.
+
+Anything else (sessions, stream scopes, tracing, parameters the model may read, a request the
+validator refuses: the engine answers and counts it) takes the slow way, with its meta block."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seqserve.api.workers.snapshot import ModelEntry
+from seqserve.engine import Code, InferenceError, InferRequest, InferResult
+from seqserve.engine.tensors import to_numpy_dtype
+from seqserve.engine.workers import (
+    BACKLOG_RETRY_AFTER_S,
+    REPLY_BACKLOG_FULL,
+    REPLY_RELEASED,
+    REPLY_RETRY_SHIFT,
+    CheckedRequest,
+    RequestHeader,
+    RequestValidator,
+    SequenceReleasedError,
+    build_core_spec,
+)
+
+#: a ring cell (1,008 bytes) holds the header, a string id of up to 128 bytes and this many
+#: input descriptors (offset, nbytes, index, up to 16 dims each)
+FAST_MAX_INPUTS = 4
+
+
+class FastModel:
+    """One model version on the compiled path, as a worker validates and answers for it."""
+
+    def __init__(self, name: str, version: int, entry: ModelEntry) -> None:
+        cfg = entry.config
+        self.name = name
+        self.version = str(version)
+        self.target = entry.target
+        self.validator = RequestValidator(cfg, build_core_spec(cfg, Path(entry.model_dir), 1))
+        self.dtypes = {t.name: np.dtype(to_numpy_dtype(t.data_type)) for t in cfg.output}
+        self.output_names = [t.name for t in cfg.output]
+
+
+def fast_model(name: str, version: int, entry: ModelEntry) -> FastModel | None:
+    """The model version's fast form, or None when its requests take the slow way (only sequence
+    models here: their refusals carry no request id, so every error reads as in one process)."""
+    if not (entry.fast and entry.is_sequence and not entry.decoupled):
+        return None
+    if len(entry.config.input) > FAST_MAX_INPUTS:
+        return None  # its record might not fit a ring cell
+    try:
+        return FastModel(name, version, entry)
+    except Exception:  # a config the worker cannot lay out: the engine runs it
+        return None
+
+
+def takes(request: InferRequest, session_name: str | None, scope: int) -> bool:
+    """Whether a request needs none of the engine's per-request Python (the caller checks the
+    server-wide reasons: tracing, verbose request lines)."""
+    return (
+        session_name is None
+        and not request.session
+        and scope == 0
+        and request.trace is None
+        and not request.parameters
+        and isinstance(request.sequence_id, int | str)
+        and bool(request.sequence_id)
+    )
+
+
+@dataclass(slots=True)
+class FastRequest:
+    """What the worker keeps of a request in flight on the compiled path to answer it."""
+
+    model: FastModel
+    checked: CheckedRequest
+
+
+def check(model: FastModel, request: InferRequest) -> CheckedRequest | None:
+    """The request laid out for the record, or None when the validator refuses it (the slow way
+    then: the engine answers with the same words and counts the failure)."""
+    try:
+        checked = model.validator.check(request)
+    except InferenceError:
+        return None
+    if any(not isinstance(b, np.ndarray) for b in checked.buffers):
+        return None  # a BYTES input (fast targets have none)
+    return checked
+
+
+def header_of(checked: CheckedRequest, handle: int) -> RequestHeader:
+    return checked.core_header(handle)
+
+
+def result_of(fast: FastRequest, outputs: list[tuple[int, Any]]) -> InferResult | InferenceError:
+    """A reply's outputs (index in config order, bytes) -> the client's result."""
+    model = fast.model
+    by_name: dict[str, Any] = {}
+    for index, (data, shape) in outputs:
+        name = model.output_names[index]
+        by_name[name] = np.frombuffer(data, dtype=model.dtypes[name]).reshape(shape).copy()
+    request = fast.checked.request
+    out = {}
+    for name in fast.checked.outputs:
+        arr = by_name.get(name)
+        if arr is None:
+            return InferenceError(Code.INTERNAL, f"model '{model.name}' did not produce output '{name}'")
+        out[name] = arr
+    return InferResult(model.name, model.version, request.id, out, {})
+
+
+def error_of(fast: FastRequest, flags: int, code: int, message: str) -> InferenceError:
+    """An error reply as ``LoadedModel.submit`` raises a refusal (a released sequence, the
+    backlog's Retry-After). A model's failure comes logged and worded by the engine (its words
+    name a request id the engine made: a fast record carries none)."""
+    if flags & REPLY_RELEASED:
+        return SequenceReleasedError(message)
+    retry_ms = flags >> REPLY_RETRY_SHIFT
+    retry_after_s = BACKLOG_RETRY_AFTER_S if flags & REPLY_BACKLOG_FULL else None
+    if retry_ms:
+        retry_after_s = retry_ms / 1000
+    return InferenceError(Code(code) if code else Code.INTERNAL, message, retry_after_s=retry_after_s)

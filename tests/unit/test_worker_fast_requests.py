@@ -1,0 +1,99 @@
+"""A worker's side of the engine's compiled path (api/workers/fast_requests.py): which requests
+go that way, the validation (the engine's own words: a refused request goes the slow way), and
+the replies turned into results and errors as one process gives them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from seqserve._proto import model_config_pb2 as mc
+from seqserve.api.workers import fast_requests
+from seqserve.api.workers.fast_requests import FastRequest
+from seqserve.api.workers.snapshot import ModelEntry
+from seqserve.engine import Code, InferRequest, InferResult
+from seqserve.engine._core import REPLY_BACKLOG_FULL, REPLY_ERROR, REPLY_FINAL, REPLY_RELEASED, REPLY_RETRY_SHIFT
+from seqserve.engine.replicas.checkpoint import SequenceReleasedError
+from tests.support.paths import DEMO_REPO
+
+ACCUMULATOR = DEMO_REPO / "accumulator"
+
+
+def _entry(*, fast: bool = True, sequence: bool = True) -> ModelEntry:
+    cfg = text_format.Parse((ACCUMULATOR / "config.pbtxt").read_text(), mc.ModelConfig())
+    return ModelEntry(7, False, sequence, cfg, str(ACCUMULATOR), fast)
+
+
+def _request(**kw: object) -> InferRequest:
+    fields: dict[str, object] = {
+        "model": "accumulator",
+        "inputs": {"INPUT": np.ones((1, 1), np.float32)},
+        "sequence_id": 5,
+        "sequence_start": True,
+    }
+    return InferRequest(**(fields | kw))  # type: ignore[arg-type]
+
+
+def test_only_fast_sequence_models_have_a_fast_form() -> None:
+    assert fast_requests.fast_model("accumulator", 1, _entry()) is not None
+    assert fast_requests.fast_model("accumulator", 1, _entry(fast=False)) is None
+    assert fast_requests.fast_model("accumulator", 1, _entry(sequence=False)) is None
+
+
+@pytest.mark.parametrize(
+    ("kw", "session_name", "scope", "fast"),
+    [
+        ({}, None, 0, True),
+        ({"sequence_id": "abc"}, None, 0, True),
+        ({"sequence_id": 0}, None, 0, False),  # the engine picks an id
+        ({"session": True, "sequence_id": "s"}, "s", 0, False),
+        ({}, None, 3, False),  # a stream scope
+        ({"parameters": {"x": 1}}, None, 0, False),  # the model may read them
+    ],
+)
+def test_which_requests_take_the_compiled_path(
+    kw: dict[str, object], session_name: str | None, scope: int, fast: bool
+) -> None:
+    assert fast_requests.takes(_request(**kw), session_name, scope) is fast
+
+
+def test_a_request_the_validator_refuses_goes_the_slow_way() -> None:
+    model = fast_requests.fast_model("accumulator", 1, _entry())
+    assert model is not None
+    assert fast_requests.check(model, _request()) is not None
+    assert fast_requests.check(model, _request(inputs={"INPUT": np.ones((1, 2), np.float32)})) is None
+    assert fast_requests.check(model, _request(inputs={"INPUT": np.ones((1, 1), np.int32)})) is None
+
+
+def test_a_reply_becomes_the_result_one_process_gives() -> None:
+    model = fast_requests.fast_model("accumulator", 1, _entry())
+    assert model is not None
+    checked = fast_requests.check(model, _request(id="r1"))
+    assert checked is not None
+    fast = FastRequest(model, checked)
+    data = np.array([[4.5]], np.float32)
+    result = fast_requests.result_of(fast, [(0, (data.tobytes(), (1, 1)))])
+    assert isinstance(result, InferResult)
+    assert (result.model_name, result.model_version, result.id) == ("accumulator", "1", "r1")
+    assert result.outputs["OUTPUT"].tolist() == [[4.5]]
+    missing = fast_requests.result_of(fast, [])
+    assert not isinstance(missing, InferResult)
+    assert missing.code is Code.INTERNAL and "did not produce output 'OUTPUT'" in missing.message
+
+
+def test_refusals_read_as_submit_raises_them() -> None:
+    model = fast_requests.fast_model("accumulator", 1, _entry())
+    assert model is not None
+    checked = fast_requests.check(model, _request(id="r2"))
+    assert checked is not None
+    fast = FastRequest(model, checked)
+    flags = REPLY_FINAL | REPLY_ERROR
+    full = fast_requests.error_of(fast, flags | REPLY_BACKLOG_FULL, int(Code.UNAVAILABLE), "backlog full")
+    assert full.code is Code.UNAVAILABLE and full.retry_after_s == 1.0 and full.message == "backlog full"
+    later = fast_requests.error_of(fast, flags | (2500 << REPLY_RETRY_SHIFT), int(Code.UNAVAILABLE), "later")
+    assert later.retry_after_s == 2.5
+    released = fast_requests.error_of(fast, flags | REPLY_RELEASED, int(Code.INVALID_ARG), "moved")
+    assert isinstance(released, SequenceReleasedError)
+    failed = fast_requests.error_of(fast, flags, int(Code.INTERNAL), "model failed (request id 1a2b)")
+    assert failed.code is Code.INTERNAL and failed.message == "model failed (request id 1a2b)"
