@@ -3,14 +3,15 @@ connections until what it read is on the ring, and nothing is lost.
 
 The model holds every batch while a file exists, so the requests it has not answered keep their
 slab blocks (a worker has eight of the size class a 128 KiB input takes): the ninth request a
-worker reads finds no block and waits, and the worker pauses its connections (it logs it). Once
-the file is gone every request is answered with its own sum."""
+worker reads finds no block and waits, and the worker pauses its connections (it logs it and
+counts it in /metrics). Once the file is gone every request is answered with its own sum."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import threading
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,15 @@ def _http_sum(srv: ServerProcess, value: float) -> float:
         conn.close()
 
 
+def _paused_total(srv: ServerProcess) -> float:
+    """seqserve_worker_reading_paused_total from /metrics (the workers' counts, summed)."""
+    with urllib.request.urlopen(srv.metrics_url, timeout=60) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("seqserve_worker_reading_paused_total "):
+                return float(line.split()[1])
+    return 0.0
+
+
 def _grpc_sum(srv: ServerProcess, value: float) -> float:
     client = grpcclient.InferenceServerClient(srv.grpc_url)
     try:
@@ -129,5 +139,6 @@ def test_a_full_ring_pauses_reading_and_loses_nothing(tmp_path: Path) -> None:
     conn.request("GET", "/v2/health/ready")
     assert conn.getresponse().status == 200
     conn.close()
+    wait_until_sync(lambda: _paused_total(srv) >= 1, "/metrics counts the pause", timeout=60)
     srv.terminate()
     assert srv.wait() == 0, srv.log()

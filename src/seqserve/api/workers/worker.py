@@ -139,7 +139,7 @@ async def run_worker(index: int, control_fd: int) -> int:
         log.error("worker %d: %s", index, e)
         return 1
     control.send(("ready", os.getpid()))
-    counting = asyncio.create_task(_send_counts(front_ends, control))
+    counting = asyncio.create_task(_send_counts(front_ends, ring.read_gate, control))
     while True:
         try:
             message = await control.receive()
@@ -172,13 +172,14 @@ async def run_worker(index: int, control_fd: int) -> int:
 COUNTS_EVERY_S = 0.5
 
 
-async def _send_counts(front_ends: FrontEnds, control: Channel) -> None:
+async def _send_counts(front_ends: FrontEnds, gate: ReadGate, control: Channel) -> None:
     last = None
     while True:
         stats = front_ends.stream_stats
         counts = FrontEndCounts(
             {p: (a.total, dict(a.refused)) for p, a in front_ends.admissions.items()},
             None if stats is None else (stats.refused_at_once, stats.reading_paused),
+            (gate.closings, round(gate.closed_for(), 3)),
         )
         if counts != last:
             control.send(("counts", counts))
