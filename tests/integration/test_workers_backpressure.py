@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import threading
 import urllib.request
 from pathlib import Path
@@ -28,17 +29,17 @@ HTTP_REQUESTS = 28
 GRPC_REQUESTS = 8
 FULL_LINE = "the request ring to the engine is full; reading paused on"
 
-CONFIG = f"""
+CONFIG = """
 name: "held_sum"
 backend: "python"
 max_batch_size: 4
-input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ {ELEMENTS} ] }} ]
-output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] }} ]
-sequence_batching {{
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+sequence_batching {
   max_sequence_idle_microseconds: 300000000
-  direct {{ }}
-}}
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+  direct { }
+}
+instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
 MODEL = """
@@ -64,7 +65,7 @@ def _repo(tmp_path: Path, hold: Path) -> Path:
     return tmp_path / "models"
 
 
-def _http_sum(srv: ServerProcess, value: float) -> float:
+def _http_sum(srv: ServerProcess, value: float, elements: int = ELEMENTS) -> float:
     """A one-step sequence over its own connection, its input in binary."""
     doc = {
         "parameters": {"sequence_id": new_int_id(), "sequence_start": True, "sequence_end": True},
@@ -72,12 +73,12 @@ def _http_sum(srv: ServerProcess, value: float) -> float:
             {
                 "name": "INPUT",
                 "datatype": "FP32",
-                "shape": [1, ELEMENTS],
-                "parameters": {"binary_data_size": ELEMENTS * 4},
+                "shape": [1, elements],
+                "parameters": {"binary_data_size": elements * 4},
             }
         ],
     }
-    body, headers = binary_body(doc, np.full(ELEMENTS, value, np.float32).tobytes())
+    body, headers = binary_body(doc, np.full(elements, value, np.float32).tobytes())
     conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=300)
     try:
         conn.request("POST", "/v2/models/held_sum/infer", body, headers)
@@ -140,5 +141,9 @@ def test_a_full_ring_pauses_reading_and_loses_nothing(tmp_path: Path) -> None:
     assert conn.getresponse().status == 200
     conn.close()
     wait_until_sync(lambda: _paused_total(srv) >= 1, "/metrics counts the pause", timeout=60)
+    # an input larger than any slab block goes the slow way (whole, over the control channel)
+    assert _http_sum(srv, 2.0, 1 << 19) == float(1 << 20)
     srv.terminate()
     assert srv.wait() == 0, srv.log()
+    line = next(x for x in srv.log().splitlines() if "the workers' rings carried" in x)
+    assert int(re.findall(r"carried (\d+) requests", line)[0]) >= len(expected), line  # the compiled path
