@@ -27,7 +27,7 @@ from tests.support.process import ServerProcess, start_server
 ELEMENTS = 32768
 HTTP_REQUESTS = 28
 GRPC_REQUESTS = 8
-FULL_LINE = "the request ring to the engine is full; reading paused on"
+FULL_LINE = "is full; reading paused on"
 
 CONFIG = """
 name: "held_sum"

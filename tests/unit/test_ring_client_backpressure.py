@@ -16,7 +16,8 @@ from seqserve.api.workers import fast_requests
 from seqserve.api.workers.channel import Channel
 from seqserve.api.workers.fast_requests import FastRequest
 from seqserve.api.workers.ring_client import RingClient
-from seqserve.api.workers.snapshot import ModelEntry
+from seqserve.api.workers.snapshot import FrontEndCounts, ModelEntry
+from seqserve.api.workers.supervisor import WorkerCounts
 from seqserve.engine import InferRequest
 from seqserve.engine.workers import SLAB_CLASSES, ShmRegion
 from tests.support.paths import DEMO_REPO
@@ -111,3 +112,14 @@ def test_a_cancel_that_finds_the_ring_full_waits_in_line() -> None:
         assert client.read_gate.is_open
 
     asyncio.run(run())
+
+
+def test_the_workers_pauses_are_summed_for_metrics() -> None:
+    counts = WorkerCounts()
+    assert counts.metrics.ring_full is None  # one process: no such metric
+    counts.record(0, FrontEndCounts({}, None, (2, 0.5)))
+    counts.record(1, FrontEndCounts({}, None, (1, 0.25)))
+    counts.record(0, FrontEndCounts({}, None, (3, 1.0)))  # a worker's later counts replace its earlier
+    samples = {s.name: s.value for m in counts.metrics.collect() for s in m.samples}
+    assert samples["seqserve_worker_reading_paused_total"] == 4
+    assert samples["seqserve_worker_reading_paused_seconds_total"] == 1.25

@@ -154,8 +154,8 @@ class RingClient:
         if now >= self._next_full_log:
             self._next_full_log = now + FULL_LOG_EVERY_S
             log.warning(
-                "worker %d: the request ring to the engine is full; reading paused on %d connection(s) "
-                "until it has room (time %d since the worker started; %.1f s paused before)",
+                "worker %d: the request ring to the engine (or its slab pool) is full; reading paused on "
+                "%d connection(s) until it has room (pause %d since the worker started; %.1f s paused before)",
                 self._worker,
                 gate.connections,
                 gate.closings,
