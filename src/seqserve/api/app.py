@@ -27,6 +27,7 @@ from seqserve.api.serve_options import GrpcOptions, HttpOptions, MetricsOptions,
 from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.api.transport.asgi import asgi_app
 from seqserve.api.transport.exchange import Handler
+from seqserve.api.transport.read_gate import ReadGate
 from seqserve.engine import Server, default_replica_id, open_store, redact_url
 
 log = logging.getLogger("seqserve")
@@ -148,6 +149,9 @@ class FrontEndParts:
     """How the front-ends answer: over the engine of this process (the default, one process)
     or, in a worker process, over the engine process (api/workers)."""
 
+    #: a worker's read gate (api/transport/read_gate.py) for the builtin HTTP server; one process has none
+    read_gate: ReadGate | None = None
+
     def http_handler(self, server: Server, http: HttpOptions, shared_memory: SharedMemoryRegistry) -> Handler:
         return _http_handler(server, http, shared_memory)
 
@@ -240,7 +244,7 @@ class FrontEnds:
         if kind == "builtin":
             self._admissions["http"] = admission
             sock = self._listen("HTTP", http.host, http.port, reuse_port=http.reuse_port)
-            self._stop_http = await _start_builtin(handler, http, self._tasks, admission, sock)
+            self._stop_http = await _start_builtin(handler, http, self._tasks, admission, sock, self._parts.read_gate)
         elif kind == "granian":
             self._stop_http = await _start_granian(asgi_app(handler), http, self._tasks)
         else:
@@ -495,6 +499,7 @@ async def _start_builtin(
     tasks: list[asyncio.Task[None]],
     admission: ConnectionAdmission,
     sock: socket.socket,
+    read_gate: ReadGate | None = None,
 ) -> Callable[[], None]:
     """seqserve's own HTTP/1.1 server (api/transport/http1_server.py) on this loop."""
     from seqserve.api.transport.http1_server import Http1Server
@@ -505,7 +510,7 @@ async def _start_builtin(
     except (OSError, ssl.SSLError) as e:
         sock.close()
         raise StartupError(f"cannot use the HTTP TLS certificate or key: {e}") from None
-    server = Http1Server(handler, http.limits, ssl_context=ctx, admission=admission)
+    server = Http1Server(handler, http.limits, ssl_context=ctx, admission=admission, read_gate=read_gate)
     try:
         await server.start(sock)
     except OSError as e:

@@ -20,6 +20,15 @@ STREAM_REFUSED_AT_ONCE = (
     "seqserve_grpc_stream_refused_at_once_total",
     "Temporary refusals (a full backlog) written on a request-order gRPC stream ahead of the replies before them",
 )
+RING_FULL_PAUSES = (
+    "seqserve_worker_reading_paused_total",
+    "Times a front-end worker process stopped reading its connections because its request ring to the engine "
+    "(or its slab pool) was full",
+)
+RING_FULL_SECONDS = (
+    "seqserve_worker_reading_paused_seconds_total",
+    "Seconds the front-end worker processes spent with their connections paused for a full request ring",
+)
 STREAM_READING_PAUSED = (
     "seqserve_grpc_stream_reading_paused_total",
     "Times a gRPC stream stopped reading because it had --grpc-max-stream-backlog requests unanswered",
@@ -30,11 +39,12 @@ class FrontEndMetrics:
     """The counts of the front-ends that are up: their connection admissions (by protocol) and
     the gRPC streams' statistics."""
 
-    __slots__ = ("admissions", "stream_stats")
+    __slots__ = ("admissions", "ring_full", "stream_stats")
 
     def __init__(self, admissions: Mapping[str, ConnectionAdmission], stream_stats: StreamStats | None) -> None:
         self.admissions = admissions
         self.stream_stats = stream_stats
+        self.ring_full: tuple[int, float] | None = None  # with workers: (pauses, seconds paused)
 
     def collect(self) -> Iterable[Metric]:
         out: list[Metric] = []
@@ -54,5 +64,10 @@ class FrontEndMetrics:
             ):
                 m = Metric(name, doc, "counter")
                 m.add_sample(name, {}, value)
+                out.append(m)
+        if self.ring_full is not None:
+            for (name, doc), amount in zip((RING_FULL_PAUSES, RING_FULL_SECONDS), self.ring_full, strict=True):
+                m = Metric(name, doc, "counter")
+                m.add_sample(name, {}, amount)
                 out.append(m)
         return out

@@ -22,6 +22,7 @@ from seqserve.api.transport.grpc_calls import MAX_HEADER_LIST_BYTES, PREFACE_TIM
 from seqserve.api.transport.grpc_context import Method
 from seqserve.api.transport.h2_frames import CANCEL, NO_ERROR
 from seqserve.api.transport.h2_protocol import H2Protocol
+from seqserve.api.transport.read_gate import ReadGate
 
 
 class BuiltinGrpcServer:
@@ -34,13 +35,15 @@ class BuiltinGrpcServer:
         *,
         ssl_context: ssl.SSLContext | None = None,
         admission: ConnectionAdmission | None = None,
+        read_gate: ReadGate | None = None,
     ) -> None:
         """``admission``: the connection caps (one of ``limits``' caps when None), given to
-        share its counts with the metrics."""
+        share its counts with the metrics; ``read_gate``: a worker process's (see read_gate.py)."""
         self.methods = methods
         self.limits = limits
         self.admission = admission or ConnectionAdmission(limits.max_connections, limits.max_connections_per_peer)
         self.ssl_context = ssl_context
+        self.read_gate = read_gate
         self.connections: set[GrpcConnection] = set()
         self.stopping = False
         self._listener: asyncio.AbstractServer | None = None
@@ -52,6 +55,7 @@ class BuiltinGrpcServer:
             lambda protocol: GrpcConnection(self, protocol),
             max_concurrent_streams=self.limits.max_concurrent_streams,
             max_header_list_bytes=MAX_HEADER_LIST_BYTES,
+            read_gate=self.read_gate,
         )
 
     async def start(self, sock: Any) -> None:
@@ -107,7 +111,7 @@ class BuiltinGrpcServer:
         limits = self.limits
         for conn in list(self.connections):
             h2 = conn.h2
-            if h2.closed:
+            if h2.closed or conn.protocol.held_by_gate:  # unread by us: no timer is the client's fault
                 continue
             if conn.expired(now, limits.keepalive_timeout_s):
                 conn.protocol.abort()

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from seqserve.api.transport.h2_connection import H2Connection
 from seqserve.api.transport.h2_events import Event
 from seqserve.api.transport.h2_frames import INTERNAL_ERROR
+from seqserve.api.transport.read_gate import ReadGate
 
 log = logging.getLogger("seqserve.grpc")
 
@@ -44,7 +45,9 @@ class H2Protocol(asyncio.Protocol):
         *,
         max_concurrent_streams: int,
         max_header_list_bytes: int,
+        read_gate: ReadGate | None = None,
     ) -> None:
+        """``read_gate``: the process's gate (a worker's), which pauses reading while closed."""
         self.loop = asyncio.get_running_loop()
         self.h2 = H2Connection(
             max_concurrent_streams=max_concurrent_streams,
@@ -58,6 +61,7 @@ class H2Protocol(asyncio.Protocol):
         self.write_paused_since: float | None = None
         self._closing = False  # the transport was told to close
         self._read_paused_by: set[str] = set()
+        self._gate = read_gate
         self._turn_handle: asyncio.Handle | None = None
         self._abort_handle: asyncio.TimerHandle | None = None
         self.handler = make_handler(self)
@@ -69,8 +73,12 @@ class H2Protocol(asyncio.Protocol):
         self.h2.initiate()
         transport.write(self.h2.data_to_send())
         self.handler.connection_made(transport)
+        if self._gate is not None:
+            self._gate.register(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._gate is not None:
+            self._gate.unregister(self)
         h2 = self.h2
         h2.connection_lost()
         if self._turn_handle is not None:
@@ -90,6 +98,17 @@ class H2Protocol(asyncio.Protocol):
         self.write_paused = False
         self._resume_reading("write")
         self.handler.writable()
+
+    def gate_closed(self) -> None:
+        self._pause_reading("gate")
+
+    def gate_opened(self) -> None:
+        self._resume_reading("gate")
+
+    @property
+    def held_by_gate(self) -> bool:
+        """Not read because the process's gate is closed: its silence is not the client's."""
+        return "gate" in self._read_paused_by
 
     def _pause_reading(self, why: str) -> None:
         if not self._read_paused_by and not self.h2.closed:

@@ -42,6 +42,7 @@ from seqserve.api.transport.http1 import (
     error_reply,
 )
 from seqserve.api.transport.listener import accept_queued
+from seqserve.api.transport.read_gate import ReadGate
 
 log = logging.getLogger("seqserve.http")
 
@@ -73,9 +74,10 @@ class Http1Server:
         max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES,
         grace_s: float = 1.0,
         admission: ConnectionAdmission | None = None,
+        read_gate: ReadGate | None = None,
     ) -> None:
         """``admission``: the connection caps (one of ``limits``' caps when None), given to
-        share its counts with the metrics."""
+        share its counts with the metrics; ``read_gate``: a worker process's (see read_gate.py)."""
         self.handler = handler
         self.limits = limits
         self.idle_s = limits.idle_s
@@ -83,6 +85,7 @@ class Http1Server:
         self.ssl_context = ssl_context
         self.max_head_bytes = max_head_bytes
         self.grace_s = grace_s
+        self.read_gate = read_gate
         self.connections: set[Connection] = set()
         # refused at accept and reading what the client still sends: a stop waits for them too,
         # since closing them with the request unread would reset the 503 the client has not read
@@ -161,7 +164,7 @@ class Http1Server:
             idle, paused = conn.idle_since, conn.write_paused_since
             if paused is not None and paused < stalled:
                 conn.abort()
-            elif idle is not None and idle < expired:
+            elif idle is not None and idle < expired and not conn.held:  # held: unread by us
                 # not an abort: a request the client sent meanwhile would be reset
                 conn.close_idle()
         self._sweep_later()
@@ -208,6 +211,7 @@ class Connection(asyncio.Protocol):
 
     __slots__ = (
         "core",
+        "held",
         "idle_since",
         "lingering",
         "local",
@@ -228,6 +232,7 @@ class Connection(asyncio.Protocol):
         self.transport: Any = None
         self.idle_since: float | None = self.loop.time()  # waiting for a request or its head since
         self.reading = True
+        self.held = False  # by the server's read gate (a worker's ring is full)
         self.writable: asyncio.Future[None] | None = None  # while the write buffer is full
         self.write_paused_since: float | None = None
         self.local: tuple[str, int] | None = None
@@ -254,12 +259,16 @@ class Connection(asyncio.Protocol):
         self.local = _address(transport.get_extra_info("sockname"))
         if transport.get_extra_info("sslcontext") is not None:
             self.scheme = "https"
+        if srv.read_gate is not None:
+            srv.read_gate.register(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.refused.discard(self)
         if self in self.server.connections:
             self.server.connections.discard(self)
             self.server.admission.release(self.peer)
+            if self.server.read_gate is not None:
+                self.server.read_gate.unregister(self)
         if self.lingering is not None:
             self.lingering.cancel()
         self.idle_since = None
@@ -277,6 +286,14 @@ class Connection(asyncio.Protocol):
             self.writable.set_result(None)
         self.writable = None
         self.write_paused_since = None
+
+    def gate_closed(self) -> None:
+        self.held = True
+        self._read_as_decided()
+
+    def gate_opened(self) -> None:
+        self.held = False
+        self._read_as_decided()
 
     def eof_received(self) -> bool:
         """The client ended its side: taken as gone (as most HTTP servers do), so the requests it
@@ -318,10 +335,20 @@ class Connection(asyncio.Protocol):
         if core.close_action is not CloseAction.NONE:
             self._close(linger=core.close_action is CloseAction.LINGER)
             return
-        if core.reading != self.reading:
-            self.reading = core.reading
+        if (core.reading and not self.held) != self.reading:
+            self._read_as_decided()
+
+    def _read_as_decided(self) -> None:
+        """Read while the core wants to and the read gate lets it (a lingering close reads on:
+        what it reads is dropped)."""
+        t = self.transport
+        if t is None or self.lingering is not None:
+            return
+        reading = self.core.reading and not self.held
+        if reading != self.reading:
+            self.reading = reading
             with contextlib.suppress(RuntimeError):  # a closing transport
-                if self.reading:
+                if reading:
                     t.resume_reading()
                 else:
                     t.pause_reading()

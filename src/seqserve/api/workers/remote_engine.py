@@ -17,7 +17,7 @@ from seqserve.api.workers.fast_requests import FastModel, FastRequest
 from seqserve.api.workers.ring_client import OnResponse, RingClient
 from seqserve.api.workers.snapshot import ModelEntry, Snapshot
 from seqserve.engine import Code, DecoupledModelError, InferenceError, InferRequest, InferResult, SequenceScope
-from seqserve.engine.workers import BY_NAME
+from seqserve.engine.workers import BY_NAME, RING_MAX_BYTES
 
 
 class RemoteModel:
@@ -181,7 +181,8 @@ class RemoteEngine:
             and fast_requests.takes(request, session_name, 0)
         ):
             checked = fast_requests.check(fast, request)
-            if checked is not None:
+            # larger inputs would never find slab blocks: the slow way sends them whole
+            if checked is not None and sum(b.nbytes for b in checked.buffers) <= RING_MAX_BYTES:
                 return self._ring.submit_fast(FastRequest(fast, checked), on_response)
         scope = 0
         if request.scope is not None:

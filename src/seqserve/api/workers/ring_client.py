@@ -1,7 +1,9 @@
 """A worker's end of the rings: requests go into its request ring with their tensors in
 to-engine slab blocks; replies come back on its reply ring, read on the event loop when the
 worker's eventfd says so. A full ring or pool is back-pressure: the request waits (in order)
-and is retried, never dropped."""
+and is retried, never dropped, and the worker stops reading its connections (its ``ReadGate``)
+until every request it read is on the ring. A cancel waits in that same line (the compiled path
+only hears of a cancel through the ring)."""
 
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ import contextlib
 import itertools
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from seqserve.api.transport.read_gate import ReadGate
 from seqserve.api.workers import fast_requests
 from seqserve.api.workers.channel import Channel
 from seqserve.api.workers.fast_requests import FastRequest
@@ -38,6 +42,8 @@ log = logging.getLogger("seqserve.workers")
 OnResponse = Callable[[InferResult | InferenceError | None, bool], None]
 #: how often a request waiting for ring or pool room is tried again
 RETRY_S = 0.0005
+#: the least time between two log lines about a full ring (each says how often it happened)
+FULL_LOG_EVERY_S = 10.0
 
 _Block = tuple[int, int, int, list[int] | tuple[int, ...]]
 
@@ -45,16 +51,22 @@ _Block = tuple[int, int, int, list[int] | tuple[int, ...]]
 class RingClient:
     """Sends one worker's requests and routes their replies. Event-loop only."""
 
-    def __init__(self, region: ShmRegion, worker: int, control: Channel, handle_base: int = 0) -> None:
+    def __init__(
+        self, region: ShmRegion, worker: int, control: Channel, handle_base: int = 0, read_gate: ReadGate | None = None
+    ) -> None:
+        """``read_gate``: closed while requests wait for room (the worker's connections register)."""
         self._region = region
         self._worker = worker
         self._control = control
         self._handles = itertools.count(handle_base + 1)
         self._waiting: dict[int, OnResponse] = {}  # handle -> its response callback
         self._fast: dict[int, FastRequest] = {}  # handle -> what answers it (compiled path)
-        # requests that found no room, in arrival order: (handle, the push to try again)
-        self._blocked: collections.deque[tuple[int, Callable[[], bool]]] = collections.deque()
+        # requests (and cancels: handle None) that found no room, in arrival order, each with
+        # the push to try again
+        self._blocked: collections.deque[tuple[int | None, Callable[[], bool]]] = collections.deque()
         self._retry: asyncio.TimerHandle | None = None
+        self.read_gate = read_gate or ReadGate()
+        self._next_full_log = 0.0
         self._fd = region.worker_eventfds[worker]
 
     def start(self) -> None:
@@ -126,10 +138,29 @@ class RingClient:
         self._send(handle, lambda: self._push_fast(fast.model.target, header, fast.checked.buffers))
         return handle
 
-    def _send(self, handle: int, push: Callable[[], bool]) -> None:
-        if self._blocked or not push():
+    def _send(self, handle: int | None, push: Callable[[], bool]) -> None:
+        if self._blocked:
             self._blocked.append((handle, push))
+        elif not push():
+            self._blocked.append((handle, push))
+            self._hold()
             self._arm_retry()
+
+    def _hold(self) -> None:
+        """The ring or the pool is full: no connection reads until what was read is sent."""
+        gate = self.read_gate
+        gate.close()
+        now = time.monotonic()
+        if now >= self._next_full_log:
+            self._next_full_log = now + FULL_LOG_EVERY_S
+            log.warning(
+                "worker %d: the request ring to the engine (or its slab pool) is full; reading paused on "
+                "%d connection(s) until it has room (pause %d since the worker started; %.1f s paused before)",
+                self._worker,
+                gate.connections,
+                gate.closings,
+                gate.closed_s,
+            )
 
     def _push_fast(self, target: int, header: RequestHeader, buffers: tuple[Any, ...]) -> bool:
         """Inputs in config order, each in its own block, no meta block."""
@@ -190,10 +221,11 @@ class RingClient:
         blocked = self._blocked
         while blocked:
             handle, push = blocked[0]
-            if handle in self._waiting and not push():
+            if (handle is None or handle in self._waiting) and not push():
                 self._arm_retry()
                 return
             blocked.popleft()
+        self.read_gate.open()
 
     def cancel(self, handle: int) -> None:
         """The client went away: the engine drops the request; its replies are not waited for."""
@@ -205,8 +237,7 @@ class RingClient:
         header = RequestHeader(handle=handle)
         # the compiled path knows a cancel by its request's target; the slow path by its handle
         target = fast.model.target if fast is not None else records.BY_NAME
-        if not self._region.push_request(self._worker, target, header, [], cancel=True):
-            self._control.send(("cancel", handle))
+        self._send(None, lambda: self._region.push_request(self._worker, target, header, [], cancel=True))
 
     # ------------------------------------------------------------------------- replies
 

@@ -112,3 +112,4 @@ class FrontEndCounts:
 
     connections: dict[str, tuple[int, dict[str, int]]]  # protocol -> (open now, refused by reason)
     streams: tuple[int, int] | None  # gRPC streams: (refused at once, reading paused)
+    ring_full: tuple[int, float] = (0, 0.0)  # reading paused for a full request ring: (times, seconds)

@@ -389,6 +389,8 @@ class WorkerCounts:
         self._by_worker[worker] = counts
         admissions: dict[str, ConnectionAdmission] = {}
         stats = StreamStats() if any(c.streams is not None for c in self._by_worker.values()) else None
+        ring_full = [c.ring_full for c in self._by_worker.values()]
+        self.metrics.ring_full = (sum(n for n, _ in ring_full), sum(s for _, s in ring_full))
         for c in self._by_worker.values():
             for protocol, (total, refused) in c.connections.items():
                 a = admissions.setdefault(protocol, ConnectionAdmission(0))

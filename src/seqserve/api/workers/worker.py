@@ -27,6 +27,7 @@ from seqserve.api.logs import log_control
 from seqserve.api.serve_options import GrpcOptions, HttpOptions, ServeOptions
 from seqserve.api.shared_memory import SharedMemoryRegistry
 from seqserve.api.transport.exchange import Handler
+from seqserve.api.transport.read_gate import ReadGate
 from seqserve.api.workers.channel import Channel, ChannelClosed
 from seqserve.api.workers.relay import RelayingServicer, WorkerHttp, raw_rpcs
 from seqserve.api.workers.remote_engine import RemoteEngine
@@ -41,8 +42,9 @@ log = logging.getLogger("seqserve")
 class WorkerParts(FrontEndParts):
     """The front-ends of a worker: infer here, the rest relayed to the engine."""
 
-    def __init__(self, control: Channel) -> None:
+    def __init__(self, control: Channel, read_gate: ReadGate) -> None:
         self._control = control
+        self.read_gate = read_gate  # closed while the request ring is full: no connection reads
 
     def http_handler(self, server: Server, http: HttpOptions, shared_memory: SharedMemoryRegistry) -> Handler:
         frontend = HttpFrontend(
@@ -109,6 +111,7 @@ class WorkerParts(FrontEndParts):
             grpc.limits,
             ssl_context=None if tls is None else security.builtin_tls(tls, alpn="h2"),
             admission=admission,
+            read_gate=self.read_gate,
         )
         await builtin.start(sock)
         return builtin
@@ -123,11 +126,11 @@ async def run_worker(index: int, control_fd: int) -> int:
     log_control.redact.add(*init["redact"])
     engine_pid: int = init["engine_pid"]
     region = ShmRegion.attach(init["region_fd"], init["engine_eventfd"], init["worker_eventfds"])
-    ring = RingClient(region, index, control, init.get("handle_base", 0))
+    ring = RingClient(region, index, control, init.get("handle_base", 0), ReadGate())
     engine = RemoteEngine(ring, control, init["snapshot"])
     streams = StreamDrain()
     sockets = {what: socket.socket(fileno=fd) for what, fd in init["sockets"].items()}
-    front_ends = FrontEnds(cast(Server, engine), streams, sockets=sockets, parts=WorkerParts(control))
+    front_ends = FrontEnds(cast(Server, engine), streams, sockets=sockets, parts=WorkerParts(control, ring.read_gate))
     mirror_regions(front_ends.shared_memory, engine.snapshot.regions)
     ring.start()
     try:
@@ -136,7 +139,7 @@ async def run_worker(index: int, control_fd: int) -> int:
         log.error("worker %d: %s", index, e)
         return 1
     control.send(("ready", os.getpid()))
-    counting = asyncio.create_task(_send_counts(front_ends, control))
+    counting = asyncio.create_task(_send_counts(front_ends, ring.read_gate, control))
     while True:
         try:
             message = await control.receive()
@@ -169,13 +172,14 @@ async def run_worker(index: int, control_fd: int) -> int:
 COUNTS_EVERY_S = 0.5
 
 
-async def _send_counts(front_ends: FrontEnds, control: Channel) -> None:
+async def _send_counts(front_ends: FrontEnds, gate: ReadGate, control: Channel) -> None:
     last = None
     while True:
         stats = front_ends.stream_stats
         counts = FrontEndCounts(
             {p: (a.total, dict(a.refused)) for p, a in front_ends.admissions.items()},
             None if stats is None else (stats.refused_at_once, stats.reading_paused),
+            (gate.closings, round(gate.closed_for(), 3)),
         )
         if counts != last:
             control.send(("counts", counts))
