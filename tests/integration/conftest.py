@@ -15,7 +15,25 @@ import pytest
 from tests.support.clients import FLAVOURS, Client
 from tests.support.models import copy_demo_models, copy_model
 from tests.support.paths import DEMO_REPO
-from tests.support.process import ServerProcess, serving
+from tests.support.process import ServerProcess, serving, under_workers
+
+#: files that run the same with and without SEQSERVE_TEST_WORKERS: they start no `seqserve serve`
+#: (in-process transports, the rings between processes) or give `--workers` themselves. The
+#: integration pass under workers (.ci/run) skips them, as the first pass has run them already.
+SAME_UNDER_WORKERS = frozenset({
+    "test_grpc_builtin_server.py", "test_http1_server.py", "test_protos_over_grpc.py",
+    "test_ring_feeder_processes.py", "test_rings_processes.py",
+    "test_workers.py", "test_workers_backpressure.py",
+})  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not under_workers():
+        return
+    same = pytest.mark.skip(reason="the same without SEQSERVE_TEST_WORKERS (no server, or its own --workers)")
+    for item in items:
+        if item.path.name in SAME_UNDER_WORKERS:
+            item.add_marker(same)
 
 
 @pytest.fixture(scope="session")
