@@ -191,17 +191,18 @@ std::string RingFeeder::check_inputs(const Target& t, const shm::RequestRecord& 
     if (in.type.is_bytes || in.ragged) return "input '" + in.name + "' needs the engine's Python path";
     const std::vector<int64_t>& dims = t.dims[k];
     const size_t lead = batched ? 1 : 0;
-    const std::string what = "input '" + in.name + "' of shape " + shape_text(x.shape, x.ndim);
-    if (static_cast<size_t>(x.ndim) != dims.size() + lead) return what;
-    if (batched && x.shape[0] != rows) return what;
+    // Only a refusal builds its words: this runs for every record.
+    auto what = [&] { return "input '" + in.name + "' of shape " + shape_text(x.shape, x.ndim); };
+    if (static_cast<size_t>(x.ndim) != dims.size() + lead) return what();
+    if (batched && x.shape[0] != rows) return what();
     uint64_t bytes = in.type.itemsize;
     for (int d = 0; d < x.ndim; ++d) {
-      if (x.shape[d] < 0) return what;
-      if (d >= static_cast<int>(lead) && dims[d - lead] >= 0 && x.shape[d] != dims[d - lead]) return what;
+      if (x.shape[d] < 0) return what();
+      if (d >= static_cast<int>(lead) && dims[d - lead] >= 0 && x.shape[d] != dims[d - lead]) return what();
       // Exact, or refused: a product that wrapped around could match nbytes by chance.
-      if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(x.shape[d]), &bytes)) return what;
+      if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(x.shape[d]), &bytes)) return what();
     }
-    if (bytes != x.nbytes) return what + " in " + std::to_string(x.nbytes) + " bytes";
+    if (bytes != x.nbytes) return what() + " in " + std::to_string(x.nbytes) + " bytes";
   }
   return "";
 }
