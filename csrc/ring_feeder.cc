@@ -191,17 +191,18 @@ std::string RingFeeder::check_inputs(const Target& t, const shm::RequestRecord& 
     if (in.type.is_bytes || in.ragged) return "input '" + in.name + "' needs the engine's Python path";
     const std::vector<int64_t>& dims = t.dims[k];
     const size_t lead = batched ? 1 : 0;
-    const std::string what = "input '" + in.name + "' of shape " + shape_text(x.shape, x.ndim);
-    if (static_cast<size_t>(x.ndim) != dims.size() + lead) return what;
-    if (batched && x.shape[0] != rows) return what;
+    // Only a refusal builds its words: this runs for every record.
+    auto what = [&] { return "input '" + in.name + "' of shape " + shape_text(x.shape, x.ndim); };
+    if (static_cast<size_t>(x.ndim) != dims.size() + lead) return what();
+    if (batched && x.shape[0] != rows) return what();
     uint64_t bytes = in.type.itemsize;
     for (int d = 0; d < x.ndim; ++d) {
-      if (x.shape[d] < 0) return what;
-      if (d >= static_cast<int>(lead) && dims[d - lead] >= 0 && x.shape[d] != dims[d - lead]) return what;
+      if (x.shape[d] < 0) return what();
+      if (d >= static_cast<int>(lead) && dims[d - lead] >= 0 && x.shape[d] != dims[d - lead]) return what();
       // Exact, or refused: a product that wrapped around could match nbytes by chance.
-      if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(x.shape[d]), &bytes)) return what;
+      if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(x.shape[d]), &bytes)) return what();
     }
-    if (bytes != x.nbytes) return what + " in " + std::to_string(x.nbytes) + " bytes";
+    if (bytes != x.nbytes) return what() + " in " + std::to_string(x.nbytes) + " bytes";
   }
   return "";
 }
@@ -286,6 +287,10 @@ void RingFeeder::free_blocks(int w, const std::vector<uint64_t>& blocks) {
 
 bool RingFeeder::finish(uint64_t handle, Inflight* out) {
   std::lock_guard<std::mutex> lk(mu_);
+  return finish_locked(handle, out);
+}
+
+bool RingFeeder::finish_locked(uint64_t handle, Inflight* out) {
   auto it = inflight_.find(handle);
   if (it == inflight_.end()) return false;
   *out = std::move(it->second);
@@ -300,19 +305,32 @@ void RingFeeder::reply_rows(const std::vector<uint64_t>& handles, const std::vec
                             const std::vector<int64_t>& rows, const std::vector<BatchOutput>& outputs, bool batched) {
   const shm::Geometry& g = region_.geometry();
   const uint64_t largest = g.classes[g.class_count - 1].block_bytes;
+  // One batch takes its in-flight entries, and later sends its replies, under one lock each.
+  std::vector<Inflight> done(handles.size());
+  std::vector<uint8_t> live(handles.size(), 0);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (size_t i = 0; i < handles.size(); ++i)
+      live[i] = is_ring_handle(handles[i]) && finish_locked(handles[i], &done[i]);
+  }
+  std::vector<std::pair<int, QueuedReply>> replies;
+  replies.reserve(handles.size());
   for (size_t i = 0; i < handles.size(); ++i) {
-    Inflight done;
-    if (!is_ring_handle(handles[i]) || !finish(handles[i], &done)) continue;
+    if (!live[i]) continue;
     const int w = ring_worker(handles[i]);
-    free_blocks(w, done.blocks);
+    free_blocks(w, done[i].blocks);
+    QueuedReply& q = replies.emplace_back(w, QueuedReply()).second;
+    q.record.handle = worker_handle(handles[i]);
     const std::string too_large = oversized(outputs, batched ? rows[i] : 1, largest);
     if (!too_large.empty()) {  // it would never find a block: answered, not queued for good
-      send_error(w, worker_handle(handles[i]), kInternal, too_large);
+      q.record.flags = shm::kReplyFinal | shm::kReplyError;
+      q.record.code = static_cast<int32_t>(kInternal);
+      q.error = too_large;
       continue;
     }
-    QueuedReply q;
-    q.record.handle = worker_handle(handles[i]);
     q.record.flags = shm::kReplyFinal;
+    q.record.outputs.reserve(outputs.size());
+    q.bytes.reserve(outputs.size());
     shm::SlabPool pool = region_.pool(w, shm::Direction::kToWorker);
     for (size_t k = 0; k < outputs.size(); ++k) {
       const BatchOutput& o = outputs[k];
@@ -334,8 +352,22 @@ void RingFeeder::reply_rows(const std::vector<uint64_t>& handles, const std::vec
       q.record.outputs.push_back(t);
       q.bytes.push_back(std::move(held));
     }
-    send(w, std::move(q));
   }
+  if (replies.empty()) return;
+  // Each worker is woken once, after the batch's replies are all on its ring: woken at the
+  // first, it could run (on this CPU, before this thread) and sleep again for every one.
+  Tally tally;
+  {
+    std::lock_guard<std::mutex> lk(replies_mu_);
+    std::vector<uint8_t> wake(region_.workers(), 0);
+    for (auto& [w, q] : replies) {
+      send_locked(w, std::move(q), tally, false);
+      wake[w] = 1;
+    }
+    for (int w = 0; w < region_.workers(); ++w)
+      if (wake[w]) region_.wake_worker(w);
+  }
+  count(tally);
 }
 
 void RingFeeder::fail(const std::vector<uint64_t>& handles, Code code, const std::string& message) {
@@ -358,26 +390,35 @@ void RingFeeder::send_error(int w, uint64_t handle, Code code, const std::string
 }
 
 void RingFeeder::send(int w, QueuedReply&& q) {
-  std::lock_guard<std::mutex> lk(replies_mu_);
+  Tally tally;
+  {
+    std::lock_guard<std::mutex> lk(replies_mu_);
+    send_locked(w, std::move(q), tally);
+  }
+  count(tally);
+}
+
+void RingFeeder::count(const Tally& t) {
+  std::lock_guard<std::mutex> lk(mu_);
+  counters_.dropped += t.dropped;
+  counters_.replies += t.replies;
+  counters_.errors += t.errors;
+  counters_.deferred += t.deferred;
+}
+
+void RingFeeder::send_locked(int w, QueuedReply&& q, Tally& tally, bool wake) {
   const bool error = (q.record.flags & shm::kReplyError) != 0;
   if (forgotten_[w]) {
     shm::SlabPool pool = region_.pool(w, shm::Direction::kToWorker);
     for (const shm::SlabTensor& t : q.record.outputs)
       if (t.offset) pool.free(t.offset);
-    std::lock_guard<std::mutex> c(mu_);
-    ++counters_.dropped;
+    ++tally.dropped;
     return;
   }
-  {
-    std::lock_guard<std::mutex> c(mu_);
-    ++(error ? counters_.errors : counters_.replies);
-  }
+  ++(error ? tally.errors : tally.replies);
   // Behind queued replies of the same worker, so that replies keep their order.
-  if (queued_[w].empty() && try_push(w, q)) return;
-  {
-    std::lock_guard<std::mutex> c(mu_);
-    ++counters_.deferred;
-  }
+  if (queued_[w].empty() && try_push(w, q, wake)) return;
+  ++tally.deferred;
   // A waiting reply holds no block: blocks go to replies in their order, so the oldest always
   // gets one once the worker frees what it read (replies holding blocks while the oldest waits
   // for one could take them all).
@@ -405,7 +446,7 @@ std::string RingFeeder::oversized(const std::vector<BatchOutput>& outputs, int64
   return "";
 }
 
-bool RingFeeder::try_push(int w, QueuedReply& q) {
+bool RingFeeder::try_push(int w, QueuedReply& q, bool wake) {
   shm::SlabPool pool = region_.pool(w, shm::Direction::kToWorker);
   for (size_t k = 0; k < q.record.outputs.size(); ++k) {
     shm::SlabTensor& t = q.record.outputs[k];
@@ -417,7 +458,7 @@ bool RingFeeder::try_push(int w, QueuedReply& q) {
   }
   q.record.error = q.error;
   try {
-    return region_.push_reply(w, q.record);
+    return region_.push_reply(w, q.record, wake);
   } catch (const std::invalid_argument& e) {  // more outputs than a ring cell holds: said instead
     for (const shm::SlabTensor& t : q.record.outputs) pool.free(t.offset);
     q.record.outputs.clear();

@@ -133,11 +133,20 @@ class RingFeeder : public RingSink {
   std::string check_inputs(const Target& t, const shm::RequestRecord& r) const;
   void free_inputs(int w, const shm::RequestRecord& r);
   void free_blocks(int w, const std::vector<uint64_t>& blocks);
+  // What one batch's replies add to the counters (counted once, under mu_).
+  struct Tally {
+    uint64_t replies = 0, errors = 0, deferred = 0, dropped = 0;
+  };
+
   // Takes the in-flight entry of `handle` (false when there is none: already answered).
   bool finish(uint64_t handle, Inflight* out);
+  bool finish_locked(uint64_t handle, Inflight* out);  // mu_ held
   void send_error(int w, uint64_t handle, Code code, const std::string& message, uint32_t extra_flags = 0);
   void send(int w, QueuedReply&& q);
-  bool try_push(int w, QueuedReply& q);  // replies_mu_ held
+  // replies_mu_ held; wake: ring the worker now (else the caller wakes each worker once)
+  void send_locked(int w, QueuedReply&& q, Tally& tally, bool wake = true);
+  void count(const Tally& tally);
+  bool try_push(int w, QueuedReply& q, bool wake = true);  // replies_mu_ held
   // Why a row's outputs can never be sent (one larger than the largest slab block), or "".
   static std::string oversized(const std::vector<BatchOutput>& outputs, int64_t rows, uint64_t largest);
   void flush_queued();

@@ -336,7 +336,7 @@ bool Region::push_request(int w, const RequestRecord& r) {
   return pushed;
 }
 
-bool Region::push_reply(int w, const ReplyRecord& r) {
+bool Region::push_reply(int w, const ReplyRecord& r, bool wake) {
   ShmRing ring = reply_ring(w);
   for (const SlabTensor& t : r.outputs)
     if (t.ndim < 0 || t.ndim > kMaxRank) throw std::invalid_argument("a tensor has at most " + std::to_string(kMaxRank) + " dims");
@@ -359,7 +359,7 @@ bool Region::push_reply(int w, const ReplyRecord& r) {
     p += pad8(error_bytes);
     put_tensors(p, r.outputs);
   });
-  if (pushed) notify(worker_doorbell(w), worker_efds_[w]);
+  if (pushed && wake) notify(worker_doorbell(w), worker_efds_[w]);
   return pushed;
 }
 

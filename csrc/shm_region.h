@@ -242,8 +242,10 @@ class Region {
   // engine's drain thread included) and the engine holds nothing of it (no request queued or
   // running whose blocks it would free later).
   void reset_worker(int w);
-  // Publishes a reply on w's ring and rings the worker if it sleeps. False when full.
-  bool push_reply(int w, const ReplyRecord& r);
+  // Publishes a reply on w's ring and rings the worker if it sleeps (wake: else the caller
+  // calls wake_worker once it has published a burst). False when full.
+  bool push_reply(int w, const ReplyRecord& r, bool wake = true);
+  void wake_worker(int w) { notify(worker_doorbell(w), worker_efds_[w]); }
 
   // Bytes at a region offset, checked to lie in the region; nullptr otherwise.
   uint8_t* at(uint64_t offset, uint64_t nbytes) const {

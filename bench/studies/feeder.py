@@ -17,6 +17,10 @@ batches formed as soon as a step is there (up to 64), and batches held up to 5 m
 (Oldest's ``max_queue_delay_microseconds``: the workers' lock step fills them). Each figure is
 the median over ``--reps`` repetitions. On the project's 2-CPU machine the workers and the
 engine share the cores.
+
+``--batch-sizes 1,4,8,16,32,64`` runs exact batch sizes instead (n sequences, Oldest holding
+up to 5 ms for a batch of n): the engine's CPU per step and per batch at each size, so that the
+per-batch and per-row costs can be told apart.
 """
 
 from __future__ import annotations
@@ -82,10 +86,12 @@ def worker_loop(fds: Fds, worker: int, sequences: list[int], steps: int, out: Co
     out.send(wrong)
 
 
-def load_model(model_dir: Path, delay_us: int) -> LoadedModel:
+def load_model(model_dir: Path, delay_us: int, preferred: int = 64) -> LoadedModel:
     config = (MODEL_SOURCE / "config.pbtxt").read_text()
     config = config.replace("max_batch_size: 8", "max_batch_size: 64")
-    oldest = f"max_candidate_sequences: 1024 preferred_batch_size: [ 64 ] max_queue_delay_microseconds: {delay_us}"
+    oldest = (
+        f"max_candidate_sequences: 1024 preferred_batch_size: [ {preferred} ] max_queue_delay_microseconds: {delay_us}"
+    )
     config = config.replace("direct { }", f"oldest {{ {oldest} }}")
     config = config.replace("count: 2", "count: 1")
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
@@ -94,7 +100,9 @@ def load_model(model_dir: Path, delay_us: int) -> LoadedModel:
     return LoadedModel(cfg, version=1, model_dir=model_dir, loop=asyncio.new_event_loop())
 
 
-def run_case(sequences: int, workers: int, steps: int, spin_us: float, delay_us: int = 0) -> dict[str, Any]:
+def run_case(
+    sequences: int, workers: int, steps: int, spin_us: float, delay_us: int = 0, preferred: int = 64
+) -> dict[str, Any]:
     region = ShmRegion(workers=workers)
     fds = (region.fd, region.engine_eventfd, region.worker_eventfds)
     pipes = [FORK.Pipe(duplex=False) for _ in range(workers)]
@@ -106,7 +114,7 @@ def run_case(sequences: int, workers: int, steps: int, spin_us: float, delay_us:
         child.start()
         children.append(child)
     with tempfile.TemporaryDirectory() as tmp:
-        model = load_model(Path(tmp), delay_us)
+        model = load_model(Path(tmp), delay_us, preferred)
         feeder = RingFeeder(region, spin_us=spin_us)
         try:
             assert model.serve_rings(feeder, TARGET)
@@ -127,6 +135,7 @@ def run_case(sequences: int, workers: int, steps: int, spin_us: float, delay_us:
         "wrong": wrong,
         "steps_per_s": total / wall,
         "engine_cpu_us_per_step": cpu / total * 1e6,
+        "engine_cpu_us_per_batch": cpu / max(1, stats["execution_count"]) * 1e6,
         "mean_batch": stats["inference_count"] / max(1, stats["execution_count"]),
     }
 
@@ -149,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps-batched", type=int, default=300, help="steps of each of the 64 sequences")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--batch-sizes",
+        default="",
+        help="instead of the cases above: exact batches of each size (e.g. 1,4,8,16,32,64): that many "
+        "sequences over 2 workers in lock step, Oldest holding up to 5 ms for a batch of that size",
+    )
     args = ap.parse_args(argv)
     cases = {
         "batch 1, spin 50 us": {"sequences": 1, "workers": 1, "steps": args.steps_single, "spin_us": 50.0},
@@ -162,16 +177,29 @@ def main(argv: list[str] | None = None) -> int:
             "delay_us": 5000,
         },
     }
+    if args.batch_sizes:
+        cases = {
+            f"batches of {n}": {
+                "sequences": n,
+                "workers": min(2, n),
+                "steps": max(args.steps_batched, 2000 // n),
+                "spin_us": 50.0,
+                "delay_us": 5000,
+                "preferred": n,
+            }
+            for n in (int(x) for x in args.batch_sizes.split(","))
+        }
     results = {}
     load = os.getloadavg()
     print(f"# feeder: python -m bench.studies.feeder {' '.join(argv or sys.argv[1:])}")
     print(f"# Python {platform.python_version()}, {os.cpu_count()} CPUs, load average {load[0]:.1f} at the start")
-    print(f"{'case':<32} {'steps/s':>9} {'engine CPU us/step':>19} {'mean batch':>11} {'wrong':>6}")
+    print(f"{'case':<32} {'steps/s':>9} {'engine CPU us/step':>19} {'us/batch':>9} {'mean batch':>11} {'wrong':>6}")
     for name, case in cases.items():
         r = median_case(args.reps, **case)
         results[name] = r
         print(
             f"{name:<32} {r['steps_per_s']:>9.0f} {r['engine_cpu_us_per_step']:>19.2f} "
+            f"{r['engine_cpu_us_per_batch']:>9.1f} "
             f"{r['mean_batch']:>11.1f} {r['wrong']:>6d}"
         )
     doc = {

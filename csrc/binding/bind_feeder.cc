@@ -84,37 +84,31 @@ class PyFeeder {
                   const py::list& outputs, bool batched) {
     if (first.size() != handles.size() || rows.size() != handles.size())
       throw py::value_error("handles, first_rows and rows must have the same length");
-    std::vector<BatchOutput> outs(outputs.size());
-    std::vector<py::array> held;  // the arrays stay referenced by `outputs` during the call
-    for (size_t k = 0; k < outputs.size(); ++k) {
-      py::handle item = outputs[k];
-      if (item.is_none()) continue;
-      auto arr = py::reinterpret_borrow<py::array>(item);
-      if (!py::isinstance<py::array>(item) || !(arr.flags() & py::array::c_style) || arr.dtype().kind() == 'O')
-        throw py::value_error("outputs must be C-contiguous numeric arrays or None");
-      BatchOutput& o = outs[k];
-      o.data = static_cast<const uint8_t*>(arr.data());
-      const int lead = batched ? 1 : 0;
-      if (arr.ndim() < lead) throw py::value_error("a batched output needs a batch dimension");
-      o.rows = batched ? arr.shape(0) : 1;
-      o.row_bytes = batched ? (o.rows > 0 ? static_cast<size_t>(arr.nbytes()) / o.rows : 0) : arr.nbytes();
-      for (py::ssize_t d = lead; d < arr.ndim(); ++d) o.item_shape.push_back(arr.shape(d));
-      if (static_cast<int>(o.item_shape.size()) + lead > kMaxRank) throw py::value_error("an output has too many dims");
+    reply(handles, first, rows, outputs, batched);
+  }
+
+  // The batch's ring rows read from the core's batch itself: no per-row Python objects.
+  void reply_batch(BatchView& view, const py::list& outputs, bool batched) {
+    std::vector<uint64_t> handles;
+    std::vector<int64_t> first, rows;
+    int64_t row = 0;
+    for (const Row& r : view.get().batch.rows) {
+      const int64_t n = r.req ? r.req->rows : 1;
+      if (r.req && is_ring_handle(r.req->handle)) {
+        handles.push_back(r.req->handle);
+        first.push_back(row);
+        rows.push_back(n);
+      }
+      row += n;
     }
-    for (size_t i = 0; i < handles.size() && batched; ++i)
-      for (const BatchOutput& o : outs)
-        if (o.data && (first[i] < 0 || rows[i] < 0 || first[i] + rows[i] > o.rows))
-          throw py::value_error("rows outside an output's batch");
-    // Let other threads run during large copies only: a small batch's replies take less time
-    // than handing the runtime over and back.
-    size_t bytes = 0;
-    for (const BatchOutput& o : outs) bytes += o.row_bytes * static_cast<size_t>(o.rows);
-    if (bytes < kReleaseRuntimeBytes) {
-      feeder_->reply_rows(handles, first, rows, outs, batched);
-      return;
-    }
-    py::gil_scoped_release r;
-    feeder_->reply_rows(handles, first, rows, outs, batched);
+    if (!handles.empty()) reply(handles, first, rows, outputs, batched);
+  }
+
+  static py::list ring_handles(BatchView& view) {
+    py::list out;
+    for (const Row& r : view.get().batch.rows)
+      if (r.req && is_ring_handle(r.req->handle)) out.append(py::int_(r.req->handle));
+    return out;
   }
 
   // No copies: quick, done with the runtime held (the feeder's locks never wait for it).
@@ -135,6 +129,40 @@ class PyFeeder {
   RingFeeder& feeder() { return *feeder_; }
 
  private:
+  void reply(const std::vector<uint64_t>& handles, const std::vector<int64_t>& first, const std::vector<int64_t>& rows,
+             const py::list& outputs, bool batched) {
+    std::vector<BatchOutput> outs(outputs.size());
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      py::handle item = outputs[k];
+      if (item.is_none()) continue;
+      auto arr = py::reinterpret_borrow<py::array>(item);
+      if (!py::isinstance<py::array>(item) || !(arr.flags() & py::array::c_style) || arr.dtype().kind() == 'O')
+        throw py::value_error("outputs must be C-contiguous numeric arrays or None");
+      BatchOutput& o = outs[k];
+      o.data = static_cast<const uint8_t*>(arr.data());
+      const int lead = batched ? 1 : 0;
+      if (arr.ndim() < lead) throw py::value_error("a batched output needs a batch dimension");
+      o.rows = batched ? arr.shape(0) : 1;
+      o.row_bytes = batched ? (o.rows > 0 ? static_cast<size_t>(arr.nbytes()) / o.rows : 0) : arr.nbytes();
+      for (py::ssize_t d = lead; d < arr.ndim(); ++d) o.item_shape.push_back(arr.shape(d));
+      if (static_cast<int>(o.item_shape.size()) + lead > kMaxRank) throw py::value_error("an output has too many dims");
+    }
+    for (size_t i = 0; i < handles.size() && batched; ++i)
+      for (const BatchOutput& o : outs)
+        if (o.data && (first[i] < 0 || rows[i] < 0 || first[i] + rows[i] > o.rows))
+          throw py::value_error("rows outside an output's batch");
+    // Let other threads run during large copies only: a small batch's replies take less time
+    // than handing the runtime over and back. (The arrays stay referenced by `outputs`.)
+    size_t bytes = 0;
+    for (const BatchOutput& o : outs) bytes += o.row_bytes * static_cast<size_t>(o.rows);
+    if (bytes < kReleaseRuntimeBytes) {
+      feeder_->reply_rows(handles, first, rows, outs, batched);
+      return;
+    }
+    py::gil_scoped_release r;
+    feeder_->reply_rows(handles, first, rows, outs, batched);
+  }
+
   std::shared_ptr<RingFeeder> feeder_;
   std::unordered_map<uint32_t, py::object> schedulers_;
   int workers_ = 0;
@@ -168,6 +196,11 @@ void bind_feeder(py::module_& m) {
            "One batch's ring requests answered: handles[i] (a ring handle) owns rows first_rows[i].. of\n"
            "every output (config order; None: not produced). Copied into to-worker blocks; replies that\n"
            "find no room wait in order and are retried by the drain thread.")
+      .def("reply_batch", &PyFeeder::reply_batch, py::arg("batch"), py::arg("outputs"), py::kw_only(),
+           py::arg("batched"),
+           "reply_rows for every ring request of `batch` (a core Batch, still valid), its rows read in C++.")
+      .def_static("ring_handles", &PyFeeder::ring_handles, py::arg("batch"),
+                  "The ring handles among the batch's requests, in batch order.")
       .def("fail", &PyFeeder::fail, py::arg("handles"), py::arg("code"), py::arg("message"),
            "Answer these ring handles with an error (others are ignored); their input blocks are freed.")
       .def(

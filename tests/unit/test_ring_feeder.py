@@ -95,13 +95,15 @@ class Model:
 """
 
 
-def load(tmp_path: Path, config: str, model_py: str, name: str) -> LoadedModel:
+def load(
+    tmp_path: Path, config: str, model_py: str, name: str, loop: asyncio.AbstractEventLoop | None = None
+) -> LoadedModel:
     model_dir = tmp_path / name
     (model_dir / "1").mkdir(parents=True)
     (model_dir / "config.pbtxt").write_text(config)
     (model_dir / "1" / "model.py").write_text(model_py)
     cfg = text_format.Parse(config, mc.ModelConfig())
-    return LoadedModel(cfg, version=1, model_dir=model_dir, loop=asyncio.new_event_loop())
+    return LoadedModel(cfg, version=1, model_dir=model_dir, loop=loop or asyncio.new_event_loop())
 
 
 def accumulator(
@@ -227,6 +229,41 @@ def test_a_stateless_model_answers_each_request_its_own_rows(tmp_path: Path) -> 
     finally:
         feeder.close()
         model.close(force=True)
+
+
+def test_one_batch_of_in_process_and_ring_requests_gives_each_its_own_rows(tmp_path: Path) -> None:
+    # Oldest-free dynamic batching held until 8 rows are there: the 5 requests share one batch
+    # (every reply's N is 8), and the ring rows are found among the in-process ones in C++.
+    config = STATELESS_CONFIG.replace(
+        "dynamic_batching { }", "dynamic_batching { preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 5000000 }"
+    )
+    loop = asyncio.new_event_loop()
+    model = load(tmp_path, config, STATELESS_MODEL, "double", loop)
+    region = ShmRegion(workers=1)
+    feeder = feeder_for(region)
+    try:
+        assert model.serve_rings(feeder, 4)
+        worker = Worker(region, 0)
+        x = {n: np.arange(n * 2, dtype=np.float32).reshape(n, 2) + 10 * n for n in range(1, 6)}
+        worker.send(4, RequestHeader(handle=1, rows=2), x[2])
+        in_process = model.submit(InferRequest(model="double", inputs={"X": x[1]}))
+        worker.send(4, RequestHeader(handle=3, rows=1), x[1] + 5)
+        wait_for(lambda: feeder.counters()["fast"] == 2)
+        in_process_too = model.submit(InferRequest(model="double", inputs={"X": x[3][:1]}))
+        worker.send(4, RequestHeader(handle=5, rows=3), x[3])
+        got = worker.replies(3)
+        assert {h: (code, error) for h, (code, error, _) in got.items()} == dict.fromkeys((1, 3, 5), (0, None))
+        assert np.array_equal(got[1][2][0], x[2] * 2) and np.array_equal(got[3][2][0], (x[1] + 5) * 2)
+        assert np.array_equal(got[5][2][0], x[3] * 2)
+        assert all(np.array_equal(outputs[1], np.full((len(outputs[0]), 1), 8)) for _, _, outputs in got.values())
+        for fut, sent in ((in_process, x[1]), (in_process_too, x[3][:1])):
+            result = loop.run_until_complete(asyncio.wait_for(fut, 30))
+            assert np.array_equal(result.outputs["Y"], sent * 2) and result.outputs["N"][0, 0] == 8
+        assert model.statistics()["execution_count"] == 1
+    finally:
+        feeder.close()
+        model.close(force=True)
+        loop.close()
 
 
 def test_refusals_come_back_as_the_in_process_path_words_them(tmp_path: Path) -> None:

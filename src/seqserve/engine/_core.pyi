@@ -802,6 +802,11 @@ class RingFeeder(metaclass=_Pybind11Type):
         """One batch's ring requests answered: handles[i] (a ring handle) owns rows first_rows[i].. of
         every output (config order; None: not produced). Copied into to-worker blocks; replies that
         find no room wait in order and are retried by the drain thread."""
+    def reply_batch(self, batch: Batch, outputs: list[np.ndarray | None], *, batched: bool) -> None:
+        """reply_rows for every ring request of `batch` (a core Batch, still valid), its rows read in C++."""
+    @staticmethod
+    def ring_handles(batch: Batch) -> list[int]:
+        """The ring handles among the batch's requests, in batch order."""
     def fail(self, handles: list[int], code: int, message: str) -> None:
         """Answer these ring handles with an error (others are ignored); their input blocks are freed."""
     def forget_worker(self, worker: int) -> None:

@@ -417,7 +417,12 @@ class LoadedModel:
 
     def _run_batch(self, cb: Batch) -> bool:
         pending = self._pending
-        recs = [pending.pop(h, None) if h else None for h in cb.handles]
+        handles = cb.handles
+        # Nothing pending: every request of the batch came from the workers' rings (a request
+        # is pending before it is submitted, so before any batch holds it).
+        recs: list[Pending | None] = (
+            [pending.pop(h, None) if h else None for h in handles] if pending else [None] * len(handles)
+        )
         running = self._running
         # Whoever pops the instance's entry answers its requests: this thread, or close() (execute hung).
         running[cb.instance] = recs
@@ -489,6 +494,8 @@ class LoadedModel:
             produced = host_outputs(produced, self._spec.state_outputs)
         if ring is not None:
             ring.take(produced, cb.size)
+            if recs.count(None) == len(recs):  # only ring rows: their replies are the feeder's
+                return []
         return delivery.replies(recs, cb.size, produced, responders=responders, rows=cb.request_rows if ring else None)
 
     def _finish(self, cb: Batch, replies: list[tuple[Pending, Reply]], ring: RingBatch | None) -> None:
@@ -498,7 +505,7 @@ class LoadedModel:
             ring.send()
         if cb.inline:
             self._delivery.deliver(replies)
-        else:
+        elif replies or self._delivery.preserve_ordering:  # a ring-only batch wakes no event loop
             self._delivery.post(replies)
 
     def _batch_failed(self, cb: Batch, recs: list[Pending | None], e: Exception) -> bool:

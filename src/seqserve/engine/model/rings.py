@@ -4,7 +4,7 @@ A target on the compiled path (``RingFeeder.add_target(..., fast=True)``) has it
 submitted by the feeder's drain thread with ring handles (``RING_HANDLE_BIT`` set): they have
 no ``Pending`` here, and nothing in Python runs for them but this, once per batch: their rows
 are the model's like any others; after ``execute`` their outputs (every configured output, in
-config order: the worker keeps what its client asked for) go to ``RingFeeder.reply_rows`` in
+config order: the worker keeps what its client asked for) go to ``RingFeeder.reply_batch`` in
 one call, which copies each request's rows into the worker's blocks and pushes its reply in
 C++. Their refusals, cancellations and the scheduler's failures are answered in C++ too; a
 batch that fails here answers its ring rows through ``RingFeeder.fail``.
@@ -94,13 +94,12 @@ class RingRows:
         return self.feeder.refused(self.target)
 
     def batch(self, cb: Batch) -> RingBatch | None:
-        """The batch's ring rows, or None when it has none."""
-        handles = cb.handles
-        if not any(h & RING_HANDLE_BIT for h in handles):
+        """The batch's ring rows, or None when it has none (found in C++: no per-row Python)."""
+        handles = RingFeeder.ring_handles(cb)
+        if not handles:
             return None
-        ring = RingBatch(self, handles, cb.request_rows, cb.instance)
-        self._running[cb.instance] = ring.handles
-        return ring
+        self._running[cb.instance] = handles
+        return RingBatch(self, cb)
 
     def done(self, instance: int) -> None:
         """The instance's batch has run: its ring rows are answered by the batch."""
@@ -160,21 +159,12 @@ class RingRows:
 
 
 class RingBatch:
-    """One batch's ring rows: where each lies, and once the model ran, their outputs."""
+    """One batch's ring rows: the core's batch (where each lies is read from it in C++), and
+    once the model ran, their outputs."""
 
-    def __init__(self, rows: RingRows, handles: list[int], request_rows: list[int], instance: int = 0) -> None:
+    def __init__(self, rows: RingRows, cb: Batch) -> None:
         self._rows = rows
-        self._instance = instance
-        self.handles: list[int] = []
-        self.first: list[int] = []
-        self.counts: list[int] = []
-        row = 0
-        for h, n in zip(handles, request_rows, strict=True):
-            if h & RING_HANDLE_BIT:
-                self.handles.append(h)
-                self.first.append(row)
-                self.counts.append(n)
-            row += n
+        self._cb = cb
         self._outputs: list[np.ndarray | None] = []
 
     def take(self, produced: Mapping[str, Any], size: int) -> None:
@@ -182,7 +172,8 @@ class RingBatch:
         self._outputs = self._rows.outputs(produced, size)
 
     def send(self) -> None:
-        """After the batch's statistics are recorded: every ring row's reply, in one call."""
+        """After the batch's statistics are recorded (the batch still valid): every ring row's
+        reply, in one call."""
         rows = self._rows
-        rows.done(self._instance)
-        rows.feeder.reply_rows(self.handles, self.first, self.counts, self._outputs, batched=rows.batched)
+        rows.done(self._cb.instance)
+        rows.feeder.reply_batch(self._cb, self._outputs, batched=rows.batched)
