@@ -140,15 +140,9 @@ async def run_worker(index: int, control_fd: int) -> int:
         return 1
     control.send(("ready", os.getpid()))
     counting = asyncio.create_task(_send_counts(front_ends, ring.read_gate, control))
-    while True:
-        try:
-            message = await control.receive()
-        except ChannelClosed:
-            ring.fail_all("the engine process is gone")
-            log.error(
-                "worker %d (pid %d): the engine process (pid %d) is gone; exiting", index, os.getpid(), engine_pid
-            )
-            exit_now(1)
+
+    def take_at_once(message: Any) -> bool:
+        """The engine's snapshots, drain notices and whole replies, applied as they are read."""
         kind = message[0]
         if kind == "snapshot":
             snapshot = cast(Snapshot, message[1])
@@ -160,7 +154,22 @@ async def run_worker(index: int, control_fd: int) -> int:
             ring.deliver_whole(handle, head, parts, final)
         elif kind == "drain":
             streams.begin(handoff=message[1])
-        elif kind == "stop":
+        else:
+            return False
+        return True
+
+    control.on_message = take_at_once
+    while True:
+        try:
+            message = await control.receive()
+        except ChannelClosed:
+            ring.fail_all("the engine process is gone")
+            log.error(
+                "worker %d (pid %d): the engine process (pid %d) is gone; exiting", index, os.getpid(), engine_pid
+            )
+            exit_now(1)
+        kind = message[0]
+        if kind == "stop":
             counting.cancel()
             await front_ends.stop()
             ring.stop()
