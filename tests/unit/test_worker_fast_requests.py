@@ -148,3 +148,22 @@ def test_refusals_read_as_submit_raises_them() -> None:
     assert isinstance(released, SequenceReleasedError)
     failed = fast_requests.error_of(fast, flags, int(Code.INTERNAL), "model failed (request id 1a2b)")
     assert failed.code is Code.INTERNAL and failed.message == "model failed (request id 1a2b)"
+
+
+@pytest.mark.parametrize(
+    ("batching", "fast"),
+    [
+        ("", True),
+        ("dynamic_batching { }", True),
+        ("dynamic_batching { default_queue_policy { max_queue_size: 2 } }", False),
+        (
+            "dynamic_batching { priority_levels: 2 priority_queue_policy { key: 1 value: { max_queue_size: 1 } } }",
+            False,
+        ),
+    ],
+)
+def test_a_model_whose_queue_refuses_requests_keeps_the_slow_path(batching: str, fast: bool) -> None:
+    """Its refusals would count under reason OTHER in the engine's metrics, not REJECTED."""
+    entry = _add_sub_entry()
+    text_format.Merge(batching, entry.config)
+    assert (fast_requests.fast_model("add_sub", 1, entry) is not None) is fast
