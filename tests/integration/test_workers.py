@@ -12,7 +12,9 @@ import os
 import re
 import signal
 import time
+import urllib.request
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,7 @@ import tritonclient.grpc as grpcclient
 
 from tests.support.checks import wait_until_sync
 from tests.support.clients import grpc_input, new_int_id, new_str_id
-from tests.support.models import copy_demo_models
+from tests.support.models import copy_demo_models, write_model
 from tests.support.paths import DEMO_REPO
 from tests.support.process import ServerProcess, run_serve, start_server
 
@@ -300,3 +302,128 @@ def test_numpy_roundtrip_of_every_output_kind(launch: Callable[..., ServerProces
     assert result.as_numpy("OUTPUT0").tolist() == (a + b).tolist()
     assert result.as_numpy("OUTPUT1").tolist() == (a - b).tolist()
     client.close()
+
+
+# Stateless models: Y = 2 X; X < 0 fails the batch; X == 7 holds its instance until the gate
+# file exists (after writing the started file), so that a queue can fill. ``gated`` has an
+# unbounded queue (the compiled path), ``bounded`` a one-request queue (the slow path: see
+# fast_requests.bounds_its_queue).
+GATED_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 1
+input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+dynamic_batching {{ {queue} }}
+"""
+GATED_MODEL = """
+import os
+import time
+
+class Model:
+    def execute(self, batch):
+        x = batch.inputs["X"]
+        if (x < 0).any():
+            raise ValueError("negative input")
+        if (x == 7).any():
+            open({started!r}, "w").close()
+            deadline = time.monotonic() + 120
+            while not os.path.exists({gate!r}) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return {{"Y": x * 2}}
+"""
+
+
+def _gated_post(srv: ServerProcess, model: str, body: dict[str, object]) -> tuple[int, str]:
+    """One request on a fresh connection: (status, body with the engine-made request id of a
+    failed batch masked)."""
+    conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=120)
+    try:
+        conn.request("POST", f"/v2/models/{model}/infer", json.dumps(body), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return r.status, re.sub(r"\(request id [0-9a-f]+\)", "(request id ID)", r.read().decode())
+    finally:
+        conn.close()
+
+
+def _x(value: int, shape: tuple[int, ...] = (1, 1)) -> dict[str, object]:
+    return {"inputs": [{"name": "X", "datatype": "INT32", "shape": list(shape), "data": [value] * int(np.prod(shape))}]}
+
+
+def _full_queue(srv: ServerProcess, gate_dir: Path) -> list[tuple[int, str]]:
+    """Two requests to ``bounded`` behind a held one: one of them is refused."""
+    with ThreadPoolExecutor(3) as pool:
+        held = pool.submit(_gated_post, srv, "bounded", _x(7))
+        wait_until_sync(lambda: (gate_dir / "started").exists(), "the held request runs", timeout=60)
+        behind = [pool.submit(_gated_post, srv, "bounded", _x(v)) for v in (8, 9)]
+        done, _ = wait(behind, timeout=60, return_when=FIRST_COMPLETED)
+        (gate_dir / "gate").touch()
+        assert held.result(timeout=120)[0] == 200
+        answers = [f.result(timeout=120) for f in behind]
+        assert done
+    # which of the two is refused is a race: the other's result must be its own
+    ok = [
+        json.loads(b)["outputs"][0]["data"] == [2 * v]
+        for v, (status, b) in zip((8, 9), answers, strict=True)
+        if status == 200
+    ]
+    assert all(ok), answers
+    return sorted((status, "its result" if status == 200 else b) for status, b in answers)
+
+
+def _gated_answers(srv: ServerProcess, gate_dir: Path) -> dict[str, object]:
+    """What the models answer: results over fresh connections, a bad shape, a failed batch, a
+    full queue's refusal, and the failures /metrics counts."""
+    got: dict[str, object] = {}
+    got["results"] = [_gated_post(srv, "gated", _x(i)) for i in range(1, 7)]
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    x = grpcclient.InferInput("X", [1, 1], "INT32")
+    x.set_data_from_numpy(np.array([[21]], np.int32))
+    got["grpc"] = int(client.infer("gated", [x]).as_numpy("Y")[0, 0])
+    client.close()
+    got["bad_shape"] = _gated_post(srv, "gated", _x(1, (1, 2)))
+    got["failed"] = _gated_post(srv, "gated", _x(-1))
+    got["behind"] = _full_queue(srv, gate_dir)
+    with urllib.request.urlopen(srv.metrics_url, timeout=30) as r:
+        text = r.read().decode()
+    got["failures"] = sorted(x for x in text.splitlines() if x.startswith("nv_inference_request_failure{"))
+    return got
+
+
+def _gated_repo(root: Path) -> Path:
+    root.mkdir()
+    repo = root / "models"
+    model = GATED_MODEL.format(started=str(root / "started"), gate=str(root / "gate"))
+    write_model(repo, "gated", GATED_CONFIG.format(name="gated", queue=""), model)
+    queue = "default_queue_policy { max_queue_size: 1 }"
+    write_model(repo, "bounded", GATED_CONFIG.format(name="bounded", queue=queue), model)
+    return repo
+
+
+def test_plain_requests_to_a_stateless_model_take_the_compiled_path_and_read_as_in_one_process(
+    tmp_path: Path,
+) -> None:
+    """Requests to a model without a sequence batcher over --workers 2 run on the engine's
+    compiled path (its exit line counts them) and every answer (results, a bad shape, a failed
+    batch, a full queue's refusal with its request id, the failure counts) is what one process
+    gives, word for word."""
+    alone = start_server(_gated_repo(tmp_path / "one"), log_dir=tmp_path, exit_timeout_s=30.0)
+    try:
+        expected = _gated_answers(alone, tmp_path / "one")
+    finally:
+        alone.terminate()
+        alone.wait()
+    srv = start_server(_gated_repo(tmp_path / "two"), "--workers", "2", log_dir=tmp_path, exit_timeout_s=30.0)
+    _workers(srv)
+    got = _gated_answers(srv, tmp_path / "two")
+    assert [json.loads(b)["outputs"][0]["data"] for _, b in got["results"]] == [[2 * i] for i in range(1, 7)]  # type: ignore[attr-defined]
+    assert got["grpc"] == 42
+    refused = [json.loads(b) for status, b in got["behind"] if status == 503]  # type: ignore[attr-defined]
+    assert refused == [{"error": "[request id: <id_unknown>] Exceeds maximum queue size"}], got
+    assert got == expected
+    srv.terminate()
+    assert srv.wait() == 0, srv.log()
+    line = next(x for x in srv.log().splitlines() if "the workers' rings carried" in x)
+    fast, slow = (int(n) for n in re.findall(r"carried (\d+) requests .* and (\d+) to", line)[0])
+    assert fast >= 8 and slow >= 4, line  # gated's results and failed batch; bounded's and the bad shape

@@ -12,12 +12,14 @@ from seqserve._proto import model_config_pb2 as mc
 from seqserve.api.workers import fast_requests
 from seqserve.api.workers.fast_requests import FastRequest
 from seqserve.api.workers.snapshot import ModelEntry
-from seqserve.engine import Code, InferRequest, InferResult
+from seqserve.engine import SERVER_STOPPING, Code, InferRequest, InferResult
 from seqserve.engine._core import REPLY_BACKLOG_FULL, REPLY_ERROR, REPLY_FINAL, REPLY_RELEASED, REPLY_RETRY_SHIFT
 from seqserve.engine.replicas.checkpoint import SequenceReleasedError
 from tests.support.paths import DEMO_REPO
 
 ACCUMULATOR = DEMO_REPO / "accumulator"
+ADD_SUB = DEMO_REPO / "add_sub"
+ADD_SUB_SHAPE = (1, 4)  # one row of a batch
 
 
 def _entry(*, fast: bool = True, sequence: bool = True) -> ModelEntry:
@@ -35,10 +37,22 @@ def _request(**kw: object) -> InferRequest:
     return InferRequest(**(fields | kw))  # type: ignore[arg-type]
 
 
-def test_only_fast_sequence_models_have_a_fast_form() -> None:
+def _add_sub_entry(*, decoupled: bool = False) -> ModelEntry:
+    cfg = text_format.Parse((ADD_SUB / "config.pbtxt").read_text(), mc.ModelConfig())
+    return ModelEntry(8, decoupled, False, cfg, str(ADD_SUB), True)
+
+
+def _add_sub_request(**kw: object) -> InferRequest:
+    x = np.ones(ADD_SUB_SHAPE, np.float32)
+    return InferRequest(**({"model": "add_sub", "inputs": {"INPUT0": x, "INPUT1": x}} | kw))  # type: ignore[arg-type]
+
+
+def test_only_fast_targets_of_models_that_are_not_decoupled_have_a_fast_form() -> None:
     assert fast_requests.fast_model("accumulator", 1, _entry()) is not None
     assert fast_requests.fast_model("accumulator", 1, _entry(fast=False)) is None
-    assert fast_requests.fast_model("accumulator", 1, _entry(sequence=False)) is None
+    model = fast_requests.fast_model("add_sub", 1, _add_sub_entry())
+    assert model is not None and not model.is_sequence
+    assert fast_requests.fast_model("add_sub", 1, _add_sub_entry(decoupled=True)) is None
 
 
 @pytest.mark.parametrize(
@@ -56,6 +70,43 @@ def test_which_requests_take_the_compiled_path(
     kw: dict[str, object], session_name: str | None, scope: int, fast: bool
 ) -> None:
     assert fast_requests.takes(_request(**kw), session_name, scope) is fast
+
+
+@pytest.mark.parametrize(
+    ("kw", "fast"),
+    [
+        ({}, True),
+        ({"sequence_id": 9, "sequence_start": True}, True),  # ignored, as one process ignores it
+        ({"id": "mine"}, False),  # a failed batch's words would name the engine's id, not this
+        ({"parameters": {"x": 1}}, False),
+        ({"session": True, "sequence_id": "s"}, False),
+    ],
+)
+def test_which_requests_to_a_model_without_a_sequence_batcher_take_the_compiled_path(
+    kw: dict[str, object], fast: bool
+) -> None:
+    assert fast_requests.takes(_add_sub_request(**kw), None, 0, is_sequence=False) is fast
+
+
+def test_a_submit_refusal_of_a_model_without_a_sequence_batcher_names_the_request_id() -> None:
+    model = fast_requests.fast_model("add_sub", 1, _add_sub_entry())
+    assert model is not None
+    checked = fast_requests.check(model, _add_sub_request())
+    assert checked is not None and checked.corrid == 0
+    fast = FastRequest(model, checked)
+    flags = REPLY_FINAL | REPLY_ERROR
+    unavailable = int(Code.UNAVAILABLE)
+    full = fast_requests.error_of(fast, flags, unavailable, "Exceeds maximum queue size")
+    assert (full.code, full.message) == (Code.UNAVAILABLE, "[request id: <id_unknown>] Exceeds maximum queue size")
+    assert full.retry_after_s is None
+    stopping = fast_requests.error_of(fast, flags, unavailable, SERVER_STOPPING)
+    assert stopping.message == f"[request id: <id_unknown>] {SERVER_STOPPING}"
+    # what the core reports after queueing, and a model's failure, carry none (as in one process)
+    assert fast_requests.error_of(fast, flags, unavailable, "Request timeout expired").message == (
+        "Request timeout expired"
+    )
+    failed = fast_requests.error_of(fast, flags, int(Code.INTERNAL), "boom (request id 1a2b)")
+    assert failed.message == "boom (request id 1a2b)"
 
 
 def test_a_request_the_validator_refuses_goes_the_slow_way() -> None:
@@ -97,3 +148,22 @@ def test_refusals_read_as_submit_raises_them() -> None:
     assert isinstance(released, SequenceReleasedError)
     failed = fast_requests.error_of(fast, flags, int(Code.INTERNAL), "model failed (request id 1a2b)")
     assert failed.code is Code.INTERNAL and failed.message == "model failed (request id 1a2b)"
+
+
+@pytest.mark.parametrize(
+    ("batching", "fast"),
+    [
+        ("", True),
+        ("dynamic_batching { }", True),
+        ("dynamic_batching { default_queue_policy { max_queue_size: 2 } }", False),
+        (
+            "dynamic_batching { priority_levels: 2 priority_queue_policy { key: 1 value: { max_queue_size: 1 } } }",
+            False,
+        ),
+    ],
+)
+def test_a_model_whose_queue_refuses_requests_keeps_the_slow_path(batching: str, fast: bool) -> None:
+    """Its refusals would count under reason OTHER in the engine's metrics, not REJECTED."""
+    entry = _add_sub_entry()
+    text_format.Merge(batching, entry.config)
+    assert (fast_requests.fast_model("add_sub", 1, entry) is not None) is fast

@@ -3,7 +3,8 @@ Python of its own are validated here, against the model config the snapshot carr
 engine's ``RequestValidator``, so its messages), and sent as plain records: the target, the
 inputs in config order with their shapes, the header. Their replies carry every configured
 output in config order and no meta block; the worker builds the ``InferResult`` (names, dtypes,
-the outputs its client asked for) and the refusals as ``LoadedModel.submit`` raises them.
+the outputs its client asked for) and the refusals as ``LoadedModel.submit`` raises them
+(a model without a sequence batcher: ``[request id: ...]`` first, as Triton words them).
 
 Anything else (sessions, stream scopes, tracing, parameters the model may read, a request the
 validator refuses: the engine answers and counts it) takes the slow way, with its meta block."""
@@ -16,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from seqserve._proto import model_config_pb2 as mc
 from seqserve.api.workers.snapshot import ModelEntry
-from seqserve.engine import Code, InferenceError, InferRequest, InferResult
+from seqserve.engine import SERVER_STOPPING, Code, InferenceError, InferRequest, InferResult
 from seqserve.engine.tensors import to_numpy_dtype
 from seqserve.engine.workers import (
     BACKLOG_RETRY_AFTER_S,
@@ -35,6 +37,12 @@ from seqserve.engine.workers import (
 #: input descriptors (offset, nbytes, index, up to 16 dims each)
 FAST_MAX_INPUTS = 4
 
+#: what the core's schedulers of models without a sequence batcher refuse a submit with
+#: (csrc/dynamic.cc, stateless.cc, scheduler.cc): ``LoadedModel.submit`` puts the request id
+#: first in these, never in the failures the core reports later (a timeout, a cancel, an
+#: unload) nor in a model's failure; the reply's flags do not say which kind it is
+SUBMIT_REFUSALS = frozenset({"Exceeds maximum queue size", SERVER_STOPPING})
+
 
 class FastModel:
     """One model version on the compiled path, as a worker validates and answers for it."""
@@ -44,16 +52,18 @@ class FastModel:
         self.name = name
         self.version = str(version)
         self.target = entry.target
+        self.is_sequence = entry.is_sequence
         self.validator = RequestValidator(cfg, build_core_spec(cfg, Path(entry.model_dir), 1))
         self.dtypes = {t.name: np.dtype(to_numpy_dtype(t.data_type)) for t in cfg.output}
         self.output_names = [t.name for t in cfg.output]
 
 
 def fast_model(name: str, version: int, entry: ModelEntry) -> FastModel | None:
-    """The model version's fast form, or None when its requests take the slow way (only sequence
-    models here: their refusals carry no request id, so every error reads as in one process)."""
-    if not (entry.fast and entry.is_sequence and not entry.decoupled):
+    """The model version's fast form, or None when its requests take the slow way."""
+    if not entry.fast or entry.decoupled:
         return None
+    if not entry.is_sequence and bounds_its_queue(entry.config):
+        return None  # its refusals count as REJECTED where one process counts them (the engine's)
     if len(entry.config.input) > FAST_MAX_INPUTS:
         return None  # its record might not fit a ring cell
     try:
@@ -62,17 +72,30 @@ def fast_model(name: str, version: int, entry: ModelEntry) -> FastModel | None:
         return None
 
 
-def takes(request: InferRequest, session_name: str | None, scope: int) -> bool:
-    """Whether a request needs none of the engine's per-request Python (the caller checks the
-    server-wide reasons: tracing, verbose request lines)."""
+def bounds_its_queue(cfg: mc.ModelConfig) -> bool:
+    """Whether the dynamic batcher refuses requests once a queue holds ``max_queue_size``: the
+    engine's metrics count such a refusal of the compiled path under reason OTHER, not REJECTED
+    (its count cannot tell a refusal's code), so such a model's requests take the slow way."""
+    batching = cfg.dynamic_batching
+    policies = [batching.default_queue_policy, *batching.priority_queue_policy.values()]
+    return any(p.max_queue_size for p in policies)
+
+
+def takes(request: InferRequest, session_name: str | None, scope: int, *, is_sequence: bool = True) -> bool:
+    """Whether a request to a sequence model (``is_sequence``) or another model needs none of
+    the engine's per-request Python (the caller checks the server-wide reasons: tracing, verbose
+    request lines). A sequence model's request names its sequence (else the engine picks an
+    id); another model's carries no request id of the client's (a failed batch's words name the
+    request id, and the engine's log line the same one: the engine never sees a fast record's);
+    a sequence id there is ignored, as one process ignores it."""
+    sequence_named = isinstance(request.sequence_id, int | str) and bool(request.sequence_id)
     return (
-        session_name is None
+        (sequence_named if is_sequence else not request.id)
+        and session_name is None
         and not request.session
         and scope == 0
         and request.trace is None
         and not request.parameters
-        and isinstance(request.sequence_id, int | str)
-        and bool(request.sequence_id)
     )
 
 
@@ -119,10 +142,13 @@ def result_of(fast: FastRequest, outputs: list[tuple[int, Any]]) -> InferResult 
 
 def error_of(fast: FastRequest, flags: int, code: int, message: str) -> InferenceError:
     """An error reply as ``LoadedModel.submit`` raises a refusal (a released sequence, the
-    backlog's Retry-After). A model's failure comes logged and worded by the engine (its words
-    name a request id the engine made: a fast record carries none)."""
+    backlog's Retry-After, the request id first for a model without a sequence batcher). A
+    model's failure comes logged and worded by the engine (its words name a request id the
+    engine made: a fast record carries none)."""
     if flags & REPLY_RELEASED:
         return SequenceReleasedError(message)
+    if not fast.model.is_sequence and code == Code.UNAVAILABLE and message in SUBMIT_REFUSALS:
+        message = f"[request id: {fast.checked.request.id or '<id_unknown>'}] {message}"
     retry_ms = flags >> REPLY_RETRY_SHIFT
     retry_after_s = BACKLOG_RETRY_AFTER_S if flags & REPLY_BACKLOG_FULL else None
     if retry_ms:

@@ -170,7 +170,7 @@ class RemoteEngine:
 
     def _submit(self, request: InferRequest, on_response: OnResponse, target: int, m: RemoteModel | None) -> int:
         session_name = request.sequence_id if request.session and isinstance(request.sequence_id, str) else None
-        fast = self._fast_model(m.name, m.version, target) if m is not None and request.sequence_id else None
+        fast = self._fast_model(m.name, m.version, target) if m is not None else None
         key = (target, request.sequence_id)
         if (
             fast is not None
@@ -178,7 +178,7 @@ class RemoteEngine:
             and request.scope is None
             and not self.snapshot.tracing
             and not self.snapshot.log.get("log_verbose_level")  # the engine logs each request
-            and fast_requests.takes(request, session_name, 0)
+            and fast_requests.takes(request, session_name, 0, is_sequence=fast.is_sequence)
         ):
             checked = fast_requests.check(fast, request)
             # larger inputs would never find slab blocks: the slow way sends them whole
@@ -187,7 +187,7 @@ class RemoteEngine:
         scope = 0
         if request.scope is not None:
             scope = self._scope_of(request.scope)
-        if fast is None:
+        if fast is None or not fast.is_sequence:  # no sequence whose steps could overtake it
             return self._ring.submit(request, on_response, target, session_name, scope)
         # A step of a fast model's sequence going the slow way: the sequence's next steps follow
         # it until it is answered (the compiled path would submit them first, out of order).

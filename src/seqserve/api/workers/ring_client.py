@@ -81,10 +81,17 @@ class RingClient:
     # ------------------------------------------------------------------------ requests
 
     def submit(
-        self, request: InferRequest, on_response: OnResponse, target: int, session_name: str | None, scope: int
+        self,
+        request: InferRequest,
+        on_response: OnResponse,
+        target: int,
+        session_name: str | None,
+        scope: int,
+        *,
+        handle: int = 0,
     ) -> int:
-        """Queue ``request``; returns its handle (for ``cancel``)."""
-        handle = next(self._handles)
+        """Queue ``request``; returns its handle (for ``cancel``): a new one, or ``handle``."""
+        handle = handle or next(self._handles)
         self._waiting[handle] = on_response
         meta = RequestMeta(
             request.model,
@@ -263,6 +270,16 @@ class RingClient:
         self, handle: int, fast: FastRequest, flags: int, code: int, error: str | None, outputs: list[Any]
     ) -> None:
         region, w = self._region, self._worker
+        if any(index == META_INDEX for index, _, _, _ in outputs):
+            # The engine's Python path answered the record: its target was gone (the model
+            # retired or unloaded). Sent again with its meta block under the same handle, the
+            # engine answers it by the model's name, as one process does.
+            for _, offset, _, _ in outputs:
+                region.free(w, False, offset)
+            on_response = self._waiting.pop(handle, None)
+            if on_response is not None:
+                self.submit(fast.checked.request, on_response, records.BY_NAME, None, 0, handle=handle)
+            return
         response: InferResult | InferenceError
         try:
             if flags & REPLY_ERROR or code:
