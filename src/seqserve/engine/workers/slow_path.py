@@ -77,11 +77,14 @@ class SlowPath:
                 }
                 self.submit_parts(worker, header.handle, head, parts, fields)
             except StopIteration:
-                log.error("worker %d: request %d has no meta block", worker, header.handle)
+                # a compiled-path record whose target is no longer served (its model retired at
+                # the drain, or unloaded): answered with a meta block, which tells the worker to
+                # send it again with its own, so that it is answered by the model's name
+                log.debug("worker %d: request %d came without its meta block: sent back", worker, header.handle)
                 self._reply(
                     worker,
                     header.handle,
-                    records.error_meta(InferenceError(Code.INTERNAL, "malformed request record")),
+                    records.error_meta(InferenceError(Code.INTERNAL, "the request's target is no longer served")),
                     [],
                     True,
                 )
