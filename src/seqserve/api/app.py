@@ -341,10 +341,17 @@ class Shutdown:
     new sequences refused) and arms a backstop that ends the process if the shutdown outlasts
     the exit timeout by EXIT_BACKSTOP_S; a second one exits at once with 128 + its number."""
 
-    def __init__(self, server: Server, on_drain: Callable[[], None] | None = None) -> None:
-        """on_drain: called once the drain has begun (the gRPC streams' part of it)."""
+    def __init__(
+        self,
+        server: Server,
+        on_drain: Callable[[], None] | None = None,
+        before_drain: Callable[[], None] | None = None,
+    ) -> None:
+        """on_drain: called once the drain has begun (the gRPC streams' part of it);
+        before_drain: just before it begins (worker processes hear of it first)."""
         self.server = server
         self.on_drain = on_drain
+        self.before_drain = before_drain
         self.requested = asyncio.Event()
         self.first: signal.Signals | None = None
 
@@ -359,6 +366,8 @@ class Shutdown:
             )
             exit_now(128 + sig)
         self.first = sig
+        if self.before_drain is not None:
+            self.before_drain()
         self.server.begin_shutdown()
         if self.on_drain is not None:
             self.on_drain()

@@ -101,6 +101,15 @@ class Channel(asyncio.Protocol):
 
     # ------------------------------------------------------------------------------ API
 
+    def take_with(self, on_message: Callable[[Any], bool]) -> None:
+        """Install ``on_message``, after running what waits for ``receive`` through it, in
+        order (what it does not take keeps waiting)."""
+        self.on_message = on_message
+        waiting, self._inbox = self._inbox, collections.deque()
+        for message in waiting:
+            if not on_message(message):
+                self._inbox.append(message)
+
     def send(self, message: Any) -> None:
         """Queue one message (frames are written in order)."""
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)

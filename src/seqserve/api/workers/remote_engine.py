@@ -56,7 +56,7 @@ class RemoteEngine:
         self._slow_keys: dict[int, tuple[int, Any]] = {}
         self._scopes: dict[SequenceScope, int] = {}
         self._next_scope = 1
-        self.on_exiting: Callable[[], None] | None = None
+        self._exiting_noted = False  # the engine said its shutdown begins (before any snapshot)
 
     def update(self, snapshot: Snapshot) -> None:
         if snapshot.log != self.snapshot.log:  # the logging extension changed the engine's
@@ -78,9 +78,14 @@ class RemoteEngine:
 
     # --------------------------------------------------------------- sync questions
 
+    def note_exiting(self) -> None:
+        """The engine's shutdown begins: told before any model is retired, so a refusal that the
+        compiled path answers at once is never written before the worker knows."""
+        self._exiting_noted = True
+
     @property
     def exiting(self) -> bool:
-        return self.snapshot.exiting
+        return self._exiting_noted or self.snapshot.exiting
 
     @property
     def tracer(self) -> object | None:
@@ -90,7 +95,7 @@ class RemoteEngine:
         return True
 
     def is_ready(self) -> bool:
-        return self.snapshot.ready and not self.snapshot.exiting
+        return self.snapshot.ready and not self.exiting
 
     def model(self, name: str, version: str | int = "") -> RemoteModel:
         """As ``Server.model``: the loaded version (the highest for ""), or its refusal."""

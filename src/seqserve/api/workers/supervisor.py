@@ -81,7 +81,7 @@ async def serve_with_workers(opts: ServeOptions, server: Server, observability: 
         log.error("%s", e)
         return 1
     pool = WorkerPool(server, opts, sockets)
-    shutdown = Shutdown(server, on_drain=pool.begin_drain)
+    shutdown = Shutdown(server, on_drain=pool.begin_drain, before_drain=pool.announce_drain)
     handle_signals(shutdown)
     # the metrics endpoint, with every worker's front-end counts
     front_ends = FrontEnds(server, StreamDrain(), observability, front_end_metrics=pool.front_end_metrics)
@@ -155,6 +155,9 @@ class WorkerPool:
         self._restarts = [0] * opts.workers
         self._snapshot = Snapshot()
         self._workers: list[WorkerProcess | None] = [None] * opts.workers
+        # workers between their init message and "ready": they hear the snapshots and drain
+        # notices too (a worker that starts while the drain begins must not miss it)
+        self._starting: dict[int, Channel] = {}
         self._stopping = False
         self._snapshot_task: asyncio.Task[None] | None = None
         self._shared_memory = SharedMemoryRegistry()  # the engine's regions (relayed registrations)
@@ -188,6 +191,7 @@ class WorkerPool:
         child_end.close()
         channel = await Channel.open(parent_end)
         channel.send(("init", self._init_message(w)))
+        self._starting[w] = channel
         try:
             message = await asyncio.wait_for(channel.receive(), WORKER_START_TIMEOUT_S)
         except (ChannelClosed, asyncio.TimeoutError):
@@ -195,6 +199,8 @@ class WorkerPool:
                 process.kill()
             code = await process.wait()
             raise StartupError(f"worker {w} failed to start (exit status {code})") from None
+        finally:
+            self._starting.pop(w, None)
         log.info("worker %d started (pid %d)", w, message[1])
         wp = WorkerProcess(w, process, channel, [])
         self._workers[w] = wp
@@ -231,6 +237,14 @@ class WorkerPool:
         }
 
     # ------------------------------------------------------------------ one worker
+
+    def _tell_all(self, message: Any) -> None:
+        """A one-way message to every worker, those still starting included."""
+        for wp in self._workers:
+            if wp is not None:
+                wp.channel.send(message)
+        for channel in self._starting.values():
+            channel.send(message)
 
     def _send(self, w: int, message: Any) -> None:
         wp = self._workers[w]
@@ -321,9 +335,7 @@ class WorkerPool:
         snapshot = self._targets.snapshot(self._server, self._shared_memory)
         if snapshot != self._snapshot:
             self._snapshot = snapshot
-            for wp in self._workers:
-                if wp is not None:
-                    wp.channel.send(("snapshot", snapshot))
+            self._tell_all(("snapshot", snapshot))
 
     async def _watch_snapshot(self) -> None:
         while True:
@@ -332,11 +344,15 @@ class WorkerPool:
 
     # ------------------------------------------------------------------------ drain
 
+    def announce_drain(self) -> None:
+        """The engine's drain is about to begin: every worker answers as exiting from now on.
+        Sent before any model is retired, since the compiled path answers a retired model's
+        requests from its own thread, while this loop is still in the signal handler."""
+        self._tell_all(("exiting",))
+
     def begin_drain(self) -> None:
         """The engine's drain began: the workers answer as draining, their streams end."""
-        for wp in self._workers:
-            if wp is not None:
-                wp.channel.send(("drain", self._opts.state_store is not None))
+        self._tell_all(("drain", self._opts.state_store is not None))
         try:
             self._refresh_snapshot()
         except Exception:  # called by the signal handler: the drain must go on

@@ -132,14 +132,6 @@ async def run_worker(index: int, control_fd: int) -> int:
     sockets = {what: socket.socket(fileno=fd) for what, fd in init["sockets"].items()}
     front_ends = FrontEnds(cast(Server, engine), streams, sockets=sockets, parts=WorkerParts(control, ring.read_gate))
     mirror_regions(front_ends.shared_memory, engine.snapshot.regions)
-    ring.start()
-    try:
-        await front_ends.start(replace(opts, metrics=None))
-    except StartupError as e:
-        log.error("worker %d: %s", index, e)
-        return 1
-    control.send(("ready", os.getpid()))
-    counting = asyncio.create_task(_send_counts(front_ends, ring.read_gate, control))
 
     def take_at_once(message: Any) -> bool:
         """The engine's snapshots, drain notices and whole replies, applied as they are read."""
@@ -152,13 +144,25 @@ async def run_worker(index: int, control_fd: int) -> int:
         elif kind == "reply":
             _, handle, head, parts, final = message
             ring.deliver_whole(handle, head, parts, final)
+        elif kind == "exiting":
+            engine.note_exiting()
         elif kind == "drain":
             streams.begin(handoff=message[1])
         else:
             return False
         return True
 
-    control.on_message = take_at_once
+    # from now on, and for what came since the init message (the engine tells starting workers too)
+    control.take_with(take_at_once)
+    ring.start()
+    try:
+        await front_ends.start(replace(opts, metrics=None))
+    except StartupError as e:
+        log.error("worker %d: %s", index, e)
+        return 1
+    control.send(("ready", os.getpid()))
+    counting = asyncio.create_task(_send_counts(front_ends, ring.read_gate, control))
+
     while True:
         try:
             message = await control.receive()
