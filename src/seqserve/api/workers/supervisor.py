@@ -268,8 +268,6 @@ class WorkerPool:
             elif kind == "infer":
                 _, handle, head, parts, fields = message
                 self._slow.submit_parts(w, handle, head, dict(enumerate(parts)), fields)
-            elif kind == "cancel":
-                self._slow.cancel(w, message[1])
             elif kind == "scope_close":
                 self._slow.close_scope(w, message[1], message[2])
             elif kind == "counts":
