@@ -26,6 +26,7 @@ from seqserve.engine.replicas.arrivals import Arrivals
 from seqserve.engine.replicas.checkpoint import SequenceBusyError, SequenceCheckpoint
 from seqserve.engine.replicas.ownership import Ownership
 from seqserve.engine.replicas.store import SequenceKey, StateStore, Status, StoreError, StoreLostError
+from seqserve.engine.replicas.tasks import stop_tasks
 from seqserve.engine.request import InferRequest
 from seqserve.engine.responses import InferResult, ResponseCallback
 from seqserve.engine.server.models import ModelTable
@@ -119,11 +120,7 @@ class ReplicaCoordinator:
             await asyncio.wait(pending, timeout=max(deadline - time.monotonic(), 0.1))
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.ownership.flush(), max(deadline - time.monotonic(), 0.5))
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(BaseException):
-                await t
+        await stop_tasks(self._tasks)  # a heartbeat's cancellation can be lost (see stop_tasks)
         await self.ownership.close()
         try:
             await self.store.close()

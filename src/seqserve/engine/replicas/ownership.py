@@ -29,6 +29,7 @@ from typing import Any
 from seqserve.engine.errors import InferenceError
 from seqserve.engine.model import LoadedModel
 from seqserve.engine.replicas.store import SequenceKey, StateStore, StoreError, StoreLostError
+from seqserve.engine.replicas.tasks import stop_tasks
 
 log = logging.getLogger("seqserve.handoff")
 
@@ -334,10 +335,7 @@ class Ownership:
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
-        for t in [*self._tasks, *([self._recovering] if self._recovering else [])]:
-            t.cancel()
-            with contextlib.suppress(BaseException):
-                await t
+        await stop_tasks([*self._tasks, *([self._recovering] if self._recovering else [])])
 
 
 def _retrieve(fut: asyncio.Future[None]) -> None:

@@ -43,6 +43,7 @@ from seqserve.engine.replicas.store.base import (
     StoreError,
     StoreLostError,
 )
+from seqserve.engine.replicas.tasks import stop_tasks
 
 log = logging.getLogger("seqserve.statestore")
 
@@ -220,9 +221,7 @@ class DirStore(StateStore):
 
     async def close(self) -> None:
         if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(BaseException):
-                await self._poller
+            await stop_tasks([self._poller])
             self._poller = None
         with contextlib.suppress(OSError):
             await asyncio.to_thread(self._hb(self.replica_id).unlink, True)

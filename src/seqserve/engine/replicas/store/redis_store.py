@@ -37,6 +37,7 @@ from seqserve.engine.replicas.store.base import (
     StoreLostError,
     redact_url,
 )
+from seqserve.engine.replicas.tasks import stop_tasks
 
 log = logging.getLogger("seqserve.statestore")
 
@@ -229,9 +230,7 @@ class RedisStore(StateStore):
 
     async def close(self) -> None:
         if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(BaseException):
-                await self._listener
+            await stop_tasks([self._listener])
             self._listener = None
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
