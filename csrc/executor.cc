@@ -7,7 +7,9 @@
 // (run_ready_inline, called from a loop callback scheduled after submit), and submit then wakes
 // no executor. Both paths use the strategy's one form_locked, and `executing` (under the lock)
 // keeps one batch per instance at a time, whoever runs it. When a model is cheap enough to run
-// inline is InlinePolicy's call (inline_policy.h).
+// inline is InlinePolicy's call (inline_policy.h). Under worker processes the thread that submits
+// plain requests is the ring feeder's drain thread: it runs inline batches the same way, taking
+// the runtime per batch (run_ready_inline with borrowed = false; ring_feeder.h).
 //
 // Correctness does not depend on the loop coming back: in inline mode an idle executor waits
 // with a timeout, and takes the work queued for it once it has waited kInlineFallbackNs for
@@ -50,9 +52,15 @@ void Scheduler::executor_loop(Instance& inst) {
       hold.release();
       continue;
     }
-    if (n.kind == Next::kUntil) inst.cv.wait_for(lk, std::chrono::nanoseconds(n.until_ns - now_ns()));
-    else if (n.kind == Next::kIdle) idle_wait(inst, lk);
-    else inst.cv.wait(lk);
+    if (n.kind == Next::kUntil) {
+      inst.delay_until_ns = n.until_ns;
+      inst.cv.wait_for(lk, std::chrono::nanoseconds(n.until_ns - now_ns()));
+      inst.delay_until_ns = 0;
+    } else if (n.kind == Next::kIdle) {
+      idle_wait(inst, lk);
+    } else {
+      inst.cv.wait(lk);
+    }
   }
 }
 
@@ -96,11 +104,11 @@ void Scheduler::note_batch_cost_locked(bool in_line, int64_t cost_ns) {
   }
 }
 
-int Scheduler::run_ready_inline(bool* more) {
+int Scheduler::run_ready_inline(bool* more, bool borrowed) {
   *more = false;
   if (!inline_.active()) return 0;
   std::unique_lock<std::mutex> lk(mu_);
-  RuntimeHold hold(hooks_, lk, true);  // the caller (the event loop) holds the runtime
+  RuntimeHold hold(hooks_, lk, borrowed);
   const int64_t t0 = now_ns();
   int ran = 0;
   for (auto& inst : instances_) inst->inline_due_ns = 0;  // the loop has come for it
@@ -121,6 +129,7 @@ int Scheduler::run_ready_inline(bool* more) {
         continue;
       }
       if (n.kind != Next::kBatch) continue;
+      inst.inline_on_loop = borrowed;
       run_formed_batch(inst, lk, hold, false, true);
       ++ran;
       progress = true;

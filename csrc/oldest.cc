@@ -22,6 +22,12 @@ class OldestScheduler final : public SequenceScheduler {
     Ring<Request*>& q = ready_[inst.index];
     while (!q.empty()) take(q.pop());
   }
+  bool batch_ready_locked(Instance& inst) override {
+    int64_t wake = 0;
+    return !ready_[inst.index].empty() && pick_locked(inst, &wake) > 0;
+  }
+  // How many of the instance's ready requests make its next batch now (0: wait until *wake).
+  size_t pick_locked(Instance& inst, int64_t* wake);
   void handoff_locked(Instance& inst, int s);
   void drop_cancelled_ready_locked(Instance& inst);
 
@@ -90,6 +96,24 @@ void OldestScheduler::drop_cancelled_ready_locked(Instance& inst) {
   dropped_.clear();
 }
 
+size_t OldestScheduler::pick_locked(Instance& inst, int64_t* wake) {
+  Ring<Request*>& ready = ready_[inst.index];
+  const bool has_var_state = inst.state.has_variable();
+  const Request* rep = nullptr;
+  for (size_t i = 0; i < ready.size() && !rep; ++i)
+    if (ready.at(i)->kind == kNormal) rep = ready.at(i);
+  if (has_var_state && rep) inst.state.shapes_of(rep->slot, rep, rep_state_shapes_);
+  return pick_batch(
+      ready.size(), [](size_t) { return int64_t{1}; },
+      [&](size_t i) {
+        const Request* r = ready.at(i);
+        if (!rep || r->kind != kNormal || r == rep) return true;
+        return shapes_match(r, rep) &&
+               (!has_var_state || inst.state.shapes_match(r->slot, r, rep_state_shapes_));
+      },
+      ready.front()->handoff_ns, wake);
+}
+
 Scheduler::Next OldestScheduler::form_locked(Instance& inst, std::unique_lock<std::mutex>& lk, RuntimeHold& hold) {
   if (flush_cancelled(lk)) return {Next::kAgain};
   if (inst.cancels) drop_cancelled_ready_locked(inst);
@@ -99,21 +123,8 @@ Scheduler::Next OldestScheduler::form_locked(Instance& inst, std::unique_lock<st
     if (closing_ && (ready.empty() || !delay_released_)) return {Next::kExit};
     return {released ? Next::kIdle : Next::kBlocked};
   }
-  const bool has_var_state = inst.state.has_variable();
-  const Request* rep = nullptr;
-  for (size_t i = 0; i < ready.size() && !rep; ++i)
-    if (ready.at(i)->kind == kNormal) rep = ready.at(i);
-  if (has_var_state && rep) inst.state.shapes_of(rep->slot, rep, rep_state_shapes_);
   int64_t wake = 0;
-  const size_t n = pick_batch(
-      ready.size(), [](size_t) { return int64_t{1}; },
-      [&](size_t i) {
-        const Request* r = ready.at(i);
-        if (!rep || r->kind != kNormal || r == rep) return true;
-        return shapes_match(r, rep) &&
-               (!has_var_state || inst.state.shapes_match(r->slot, r, rep_state_shapes_));
-      },
-      ready.front()->handoff_ns, &wake);
+  const size_t n = pick_locked(inst, &wake);
   if (n == 0) return Next::until(wake + 1);
   if (hold.acquire()) return {Next::kAgain};  // what arrived while we waited joins this batch
   std::vector<Row>& rows = inst.batch.rows;

@@ -55,6 +55,11 @@ RingFeeder::~RingFeeder() {
   ::close(slow_fd_);
 }
 
+void RingFeeder::set_runtime(std::function<void()> attach, std::function<void()> detach) {
+  attach_ = std::move(attach);
+  detach_ = std::move(detach);
+}
+
 void RingFeeder::start() {
   if (thread_.joinable()) return;
   stopping_.store(false);
@@ -84,7 +89,11 @@ void RingFeeder::add_target(uint32_t target, Scheduler* sched, std::vector<std::
 void RingFeeder::remove_target(uint32_t target) {
   std::lock_guard<std::mutex> drain(drain_mu_);  // the drain thread is out of its scheduler
   std::lock_guard<std::mutex> lk(mu_);
-  targets_.erase(target);
+  auto it = targets_.find(target);
+  if (it == targets_.end()) return;
+  // It may close once this returns: the drain thread must not come back for its batches.
+  inline_.erase(std::remove(inline_.begin(), inline_.end(), it->second->sched), inline_.end());
+  targets_.erase(it);
 }
 
 std::vector<SlowRecord> RingFeeder::take_slow() {
@@ -112,6 +121,7 @@ void RingFeeder::loop() {
         for (Instance* inst : wakes_) inst->cv.notify_one();
         wakes_.clear();
       }
+      if (!inline_.empty() && run_inline()) n = std::max<size_t>(n, 1);  // come back at once
     }
     if (signal_slow_) {  // one wake-up per burst for Python's hand-off
       signal_slow_ = false;
@@ -131,6 +141,25 @@ void RingFeeder::loop() {
     idle_since = 0;
     region_.wait_requests(queued_total_.load(std::memory_order_relaxed) > 0 ? kRetrySleepMs : kSleepMs);
   }
+  if (attached_) detach_();
+}
+
+bool RingFeeder::run_inline() {
+  std::sort(inline_.begin(), inline_.end());
+  inline_.erase(std::unique(inline_.begin(), inline_.end()), inline_.end());
+  if (!attached_) {
+    attach_();
+    attached_ = true;
+  }
+  // Under drain_mu_: remove_target waits for this thread to be out of the scheduler.
+  std::vector<Scheduler*> more;
+  for (Scheduler* s : inline_) {
+    bool left = false;
+    s->run_ready_inline(&left, false);
+    if (left) more.push_back(s);
+  }
+  inline_.swap(more);
+  return !inline_.empty();
 }
 
 void RingFeeder::on_record(int w, const shm::RequestRecord& r) {
@@ -260,6 +289,8 @@ void RingFeeder::submit_fast(int w, const Target& t, const shm::RequestRecord& r
   }
   // Registered before the submit: its batch may run and answer before submit returns.
   SubmitResult res = sched.submit(req, r.header.priority, wakes_);
+  // In inline mode submit woke no executor: this thread runs the batch once the burst is in.
+  if (res.accepted && attach_ && sched.inline_active()) inline_.push_back(&sched);
   if (res.accepted) return;
   Inflight gone;
   if (!finish(key, &gone)) return;

@@ -7,6 +7,9 @@
 // other record (a slow target, an unknown one, a record marked slow by its worker) waits in a
 // hand-off list that Python takes in bursts (take_slow), woken through an eventfd.
 //
+// A model in inline mode (inline_policy.h) has its batches run by the drain thread itself once a
+// burst is in (run_inline), with the Python runtime taken per batch: no executor wake-up.
+//
 // Ring handles: the core knows a fast request by kRingHandleBit | worker << 48 | the worker's
 // own handle (< 2**48), so the runner and the fail hook can tell them from in-process ones.
 //
@@ -16,12 +19,14 @@
 //
 // Locks: mu_ (targets, in-flight requests, the hand-off list, reply queues) is never held
 // while calling into a Scheduler or Python; drain_mu_ is held by the drain thread while it
-// handles a burst, so remove_target and reset_worker can wait for the thread to be out of a
-// scheduler and a worker's ring. Neither is ever held while waiting for Python's runtime.
+// handles a burst and runs its inline batches, so remove_target and reset_worker can wait for the
+// thread to be out of a scheduler and a worker's ring: their callers let go of the runtime first
+// (the drain thread may be waiting for it). mu_ is never held while waiting for the runtime.
 #pragma once
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -84,6 +89,10 @@ class RingFeeder : public RingSink {
   RingFeeder(const RingFeeder&) = delete;
   RingFeeder& operator=(const RingFeeder&) = delete;
 
+  // How the drain thread joins Python's runtime to run cheap models' batches itself (inline
+  // mode, inline_policy.h): attach once, detach when it exits. Set before start(); without
+  // them, executors run every batch.
+  void set_runtime(std::function<void()> attach, std::function<void()> detach);
   void start();
   void stop();  // joins the drain thread; queued replies stay queued
 
@@ -128,6 +137,7 @@ class RingFeeder : public RingSink {
   };
 
   void loop();
+  bool run_inline();  // drain_mu_ held; true: a pass stopped at its time budget with work left
   void on_record(int w, const shm::RequestRecord& r);
   void submit_fast(int w, const Target& t, const shm::RequestRecord& r);
   std::string check_inputs(const Target& t, const shm::RequestRecord& r) const;
@@ -174,6 +184,11 @@ class RingFeeder : public RingSink {
   std::thread thread_;
   bool signal_slow_ = false;  // drain thread only: a record joined the empty hand-off list
   std::vector<Instance*> wakes_;  // drain thread only: executors to wake once the burst is in
+  // Under drain_mu_: schedulers in inline mode that took records of the burst; the drain thread
+  // runs their batches itself instead of waking an executor (a sleep and a wake-up per batch).
+  std::vector<Scheduler*> inline_;
+  std::function<void()> attach_, detach_;
+  bool attached_ = false;  // drain thread only
 };
 
 }  // namespace seqserve

@@ -82,10 +82,14 @@ struct Instance {
   bool exited = false;    // its executor thread has finished (close() waits for this, bounded)
   bool recorded = false;  // stats of the current batch already recorded (its state written); lock held
   bool cancels = false;   // a request this instance may hold outside its slot queues was cancelled
+  // Its executor sleeps until this time for a batch's queue delay (0: it does not). Submit then
+  // wakes it only for a batch that can go before the delay ends (batch_ready_locked).
+  int64_t delay_until_ns = 0;
   // Inline execution (executor.cc): the current batch runs on the event loop's thread; its
   // executor waits for that batch to finish; submit queued work for it without waking it, and
   // its executor takes that work itself from this time on (0: none) if the loop has not.
   bool inline_batch = false;
+  bool inline_on_loop = false;  // ... on the event loop (else the ring feeder's drain thread)
   bool waits_for_inline = false;
   int64_t inline_due_ns = 0;
 };
@@ -177,7 +181,10 @@ class Scheduler {
   // caller should come back soon). A batch that must wait (a delay, a queue timeout) is left
   // to its executor. A batch over the bound ends inline mode at once.
   void configure_inline(int64_t max_batch_ns, int promote_after);
-  int run_ready_inline(bool* more);
+  // `borrowed`: the caller holds the runtime (the event loop); else (the ring feeder's drain
+  // thread, attached to the runtime) each batch takes the runtime while it forms and runs.
+  int run_ready_inline(bool* more, bool borrowed = true);
+  bool inline_active() const { return inline_.active(); }
   InlineStats inline_stats();
 
  protected:
@@ -228,6 +235,13 @@ class Scheduler {
   // A batch has run; its rows are still in inst.batch (their requests go back to the pool
   // after this).
   virtual void batch_done_locked(Instance&) {}
+  // Whether `inst` could form a batch now, before its queue delay ends. Only asked while its
+  // executor sleeps on that delay; true (the default) wakes it for every arrival.
+  virtual bool batch_ready_locked(Instance&) { return true; }
+  // An idle instance is woken for new work unless it waits on a delay its batch is not ready for.
+  bool worth_waking_locked(Instance& inst) {
+    return !inst.executing && (inst.delay_until_ns == 0 || batch_ready_locked(inst));
+  }
   // stats(): the strategy's gauges (sequence slots, backlog) into the snapshot.
   virtual void gauges_locked(Stats&) {}
 

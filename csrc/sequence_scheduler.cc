@@ -68,7 +68,7 @@ SubmitResult SequenceScheduler::enqueue_locked(Request* r, int, Instance*& wake,
   const int g = known ? table_.queue_known(it, r, queued) : table_.queue_new(r, queued);
   if (released_locked() && g >= 0) {
     Instance& inst = *instances_[g / spec_.slots_per_instance];
-    if (!inst.executing) wake = &inst;
+    if (worth_waking_locked(inst)) wake = &inst;
   }
   return {};
 }
@@ -104,7 +104,7 @@ SubmitResult SequenceScheduler::requeue_front(Request* r) {
       int& max_active = table_.max_active(sl.instance);
       max_active = std::max(max_active, sl.index);
       slot_queued_locked(inst, sl.index);
-      if (released_locked() && !inst.executing) wake = &inst;
+      if (released_locked() && worth_waking_locked(inst)) wake = &inst;
     }
     if (!res.accepted) recycle_locked(r);
   }

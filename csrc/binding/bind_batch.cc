@@ -137,8 +137,8 @@ void bind_batch(py::module_& m) {
       .def_property_readonly("size", [](BatchView& v) { return v.get().batch.size; })
       .def_property_readonly("instance", [](BatchView& v) { return v.get().index; })
       .def_property_readonly(
-          "inline", [](BatchView& v) { return v.get().inline_batch; },
-          "True when this batch runs inline, on the thread that called Scheduler.run_ready_inline.")
+          "inline", [](BatchView& v) { return v.get().inline_batch && v.get().inline_on_loop; },
+          "True when this batch runs inline on the event loop (the thread that called Scheduler.run_ready_inline).")
       .def_property_readonly("handles",
                              [](BatchView& v) {
                                const std::vector<Row>& rows = v.get().batch.rows;

@@ -32,6 +32,7 @@ class PyFeeder {
       }
     });
     workers_ = region.workers();
+    feeder_->set_runtime(attach_core_thread, detach_core_thread);
     feeder_->start();
   }
   // The drain thread stops before the schedulers it submits to can go.

@@ -33,6 +33,13 @@ void detach_thread() {
   t_saved = nullptr;
 }
 
+}  // namespace
+
+void attach_core_thread() { attach_thread(); }
+void detach_core_thread() { detach_thread(); }
+
+namespace {
+
 class PyScheduler {
  public:
   PyScheduler(ModelSpec spec, py::function runner, py::function on_fail, py::function on_warning,

@@ -46,6 +46,11 @@ struct BatchView {
   }
 };
 
+// A core thread's Python thread state, kept for the thread's life (bind_scheduler.cc): the
+// executors' hooks, and the ring feeder's drain thread when it runs batches inline.
+void attach_core_thread();
+void detach_core_thread();
+
 // A RequestHeader as Python builds it (bind_request.cc): the fixed header, and a string
 // sequence id kept as the caller's str (in a ring record its bytes would follow the header).
 struct RequestHeaderObject {

@@ -478,3 +478,85 @@ def test_an_output_no_block_can_hold_is_answered_with_an_error(tmp_path: Path) -
     finally:
         feeder.close()
         model.close(force=True)
+
+
+# ------------------------------------------------------------ batches of ring rows only
+
+INLINE_ALWAYS = '\nparameters: { key: "inline_max_batch_us" value: { string_value: "10000000" } }\n'
+INLINE_NEVER = '\nparameters: { key: "inline_max_batch_us" value: { string_value: "0" } }\n'
+
+
+@pytest.mark.parametrize("inline", [INLINE_ALWAYS, INLINE_NEVER], ids=["inline", "never"])
+def test_a_cheap_models_ring_batches_run_on_the_drain_thread_once_promoted(tmp_path: Path, inline: str) -> None:
+    # Inline mode (inline_policy.h) on the compiled path: the drain thread that submitted the
+    # records runs the batches itself, as the event loop does for in-process requests.
+    region = ShmRegion(workers=1)
+    feeder = feeder_for(region)
+    config = (ACCUMULATOR / "config.pbtxt").read_text() + inline
+    model = load(tmp_path, config, (ACCUMULATOR / "1" / "model.py").read_text(), "accumulator")
+    worker = Worker(region, 0)
+    try:
+        assert model.serve_rings(feeder, 1)
+        total = 0.0
+        for step in range(40):  # one step at a time: a batch each
+            total += step
+            worker.step(1, step + 1, 9, float(step), start=step == 0, end=step == 39)
+            code, error, outputs = worker.replies(1)[step + 1]
+            assert (code, error) == (0, None) and outputs[0][0, 0] == total
+        stats = model.inline_stats
+        if inline == INLINE_ALWAYS:  # promoted after 8 cheap batches on the executor
+            assert stats.promotions == 1 and stats.inline_batches >= 40 - 8 - 1
+        else:
+            assert stats.inline_batches == 0 and stats.thread_batches == 40
+    finally:
+        feeder.close()
+        model.close(force=True)
+
+
+def test_a_ring_only_batch_with_an_output_of_the_wrong_type_answers_internal(tmp_path: Path) -> None:
+    region = ShmRegion(workers=1)
+    feeder = feeder_for(region)
+    model_py = STATELESS_MODEL.replace('"Y": x * 2', '"Y": (x * 2).astype(np.float64)')
+    model = load(tmp_path, STATELESS_CONFIG, model_py, "double")
+    worker = Worker(region, 0)
+    try:
+        assert model.serve_rings(feeder, 4)
+        worker.send(4, RequestHeader(handle=1), np.zeros((1, 2), np.float32))
+        code, error, _ = worker.replies(1)[1]
+        assert code == int(Code.INTERNAL)
+        assert error is not None and "produced output 'Y' as float64, but its config says FP32" in error
+        assert feeder.inflight(0) == 0 and model.statistics()["fail"]["count"] == 1
+    finally:
+        feeder.close()
+        model.close(force=True)
+
+
+def test_a_ring_only_batch_whose_execute_hangs_past_close_is_answered_unavailable(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    model_py = f"""
+import pathlib, time
+
+class Model:
+    def execute(self, batch):
+        while not pathlib.Path({str(release)!r}).exists():
+            time.sleep(0.01)
+        return {{"Y": batch.inputs["X"], "N": batch.inputs["X"][:, :1].astype("int32")}}
+"""
+    region = ShmRegion(workers=1)
+    feeder = feeder_for(region)
+    model = load(tmp_path, STATELESS_CONFIG, model_py, "double")
+    worker = Worker(region, 0)
+    try:
+        assert model.serve_rings(feeder, 4)
+        worker.send(4, RequestHeader(handle=1), np.zeros((1, 2), np.float32))
+        wait_for(lambda: model.statistics()["execution_count"] == 0 and feeder.counters()["fast"] == 1)
+        time.sleep(0.2)  # in execute by now (nothing else can answer it)
+        name = model.instance_names[0]
+        assert model.close(force=True, timeout_s=0.5) == [name]
+        code, error, _ = worker.replies(1)[1]
+        assert code == int(Code.UNAVAILABLE)
+        assert error == f"model 'double' instance '{name}' did not return from execute within the exit timeout"
+    finally:
+        release.touch()
+        feeder.close()
+        model.close(force=True)

@@ -473,7 +473,7 @@ class Batch(metaclass=_Pybind11Type):
     def instance(self) -> int: ...
     @property
     def inline(self) -> bool:
-        """True when this batch runs inline, on the thread that called Scheduler.run_ready_inline."""
+        """True when this batch runs inline on the event loop (the thread that called Scheduler.run_ready_inline)."""
     @property
     def handles(self) -> list[int]:
         """The request handle of every row; 0 for padding rows."""

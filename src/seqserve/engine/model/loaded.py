@@ -44,6 +44,7 @@ from seqserve.engine.model.instances import start_instances
 from seqserve.engine.model.iterations import check_iterative, iterations_of
 from seqserve.engine.model.reports import ModelReports
 from seqserve.engine.model.request_log import RequestLog
+from seqserve.engine.model.ring_runner import RingOnlyRunner
 from seqserve.engine.model.rings import RingBatch, RingRows, attach_rings
 from seqserve.engine.model.sequence_views import SequenceViews, expiry_log
 from seqserve.engine.model.spec import build_core_spec
@@ -126,6 +127,7 @@ class LoadedModel:
         self._has_ragged = bool(ragged_inputs(cfg))
         self._traced = False  # a traced request was queued: batches look for traces (engine/tracing.py)
         self._ring: RingRows | None = None  # requests from the workers' rings on the compiled path
+        self._ring_only: RingOnlyRunner | None = None  # its batches of ring rows only
 
         backend_cls = find_backend(cfg)
         backend_cls.check(cfg)
@@ -192,9 +194,11 @@ class LoadedModel:
     def serve_rings(self, feeder: RingFeeder, target: int, *, fast: bool = True) -> bool:
         """Serve the workers' rings as ``target``; True: on the compiled path (see model/rings.py)."""
         per_request = any(i.uses_responders for i in self._instances) or self._watchdog is not None
-        self._ring = attach_rings(self.config, self._core, feeder, target, fast=fast, per_request=per_request)
-        self._reports.ring = self._ring
-        return self._ring is not None
+        self._ring = ring = attach_rings(self.config, self._core, feeder, target, fast=fast, per_request=per_request)
+        self._reports.ring = ring
+        if ring is not None and self._iterations is None and not self._devices.holds_state:
+            self._ring_only = RingOnlyRunner(ring, [i.execute for i in self._instances], self._spec, self._batch_failed)
+        return ring is not None
 
     # ------------------------------------------------------------------ sequence API
 
@@ -405,6 +409,10 @@ class LoadedModel:
         phases: build the batch, execute it, scatter its outputs into replies, finish. With
         verbose logging, the batch's request lines follow (RequestLog)."""
         if not self._request_log.enabled():
+            # Nothing pending: every row of the batch came from the rings (a request is pending
+            # before it is submitted, so before any batch holds it).
+            if self._ring_only is not None and not self._pending:
+                return self._ring_only.run(cb)
             return self._run_batch(cb)
         started = time.perf_counter()
         recs = [self._pending.get(h) if h else None for h in cb.handles]
@@ -418,9 +426,7 @@ class LoadedModel:
     def _run_batch(self, cb: Batch) -> bool:
         pending = self._pending
         handles = cb.handles
-        # Nothing pending: every request of the batch came from the workers' rings (a request
-        # is pending before it is submitted, so before any batch holds it).
-        recs: list[Pending | None] = (
+        recs: list[Pending | None] = (  # nothing pending: ring rows only (see _run)
             [pending.pop(h, None) if h else None for h in handles] if pending else [None] * len(handles)
         )
         running = self._running
@@ -568,15 +574,15 @@ class LoadedModel:
                 self.backend.instances[i].abort()
         for i in hung:
             recs = self._running.pop(i, None)  # unless its execute has just returned
+            err = InferenceError(
+                Code.UNAVAILABLE,
+                f"model '{self.name}' instance '{self.instance_names[i]}' did not return from execute "
+                "within the exit timeout",
+            )
             if recs:
-                err = InferenceError(
-                    Code.UNAVAILABLE,
-                    f"model '{self.name}' instance '{self.instance_names[i]}' did not return from execute "
-                    "within the exit timeout",
-                )
                 self._delivery.batch_failed(recs, err)
-                if self._ring is not None:  # and its ring rows
-                    self._ring.fail_running(i, err)
+            if self._ring is not None:  # and its ring rows (a ring-only batch has no recs)
+                self._ring.fail_running(i, err)
         for i, inst in enumerate(self._instances):
             if i in hung:
                 continue  # still inside execute: finalize would race with it

@@ -64,8 +64,8 @@ def attach_rings(
     if not fast or ring_slow_reason(cfg, per_request=per_request) is not None:
         feeder.add_target(target, core, fast=False)
         return None
-    # Submits come from the feeder's thread, never the event loop: executors run the batches.
-    core.configure_inline(0)
+    # A cheap Python model keeps its inline mode (model/inline.py): the drain thread that submits
+    # its records then runs its batches itself (RingFeeder::run_inline), as the event loop does.
     feeder.add_target(target, core, fast=True, input_dims=[list(t.dims) for t in cfg.input])
     return RingRows(cfg, feeder, target)
 
@@ -101,9 +101,14 @@ class RingRows:
         self._running[cb.instance] = handles
         return RingBatch(self, cb)
 
-    def done(self, instance: int) -> None:
-        """The instance's batch has run: its ring rows are answered by the batch."""
-        self._running.pop(instance, None)
+    def begin(self, cb: Batch) -> None:
+        """A batch of ring rows only starts on its instance (RingOnlyRunner)."""
+        self._running[cb.instance] = RingFeeder.ring_handles(cb)
+
+    def done(self, instance: int) -> bool:
+        """The instance's batch has run: its ring rows are answered by the batch. False when
+        they were answered already (fail_running: its execute outlived the exit timeout)."""
+        return self._running.pop(instance, None) is not None
 
     def fail_running(self, instance: int, err: InferenceError) -> None:
         """The instance's execute did not return in time: its batch's ring requests get ``err``."""
