@@ -125,7 +125,8 @@ int Scheduler::run_ready_inline(bool* more, bool borrowed) {
       }
       if (inst.executing) continue;
       if (n.kind == Next::kUntil) {
-        inst.cv.notify_one();  // a batch that must wait is its executor's
+        // A batch that must wait is its executor's (woken unless it already waits that long).
+        if (inst.delay_until_ns == 0 || inst.delay_until_ns > n.until_ns) inst.cv.notify_one();
         continue;
       }
       if (n.kind != Next::kBatch) continue;

@@ -63,7 +63,10 @@ void RingFeeder::set_runtime(std::function<void()> attach, std::function<void()>
 void RingFeeder::start() {
   if (thread_.joinable()) return;
   stopping_.store(false);
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    name_this_thread("seqserve-drain");
+    loop();
+  });
 }
 
 void RingFeeder::stop() {

@@ -34,8 +34,9 @@ Scheduler::Scheduler(ModelSpec spec, Hooks hooks, bool sequences, bool gather_st
   }
 }
 
-std::thread Scheduler::spawn(std::function<void()> body, bool* exited) {
-  return std::thread([this, body = std::move(body), exited] {
+std::thread Scheduler::spawn(const char* name, std::function<void()> body, bool* exited) {
+  return std::thread([this, name, body = std::move(body), exited] {
+    name_this_thread(name);
     if (hooks_.thread_start) hooks_.thread_start();
     body();
     if (hooks_.thread_stop) hooks_.thread_stop();
@@ -53,7 +54,7 @@ void Scheduler::start() {
   started_ = true;
   for (auto& inst : instances_) {
     Instance* ip = inst.get();
-    inst->thread = spawn([this, ip] { executor_loop(*ip); }, &ip->exited);
+    inst->thread = spawn("seqserve-exec", [this, ip] { executor_loop(*ip); }, &ip->exited);
   }
   start_helpers();
 }

@@ -251,7 +251,7 @@ class Scheduler {
       "Server is stopping, scheduler for model has stopped accepting new inference requests";
   // A core thread: runs `body` between the thread_start and thread_stop hooks; then sets
   // `*exited` (under the lock) and wakes close(), when given.
-  std::thread spawn(std::function<void()> body, bool* exited = nullptr);
+  std::thread spawn(const char* name, std::function<void()> body, bool* exited = nullptr);
   // The test hooks' delay (TRITONSERVER_DELAY_SCHEDULER): nothing runs until enough is queued.
   bool released_locked();
   // The first instance not executing a batch, if any.

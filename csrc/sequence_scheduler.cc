@@ -213,7 +213,7 @@ void SequenceScheduler::batch_done_locked(Instance& inst) {
 }
 
 void SequenceScheduler::start_helpers() {
-  reaper_ = spawn([this] { reaper_loop(); });
+  reaper_ = spawn("seqserve-reaper", [this] { reaper_loop(); });
 }
 
 void SequenceScheduler::stop_helpers() {

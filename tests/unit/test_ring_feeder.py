@@ -560,3 +560,18 @@ class Model:
         release.touch()
         feeder.close()
         model.close(force=True)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread names are read from Linux's /proc")
+def test_the_cores_threads_carry_their_role_in_their_names(tmp_path: Path) -> None:
+    def names() -> list[str]:
+        return [(task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir()]
+
+    region = ShmRegion(workers=1)
+    feeder = feeder_for(region)
+    model = accumulator(tmp_path, "direct { }")
+    try:
+        wait_for(lambda: {"seqserve-exec", "seqserve-reaper", "seqserve-drain"} <= set(names()))
+    finally:
+        feeder.close()
+        model.close(force=True)
