@@ -155,14 +155,14 @@ bool RingFeeder::run_inline() {
     attached_ = true;
   }
   // Under drain_mu_: remove_target waits for this thread to be out of the scheduler.
-  std::vector<Scheduler*> more;
+  size_t left_over = 0;  // those that stopped at their time budget stay, in place
   for (Scheduler* s : inline_) {
     bool left = false;
     s->run_ready_inline(&left, false);
-    if (left) more.push_back(s);
+    if (left) inline_[left_over++] = s;
   }
-  inline_.swap(more);
-  return !inline_.empty();
+  inline_.resize(left_over);
+  return left_over > 0;
 }
 
 void RingFeeder::on_record(int w, const shm::RequestRecord& r) {
@@ -293,7 +293,8 @@ void RingFeeder::submit_fast(int w, const Target& t, const shm::RequestRecord& r
   // Registered before the submit: its batch may run and answer before submit returns.
   SubmitResult res = sched.submit(req, r.header.priority, wakes_);
   // In inline mode submit woke no executor: this thread runs the batch once the burst is in.
-  if (res.accepted && attach_ && sched.inline_active()) inline_.push_back(&sched);
+  if (res.accepted && attach_ && sched.inline_active() && (inline_.empty() || inline_.back() != &sched))
+    inline_.push_back(&sched);
   if (res.accepted) return;
   Inflight gone;
   if (!finish(key, &gone)) return;

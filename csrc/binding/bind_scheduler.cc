@@ -18,25 +18,22 @@ namespace {
 thread_local PyGILState_STATE t_gil_state;
 thread_local PyThreadState* t_saved = nullptr;
 
-void attach_thread() {
-  t_gil_state = PyGILState_Ensure();
-  t_saved = PyEval_SaveThread();
-}
-
 void enter_runtime() { PyEval_RestoreThread(t_saved); }
 
 void leave_runtime() { t_saved = PyEval_SaveThread(); }
 
-void detach_thread() {
+}  // namespace
+
+void attach_core_thread() {
+  t_gil_state = PyGILState_Ensure();
+  t_saved = PyEval_SaveThread();
+}
+
+void detach_core_thread() {
   PyEval_RestoreThread(t_saved);
   PyGILState_Release(t_gil_state);
   t_saved = nullptr;
 }
-
-}  // namespace
-
-void attach_core_thread() { attach_thread(); }
-void detach_core_thread() { detach_thread(); }
 
 namespace {
 
@@ -50,8 +47,8 @@ class PyScheduler {
         on_warning_(std::move(on_warning)),
         on_expire_(std::move(on_expire)) {
     Hooks h;
-    h.thread_start = attach_thread;
-    h.thread_stop = detach_thread;
+    h.thread_start = attach_core_thread;
+    h.thread_stop = detach_core_thread;
     h.enter = enter_runtime;
     h.leave = leave_runtime;
     h.run = [this](Instance& inst) { return run(inst); };

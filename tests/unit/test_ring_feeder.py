@@ -5,9 +5,10 @@ drains request rings into the schedulers and writes replies without Python per r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import select
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -172,6 +173,22 @@ def feeder_for(region: ShmRegion) -> RingFeeder:
     return RingFeeder(region, spin_us=20)
 
 
+@contextlib.contextmanager
+def served(
+    tmp_path: Path, config: str, model_py: str, name: str, target: int
+) -> Iterator[tuple[LoadedModel, RingFeeder, Worker]]:
+    """A model served on the compiled path of a one-worker region, closed afterwards."""
+    region = ShmRegion(workers=1)
+    feeder = feeder_for(region)
+    model = load(tmp_path, config, model_py, name)
+    try:
+        assert model.serve_rings(feeder, target)
+        yield model, feeder, Worker(region, 0)
+    finally:
+        feeder.close()
+        model.close(force=True)
+
+
 @pytest.mark.parametrize(
     "strategy", ["direct { }", "oldest { max_candidate_sequences: 32 preferred_batch_size: [ 4 ] }"]
 )
@@ -324,19 +341,12 @@ def test_a_bad_record_is_answered_and_never_trusted(tmp_path: Path) -> None:
 
 
 def test_a_failing_model_answers_its_ring_rows_with_the_error(tmp_path: Path) -> None:
-    region = ShmRegion(workers=1)
-    feeder = feeder_for(region)
-    model = load(tmp_path, STATELESS_CONFIG.replace('"double"', '"failing"'), FAILING_MODEL, "failing")
-    worker = Worker(region, 0)
-    try:
-        assert model.serve_rings(feeder, 5)
+    config = STATELESS_CONFIG.replace('"double"', '"failing"')
+    with served(tmp_path, config, FAILING_MODEL, "failing", 5) as (_, feeder, worker):
         worker.send(5, RequestHeader(handle=7), np.zeros((1, 2), np.float32))
         code, error, _ = worker.replies(1)[7]
         assert code == int(Code.INTERNAL) and error is not None and "no luck" in error
         assert feeder.inflight(0) == 0
-    finally:
-        feeder.close()
-        model.close(force=True)
 
 
 def test_a_cancel_record_takes_a_waiting_request_out(tmp_path: Path) -> None:
@@ -417,21 +427,13 @@ def test_a_full_reply_ring_and_no_free_reply_block_lose_nothing(tmp_path: Path) 
 
 
 def test_a_32_mib_tensor_goes_through_the_compiled_path(tmp_path: Path) -> None:
-    region = ShmRegion(workers=1)
-    feeder = feeder_for(region)
     config = STATELESS_CONFIG.replace("dims: [ 2 ]", "dims: [ -1 ]")
-    model = load(tmp_path, config, STATELESS_MODEL, "double")
-    worker = Worker(region, 0)
-    try:
-        assert model.serve_rings(feeder, 4)
+    with served(tmp_path, config, STATELESS_MODEL, "double", 4) as (_, _, worker):
         x = np.arange(8 << 20, dtype=np.float32).reshape(1, -1)
         worker.send(4, RequestHeader(handle=1), x)
         code, error, outputs = worker.replies(1, timeout=60)[1]
         assert (code, error) == (0, None)
         assert outputs[0].nbytes == 32 << 20 and np.array_equal(outputs[0], x * 2)
-    finally:
-        feeder.close()
-        model.close(force=True)
 
 
 def test_a_dead_workers_area_is_reset_once_nothing_of_it_is_in_flight(tmp_path: Path) -> None:
@@ -490,13 +492,9 @@ INLINE_NEVER = '\nparameters: { key: "inline_max_batch_us" value: { string_value
 def test_a_cheap_models_ring_batches_run_on_the_drain_thread_once_promoted(tmp_path: Path, inline: str) -> None:
     # Inline mode (inline_policy.h) on the compiled path: the drain thread that submitted the
     # records runs the batches itself, as the event loop does for in-process requests.
-    region = ShmRegion(workers=1)
-    feeder = feeder_for(region)
     config = (ACCUMULATOR / "config.pbtxt").read_text() + inline
-    model = load(tmp_path, config, (ACCUMULATOR / "1" / "model.py").read_text(), "accumulator")
-    worker = Worker(region, 0)
-    try:
-        assert model.serve_rings(feeder, 1)
+    model_py = (ACCUMULATOR / "1" / "model.py").read_text()
+    with served(tmp_path, config, model_py, "accumulator", 1) as (model, _, worker):
         total = 0.0
         for step in range(40):  # one step at a time: a batch each
             total += step
@@ -508,27 +506,16 @@ def test_a_cheap_models_ring_batches_run_on_the_drain_thread_once_promoted(tmp_p
             assert stats.promotions == 1 and stats.inline_batches >= 40 - 8 - 1
         else:
             assert stats.inline_batches == 0 and stats.thread_batches == 40
-    finally:
-        feeder.close()
-        model.close(force=True)
 
 
 def test_a_ring_only_batch_with_an_output_of_the_wrong_type_answers_internal(tmp_path: Path) -> None:
-    region = ShmRegion(workers=1)
-    feeder = feeder_for(region)
     model_py = STATELESS_MODEL.replace('"Y": x * 2', '"Y": (x * 2).astype(np.float64)')
-    model = load(tmp_path, STATELESS_CONFIG, model_py, "double")
-    worker = Worker(region, 0)
-    try:
-        assert model.serve_rings(feeder, 4)
+    with served(tmp_path, STATELESS_CONFIG, model_py, "double", 4) as (model, feeder, worker):
         worker.send(4, RequestHeader(handle=1), np.zeros((1, 2), np.float32))
         code, error, _ = worker.replies(1)[1]
         assert code == int(Code.INTERNAL)
         assert error is not None and "produced output 'Y' as float64, but its config says FP32" in error
         assert feeder.inflight(0) == 0 and model.statistics()["fail"]["count"] == 1
-    finally:
-        feeder.close()
-        model.close(force=True)
 
 
 def test_a_ring_only_batch_whose_execute_hangs_past_close_is_answered_unavailable(tmp_path: Path) -> None:
@@ -542,24 +529,18 @@ class Model:
             time.sleep(0.01)
         return {{"Y": batch.inputs["X"], "N": batch.inputs["X"][:, :1].astype("int32")}}
 """
-    region = ShmRegion(workers=1)
-    feeder = feeder_for(region)
-    model = load(tmp_path, STATELESS_CONFIG, model_py, "double")
-    worker = Worker(region, 0)
-    try:
-        assert model.serve_rings(feeder, 4)
-        worker.send(4, RequestHeader(handle=1), np.zeros((1, 2), np.float32))
-        wait_for(lambda: model.statistics()["execution_count"] == 0 and feeder.counters()["fast"] == 1)
-        time.sleep(0.2)  # in execute by now (nothing else can answer it)
-        name = model.instance_names[0]
-        assert model.close(force=True, timeout_s=0.5) == [name]
-        code, error, _ = worker.replies(1)[1]
-        assert code == int(Code.UNAVAILABLE)
-        assert error == f"model 'double' instance '{name}' did not return from execute within the exit timeout"
-    finally:
-        release.touch()
-        feeder.close()
-        model.close(force=True)
+    with served(tmp_path, STATELESS_CONFIG, model_py, "double", 4) as (model, feeder, worker):
+        try:
+            worker.send(4, RequestHeader(handle=1), np.zeros((1, 2), np.float32))
+            wait_for(lambda: model.statistics()["execution_count"] == 0 and feeder.counters()["fast"] == 1)
+            time.sleep(0.2)  # in execute by now (nothing else can answer it)
+            name = model.instance_names[0]
+            assert model.close(force=True, timeout_s=0.5) == [name]
+            code, error, _ = worker.replies(1)[1]
+            assert code == int(Code.UNAVAILABLE)
+            assert error == f"model 'double' instance '{name}' did not return from execute within the exit timeout"
+        finally:
+            release.touch()
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread names are read from Linux's /proc")

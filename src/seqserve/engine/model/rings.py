@@ -80,9 +80,9 @@ class RingRows:
         self._is_sequence = cfg.HasField("sequence_batching")
         self.batched = cfg.max_batch_size > 0
         self._outputs = [(t.name, np.dtype(to_numpy_dtype(t.data_type)), t.data_type) for t in cfg.output]
-        # instance -> the ring handles of the batch it runs (an execute that hangs past the
-        # exit timeout: close() answers them, as it answers the batch's other requests)
-        self._running: dict[int, list[int]] = {}
+        # instance -> the batch it runs, whose ring rows close() answers when its execute hangs past
+        # the exit timeout (read then: the batch stays valid while execute has not returned)
+        self._running: dict[int, Batch] = {}
 
     def detach(self) -> None:
         """The model closes: its target's records go to take_slow from now on (the engine answers
@@ -98,12 +98,12 @@ class RingRows:
         handles = RingFeeder.ring_handles(cb)
         if not handles:
             return None
-        self._running[cb.instance] = handles
+        self._running[cb.instance] = cb
         return RingBatch(self, cb)
 
     def begin(self, cb: Batch) -> None:
         """A batch of ring rows only starts on its instance (RingOnlyRunner)."""
-        self._running[cb.instance] = RingFeeder.ring_handles(cb)
+        self._running[cb.instance] = cb
 
     def done(self, instance: int) -> bool:
         """The instance's batch has run: its ring rows are answered by the batch. False when
@@ -112,7 +112,8 @@ class RingRows:
 
     def fail_running(self, instance: int, err: InferenceError) -> None:
         """The instance's execute did not return in time: its batch's ring requests get ``err``."""
-        handles = self._running.pop(instance, None)
+        cb = self._running.pop(instance, None)  # still valid: its execute has not returned
+        handles = RingFeeder.ring_handles(cb) if cb is not None else []
         if handles:
             self.feeder.fail(handles, int(err.code), err.message)
 
