@@ -121,11 +121,22 @@ async def while_inline(server: Server, model: str, work: Callable[[], Awaitable[
     raise AssertionError(f"{model} ran no batch inline in 3 rounds: {_show(after)}")
 
 
+def batches_counted(server: Server, model: str) -> int:
+    st = server.model(model).inline_stats
+    return st.inline_batches + st.thread_batches
+
+
 async def promote(server: Server, model: str, *, seq: bool = False) -> None:
-    """Cheap batches until the core runs the model inline."""
-    for _ in range(40):
+    """Cheap batches until the core runs the model inline, and until every one of them is
+    counted (a batch's cost is noted after its reply has gone: a count read at once may lag)."""
+    counted = batches_counted(server, model)
+    for sent in range(40):
         if server.model(model).inline_stats.active:
-            return
+            for _ in range(500):
+                if batches_counted(server, model) >= counted + sent:
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError(f"{model}: {sent} batches sent, not all counted")
         # a sequence model: one-step sequences, which hold no slot afterwards
         await server.infer(model, {"INPUT": x(1)}, sequence_id=999 if seq else 0, sequence_start=seq, sequence_end=seq)
     raise AssertionError(f"{model} was never promoted: {server.model(model).inline_stats.promotions}")

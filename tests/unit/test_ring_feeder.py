@@ -501,6 +501,8 @@ def test_a_cheap_models_ring_batches_run_on_the_drain_thread_once_promoted(tmp_p
             worker.step(1, step + 1, 9, float(step), start=step == 0, end=step == 39)
             code, error, outputs = worker.replies(1)[step + 1]
             assert (code, error) == (0, None) and outputs[0][0, 0] == total
+        # a batch's cost is noted after its reply has gone: wait until all 40 are counted
+        wait_for(lambda: model.inline_stats.inline_batches + model.inline_stats.thread_batches == 40)
         stats = model.inline_stats
         if inline == INLINE_ALWAYS:  # promoted after 8 cheap batches on the executor
             assert stats.promotions == 1 and stats.inline_batches >= 40 - 8 - 1
