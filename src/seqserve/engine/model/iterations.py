@@ -18,8 +18,10 @@ As in Triton:
   with the START error. The core's idle clock starts only when a START is answered; this check
   gives a running iterative step Triton's clock, which runs from the step's queueing.
 
-Thread contract: ``queued`` runs on the event loop, ``after_batch`` on the executor thread that
-ran the batch (the GIL held, no core lock); the step table is guarded by a lock.
+Thread contract: ``queueing`` and ``submitted`` run on the event loop, ``after_batch`` on the
+executor thread that ran the batch (the GIL held, no core lock); the step table, and a
+request's handle and token once it is queued, are guarded by a lock. A request's step is noted
+before the core has it: its executor may run it, and queue it again, before submit returns.
 """
 
 from __future__ import annotations
@@ -104,19 +106,26 @@ class Iterations:
 
     # ------------------------------------------------------------------ event loop
 
-    def first_header(self, checked: CheckedRequest, header: RequestHeader) -> RequestHeader:
-        """A request without a sequence id starts a sequence of its own (START only)."""
+    def queueing(self, checked: CheckedRequest, header: RequestHeader) -> RequestHeader:
+        """A client's request goes to the core next (``forget`` it if the core refuses it): its
+        step is noted, and the header it is queued with returned. A request without a sequence
+        id starts a sequence of its own (START only)."""
         if checked.corrid not in (0, ""):
+            step = Step(header.handle if header.start else 0, 0, header.end)
+            with self._lock:
+                self._steps[header.handle] = step
             return header
         with self._lock:
             checked.corrid = next(self._ids)
+            self._steps[header.handle] = Step(header.handle, 0, False)
         return _with_flags(header, checked.corrid, start=True, end=False)
 
-    def queued(self, header: RequestHeader) -> None:
-        """The core accepted a client's request."""
-        step = Step(header.handle if header.start else 0, 0, header.end)
+    def submitted(self, rec: Pending, handle: int, token: int) -> None:
+        """The core accepted request ``handle`` with ``token``: the request's cancel token,
+        unless its step has already run and been queued again (under a token of its own)."""
         with self._lock:
-            self._steps[header.handle] = step
+            if rec.handle == handle:
+                rec.token = token
 
     def forget(self, handles: list[int]) -> None:
         """The core dropped these queued requests (they never ran)."""
@@ -164,8 +173,9 @@ class Iterations:
             self._fail(rec, InferenceError(token.code, token.message))
             return
         self.rescheduled += 1
-        rec.handle = handle
-        rec.token = token
+        with self._lock:
+            rec.handle = handle
+            rec.token = token
         if rec.is_cancelled():  # its client left while it was being queued again
             self._core.cancel(token, handle)
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from seqserve._proto import model_config_pb2 as mc
-from seqserve.engine._core import Batch, Code, InlineStats, RingFeeder, Scheduler
+from seqserve.engine._core import Batch, Code, InlineStats, Refusal, RingFeeder, Scheduler
 from seqserve.engine.backends import find_backend
 from seqserve.engine.backends.base import ragged_inputs
 from seqserve.engine.backends.bls import ModelCalls
@@ -360,15 +360,19 @@ class LoadedModel:
                 request.trace.slot = self._core.slot_of(checked.corrid)
             request.trace.stamp(QUEUE_START)
         header = checked.core_header(handle)
-        if self._iterations is not None:
-            header = self._iterations.first_header(checked, header)
+        rec.handle = handle
+        iterations = self._iterations
+        if iterations is not None:  # its step is noted first: it may run before submit returns
+            header = iterations.queueing(checked, header)
+        token: int | Refusal | None = None
         try:
             token = self._core.submit(header, checked.buffers)
-        except BaseException:
-            del self._pending[handle]  # refused by the binding: nothing of it stays behind
-            raise
+        finally:
+            if not isinstance(token, int):  # refused (or by the binding): nothing of it stays behind
+                del self._pending[handle]
+                if iterations is not None:
+                    iterations.forget([handle])
         if not isinstance(token, int):  # a Refusal
-            del self._pending[handle]
             self._validator.failures += 1
             if token.code is Code.NOT_FOUND:  # a session that ended or expired
                 raise SessionGoneError(token.message)
@@ -382,10 +386,10 @@ class LoadedModel:
             if token.retry_after_ms:  # a client's new sessions refused for a while (engine/sessions.py)
                 retry_after_s = token.retry_after_ms / 1000
             raise InferenceError(token.code, msg, retry_after_s=retry_after_s)
-        rec.handle = handle
-        rec.token = token
-        if self._iterations is not None:
-            self._iterations.queued(header)
+        if iterations is not None:
+            iterations.submitted(rec, handle, token)
+        else:
+            rec.token = token
         if request.trace is not None and self.is_sequence and request.sequence_start and request.trace.wants_slot:
             request.trace.slot = self._core.slot_of(checked.corrid)
         if self._inline is not None:
