@@ -700,10 +700,14 @@ class ShmRegion(metaclass=_Pybind11Type):
         cancel: bool = False,
         client: int = 0,
         slow: bool = False,
+        wake: bool = True,
     ) -> bool:
         """Worker side: publish a request; False when the ring is full (back-pressure). client: the key its
         session's tombstones count against (0: the header's); slow: the engine must take it through its
-        Python path (RingFeeder.take_slow) even when the model's target is on the compiled path."""
+        Python path (RingFeeder.take_slow) even when the model's target is on the compiled path; wake:
+        False leaves the engine asleep until wake_engine() (one wake-up for a burst of requests)."""
+    def wake_engine(self) -> None:
+        """Worker side: ring the engine if it sleeps (after requests pushed with wake=False)."""
     def pop_request(self, worker: int) -> tuple[int, bool, RequestHeader, list[_SlabTensor]] | None:
         """Engine side, for tests: the oldest request of one worker as (target, cancel, header, inputs), or None."""
     def push_reply(
