@@ -31,7 +31,7 @@ Execute = Callable[[ExecuteBatch], Mapping[str, Any]]
 BatchFailed = Callable[[Batch, list[Any], Exception], bool]
 
 
-class RingBatch(ExecuteBatch):
+class RingExecuteBatch(ExecuteBatch):
     """The ``ExecuteBatch`` of a ring-only batch: the fields a model may not read (controls,
     flags, ids, per-request lists) are made from the core batch on first access, so that a
     model reading its inputs and states pays for those only. Like the arrays, they are only
@@ -86,7 +86,7 @@ class RingOnlyRunner:
         self._rows = rows
         self._executes = tuple(executes)
         self._state_names = spec.state_names
-        self._state_outputs = tuple(spec.state_outputs)
+        self._state_outputs = list(spec.state_outputs)
         self._batched = rows.batched
         self._failed = failed
 
@@ -96,7 +96,7 @@ class RingOnlyRunner:
         rows.begin(cb)
         try:
             states = StateViews(self._state_names, cb) if self._state_names else {}
-            batch = RingBatch(cb, instance, states, self._batched)
+            batch = RingExecuteBatch(cb, instance, states, self._batched)
             produced = self._executes[instance](batch)
         except Exception as e:  # the model's failure fails this batch only
             if not rows.done(instance):  # too late: close() answered its rows
@@ -107,6 +107,10 @@ class RingOnlyRunner:
             cb.finish(False)
             return False
         try:
+            # one core call stores the states, records the batch and replies; False: an output
+            # needs converting or is wrong, for the checked path below
+            if rows.feeder.complete_batch(cb, produced, self._state_outputs, rows.output_dtypes, batched=self._batched):
+                return True
             cb.mark_executed()
             for index, name in self._state_outputs:
                 value = produced.get(name)
