@@ -808,6 +808,19 @@ class RingFeeder(metaclass=_Pybind11Type):
         find no room wait in order and are retried by the drain thread."""
     def reply_batch(self, batch: Batch, outputs: list[np.ndarray | None], *, batched: bool) -> None:
         """reply_rows for every ring request of `batch` (a core Batch, still valid), its rows read in C++."""
+    def complete_batch(
+        self,
+        batch: Batch,
+        produced: object,
+        states: list[tuple[int, str]],
+        outputs: list[tuple[str, np.dtype[Any]]],
+        *,
+        batched: bool,
+    ) -> bool:
+        """A ring-only batch after its execute: output states stored (states: (index, name) each),
+        statistics recorded, replies sent (outputs: (name, dtype) per configured output), in one call.
+        False, with nothing done, when an output is not a C-contiguous array of its dtype with the
+        batch's rows, or `produced` is not a dict."""
     @staticmethod
     def ring_handles(batch: Batch) -> list[int]:
         """The ring handles among the batch's requests, in batch order."""
