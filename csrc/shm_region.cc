@@ -311,7 +311,7 @@ uint32_t reply_record_size(const ReplyRecord& r) {
   return static_cast<uint32_t>(n > UINT32_MAX ? UINT32_MAX : n);
 }
 
-bool Region::push_request(int w, const RequestRecord& r) {
+bool Region::push_request(int w, const RequestRecord& r, bool wake) {
   ShmRing ring = request_ring(w);
   for (const SlabTensor& t : r.inputs)
     if (t.ndim < 0 || t.ndim > kMaxRank) throw std::invalid_argument("a tensor has at most " + std::to_string(kMaxRank) + " dims");
@@ -332,7 +332,7 @@ bool Region::push_request(int w, const RequestRecord& r) {
     p += pad8(r.string_id.size());
     put_tensors(p, r.inputs);
   });
-  if (pushed) notify(engine_doorbell(), engine_efd_);
+  if (pushed && wake) notify(engine_doorbell(), engine_efd_);
   return pushed;
 }
 

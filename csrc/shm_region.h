@@ -191,9 +191,11 @@ class Region {
   Doorbell& worker_doorbell(int w) const { return reinterpret_cast<WorkerHeader*>(base_ + worker_at(w))->worker; }
 
   // ---- worker side
-  // Publishes a request record on worker w's ring and rings the engine if it sleeps. False when
-  // the ring is full; throws std::invalid_argument when the record cannot fit any cell.
-  bool push_request(int w, const RequestRecord& r);
+  // Publishes a request record on worker w's ring and rings the engine if it sleeps (wake: else
+  // the caller calls wake_engine once it has published a burst). False when the ring is full;
+  // throws std::invalid_argument when the record cannot fit any cell.
+  bool push_request(int w, const RequestRecord& r, bool wake = true);
+  void wake_engine() { notify(engine_doorbell(), engine_efd_); }
   // Hands fn(const ReplyRecord&) each reply now on w's ring, oldest first, at most `max`, in
   // place (valid during the call); returns how many. Malformed records are skipped and counted
   // (malformed()). One consumer thread per worker.

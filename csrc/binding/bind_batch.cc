@@ -100,7 +100,9 @@ py::array corrid_array(py::object self) {
   return out;
 }
 
-void set_state(BatchView& v, size_t index, py::array value) {
+}  // namespace
+
+void set_output_state(BatchView& v, size_t index, py::array value) {
   Instance& inst = v.get();
   Scheduler& s = *v.sched;
   if (index >= s.spec().states.size()) throw py::index_error("state index out of range");
@@ -119,7 +121,6 @@ void set_state(BatchView& v, size_t index, py::array value) {
                      static_cast<int>(shape.size()));
 }
 
-}  // namespace
 
 void bind_batch(py::module_& m) {
   m.def(
@@ -252,7 +253,7 @@ void bind_batch(py::module_& m) {
            "A writable buffer for the next value of the state named `name` (its input name), valid "
            "during the runner call; returned as the output state it becomes the state without a copy "
            "where the layout allows. None for variable-shape and BYTES states.")
-      .def("set_state", &set_state, py::arg("index"), py::arg("value"),
+      .def("set_state", &set_output_state, py::arg("index"), py::arg("value"),
            "Store the output state for every real row of the batch.")
       .def(
           "mark_executed", [](BatchView& v) { v.get().t_executed = now_ns(); },

@@ -105,6 +105,53 @@ class PyFeeder {
     if (!handles.empty()) reply(handles, first, rows, outputs, batched);
   }
 
+  // A batch of ring rows only, after its execute (RingOnlyRunner): its output states stored,
+  // its statistics recorded and its replies sent, in one call. False, with nothing done, when
+  // an output is not a C-contiguous array of its configured dtype with the batch's rows (or
+  // `produced` not a dict): the runner's checked path then converts or names the mistake.
+  // states: (index, name) per output state; outputs: (name, dtype) per configured output.
+  bool complete_batch(BatchView& view, const py::handle& produced, const py::list& states, const py::list& outputs,
+                      bool batched) {
+    Instance& inst = view.get();
+    if (!PyDict_CheckExact(produced.ptr())) return false;
+    auto& api = py::detail::npy_api::get();
+    py::list arrays(outputs.size());
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      py::tuple spec = outputs[k].cast<py::tuple>();
+      PyObject* value = PyDict_GetItemWithError(produced.ptr(), spec[0].ptr());  // borrowed
+      if (value == nullptr) {
+        if (PyErr_Occurred()) throw py::error_already_set();
+        continue;  // not produced: None, as reply_rows reads it
+      }
+      if (!py::isinstance<py::array>(value)) return false;
+      auto arr = py::reinterpret_borrow<py::array>(value);
+      py::handle dtype = spec[1];
+      if (!(arr.flags() & py::array::c_style) || arr.dtype().kind() == 'O' ||
+          !(arr.dtype().is(dtype) || api.PyArray_EquivTypes_(arr.dtype().ptr(), dtype.ptr())))
+        return false;
+      if (batched && (arr.ndim() == 0 || arr.shape(0) != inst.batch.size)) return false;
+      arrays[k] = arr;
+    }
+    inst.t_executed = now_ns();
+    for (const py::handle item : states) {
+      py::tuple st = item.cast<py::tuple>();
+      PyObject* value = PyDict_GetItemWithError(produced.ptr(), st[1].ptr());
+      if (value == nullptr) {
+        if (PyErr_Occurred()) throw py::error_already_set();
+        continue;
+      }
+      set_output_state(view, st[0].cast<size_t>(), py::array(py::reinterpret_borrow<py::object>(value)));
+    }
+    if (inst.inline_batch) {  // as Batch.finish: statistics first, a client with its reply sees them
+      view.sched->record_batch(inst, true);
+    } else {
+      py::gil_scoped_release r;
+      view.sched->record_batch(inst, true);
+    }
+    reply_batch(view, arrays, batched);
+    return true;
+  }
+
   static py::list ring_handles(BatchView& view) {
     py::list out;
     for (const Row& r : view.get().batch.rows)
@@ -200,6 +247,12 @@ void bind_feeder(py::module_& m) {
       .def("reply_batch", &PyFeeder::reply_batch, py::arg("batch"), py::arg("outputs"), py::kw_only(),
            py::arg("batched"),
            "reply_rows for every ring request of `batch` (a core Batch, still valid), its rows read in C++.")
+      .def("complete_batch", &PyFeeder::complete_batch, py::arg("batch"), py::arg("produced"), py::arg("states"),
+           py::arg("outputs"), py::kw_only(), py::arg("batched"),
+           "A ring-only batch after its execute: output states stored (states: (index, name) each),\n"
+           "statistics recorded, replies sent (outputs: (name, dtype) per configured output), in one call.\n"
+           "False, with nothing done, when an output is not a C-contiguous array of its dtype with the\n"
+           "batch's rows, or `produced` is not a dict.")
       .def_static("ring_handles", &PyFeeder::ring_handles, py::arg("batch"),
                   "The ring handles among the batch's requests, in batch order.")
       .def("fail", &PyFeeder::fail, py::arg("handles"), py::arg("code"), py::arg("message"),

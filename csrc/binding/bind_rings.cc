@@ -286,7 +286,7 @@ void bind_rings(py::module_& m) {
       .def(
           "push_request",
           [](Region& r, int w, uint32_t target, py::handle header, const std::vector<TensorTuple>& inputs, bool cancel,
-             uint64_t client, bool slow) {
+             uint64_t client, bool slow, bool wake) {
             const RequestHeaderObject* h = as_request_header(header);
             if (h == nullptr) throw py::type_error("header must be a RequestHeader");
             RequestRecord rec;
@@ -302,16 +302,20 @@ void bind_rings(py::module_& m) {
             }
             rec.inputs = tensors_from(inputs);
             try {
-              return r.push_request(checked_worker(r, w), rec);
+              return r.push_request(checked_worker(r, w), rec, wake);
             } catch (const std::invalid_argument& e) {
               throw py::value_error(e.what());
             }
           },
           py::arg("worker"), py::arg("target"), py::arg("header"), py::arg("inputs") = std::vector<TensorTuple>{},
           py::kw_only(), py::arg("cancel") = false, py::arg("client") = 0, py::arg("slow") = false,
+          py::arg("wake") = true,
           "Worker side: publish a request; False when the ring is full (back-pressure). client: the key its\n"
           "session's tombstones count against (0: the header's); slow: the engine must take it through its\n"
-          "Python path (RingFeeder.take_slow) even when the model's target is on the compiled path.")
+          "Python path (RingFeeder.take_slow) even when the model's target is on the compiled path; wake:\n"
+          "False leaves the engine asleep until wake_engine() (one wake-up for a burst of requests).")
+      .def("wake_engine", &Region::wake_engine,
+           "Worker side: ring the engine if it sleeps (after requests pushed with wake=False).")
       .def(
           "pop_request",
           [](Region& r, int w) -> py::object {

@@ -74,6 +74,9 @@ py::object restore_sequence(SequenceScheduler& sched, py::handle corrid, bool se
 Scheduler* core_scheduler(py::handle obj);
 void set_ring_sink(py::handle obj, std::weak_ptr<RingSink> sink);
 
+// Batch.set_state: the output state `index` of every real row of the batch (bind_batch.cc).
+void set_output_state(BatchView& v, size_t index, py::array value);
+
 void bind_dlpack(py::module_& m);  // DLPackView: engine-owned memory exported through DLPack
 void bind_spec(py::module_& m);   // enums, spec classes, statistics, Refusal, ExpiredSequence
 void bind_batch(py::module_& m);  // Batch, serialize_bytes, deserialize_bytes

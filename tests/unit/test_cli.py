@@ -17,8 +17,11 @@ from typing import Any
 import pytest
 
 from seqserve.api import cli, security
+from seqserve.api.cli.arguments import serve_options
+from seqserve.api.cli.parser import build_parser
 from seqserve.api.logs import LogSettings
 from seqserve.api.serve_options import ServeOptions
+from seqserve.engine import DEFAULT_INLINE_MAX_BATCH_US, WORKERS_INLINE_MAX_BATCH_US
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT = ROOT / "tests" / "data" / "cli" / "serve_snapshot.json"
@@ -334,3 +337,19 @@ def test_write_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys:
     """SEQSERVE_WRITE_CLI_SNAPSHOT=1: record what the command lines parse to now."""
     SNAPSHOT.parent.mkdir(parents=True, exist_ok=True)
     SNAPSHOT.write_text(json.dumps(observed(tmp_path, monkeypatch, capsys), indent=1) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "bound"),
+    [
+        ([], DEFAULT_INLINE_MAX_BATCH_US),
+        (["--workers", "1"], DEFAULT_INLINE_MAX_BATCH_US),
+        (["--workers", "2"], WORKERS_INLINE_MAX_BATCH_US),
+        (["--workers", "2", "--inline-max-batch-us", "200"], 200),
+        (["--inline-max-batch-us", "0"], 0),
+    ],
+)
+def test_the_inline_bound_defaults_larger_under_worker_processes(argv: list[str], bound: int) -> None:
+    # under --workers the batches run on the ring drain thread, not on a loop serving clients
+    args = build_parser().parse_args(["serve", "--model-repository", str(ROOT / "bench" / "models"), *argv])
+    assert serve_options(args).engine.inline_max_batch_us == bound

@@ -520,6 +520,29 @@ def test_a_ring_only_batch_with_an_output_of_the_wrong_type_answers_internal(tmp
         assert feeder.inflight(0) == 0 and model.statistics()["fail"]["count"] == 1
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        ('"Y": x * 2', '"Y": np.repeat(x * 2, 2, axis=1)[:, ::2]'),  # a strided view
+        ("return {", "import types; return types.MappingProxyType({"),  # a Mapping, not a dict
+    ],
+    ids=["strided", "mapping"],
+)
+def test_a_ring_only_batch_converts_what_the_core_call_cannot_take_as_it_is(
+    tmp_path: Path, change: tuple[str, str]
+) -> None:
+    # complete_batch takes a dict of C-contiguous arrays of the configured dtype; anything else
+    # (a strided view, a Mapping that is not a dict) goes the checked, converting way
+    model_py = STATELESS_MODEL.replace(*change)
+    if change[0] == "return {":
+        model_py = model_py.replace("np.int32)}", "np.int32)})")
+    with served(tmp_path, STATELESS_CONFIG, model_py, "double", 4) as (model, feeder, worker):
+        worker.send(4, RequestHeader(handle=1), np.array([[1.5, -2.0]], np.float32))
+        code, error, outputs = worker.replies(1)[1]
+        assert (code, error) == (0, None) and outputs[0].tolist() == [[3.0, -4.0]]
+        assert feeder.inflight(0) == 0 and model.statistics()["success"]["count"] == 1
+
+
 def test_a_ring_only_batch_whose_execute_hangs_past_close_is_answered_unavailable(tmp_path: Path) -> None:
     release = tmp_path / "release"
     model_py = f"""

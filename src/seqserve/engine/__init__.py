@@ -16,7 +16,7 @@ from __future__ import annotations
 from seqserve.engine.batch import ExecuteBatch, RaggedInput
 from seqserve.engine.counters import ModelCounters
 from seqserve.engine.errors import Code, DecoupledModelError, InferenceError, ModelConfigError
-from seqserve.engine.model.execution import DEFAULT_INLINE_MAX_BATCH_US
+from seqserve.engine.model.execution import DEFAULT_INLINE_MAX_BATCH_US, WORKERS_INLINE_MAX_BATCH_US
 from seqserve.engine.model.loaded import DEFAULT_MAX_BACKLOG_SEQUENCES
 from seqserve.engine.ordering import OrderedRelease
 from seqserve.engine.replicas.checkpoint import (
@@ -63,6 +63,7 @@ __all__ = [
     "SERVER_EXITING",
     "SERVER_NOT_READY",
     "SERVER_STOPPING",
+    "WORKERS_INLINE_MAX_BATCH_US",
     "CheckpointError",
     "CheckpointUnsupportedError",
     "Code",

@@ -700,10 +700,14 @@ class ShmRegion(metaclass=_Pybind11Type):
         cancel: bool = False,
         client: int = 0,
         slow: bool = False,
+        wake: bool = True,
     ) -> bool:
         """Worker side: publish a request; False when the ring is full (back-pressure). client: the key its
         session's tombstones count against (0: the header's); slow: the engine must take it through its
-        Python path (RingFeeder.take_slow) even when the model's target is on the compiled path."""
+        Python path (RingFeeder.take_slow) even when the model's target is on the compiled path; wake:
+        False leaves the engine asleep until wake_engine() (one wake-up for a burst of requests)."""
+    def wake_engine(self) -> None:
+        """Worker side: ring the engine if it sleeps (after requests pushed with wake=False)."""
     def pop_request(self, worker: int) -> tuple[int, bool, RequestHeader, list[_SlabTensor]] | None:
         """Engine side, for tests: the oldest request of one worker as (target, cancel, header, inputs), or None."""
     def push_reply(
@@ -804,6 +808,19 @@ class RingFeeder(metaclass=_Pybind11Type):
         find no room wait in order and are retried by the drain thread."""
     def reply_batch(self, batch: Batch, outputs: list[np.ndarray | None], *, batched: bool) -> None:
         """reply_rows for every ring request of `batch` (a core Batch, still valid), its rows read in C++."""
+    def complete_batch(
+        self,
+        batch: Batch,
+        produced: object,
+        states: list[tuple[int, str]],
+        outputs: list[tuple[str, np.dtype[Any]]],
+        *,
+        batched: bool,
+    ) -> bool:
+        """A ring-only batch after its execute: output states stored (states: (index, name) each),
+        statistics recorded, replies sent (outputs: (name, dtype) per configured output), in one call.
+        False, with nothing done, when an output is not a C-contiguous array of its dtype with the
+        batch's rows, or `produced` is not a dict."""
     @staticmethod
     def ring_handles(batch: Batch) -> list[int]:
         """The ring handles among the batch's requests, in batch order."""

@@ -21,7 +21,14 @@ from seqserve.api.serve_options import (
     StateStoreOptions,
     resolve_http_server,
 )
-from seqserve.engine import DEFAULT_REPOSITORY_POLL_SECS, ModelControlMode, SessionPolicy, startup_models
+from seqserve.engine import (
+    DEFAULT_INLINE_MAX_BATCH_US,
+    DEFAULT_REPOSITORY_POLL_SECS,
+    WORKERS_INLINE_MAX_BATCH_US,
+    ModelControlMode,
+    SessionPolicy,
+    startup_models,
+)
 
 DEMO_REPOSITORY = Path(__file__).resolve().parents[2] / "examples" / "models"
 
@@ -74,6 +81,14 @@ def _workers(args: argparse.Namespace, http_server: str) -> int:
 
 
 # ------------------------------------------------------------------------------- security
+
+
+def _inline_bound(args: argparse.Namespace) -> int:
+    """--inline-max-batch-us, whose default is larger under worker processes (where the batches
+    run on the ring drain thread, not on an event loop that serves clients)."""
+    if args.inline_max_batch_us is not None:
+        return int(args.inline_max_batch_us)
+    return WORKERS_INLINE_MAX_BATCH_US if args.workers > 1 else DEFAULT_INLINE_MAX_BATCH_US
 
 
 def _front_end_tls(args: argparse.Namespace) -> tuple[security.TlsFiles | None, security.TlsFiles | None]:
@@ -179,7 +194,7 @@ def _engine(
             args.session_tombstone_secs, args.session_tombstone_max, args.session_tombstone_max_per_client
         ),
         python_isolation=args.python_isolation,
-        inline_max_batch_us=args.inline_max_batch_us,
+        inline_max_batch_us=_inline_bound(args),
         server_id=args.id or "seqserve",
         model_config_name=args.model_config_name,
         auto_complete_config=not args.disable_auto_complete_config and args.strict_model_config is not True,

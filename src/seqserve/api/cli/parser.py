@@ -34,6 +34,7 @@ from seqserve.engine import (
     DEFAULT_REPOSITORY_POLL_SECS,
     DEFAULT_TOMBSTONE_MAX,
     DEFAULT_TOMBSTONE_S,
+    WORKERS_INLINE_MAX_BATCH_US,
     ModelControlMode,
 )
 
@@ -285,13 +286,13 @@ def _add_execution_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--inline-max-batch-us",
         type=non_negative_int,
-        default=DEFAULT_INLINE_MAX_BATCH_US,
+        default=None,
         metavar="US",
         help="in-process Python models whose batches cost at most this many microseconds run them on the event "
-        "loop's thread instead of an executor thread, saving two thread hand-offs per batch; 4 slower batches among "
-        "its last 32 (or one 8 times slower) move the model back to its threads. A model's parameter "
-        "'inline_max_batch_us' overrides it. "
-        f"0: never (default: {DEFAULT_INLINE_MAX_BATCH_US})",
+        "loop's thread (under --workers, on the engine's ring drain thread) instead of an executor thread, saving "
+        "two thread hand-offs per batch; 4 slower batches among its last 32 (or one 8 times slower) move the model "
+        "back to its threads. A model's parameter 'inline_max_batch_us' overrides it. "
+        f"0: never (default: {DEFAULT_INLINE_MAX_BATCH_US}; {WORKERS_INLINE_MAX_BATCH_US} with --workers 2 or more)",
     )
     s.add_argument(
         "--kind-gpu-on-cpu",

@@ -68,6 +68,7 @@ class RingClient:
         self.read_gate = read_gate or ReadGate()
         self._next_full_log = 0.0
         self._fd = region.worker_eventfds[worker]
+        self._engine_wake_due = False  # a wake_engine is scheduled for this event-loop pass
 
     def start(self) -> None:
         os.set_blocking(self._fd, False)
@@ -148,7 +149,9 @@ class RingClient:
     def _send(self, handle: int | None, push: Callable[[], bool]) -> None:
         if self._blocked:
             self._blocked.append((handle, push))
-        elif not push():
+        elif push():
+            self._wake_engine_soon()
+        else:
             self._blocked.append((handle, push))
             self._hold()
             self._arm_retry()
@@ -182,7 +185,7 @@ class RingClient:
                 region.buffer(offset, arr.nbytes)[:] = arr.reshape(-1).view(np.uint8)
             blocks.append((index, offset, arr.nbytes, arr.shape))
         try:
-            pushed = region.push_request(w, target, header, blocks, client=header.client)
+            pushed = region.push_request(w, target, header, blocks, client=header.client, wake=False)
         except ValueError as e:  # a record too large for a ring cell (fast_model keeps them small)
             self._free(blocks, True)
             self._fast.pop(header.handle, None)
@@ -206,7 +209,7 @@ class RingClient:
             shape = metas[index][2] if index != META_INDEX else ()
             blocks.append((index, offset, len(data), shape if len(shape) <= records.RECORD_MAX_RANK else ()))
         try:
-            pushed = region.push_request(w, target, header, blocks, slow=True)
+            pushed = region.push_request(w, target, header, blocks, slow=True, wake=False)
         except ValueError:  # more than a ring cell holds: the control channel takes it whole
             self._free(blocks, True)
             self._control.send(("infer", handle, head, [bytes(p) for p in parts], header_fields(header)))
@@ -214,6 +217,18 @@ class RingClient:
         if not pushed:
             self._free(blocks, True)
         return pushed
+
+    def _wake_engine_soon(self) -> None:
+        """Requests go on the ring without waking the engine; one wake-up follows the event
+        loop's pass that pushed them, so that the engine drains (and batches) the pass's
+        requests together rather than waking for the first (bench/docs/workers.md)."""
+        if not self._engine_wake_due:
+            self._engine_wake_due = True
+            asyncio.get_running_loop().call_soon(self._wake_engine)
+
+    def _wake_engine(self) -> None:
+        self._engine_wake_due = False
+        self._region.wake_engine()
 
     def _free(self, blocks: list[_Block], to_engine: bool) -> None:
         for _, offset, _, _ in blocks:
@@ -228,9 +243,11 @@ class RingClient:
         blocked = self._blocked
         while blocked:
             handle, push = blocked[0]
-            if (handle is None or handle in self._waiting) and not push():
-                self._arm_retry()
-                return
+            if handle is None or handle in self._waiting:
+                if not push():
+                    self._arm_retry()
+                    return
+                self._wake_engine_soon()
             blocked.popleft()
         self.read_gate.open()
 
@@ -244,7 +261,7 @@ class RingClient:
         header = RequestHeader(handle=handle)
         # the compiled path knows a cancel by its request's target; the slow path by its handle
         target = fast.model.target if fast is not None else records.BY_NAME
-        self._send(None, lambda: self._region.push_request(self._worker, target, header, [], cancel=True))
+        self._send(None, lambda: self._region.push_request(self._worker, target, header, [], cancel=True, wake=False))
 
     # ------------------------------------------------------------------------- replies
 

@@ -25,6 +25,12 @@ INLINE_MAX_BATCH_US = "inline_max_batch_us"
 MODES = ("thread", "process")
 #: the server's default bound of inline execution, in microseconds (0: never inline)
 DEFAULT_INLINE_MAX_BATCH_US = 200
+#: the default bound under worker processes (``serve --workers`` 2 or more): the engine's event
+#: loop then serves no client socket, and a batch on the ring drain thread holds up only the
+#: submission of other ring records meanwhile; at 200 us, batches of 15-20 rows kept crossing the
+#: bound and demoting the model to its executor threads, which cost more per step
+#: (bench/docs/workers.md, "Round 3")
+WORKERS_INLINE_MAX_BATCH_US = 500
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,47 @@ Execute = Callable[[ExecuteBatch], Mapping[str, Any]]
 BatchFailed = Callable[[Batch, list[Any], Exception], bool]
 
 
+class RingExecuteBatch(ExecuteBatch):
+    """The ``ExecuteBatch`` of a ring-only batch: the fields a model may not read (controls,
+    flags, ids, per-request lists) are made from the core batch on first access, so that a
+    model reading its inputs and states pays for those only. Like the arrays, they are only
+    valid during ``execute`` (the core batch says so when read later)."""
+
+    __slots__ = ("_core_batch",)
+
+    def __init__(self, cb: Batch, instance: int, states: Mapping[str, np.ndarray], batched: bool) -> None:
+        self._core_batch = cb
+        self.size = cb.size
+        self.instance = instance
+        self.inputs = cb.inputs()
+        self.states = states
+        self.batched = batched
+        self.responder = None  # ring requests never carry one
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for a field not set yet (an unset slot)
+        cb = self._core_batch
+        value: Any
+        if name in ("start", "end", "ready", "corrid", "request_rows"):
+            value = getattr(cb, name)
+        elif name == "controls":
+            value = cb.controls()
+        elif name in ("ragged", "_next_states"):
+            value = {}
+        elif name in ("request_outputs", "request_ids", "request_parameters"):
+            # Ring requests carry no request id, parameters or output list (those go the slow
+            # way): every output goes back, and the worker keeps what was asked for.
+            n = len(self.request_rows)
+            if name == "request_parameters":
+                value = [{} for _ in range(n)]
+            else:
+                value = [None if name == "request_outputs" else ""] * n
+        else:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        setattr(self, name, value)
+        return value
+
+
 class RingOnlyRunner:
     """Runs one model version's batches of ring rows only (see the module's docstring)."""
 
@@ -45,7 +86,7 @@ class RingOnlyRunner:
         self._rows = rows
         self._executes = tuple(executes)
         self._state_names = spec.state_names
-        self._state_outputs = tuple(spec.state_outputs)
+        self._state_outputs = list(spec.state_outputs)
         self._batched = rows.batched
         self._failed = failed
 
@@ -54,26 +95,8 @@ class RingOnlyRunner:
         instance = cb.instance
         rows.begin(cb)
         try:
-            request_rows = cb.request_rows
-            n = len(request_rows)
-            batch = ExecuteBatch(
-                size=cb.size,
-                instance=instance,
-                inputs=cb.inputs(),
-                states=StateViews(self._state_names, cb) if self._state_names else {},
-                controls=cb.controls(),
-                start=cb.start,
-                end=cb.end,
-                ready=cb.ready,
-                corrid=cb.corrid,
-                request_rows=request_rows,
-                # Ring requests carry no request id, parameters or output list (those go the
-                # slow way): every output goes back, and the worker keeps what was asked for.
-                request_outputs=[None] * n,
-                request_ids=[""] * n,
-                request_parameters=[{} for _ in range(n)],
-                batched=self._batched,
-            )
+            states = StateViews(self._state_names, cb) if self._state_names else {}
+            batch = RingExecuteBatch(cb, instance, states, self._batched)
             produced = self._executes[instance](batch)
         except Exception as e:  # the model's failure fails this batch only
             if not rows.done(instance):  # too late: close() answered its rows
@@ -84,6 +107,10 @@ class RingOnlyRunner:
             cb.finish(False)
             return False
         try:
+            # one core call stores the states, records the batch and replies; False: an output
+            # needs converting or is wrong, for the checked path below
+            if rows.feeder.complete_batch(cb, produced, self._state_outputs, rows.output_dtypes, batched=self._batched):
+                return True
             cb.mark_executed()
             for index, name in self._state_outputs:
                 value = produced.get(name)

@@ -80,6 +80,8 @@ class RingRows:
         self._is_sequence = cfg.HasField("sequence_batching")
         self.batched = cfg.max_batch_size > 0
         self._outputs = [(t.name, np.dtype(to_numpy_dtype(t.data_type)), t.data_type) for t in cfg.output]
+        #: (name, dtype) per configured output, as RingFeeder.complete_batch checks them
+        self.output_dtypes = [(name, dtype) for name, dtype, _ in self._outputs]
         # instance -> the batch it runs, whose ring rows close() answers when its execute hangs past
         # the exit timeout (read then: the batch stays valid while execute has not returned)
         self._running: dict[int, Batch] = {}
