@@ -1,10 +1,9 @@
 #include "inline_policy.h"
 
-#include <fcntl.h>
-#include <unistd.h>
+#include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 namespace seqserve {
 
@@ -21,32 +20,15 @@ constexpr int kSlowInWindow = 4;
 constexpr int64_t kAtOnceFactor = 8;
 }  // namespace
 
-namespace {
-// This thread's schedstat, opened once per thread (the file stays bound to the thread that
-// opened it) and closed with it.
-struct SchedStat {
-  int fd = ::open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
-  ~SchedStat() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-}  // namespace
-
 ThreadUsage ThreadUsage::now() {
-  // "<cpu ns> <run-queue wait ns> <timeslices>\n"; one pread, no allocation.
-  thread_local SchedStat stat;
+  // CPU time from the thread's CPU clock (exact; getrusage's times are tick-sampled), context
+  // switches from getrusage.
   ThreadUsage u;
-  char buf[96];
-  if (stat.fd < 0) return u;
-  const ssize_t n = ::pread(stat.fd, buf, sizeof buf - 1, 0);
-  if (n <= 0) return u;
-  buf[n] = '\0';
-  char* end = nullptr;
-  std::strtoll(buf, &end, 10);
-  if (end == buf) return u;
-  char* after = nullptr;
-  const long long waited = std::strtoll(end, &after, 10);
-  if (after != end && waited >= 0) u.waited_ns = waited;
+  struct timespec ts;
+  struct rusage ru;
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0 || getrusage(RUSAGE_THREAD, &ru) != 0) return u;
+  u.cpu_ns = static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  u.blocked = ru.ru_nvcsw;
   return u;
 }
 
@@ -54,10 +36,9 @@ int64_t ThreadUsage::cost(const ThreadUsage& start, int64_t wall_ns) {
   // On a loaded machine a cheap batch's wall time includes the time the OS gave its CPU to
   // others; that stalls the event loop wherever the batch runs. Time the thread spent blocked
   // (sleeping, waiting for a lock, for I/O, for the GIL) is the model's, and counts in full.
-  if (start.waited_ns < 0) return wall_ns;
   const ThreadUsage end = now();
-  if (end.waited_ns < start.waited_ns) return wall_ns;
-  return std::max<int64_t>(0, wall_ns - (end.waited_ns - start.waited_ns));
+  if (end.blocked != start.blocked || start.cpu_ns == 0) return wall_ns;
+  return std::min(wall_ns, end.cpu_ns - start.cpu_ns);
 }
 
 bool InlinePolicy::configure(int64_t max_batch_ns, int promote_after) {

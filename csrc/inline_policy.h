@@ -6,9 +6,9 @@
 // reply split). Slow batches in inline mode end it (kSlowInWindow of the last 32, or one over
 // kAtOnceFactor times the bound), so a model that turns slow costs the loop a few batches.
 // Each demotion doubles the cheap run needed for the next promotion (up to 16x). A batch is
-// judged by its wall time less the time its thread waited for a CPU (the OS preempted it: a
-// stall the loop suffers wherever the batch runs); time it spent blocked (a lock, the GIL,
-// I/O) counts in full (ThreadUsage).
+// judged by its wall time, unless its thread never blocked: then the OS preempted it (a stall
+// the loop suffers wherever the batch runs), and its thread CPU time counts instead
+// (ThreadUsage).
 //
 // Lock: everything but active() runs under the scheduler lock; active() is read without it
 // (run_ready_inline's first check, submit's choice between waking an executor and not).
@@ -19,13 +19,13 @@
 
 namespace seqserve {
 
-// How long this thread has waited to run (on a run queue: preempted, or woken and not yet
-// running), from /proc/thread-self/schedstat: a batch is judged by its wall time less that
-// wait, so that a loaded machine's preemptions do not count against a cheap model.
+// This thread's CPU time and voluntary context switches: a batch that overran its bound
+// without ever blocking was preempted, and is judged by the CPU time it used.
 struct ThreadUsage {
-  int64_t waited_ns = -1;  // -1: not known (no schedstat here): the wall time counts in full
+  int64_t cpu_ns = 0;
+  long blocked = 0;
   static ThreadUsage now();
-  // What a batch that took `wall_ns` since `start` cost: its wall time less its thread's wait.
+  // What a batch that took `wall_ns` since `start` cost: its CPU time if it never blocked.
   static int64_t cost(const ThreadUsage& start, int64_t wall_ns);
 };
 

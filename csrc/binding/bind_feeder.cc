@@ -247,8 +247,10 @@ void bind_feeder(py::module_& m) {
       .def("reply_batch", &PyFeeder::reply_batch, py::arg("batch"), py::arg("outputs"), py::kw_only(),
            py::arg("batched"),
            "reply_rows for every ring request of `batch` (a core Batch, still valid), its rows read in C++.")
+      // positional only: pybind11 matches keyword arguments by name on every call, which cost
+      // this once-per-batch call several microseconds (interned lookups)
       .def("complete_batch", &PyFeeder::complete_batch, py::arg("batch"), py::arg("produced"), py::arg("states"),
-           py::arg("outputs"), py::kw_only(), py::arg("batched"),
+           py::arg("outputs"), py::arg("batched"),
            "A ring-only batch after its execute: output states stored (states: (index, name) each),\n"
            "statistics recorded, replies sent (outputs: (name, dtype) per configured output), in one call.\n"
            "False, with nothing done, when an output is not a C-contiguous array of its dtype with the\n"

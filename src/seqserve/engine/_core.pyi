@@ -814,8 +814,8 @@ class RingFeeder(metaclass=_Pybind11Type):
         produced: object,
         states: list[tuple[int, str]],
         outputs: list[tuple[str, np.dtype[Any]]],
-        *,
         batched: bool,
+        /,
     ) -> bool:
         """A ring-only batch after its execute: output states stored (states: (index, name) each),
         statistics recorded, replies sent (outputs: (name, dtype) per configured output), in one call.

@@ -109,7 +109,7 @@ class RingOnlyRunner:
         try:
             # one core call stores the states, records the batch and replies; False: an output
             # needs converting or is wrong, for the checked path below
-            if rows.feeder.complete_batch(cb, produced, self._state_outputs, rows.output_dtypes, batched=self._batched):
+            if rows.feeder.complete_batch(cb, produced, self._state_outputs, rows.output_dtypes, self._batched):
                 return True
             cb.mark_executed()
             for index, name in self._state_outputs:
