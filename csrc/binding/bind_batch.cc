@@ -121,6 +121,15 @@ void set_output_state(BatchView& v, size_t index, py::array value) {
                      static_cast<int>(shape.size()));
 }
 
+void record_batch_stats(BatchView& v, bool ok) {
+  Instance& inst = v.get();
+  if (inst.inline_batch) {  // the event loop: the lock is brief, and the GIL stays here
+    v.sched->record_batch(inst, ok);
+    return;
+  }
+  py::gil_scoped_release r;
+  v.sched->record_batch(inst, ok);
+}
 
 void bind_batch(py::module_& m) {
   m.def(
@@ -259,17 +268,7 @@ void bind_batch(py::module_& m) {
           "mark_executed", [](BatchView& v) { v.get().t_executed = now_ns(); },
           "Record the end of the model call (splits compute_infer from compute_output).")
       .def(
-          "finish",
-          [](BatchView& v, bool ok) {
-            Instance& inst = v.get();
-            if (inst.inline_batch) {  // the event loop: the lock is brief, and the GIL stays here
-              v.sched->record_batch(inst, ok);
-              return;
-            }
-            py::gil_scoped_release r;
-            v.sched->record_batch(inst, ok);
-          },
-          py::arg("ok"), "Record this batch's statistics now, before its replies are sent.");
+          "finish", &record_batch_stats, py::arg("ok"), "Record this batch's statistics now, before its replies are sent.");
 }
 
 }  // namespace seqserve::binding

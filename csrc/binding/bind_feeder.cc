@@ -142,12 +142,7 @@ class PyFeeder {
       }
       set_output_state(view, st[0].cast<size_t>(), py::array(py::reinterpret_borrow<py::object>(value)));
     }
-    if (inst.inline_batch) {  // as Batch.finish: statistics first, a client with its reply sees them
-      view.sched->record_batch(inst, true);
-    } else {
-      py::gil_scoped_release r;
-      view.sched->record_batch(inst, true);
-    }
+    record_batch_stats(view, true);  // statistics first: a client with its reply sees them
     reply_batch(view, arrays, batched);
     return true;
   }

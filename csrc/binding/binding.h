@@ -76,6 +76,8 @@ void set_ring_sink(py::handle obj, std::weak_ptr<RingSink> sink);
 
 // Batch.set_state: the output state `index` of every real row of the batch (bind_batch.cc).
 void set_output_state(BatchView& v, size_t index, py::array value);
+// Batch.finish: the batch's statistics recorded (the GIL let go unless it runs inline).
+void record_batch_stats(BatchView& v, bool ok);
 
 void bind_dlpack(py::module_& m);  // DLPackView: engine-owned memory exported through DLPack
 void bind_spec(py::module_& m);   // enums, spec classes, statistics, Refusal, ExpiredSequence
