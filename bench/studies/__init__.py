@@ -1,1 +1,2 @@
-"""In-process studies (no network): each is ``python -m bench.studies.<name>``; figures in bench/docs/."""
+"""Focused studies (most in-process, a few against a spawned server): each is
+``python -m bench.studies.<name>``; figures in bench/docs/."""

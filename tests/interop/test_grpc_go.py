@@ -1,86 +1,32 @@
 """grpc-go (Go's gRPC, its own HTTP/2 and HPACK) against the builtin gRPC server, through the
-client in tests/interop/go/seqclient. It is built offline from Debian's packages in GOPATH mode
-(no module download): protoc with protoc-gen-go and protoc-gen-go-grpc generates the package
-seqserve/inference from protos/ into a temporary GOPATH, beside /usr/share/gocode."""
+client in tests/interop/go/seqclient, built offline from Debian's packages by bench/golang/build.py
+(GOPATH mode, no module download; the bench's load generator is built the same way)."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.golang import build as golang
 from tests.support.paths import ROOT
 from tests.support.process import ServerProcess
-from tests.support.tools import require_paths, require_programs
+from tests.support.tools import unavailable
 
-GO_PACKAGES = (
-    "golang-go golang-google-grpc-dev golang-goprotobuf-dev golang-google-protobuf-dev "
-    "golang-golang-x-net-dev protoc-gen-go-grpc protobuf-compiler"
-)
-DEBIAN_GOCODE = Path("/usr/share/gocode")
 CLIENT_SOURCE = ROOT / "tests" / "interop" / "go" / "seqclient"
-PROTOS = ROOT / "protos"
-GENERATED_PACKAGE = "seqserve/inference"
-BUILD_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 60
-
-
-def go_environment(gopath: Path) -> dict[str, str]:
-    env = {**os.environ, "GO111MODULE": "off", "GOPATH": f"{gopath}:{DEBIAN_GOCODE}", "GOFLAGS": ""}
-    # go keeps its build cache under the user's cache directory; without a home, a temporary one
-    if "GOCACHE" not in env and not os.environ.get("HOME"):
-        env["GOCACHE"] = str(gopath / "cache")
-    return env
-
-
-def run_checked(cmd: list[str], env: dict[str, str], cwd: Path = ROOT) -> None:
-    run = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-    assert run.returncode == 0, f"{' '.join(cmd)}: exit {run.returncode}\n{run.stdout}\n{run.stderr}"
-
-
-def build_client(workdir: Path) -> Path:
-    """The seqclient binary: Go code generated from protos/, then `go build` in GOPATH mode."""
-    gopath = workdir / "gopath"
-    generated = gopath / "src" / GENERATED_PACKAGE
-    generated.mkdir(parents=True)
-    env = go_environment(gopath)
-    protos = sorted(p.name for p in PROTOS.glob("*.proto") if p.name != "health.proto")
-    # the protos name no go_package: map each file to the one Go package
-    mapping = ",".join(f"M{name}={GENERATED_PACKAGE}" for name in protos)
-    run_checked(
-        [
-            "protoc",
-            f"-I{PROTOS}",
-            f"--go_out={mapping},paths=source_relative:{generated}",
-            f"--go-grpc_out={mapping},paths=source_relative:{generated}",
-            *protos,
-        ],
-        env,
-    )
-    shutil.copytree(CLIENT_SOURCE, gopath / "src" / "seqclient")
-    binary = workdir / "seqclient"
-    run_checked(["go", "build", "-o", str(binary), "seqclient"], env, cwd=gopath)
-    return binary
-
-
-def require_go_toolchain() -> None:
-    install = f"apt-get install {GO_PACKAGES}"
-    require_programs("go", "protoc", "protoc-gen-go", "protoc-gen-go-grpc", install=install)
-    sources = DEBIAN_GOCODE / "src"
-    grpc_go, golang_protobuf = sources / "google.golang.org" / "grpc", sources / "github.com" / "golang" / "protobuf"
-    require_paths(grpc_go, golang_protobuf, install=install)
 
 
 @pytest.fixture(scope="session")
 def seqclient(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The grpc-go client, built once per session."""
-    require_go_toolchain()
-    return build_client(tmp_path_factory.mktemp("grpc-go"))
+    why = golang.missing_toolchain()
+    if why:
+        unavailable(why)
+    return golang.build(CLIENT_SOURCE, tmp_path_factory.mktemp("grpc-go"))
 
 
 def run_client(client: Path, srv: ServerProcess, *args: str) -> tuple[int, dict[str, Any], str]:
