@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.golang import build as golang
+from bench import golang
 from bench.loadgen.cpu import CpuSample, ProcessTreeCpu, SystemCpu
 from bench.loadgen.model_stats import StatsReader, StatsSnapshot
 from bench.loadgen.target import SpawnedServer, Target, wait_ready
@@ -226,12 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="seqserve-seqload-") as tmp:
         binary = args.seqload
         if binary is None:
-            why = golang.missing_toolchain()
-            if why:
-                print(f"busy_workers: cannot build seqload: {why}", file=sys.stderr)
-                return 1
             print("# building bench/golang/seqload (grpc-go, offline)", file=sys.stderr, flush=True)
-            binary = golang.build(golang.SEQLOAD_SOURCE, Path(tmp))
+            try:
+                binary = golang.build(golang.SEQLOAD_SOURCE, Path(tmp))
+            except golang.ToolchainMissing as e:
+                print(f"busy_workers: cannot build seqload: {e}", file=sys.stderr)
+                return 1
         load = os.getloadavg()
         began = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         runs: list[dict[str, Any]] = []

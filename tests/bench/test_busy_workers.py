@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.golang import build as golang
+from bench import golang
 from tests.support.paths import ROOT
 from tests.support.tools import unavailable
 
@@ -29,10 +29,11 @@ class Model:
 
 @pytest.fixture(scope="module")
 def seqload(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    why = golang.missing_toolchain()
-    if why:
-        unavailable(why)
-    return golang.build(golang.SEQLOAD_SOURCE, tmp_path_factory.mktemp("seqload"))
+    try:
+        return golang.build(golang.SEQLOAD_SOURCE, tmp_path_factory.mktemp("seqload"))
+    except golang.ToolchainMissing as e:
+        unavailable(str(e))
+        raise
 
 
 def run_study(seqload: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -1,5 +1,5 @@
 """grpc-go (Go's gRPC, its own HTTP/2 and HPACK) against the builtin gRPC server, through the
-client in tests/interop/go/seqclient, built offline from Debian's packages by bench/golang/build.py
+client in tests/interop/go/seqclient, built offline from Debian's packages by tools/build_go.sh
 (GOPATH mode, no module download; the bench's load generator is built the same way)."""
 
 from __future__ import annotations
@@ -11,22 +11,28 @@ from typing import Any
 
 import pytest
 
-from bench.golang import build as golang
 from tests.support.paths import ROOT
 from tests.support.process import ServerProcess
 from tests.support.tools import unavailable
 
 CLIENT_SOURCE = ROOT / "tests" / "interop" / "go" / "seqclient"
+BUILD_SCRIPT = ROOT / "tools" / "build_go.sh"
+TOOLCHAIN_MISSING = 3  # build_go.sh's exit status when go, protoc or Debian's Go sources are missing
+BUILD_TIMEOUT_S = 600
 RUN_TIMEOUT_S = 60
 
 
 @pytest.fixture(scope="session")
 def seqclient(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The grpc-go client, built once per session."""
-    why = golang.missing_toolchain()
-    if why:
-        unavailable(why)
-    return golang.build(CLIENT_SOURCE, tmp_path_factory.mktemp("grpc-go"))
+    out = tmp_path_factory.mktemp("grpc-go")
+    run = subprocess.run(
+        [str(BUILD_SCRIPT), str(CLIENT_SOURCE), str(out)], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+    )
+    if run.returncode == TOOLCHAIN_MISSING:
+        unavailable(run.stderr.strip())
+    assert run.returncode == 0, f"build_go.sh: exit {run.returncode}\n{run.stdout}\n{run.stderr}"
+    return out / CLIENT_SOURCE.name
 
 
 def run_client(client: Path, srv: ServerProcess, *args: str) -> tuple[int, dict[str, Any], str]:
