@@ -253,7 +253,7 @@ void RingFeeder::submit_fast(int w, const Target& t, const shm::RequestRecord& r
     {
       std::lock_guard<std::mutex> lk(mu_);
       ++counters_.bad;
-      ++refused_by_target_[r.target];
+      ++refused_by_target_[r.target].refused;
     }
     send_error(w, handle, kInvalidArg,
                "request for model '" + t.sched->spec().name + "' does not match its config: " + bad);
@@ -301,7 +301,9 @@ void RingFeeder::submit_fast(int w, const Target& t, const shm::RequestRecord& r
   {
     std::lock_guard<std::mutex> lk(mu_);
     ++counters_.refused;
-    ++refused_by_target_[r.target];
+    Refusals& counts = refused_by_target_[r.target];
+    ++counts.refused;
+    if (res.code == kUnavailable) ++counts.rejected;
   }
   free_blocks(w, gone.blocks);
   uint32_t flags = (res.backlog_full ? shm::kReplyBacklogFull : 0u) | (res.released ? shm::kReplyReleased : 0u);
@@ -554,7 +556,13 @@ size_t RingFeeder::queued_replies(int w) {
 uint64_t RingFeeder::refused(uint32_t target) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = refused_by_target_.find(target);
-  return it == refused_by_target_.end() ? 0 : it->second;
+  return it == refused_by_target_.end() ? 0 : it->second.refused;
+}
+
+uint64_t RingFeeder::rejected(uint32_t target) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = refused_by_target_.find(target);
+  return it == refused_by_target_.end() ? 0 : it->second.rejected;
 }
 
 FeederCounters RingFeeder::counters() {

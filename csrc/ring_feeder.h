@@ -117,6 +117,8 @@ class RingFeeder : public RingSink {
   // The target's requests answered with a refusal or as malformed: the in-process path counts
   // these as the model's failed requests (statistics), so the engine adds them.
   uint64_t refused(uint32_t target);
+  // Of those, the refusals with UNAVAILABLE (REJECTED in the metrics, as one process counts them).
+  uint64_t rejected(uint32_t target);
 
  private:
   struct Target {
@@ -172,7 +174,12 @@ class RingFeeder : public RingSink {
   std::vector<SlowRecord> slow_;
   bool slow_signalled_ = false;
   FeederCounters counters_;
-  std::unordered_map<uint32_t, uint64_t> refused_by_target_;
+  // Per target: requests refused or malformed (failed requests), and of them the refusals with
+  // UNAVAILABLE (a full queue or backlog, a scheduler stopping), which metrics count as REJECTED.
+  struct Refusals {
+    uint64_t refused = 0, rejected = 0;
+  };
+  std::unordered_map<uint32_t, Refusals> refused_by_target_;
 
   std::mutex replies_mu_;
   std::vector<std::deque<QueuedReply>> queued_;

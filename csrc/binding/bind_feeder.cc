@@ -276,6 +276,10 @@ void bind_feeder(py::module_& m) {
       .def(
           "refused", [](PyFeeder& f, uint32_t target) { return f.feeder().refused(target); }, py::arg("target"),
           "The target's requests refused or malformed: failed requests, as the in-process path counts them.")
+      .def(
+          "rejected", [](PyFeeder& f, uint32_t target) { return f.feeder().rejected(target); }, py::arg("target"),
+          "Of the target's refused requests, those refused with UNAVAILABLE (a full queue or backlog, a "
+          "scheduler stopping): REJECTED in the metrics, as the in-process path counts them.")
       .def("counters",
            [](PyFeeder& f) {
              const FeederCounters c = f.feeder().counters();

@@ -837,6 +837,9 @@ class RingFeeder(metaclass=_Pybind11Type):
         """Replies waiting for room on the worker's reply ring or in its blocks."""
     def refused(self, target: int) -> int:
         """The target's requests refused or malformed: failed requests, as the in-process path counts them."""
+    def rejected(self, target: int) -> int:
+        """Of the target's refused requests, those refused with UNAVAILABLE (a full queue or
+        backlog, a scheduler stopping): REJECTED in the metrics, as the in-process path counts them."""
     def counters(self) -> dict[str, int]: ...
     def close(self) -> None:
         """Stop the drain thread (records stay on the rings)."""

@@ -28,29 +28,43 @@ class BodyWatch:
     ``tick`` the watchdog cancels the reads that made no progress for ``timeout_s``, which then
     raise BodyTimeout. So a 408 comes between ``timeout_s`` and ``timeout_s + tick``, and a body
     that arrives at once costs a dict entry, not a timer. The watchdog runs only while some
-    request is reading."""
+    request is reading.
+
+    A read whose source says it is ``held`` (a worker process's connection that the server
+    stopped reading: its rings to the engine are full) is waiting on the server, not the
+    client, so its clock starts again when the server reads on (within one tick)."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.tick = min(1.0, timeout_s / 4)
         self.reading: dict[asyncio.Task[Any], float] = {}  # task -> when it last made progress
+        self.sources: dict[asyncio.Task[Any], BodySource] = {}
         self.expired: set[asyncio.Task[Any]] = set()
         self._watchdog: asyncio.Task[None] | None = None
 
-    def begin(self, task: asyncio.Task[Any], now: float) -> None:
+    def begin(self, task: asyncio.Task[Any], now: float, source: BodySource | None = None) -> None:
         self.reading[task] = now
+        if source is not None:
+            self.sources[task] = source
         if self._watchdog is None:
             self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+
+    def end(self, task: asyncio.Task[Any]) -> None:
+        self.reading.pop(task, None)
+        self.sources.pop(task, None)
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
         try:
             while self.reading:
                 await asyncio.sleep(self.tick)
-                stalled_since = loop.time() - self.timeout_s
+                now = loop.time()
+                stalled_since = now - self.timeout_s
                 for task, since in list(self.reading.items()):
-                    if since < stalled_since:
-                        del self.reading[task]
+                    if getattr(self.sources.get(task), "held", False):
+                        self.reading[task] = now  # the server is not reading: not the client's stall
+                    elif since < stalled_since:
+                        self.end(task)
                         self.expired.add(task)
                         task.cancel()  # at its only await while registered: receive()
         finally:
@@ -85,7 +99,7 @@ async def read_body(source: BodySource, length: str | None, limit: int, watch: B
             if not body.add(got):
                 return body.joined()
     loop = task.get_loop()
-    watch.begin(task, loop.time())
+    watch.begin(task, loop.time(), source)
     try:
         while body.add(await source.receive()):
             watch.reading[task] = loop.time()  # the deadline is for progress
@@ -94,7 +108,7 @@ async def read_body(source: BodySource, length: str | None, limit: int, watch: B
             raise BodyTimeout(watch.timeout_s) from None
         raise
     finally:
-        watch.reading.pop(task, None)
+        watch.end(task)
     return body.joined()
 
 

@@ -180,6 +180,11 @@ class RequestBody:
         self.exchange = exchange
         self.waiter: asyncio.Future[None] | None = None  # receive() waiting for body or disconnect
 
+    @property
+    def held(self) -> bool:
+        """Whether the server stopped reading the connection (a worker's read gate is closed)."""
+        return self.conn.held
+
     def wake(self) -> None:
         w = self.waiter
         if w is not None:

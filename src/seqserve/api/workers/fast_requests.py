@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from seqserve._proto import model_config_pb2 as mc
 from seqserve.api.workers.snapshot import ModelEntry
 from seqserve.engine import SERVER_STOPPING, Code, InferenceError, InferRequest, InferResult
 from seqserve.engine.tensors import to_numpy_dtype
@@ -62,23 +61,12 @@ def fast_model(name: str, version: int, entry: ModelEntry) -> FastModel | None:
     """The model version's fast form, or None when its requests take the slow way."""
     if not entry.fast or entry.decoupled:
         return None
-    if not entry.is_sequence and bounds_its_queue(entry.config):
-        return None  # its refusals count as REJECTED where one process counts them (the engine's)
     if len(entry.config.input) > FAST_MAX_INPUTS:
         return None  # its record might not fit a ring cell
     try:
         return FastModel(name, version, entry)
     except Exception:  # a config the worker cannot lay out: the engine runs it
         return None
-
-
-def bounds_its_queue(cfg: mc.ModelConfig) -> bool:
-    """Whether the dynamic batcher refuses requests once a queue holds ``max_queue_size``: the
-    engine's metrics count such a refusal of the compiled path under reason OTHER, not REJECTED
-    (its count cannot tell a refusal's code), so such a model's requests take the slow way."""
-    batching = cfg.dynamic_batching
-    policies = [batching.default_queue_policy, *batching.priority_queue_policy.values()]
-    return any(p.max_queue_size for p in policies)
 
 
 def takes(request: InferRequest, session_name: str | None, scope: int, *, is_sequence: bool = True) -> bool:

@@ -102,12 +102,13 @@ class ModelReports:
 
     def counters(self, *, rejected_here: int) -> ModelCounters:
         """Everything a metrics exporter reports for this version, read now (one core call).
-        ``rejected_here``: requests the core refused as UNAVAILABLE (queue full, stopping)."""
+        ``rejected_here``: requests the core refused as UNAVAILABLE (queue full, stopping); the
+        compiled path's such refusals are added here."""
         s = self._core.stats()
         inline = self._core.inline_stats()
         refused = self._refused()
         alone = self._delivery.request_failures
-        rejected = s.fail_rejected + rejected_here
+        rejected = s.fail_rejected + rejected_here + (self.ring.rejected() if self.ring is not None else 0)
         backend = s.fail_backend + alone
         fail = s.fail.count + refused + alone
         cumulative = 0

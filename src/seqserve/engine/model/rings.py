@@ -95,6 +95,10 @@ class RingRows:
         """Its requests the compiled path refused: failed requests, as submit's refusals are."""
         return self.feeder.refused(self.target)
 
+    def rejected(self) -> int:
+        """Of those, the refusals with UNAVAILABLE: REJECTED, as submit's are (a full queue)."""
+        return self.feeder.rejected(self.target)
+
     def batch(self, cb: Batch) -> RingBatch | None:
         """The batch's ring rows, or None when it has none (found in C++: no per-row Python)."""
         handles = RingFeeder.ring_handles(cb)
