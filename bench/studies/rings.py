@@ -36,9 +36,12 @@ import platform
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from seqserve.engine._core import RequestHeader, ShmRegion
 
@@ -158,7 +161,33 @@ def python_calls(records: int) -> dict[str, float]:
         for _ in range(batch):
             region.pop_reply(0)
     replies = (time.perf_counter() - start) * 1e9 / (records // batch * batch)
-    return {"request_push_pop_ns": requests, "reply_push_pop_ns": replies}
+    return {"request_push_pop_ns": requests, "reply_push_pop_ns": replies} | tensor_copies(region, records // 10)
+
+
+def tensor_copies(region: ShmRegion, n: int) -> dict[str, float]:
+    """A worker's copy of one FP32 [1, 1] tensor into a block and of one out of it: through a
+    view (``buffer``: a memoryview that pybind11 ties to the region with a weak reference) and
+    through ``write`` / ``read`` (a copy in C++, no view)."""
+    block = region.alloc(0, False, 64)
+    arr: Any = np.ones((1, 1), np.float32)
+    dtype = arr.dtype
+
+    def timed(step: Callable[[], object]) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            step()
+        return (time.perf_counter() - start) * 1e9 / n
+
+    out: dict[str, float] = {
+        "copy_in_view_ns": timed(
+            lambda: region.buffer(block, 4).__setitem__(slice(None), arr.reshape(-1).view(np.uint8))
+        ),
+        "copy_in_write_ns": timed(lambda: region.write(block, arr)),
+        "copy_out_view_ns": timed(lambda: np.frombuffer(region.buffer(block, 4), dtype).reshape((1, 1)).copy()),
+        "copy_out_read_ns": timed(lambda: np.frombuffer(region.read(block, 4), dtype).reshape((1, 1))),
+    }
+    region.free(0, False, block)
+    return out
 
 
 # (name, producer processes, engine sleeps, engine spins before sleeping (us), producer settings)
@@ -207,8 +236,17 @@ def report(doc: dict[str, Any]) -> str:
         "",
         f"push_request + pop_request: {doc['python']['request_push_pop_ns']:.0f} ns; "
         f"push_reply + pop_reply: {doc['python']['reply_push_pop_ns']:.0f} ns",
+        *copy_lines(doc["python"]),
     ]
     return "\n".join(lines)
+
+
+def copy_lines(python: dict[str, Any]) -> list[str]:
+    return [
+        f"an FP32 [1, 1] tensor into a block: through a view {python['copy_in_view_ns']:.0f} ns, "
+        f"write {python['copy_in_write_ns']:.0f} ns; out of one into an array: through a view "
+        f"{python['copy_out_view_ns']:.0f} ns, read {python['copy_out_read_ns']:.0f} ns",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,7 +257,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trips", type=int, default=5000, help="round trips through Python")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--python-only", action="store_true", help="section 4 only: the Python methods, a few seconds")
     args = ap.parse_args(argv)
+    if args.python_only:
+        python = median_of([python_calls(args.records // 10) | {"ok": True} for _ in range(args.reps)])
+        print(f"# rings --python-only: {platform.node()} {platform.machine()}, Python {platform.python_version()}")
+        print(f"push_request + pop_request: {python['request_push_pop_ns']:.0f} ns; "
+              f"push_reply + pop_reply: {python['reply_push_pop_ns']:.0f} ns")  # fmt: skip
+        print("\n".join(copy_lines(python)))
+        if args.json:
+            args.json.write_text(
+                json.dumps({"settings": vars(args) | {"json": str(args.json)}, "python": python}, indent=2)
+            )
+        return 0
     doc: dict[str, Any] = {
         "machine": f"{platform.node()} {platform.machine()}, Python {platform.python_version()}",
         "settings": vars(args) | {"json": str(args.json) if args.json else None},

@@ -146,6 +146,30 @@ def test_tensor_bytes_are_read_in_place() -> None:
     assert bytes(region.buffer(offset, nbytes)) == bytes(range(48))
 
 
+def test_write_and_read_copy_buffers_in_and_out_of_a_block() -> None:
+    import numpy as np
+
+    region = small_region()
+    block = region.alloc(0, True, 64)
+    values = np.arange(12, dtype=np.float32).reshape(3, 4)
+    region.write(block, values)
+    copy = region.read(block, values.nbytes)
+    assert isinstance(copy, bytearray)
+    assert np.array_equal(np.frombuffer(copy, np.float32).reshape(3, 4), values)
+    region.write(block, b"\x00" * values.nbytes)  # the copy is its own
+    assert np.array_equal(np.frombuffer(copy, np.float32).reshape(3, 4), values)
+    assert bytes(region.buffer(block, 4)) == b"\x00" * 4
+    region.write(block, b"")  # nothing to copy: no check of the offset either
+    with pytest.raises((BufferError, ValueError)):  # numpy says ValueError
+        region.write(block, values[:, ::2])  # not C-contiguous
+    with pytest.raises(ValueError, match="outside the region"):
+        region.write(region.size, b"x")
+    with pytest.raises(ValueError, match="outside the region"):
+        region.read(region.size - 2, 4)
+    with pytest.raises(TypeError):
+        region.write(block, 7)  # not a buffer
+
+
 def test_the_engine_skips_records_whose_tensors_are_not_the_workers_blocks() -> None:
     region = small_region()
     mine = region.alloc(1, True, 64)

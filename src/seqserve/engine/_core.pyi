@@ -690,6 +690,11 @@ class ShmRegion(metaclass=_Pybind11Type):
     def free_blocks(self, worker: int, to_engine: bool) -> int: ...
     def buffer(self, offset: int, nbytes: int) -> memoryview:
         """A writable view of region bytes (a slab block's)."""
+    def write(self, offset: int, data: Any) -> None:
+        """Copies a C-contiguous buffer (bytes, an array) into region bytes at offset (a slab
+        block's); a buffer that is not C-contiguous is refused (BufferError; numpy's ValueError)."""
+    def read(self, offset: int, nbytes: int) -> bytearray:
+        """A copy of region bytes (a slab block's), as a bytearray."""
     def push_request(
         self,
         worker: int,

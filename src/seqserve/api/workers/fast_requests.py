@@ -112,12 +112,13 @@ def header_of(checked: CheckedRequest, handle: int) -> RequestHeader:
 
 
 def result_of(fast: FastRequest, outputs: list[tuple[int, Any]]) -> InferResult | InferenceError:
-    """A reply's outputs (index in config order, bytes) -> the client's result."""
+    """A reply's outputs (index in config order, (a bytearray of their own, shape)) -> the
+    client's result; its arrays are views of those bytearrays (writable, as a model's are)."""
     model = fast.model
     by_name: dict[str, Any] = {}
     for index, (data, shape) in outputs:
         name = model.output_names[index]
-        by_name[name] = np.frombuffer(data, dtype=model.dtypes[name]).reshape(shape).copy()
+        by_name[name] = np.frombuffer(data, dtype=model.dtypes[name]).reshape(shape)
     request = fast.checked.request
     out = {}
     for name in fast.checked.outputs:

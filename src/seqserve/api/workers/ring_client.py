@@ -181,8 +181,7 @@ class RingClient:
             if offset == 0:
                 self._free(blocks, True)
                 return False
-            if arr.nbytes:
-                region.buffer(offset, arr.nbytes)[:] = arr.reshape(-1).view(np.uint8)
+            region.write(offset, arr)  # the validator's buffers are C-contiguous
             blocks.append((index, offset, arr.nbytes, arr.shape))
         try:
             pushed = region.push_request(w, target, header, blocks, client=header.client, wake=False)
@@ -204,8 +203,7 @@ class RingClient:
             if offset == 0:
                 self._free(blocks, True)
                 return False
-            if len(data):
-                region.buffer(offset, len(data))[:] = data
+            region.write(offset, data)
             shape = metas[index][2] if index != META_INDEX else ()
             blocks.append((index, offset, len(data), shape if len(shape) <= records.RECORD_MAX_RANK else ()))
         try:
@@ -302,7 +300,7 @@ class RingClient:
             if flags & REPLY_ERROR or code:
                 response = fast_requests.error_of(fast, flags, code, error or "")
             else:
-                arrays = [(index, (region.buffer(offset, nbytes), shape)) for index, offset, nbytes, shape in outputs]
+                arrays = [(index, (region.read(offset, nbytes), shape)) for index, offset, nbytes, shape in outputs]
                 response = fast_requests.result_of(fast, arrays)
         except Exception as e:
             log.error("worker %d: cannot decode the reply to request %d: %s", w, handle, e)

@@ -228,7 +228,7 @@ class SlowPath:
             if offset == 0:
                 self._free(worker, blocks)
                 return False
-            region.buffer(offset, len(data))[:] = data
+            region.write(offset, data)
             shape = meta.tensors[index][2] if index != META_INDEX else ()
             blocks.append((index, offset, len(data), shape if len(shape) <= records.RECORD_MAX_RANK else ()))
         code = int(meta.error[1]) if meta.error is not None else 0
