@@ -553,17 +553,15 @@ size_t RingFeeder::queued_replies(int w) {
   return queued_[w].size();
 }
 
-uint64_t RingFeeder::refused(uint32_t target) {
+RingFeeder::Refusals RingFeeder::refusals(uint32_t target) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = refused_by_target_.find(target);
-  return it == refused_by_target_.end() ? 0 : it->second.refused;
+  return it == refused_by_target_.end() ? Refusals{} : it->second;
 }
 
-uint64_t RingFeeder::rejected(uint32_t target) {
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = refused_by_target_.find(target);
-  return it == refused_by_target_.end() ? 0 : it->second.rejected;
-}
+uint64_t RingFeeder::refused(uint32_t target) { return refusals(target).refused; }
+
+uint64_t RingFeeder::rejected(uint32_t target) { return refusals(target).rejected; }
 
 FeederCounters RingFeeder::counters() {
   std::lock_guard<std::mutex> lk(mu_);

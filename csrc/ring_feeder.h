@@ -180,6 +180,7 @@ class RingFeeder : public RingSink {
     uint64_t refused = 0, rejected = 0;
   };
   std::unordered_map<uint32_t, Refusals> refused_by_target_;
+  Refusals refusals(uint32_t target);
 
   std::mutex replies_mu_;
   std::vector<std::deque<QueuedReply>> queued_;

@@ -293,12 +293,9 @@ void bind_rings(py::module_& m) {
             if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
             const uint64_t nbytes = static_cast<uint64_t>(view.len);
             uint8_t* p = nbytes ? r.at(offset, nbytes) : nullptr;
-            if (nbytes && p == nullptr) {
-              PyBuffer_Release(&view);
-              throw py::value_error("bytes outside the region");
-            }
-            if (nbytes) std::memcpy(p, view.buf, nbytes);
+            if (p != nullptr) std::memcpy(p, view.buf, nbytes);
             PyBuffer_Release(&view);
+            if (nbytes && p == nullptr) throw py::value_error("bytes outside the region");
           },
           py::arg("offset"), py::arg("data"),
           "Copies a C-contiguous buffer (bytes, an array) into region bytes at offset (a slab "
